@@ -1,0 +1,176 @@
+// The tape and the reverse walk.
+#include "engine/autograd.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "engine/error.h"
+
+namespace engine {
+namespace {
+
+thread_local bool t_grad_enabled = true;
+
+struct Tape {
+  std::vector<std::weak_ptr<Node>> entries;  // in forward (sequence) order
+  uint64_t next_sequence = 0;
+  size_t live_after_compaction = 0;
+
+  void compact() {
+    entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                 [](const std::weak_ptr<Node>& w) {
+                                   auto n = w.lock();
+                                   return !n || n->released;
+                                 }),
+                  entries.end());
+    live_after_compaction = entries.size();
+  }
+};
+
+thread_local Tape t_tape;
+
+TensorMeta meta_of(const Tensor& t) { return {t.shape(), t.dtype(), t.device()}; }
+
+// Sum of two gradients for the same tensor; out of place so no pending buffer is aliased.
+Tensor add_grads(const Tensor& a, const Tensor& b) {
+  Tensor out = a.clone();
+  out.add_(b);
+  return out;
+}
+
+}  // namespace
+
+bool GradMode::is_enabled() { return t_grad_enabled; }
+void GradMode::set_enabled(bool on) { t_grad_enabled = on; }
+
+Tensor Node::grad_output_or_zeros(const std::vector<Tensor>& grads, size_t i) const {
+  if (i < grads.size() && grads[i].defined()) return grads[i];
+  const TensorMeta& m = outputs.at(i);
+  return Tensor::zeros(m.shape, m.dtype, m.device);
+}
+
+bool needs_grad(std::initializer_list<const Tensor*> ts) {
+  if (!t_grad_enabled) return false;
+  for (const Tensor* t : ts)
+    if (t && t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+void record(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
+            const std::vector<Tensor>& outputs) {
+  node->sequence_nr = t_tape.next_sequence++;
+  node->next.clear();
+  node->inputs.clear();
+  for (const Tensor& in : inputs) {
+    Edge e;
+    TensorMeta m;
+    if (in.defined()) {
+      m = meta_of(in);
+      const AutogradMeta& am = in.impl()->autograd;
+      if (am.grad_fn) {
+        e.node = am.grad_fn;
+        e.slot = am.output_slot;
+      } else if (am.requires_grad) {
+        e.leaf = in.impl_ptr();
+      }
+    }
+    node->next.push_back(std::move(e));
+    node->inputs.push_back(std::move(m));
+  }
+  node->outputs.clear();
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    AutogradMeta& am = outputs[i].impl()->autograd;
+    am.requires_grad = true;
+    am.grad_fn = node;
+    am.output_slot = static_cast<int>(i);
+    node->outputs.push_back(meta_of(outputs[i]));
+  }
+  t_tape.entries.push_back(node);
+  // Graphs dropped without a backward leave expired entries; sweep them now and then.
+  if (t_tape.entries.size() > 1024 && t_tape.entries.size() > 2 * t_tape.live_after_compaction)
+    t_tape.compact();
+}
+
+size_t tape_size() {
+  t_tape.compact();
+  return t_tape.entries.size();
+}
+
+void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
+  ENGINE_CHECK(root.defined(), "[backward] called on an undefined tensor");
+  ENGINE_CHECK(root.requires_grad(), "[backward] tensor ", describe(root),
+               " does not require grad: no input of the ops that made it requires grad (or they "
+               "ran under NoGrad)");
+  Tensor seed = grad;
+  if (!seed.defined()) {
+    ENGINE_CHECK(root.numel() == 1, "[backward] root has shape ", shape_str(root.shape()),
+                 ": pass a gradient of that shape, or call backward on a one-element tensor");
+    seed = Tensor::ones(root.shape(), root.dtype(), root.device());
+  } else {
+    ENGINE_CHECK(seed.shape() == root.shape(), "[backward] gradient shape ",
+                 shape_str(seed.shape()), " does not match root shape ",
+                 shape_str(root.shape()));
+  }
+
+  NoGrad no_grad;  // backward formulas are not themselves recorded
+  const AutogradMeta& rm = root.impl()->autograd;
+  if (!rm.grad_fn) {  // the root is a leaf
+    Tensor g = seed.to(root.dtype()).to(root.device());
+    Tensor& acc = root.impl()->autograd.grad;
+    if (acc.defined()) acc.add_(g);
+    else acc = g.clone();
+    return;
+  }
+
+  std::unordered_map<Node*, std::vector<Tensor>> pending;
+  Node* root_node = rm.grad_fn.get();
+  pending[root_node].resize(root_node->outputs.size());
+  pending[root_node][rm.output_slot] = seed;
+  const uint64_t root_seq = root_node->sequence_nr;
+
+  std::vector<std::shared_ptr<Node>> ran;
+  auto& entries = t_tape.entries;
+  for (size_t idx = entries.size(); idx-- > 0 && !pending.empty();) {
+    std::shared_ptr<Node> node = entries[idx].lock();
+    if (!node || node->sequence_nr > root_seq) continue;
+    auto it = pending.find(node.get());
+    if (it == pending.end()) continue;
+    ENGINE_CHECK(!node->released, "[backward] the graph through '", node->name(),
+                 "' was already freed by an earlier backward; pass retain_graph = true to the "
+                 "first backward to run it twice");
+    std::vector<Tensor> grad_outputs = std::move(it->second);
+    pending.erase(it);
+    std::vector<Tensor> grad_inputs = node->backward(grad_outputs);
+    ENGINE_CHECK(grad_inputs.size() == node->next.size(), "[backward] node '", node->name(),
+                 "' returned ", grad_inputs.size(), " gradients for ", node->next.size(),
+                 " inputs");
+    for (size_t j = 0; j < grad_inputs.size(); ++j) {
+      const Edge& e = node->next[j];
+      Tensor& g = grad_inputs[j];
+      if (!e.valid() || !g.defined()) continue;
+      const TensorMeta& m = node->inputs[j];
+      ENGINE_CHECK(g.shape() == m.shape, "[backward] node '", node->name(),
+                   "' returned a gradient of shape ", shape_str(g.shape()), " for input ", j,
+                   " of shape ", shape_str(m.shape));
+      if (g.dtype() != m.dtype) g = g.to(m.dtype);
+      if (e.node) {
+        std::vector<Tensor>& slots = pending[e.node.get()];
+        if (slots.empty()) slots.resize(e.node->outputs.size());
+        Tensor& s = slots[e.slot];
+        s = s.defined() ? add_grads(s, g) : g;
+      } else {
+        Tensor& acc = e.leaf->autograd.grad;
+        if (acc.defined()) acc.add_(g);
+        else acc = g.clone();
+      }
+    }
+    if (!retain_graph) ran.push_back(node);
+  }
+  for (auto& n : ran) {
+    n->release_saved();
+    n->released = true;
+  }
+  if (!retain_graph) t_tape.compact();
+}
+
+}  // namespace engine

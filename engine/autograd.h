@@ -1,0 +1,98 @@
+// Reverse-mode autograd. An op that sees an input requiring grad (with grad mode on) records a
+// Node on the thread's tape: a vector appended in forward order. backward() walks the tape in
+// reverse from the root's node, calling each node that received a gradient and routing its input
+// gradients to producer nodes (summed when a tensor feeds several ops) or into leaves' .grad.
+//
+// Nodes are owned by the tensors they produced (and by the nodes downstream of them), so a graph
+// that is dropped without a backward frees itself; the tape holds weak references only.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace engine {
+
+// Grad mode is per thread. While off, no op records.
+class GradMode {
+ public:
+  static bool is_enabled();
+  static void set_enabled(bool on);
+};
+
+// RAII: disables recording in a scope (optimizer steps, evaluation, backward itself).
+class NoGrad {
+ public:
+  NoGrad() : prev_(GradMode::is_enabled()) { GradMode::set_enabled(false); }
+  ~NoGrad() { GradMode::set_enabled(prev_); }
+  NoGrad(const NoGrad&) = delete;
+  NoGrad& operator=(const NoGrad&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// Where an input's gradient goes: into a producer node's output slot, or into a leaf.
+struct Edge {
+  std::shared_ptr<Node> node;
+  int slot = 0;
+  std::shared_ptr<TensorImpl> leaf;
+  bool valid() const { return node != nullptr || leaf != nullptr; }
+};
+
+struct TensorMeta {
+  Shape shape;
+  DType dtype = DType::f32;
+  Device device;
+};
+
+class Node {
+ public:
+  virtual ~Node() = default;
+  virtual const char* name() const = 0;
+  // grad_outputs[i] is the gradient of output i, undefined if none reached it (use
+  // grad_output_or_zeros for multi-output nodes). Returns one entry per input: the gradient,
+  // or an undefined Tensor where needs_input_grad(i) is false.
+  virtual std::vector<Tensor> backward(const std::vector<Tensor>& grad_outputs) = 0;
+  // Drops saved tensors once a backward without retain_graph has used them.
+  virtual void release_saved() {}
+
+  bool needs_input_grad(size_t i) const { return i < next.size() && next[i].valid(); }
+  Tensor grad_output_or_zeros(const std::vector<Tensor>& grads, size_t i) const;
+
+  uint64_t sequence_nr = 0;
+  std::vector<Edge> next;           // one per input
+  std::vector<TensorMeta> inputs;   // shapes the returned gradients must have
+  std::vector<TensorMeta> outputs;
+  bool released = false;
+};
+
+// True when grad mode is on and any defined tensor among `ts` requires grad.
+bool needs_grad(std::initializer_list<const Tensor*> ts);
+inline bool needs_grad(const Tensor& a) { return needs_grad({&a}); }
+inline bool needs_grad(const Tensor& a, const Tensor& b) { return needs_grad({&a, &b}); }
+inline bool needs_grad(const Tensor& a, const Tensor& b, const Tensor& c) {
+  return needs_grad({&a, &b, &c});
+}
+
+// Wires `node` into the graph: edges from `inputs` (undefined ones get none), outputs marked as
+// produced by it, node appended to the tape.
+void record(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
+            const std::vector<Tensor>& outputs);
+
+// Convenience for ops: records `node` when needed and returns the output.
+template <class N>
+Tensor record_unary(std::shared_ptr<N> node, const std::vector<Tensor>& inputs, Tensor out) {
+  record(node, inputs, {out});
+  return out;
+}
+
+void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);
+
+// Live entries on this thread's tape (for tests: no-grad code must not grow it).
+size_t tape_size();
+
+}  // namespace engine

@@ -1,0 +1,32 @@
+// The backend registry and the error for kernels a device does not have.
+#include "engine/backend.h"
+
+#include "engine/error.h"
+#include "engine/kernel.h"
+
+namespace engine {
+namespace {
+Backend* g_backends[kNumDeviceTypes] = {};
+}
+
+void register_backend(DeviceType type, Backend* b) { g_backends[static_cast<int>(type)] = b; }
+bool has_backend(DeviceType type) { return g_backends[static_cast<int>(type)] != nullptr; }
+
+Backend& backend(DeviceType type) {
+  Backend* b = g_backends[static_cast<int>(type)];
+  ENGINE_CHECK(b != nullptr, "[device] libengine was built without ", device_type_name(type),
+               " support (nvcc was not found when CMake configured the build, or ENGINE_CUDA=OFF); "
+               "rebuild with the CUDA toolkit to use ", device_type_name(type), " tensors");
+  return *b;
+}
+
+bool cuda_available() {
+  return has_backend(DeviceType::CUDA) && backend(DeviceType::CUDA).device_count() > 0;
+}
+
+void missing_kernel(const char* op, DeviceType type) {
+  if (!has_backend(type)) backend(type);  // throws the "built without" message
+  ENGINE_FAIL("[", op, "] has no ", device_type_name(type), " kernel in this build");
+}
+
+}  // namespace engine

@@ -1,0 +1,47 @@
+// A backend is what a device contributes to the core: its allocator, host<->device transfers and
+// the few layout primitives the core itself needs (strided copy with dtype conversion, fill,
+// accumulate, sum over broadcast dims). Ops register their own per-device kernels (kernel.h).
+//
+// The CPU backend is always built in. The CUDA backend registers itself from engine/cuda/ when
+// libengine is built with CUDA; otherwise asking for it raises a clear error.
+#pragma once
+
+#include <cstddef>
+
+#include "engine/allocator.h"
+#include "engine/tensor.h"
+
+namespace engine {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  virtual int device_count() const = 0;
+  virtual Allocator& allocator(int device_index) = 0;
+  virtual void synchronize(int device_index) = 0;
+
+  // dst and src have the same shape and live on this backend's device; any strides (src may be
+  // a stride-0 broadcast view); the dtypes may differ (converting copy).
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  virtual void fill(const Tensor& dst, double value) = 0;
+  // dst += alpha * src; same shape and dtype; src may be strided or broadcast.
+  virtual void add_(const Tensor& dst, const Tensor& src, double alpha) = 0;
+  // dst (contiguous; its shape broadcastable to src's) = src summed over the broadcast dims.
+  virtual void sum_to(const Tensor& src, const Tensor& dst) = 0;
+
+  // Contiguous byte transfers between host memory and this device.
+  virtual void copy_from_host(void* dst, const void* src, size_t nbytes, int device_index) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t nbytes, int device_index) = 0;
+};
+
+void register_backend(DeviceType type, Backend* backend);
+bool has_backend(DeviceType type);
+// Throws "[device] libengine was built without CUDA ..." when the backend is absent.
+Backend& backend(DeviceType type);
+inline Backend& backend_for(const Tensor& t) { return backend(t.device().type); }
+
+// A CUDA backend is built in and at least one device is visible.
+bool cuda_available();
+
+}  // namespace engine

@@ -1,0 +1,147 @@
+// The CPU backend: host memory, and the core's layout primitives (converting strided copy, fill,
+// accumulate, sum over broadcast dims). bf16/f16 conversions use Eigen's round-to-nearest-even
+// types.
+#include <Eigen/Core>
+#include <cstring>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/cpu/strided.h"
+#include "engine/dispatch.h"
+#include "engine/error.h"
+
+namespace engine::cpu {
+namespace {
+
+// C++ compute type for each storage type.
+template <class T> struct Value { using type = T; };
+template <> struct Value<bf16_t> { using type = float; };
+template <> struct Value<f16_t> { using type = float; };
+
+template <class T>
+typename Value<T>::type load(const T& x) {
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    return static_cast<float>(Eigen::numext::bit_cast<Eigen::bfloat16>(x.bits));
+  } else if constexpr (std::is_same_v<T, f16_t>) {
+    return static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(x.bits));
+  } else {
+    return x;
+  }
+}
+
+template <class T, class V>
+T store(V v) {
+  if constexpr (std::is_same_v<T, bf16_t>) {
+    return T{Eigen::numext::bit_cast<uint16_t>(Eigen::bfloat16(static_cast<float>(v)))};
+  } else if constexpr (std::is_same_v<T, f16_t>) {
+    return T{Eigen::numext::bit_cast<uint16_t>(Eigen::half(static_cast<float>(v)))};
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+template <class F>
+void dispatch_all(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: return f.template operator()<float>();
+    case DType::f64: return f.template operator()<double>();
+    case DType::bf16: return f.template operator()<bf16_t>();
+    case DType::f16: return f.template operator()<f16_t>();
+    case DType::i32: return f.template operator()<int32_t>();
+    case DType::i64: return f.template operator()<int64_t>();
+    case DType::u8: return f.template operator()<uint8_t>();
+  }
+}
+
+class CpuBackend final : public Backend {
+ public:
+  const char* name() const override { return "cpu"; }
+  int device_count() const override { return 1; }
+  Allocator& allocator(int) override { return cpu_allocator(); }
+  void synchronize(int) override {}
+
+  void copy(const Tensor& src, const Tensor& dst) override {
+    ENGINE_ASSERT(src.shape() == dst.shape());
+    if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
+      if (src.nbytes() && src.raw_data() != dst.raw_data())
+        std::memmove(dst.raw_data(), src.raw_data(), src.nbytes());
+      return;
+    }
+    dispatch_all(src.dtype(), [&]<class S>() {
+      dispatch_all(dst.dtype(), [&]<class D>() {
+        const S* s = static_cast<const S*>(src.raw_data());
+        D* d = static_cast<D*>(dst.raw_data());
+        strided_for<2>(dst.shape(), {&dst.strides(), &src.strides()},
+                       [&](const int64_t* off, int64_t n, const int64_t* step) {
+                         D* dp = d + off[0];
+                         const S* sp = s + off[1];
+                         for (int64_t i = 0; i < n; ++i)
+                           dp[i * step[0]] = store<D>(load(sp[i * step[1]]));
+                       });
+      });
+    });
+  }
+
+  void fill(const Tensor& dst, double value) override {
+    dispatch_all(dst.dtype(), [&]<class D>() {
+      D v = store<D>(value);
+      D* d = static_cast<D*>(dst.raw_data());
+      strided_for<1>(dst.shape(), {&dst.strides()},
+                     [&](const int64_t* off, int64_t n, const int64_t* step) {
+                       for (int64_t i = 0; i < n; ++i) d[off[0] + i * step[0]] = v;
+                     });
+    });
+  }
+
+  void add_(const Tensor& dst, const Tensor& src, double alpha) override {
+    ENGINE_ASSERT(src.shape() == dst.shape() && src.dtype() == dst.dtype());
+    dispatch_all(dst.dtype(), [&]<class T>() {
+      using V = typename Value<T>::type;
+      const T* s = static_cast<const T*>(src.raw_data());
+      T* d = static_cast<T*>(dst.raw_data());
+      const V a = static_cast<V>(alpha);
+      strided_for<2>(dst.shape(), {&dst.strides(), &src.strides()},
+                     [&](const int64_t* off, int64_t n, const int64_t* step) {
+                       T* dp = d + off[0];
+                       const T* sp = s + off[1];
+                       for (int64_t i = 0; i < n; ++i)
+                         dp[i * step[0]] = store<T>(load(dp[i * step[0]]) + a * load(sp[i * step[1]]));
+                     });
+    });
+  }
+
+  void sum_to(const Tensor& src, const Tensor& dst) override {
+    ENGINE_ASSERT(dst.is_contiguous() && src.dtype() == dst.dtype());
+    ENGINE_CHECK(is_broadcastable_to(dst.shape(), src.shape()), "[sum_to] ", describe(dst),
+                 " is not broadcastable to ", describe(src));
+    // Accumulate in double in the source's element order: deterministic and accurate.
+    std::vector<double> acc(static_cast<size_t>(dst.numel()), 0.0);
+    std::vector<int64_t> dst_st = broadcast_strides(dst.shape(), dst.strides(), src.shape());
+    dispatch_all(src.dtype(), [&]<class T>() {
+      const T* s = static_cast<const T*>(src.raw_data());
+      strided_for<2>(src.shape(), {&src.strides(), &dst_st},
+                     [&](const int64_t* off, int64_t n, const int64_t* step) {
+                       const T* sp = s + off[0];
+                       double* ap = acc.data() + off[1];
+                       for (int64_t i = 0; i < n; ++i)
+                         ap[i * step[1]] += static_cast<double>(load(sp[i * step[0]]));
+                     });
+      T* d = static_cast<T*>(dst.raw_data());
+      for (size_t i = 0; i < acc.size(); ++i) d[i] = store<T>(acc[i]);
+    });
+  }
+
+  void copy_from_host(void* dst, const void* src, size_t n, int) override {
+    std::memcpy(dst, src, n);
+  }
+  void copy_to_host(void* dst, const void* src, size_t n, int) override {
+    std::memcpy(dst, src, n);
+  }
+};
+
+CpuBackend g_cpu_backend;
+[[maybe_unused]] const bool g_registered =
+    (register_backend(DeviceType::CPU, &g_cpu_backend), true);
+
+}  // namespace
+}  // namespace engine::cpu

@@ -1,0 +1,255 @@
+// The CUDA backend: device memory (plain cudaMalloc with live/peak counters; the caching
+// allocator replaces it behind the same interface), host<->device transfers, and the core's
+// layout primitives as grid-stride kernels over strided indexers.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/cuda/check.h"
+#include "engine/cuda/strided.cuh"
+
+namespace engine::cuda {
+namespace {
+
+class CudaAllocator final : public Allocator {
+ public:
+  explicit CudaAllocator(int index) : index_(index) {}
+  void* allocate(size_t nbytes) override {
+    if (nbytes == 0) return nullptr;
+    ENGINE_CUDA_CHECK(cudaSetDevice(index_));
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, nbytes);
+    ENGINE_CHECK(err == cudaSuccess, "[alloc] out of memory on cuda:", index_, ": could not ",
+                 "allocate ", nbytes, " bytes (", live_.load(), " bytes live, peak ",
+                 peak_.load(), "): ", cudaGetErrorString(err));
+    int64_t live = live_.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
+    int64_t peak = peak_.load();
+    while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
+    }
+    ++allocs_;
+    return p;
+  }
+  void deallocate(void* p, size_t nbytes) override {
+    if (!p) return;
+    cudaFree(p);  // no throw from destructors
+    live_.fetch_sub(static_cast<int64_t>(nbytes));
+  }
+  AllocatorStats stats() const override {
+    AllocatorStats s;
+    s.live_bytes = live_.load();
+    s.peak_bytes = peak_.load();
+    s.num_allocs = allocs_.load();
+    s.reserved_bytes = s.live_bytes;
+    return s;
+  }
+  void reset_peak() override { peak_.store(live_.load()); }
+  Device device() const override { return Device::cuda(index_); }
+
+ private:
+  int index_;
+  std::atomic<int64_t> live_{0}, peak_{0}, allocs_{0};
+};
+
+template <class T> struct Acc { using type = T; };
+template <> struct Acc<__nv_bfloat16> { using type = float; };
+template <> struct Acc<__half> { using type = float; };
+
+template <class T> __device__ typename Acc<T>::type ld(T x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(x);
+  else if constexpr (std::is_same_v<T, __half>) return __half2float(x);
+  else return x;
+}
+template <class T, class V> __device__ T st(V v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, __half>) return __float2half(static_cast<float>(v));
+  else return static_cast<T>(v);
+}
+
+template <class F>
+void dispatch_all(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: return f.template operator()<float>();
+    case DType::f64: return f.template operator()<double>();
+    case DType::bf16: return f.template operator()<__nv_bfloat16>();
+    case DType::f16: return f.template operator()<__half>();
+    case DType::i32: return f.template operator()<int32_t>();
+    case DType::i64: return f.template operator()<int64_t>();
+    case DType::u8: return f.template operator()<uint8_t>();
+  }
+}
+
+constexpr int kThreads = 256;
+
+template <class S, class D>
+__global__ void copy_kernel(const S* src, D* dst, StridedIndexer<2> ix, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[2];
+    ix.offsets(i, off);
+    dst[off[0]] = st<D>(ld(src[off[1]]));
+  }
+}
+
+template <class T>
+__global__ void fill_kernel(T* dst, T v, StridedIndexer<1> ix, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[1];
+    ix.offsets(i, off);
+    dst[off[0]] = v;
+  }
+}
+
+template <class T>
+__global__ void add_kernel(T* dst, const T* src, double alpha, StridedIndexer<2> ix, int64_t n) {
+  using V = typename Acc<T>::type;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[2];
+    ix.offsets(i, off);
+    dst[off[0]] = st<T>(ld(dst[off[0]]) + static_cast<V>(alpha) * ld(src[off[1]]));
+  }
+}
+
+// One thread per output element sums the source elements that broadcast onto it: the source is
+// viewed as (out, reduced) through an indexer over [kept dims..., reduced dims...].
+template <class T>
+__global__ void sum_to_kernel(const T* src, T* dst, StridedIndexer<1> kept,
+                              StridedIndexer<1> reduced, int64_t n_out, int64_t n_red) {
+  for (int64_t o = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; o < n_out;
+       o += int64_t(gridDim.x) * blockDim.x) {
+    int64_t base[1];
+    kept.offsets(o, base);
+    double acc = 0;
+    for (int64_t r = 0; r < n_red; ++r) {
+      int64_t off[1];
+      reduced.offsets(r, off);
+      acc += static_cast<double>(ld(src[base[0] + off[0]]));
+    }
+    dst[o] = st<T>(acc);
+  }
+}
+
+class CudaBackend final : public Backend {
+ public:
+  const char* name() const override { return "cuda"; }
+  int device_count() const override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky "no device" error
+      return 0;
+    }
+    return n;
+  }
+  Allocator& allocator(int index) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ENGINE_CHECK(index >= 0 && index < device_count(), "[device] cuda:", index,
+                 " does not exist (", device_count(), " CUDA devices visible)");
+    if (allocators_.size() <= static_cast<size_t>(index)) allocators_.resize(index + 1);
+    if (!allocators_[index]) allocators_[index] = std::make_unique<CudaAllocator>(index);
+    return *allocators_[index];
+  }
+  void synchronize(int index) override {
+    ENGINE_CUDA_CHECK(cudaSetDevice(index));
+    ENGINE_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  void copy(const Tensor& src, const Tensor& dst) override {
+    int64_t n = dst.numel();
+    if (!n) return;
+    if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
+      ENGINE_CUDA_CHECK(cudaMemcpy(dst.raw_data(), src.raw_data(), dst.nbytes(),
+                                   cudaMemcpyDeviceToDevice));
+      return;
+    }
+    const std::vector<int64_t>* sts[2] = {&dst.strides(), &src.strides()};
+    auto ix = make_indexer<2>(dst.shape(), sts);
+    dispatch_all(src.dtype(), [&]<class S>() {
+      dispatch_all(dst.dtype(), [&]<class D>() {
+        copy_kernel<S, D><<<blocks_for(n, kThreads), kThreads>>>(
+            static_cast<const S*>(src.raw_data()), static_cast<D*>(dst.raw_data()), ix, n);
+      });
+    });
+    ENGINE_CUDA_CHECK_LAUNCH();
+  }
+
+  void fill(const Tensor& dst, double value) override {
+    int64_t n = dst.numel();
+    if (!n) return;
+    const std::vector<int64_t>* sts[1] = {&dst.strides()};
+    auto ix = make_indexer<1>(dst.shape(), sts);
+    dispatch_all(dst.dtype(), [&]<class T>() {
+      T v;
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) v = __float2bfloat16(static_cast<float>(value));
+      else if constexpr (std::is_same_v<T, __half>) v = __float2half(static_cast<float>(value));
+      else v = static_cast<T>(value);
+      fill_kernel<T><<<blocks_for(n, kThreads), kThreads>>>(static_cast<T*>(dst.raw_data()), v,
+                                                              ix, n);
+    });
+    ENGINE_CUDA_CHECK_LAUNCH();
+  }
+
+  void add_(const Tensor& dst, const Tensor& src, double alpha) override {
+    int64_t n = dst.numel();
+    if (!n) return;
+    const std::vector<int64_t>* sts[2] = {&dst.strides(), &src.strides()};
+    auto ix = make_indexer<2>(dst.shape(), sts);
+    dispatch_all(dst.dtype(), [&]<class T>() {
+      add_kernel<T><<<blocks_for(n, kThreads), kThreads>>>(
+          static_cast<T*>(dst.raw_data()), static_cast<const T*>(src.raw_data()), alpha, ix, n);
+    });
+    ENGINE_CUDA_CHECK_LAUNCH();
+  }
+
+  void sum_to(const Tensor& src, const Tensor& dst) override {
+    ENGINE_CHECK(is_broadcastable_to(dst.shape(), src.shape()), "[sum_to] ", describe(dst),
+                 " is not broadcastable to ", describe(src));
+    int64_t n_out = dst.numel();
+    if (!n_out) return;
+    // Split src's dims into kept (size matches dst) and reduced (dst has 1 or lacks the dim).
+    const Shape& ss = src.shape();
+    size_t lead = ss.size() - dst.shape().size();
+    Shape kept_shape, red_shape;
+    std::vector<int64_t> kept_st, red_st;
+    for (size_t d = 0; d < ss.size(); ++d) {
+      bool reduced = d < lead || (dst.shape()[d - lead] == 1 && ss[d] != 1);
+      (reduced ? red_shape : kept_shape).push_back(ss[d]);
+      (reduced ? red_st : kept_st).push_back(src.strides()[d]);
+    }
+    const std::vector<int64_t>* ks[1] = {&kept_st};
+    const std::vector<int64_t>* rs[1] = {&red_st};
+    auto kept = make_indexer<1>(kept_shape, ks);
+    auto red = make_indexer<1>(red_shape, rs);
+    int64_t n_red = shape_numel(red_shape);
+    dispatch_all(src.dtype(), [&]<class T>() {
+      sum_to_kernel<T><<<blocks_for(n_out, kThreads), kThreads>>>(
+          static_cast<const T*>(src.raw_data()), static_cast<T*>(dst.raw_data()), kept, red,
+          n_out, n_red);
+    });
+    ENGINE_CUDA_CHECK_LAUNCH();
+  }
+
+  void copy_from_host(void* dst, const void* src, size_t n, int index) override {
+    ENGINE_CUDA_CHECK(cudaSetDevice(index));
+    ENGINE_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+  }
+  void copy_to_host(void* dst, const void* src, size_t n, int index) override {
+    ENGINE_CUDA_CHECK(cudaSetDevice(index));
+    ENGINE_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::unique_ptr<CudaAllocator>> allocators_;
+};
+
+CudaBackend g_cuda_backend;
+[[maybe_unused]] const bool g_registered =
+    (register_backend(DeviceType::CUDA, &g_cuda_backend), true);
+
+}  // namespace
+}  // namespace engine::cuda

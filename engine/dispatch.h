@@ -1,0 +1,36 @@
+// Runtime dtype -> C++ type dispatch, in one place. Kernels write
+//
+//   dispatch_floating(x.dtype(), "gelu", [&]<class T>() { ... T ... });
+//
+// CPU kernels compute in f32 or f64; bf16/f16 compute lives in the CUDA kernels (the CPU backend
+// stores and converts them).
+#pragma once
+
+#include <cstdint>
+
+#include "engine/dtype.h"
+#include "engine/error.h"
+
+namespace engine {
+
+template <class F>
+decltype(auto) dispatch_floating(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: return f.template operator()<float>();
+    case DType::f64: return f.template operator()<double>();
+    default:
+      ENGINE_FAIL("[", op, "] CPU kernels compute in f32 or f64, got ", dtype_name(t),
+                  " (convert with .to(DType::f32))");
+  }
+}
+
+template <class F>
+decltype(auto) dispatch_index(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::i32: return f.template operator()<int32_t>();
+    case DType::i64: return f.template operator()<int64_t>();
+    default: ENGINE_FAIL("[", op, "] expected an i32 or i64 index tensor, got ", dtype_name(t));
+  }
+}
+
+}  // namespace engine

@@ -1,0 +1,13 @@
+// libengine's core in one include: tensors, autograd, modules, RNG, backends.
+#pragma once
+
+#include "engine/allocator.h"
+#include "engine/autograd.h"
+#include "engine/backend.h"
+#include "engine/device.h"
+#include "engine/dtype.h"
+#include "engine/error.h"
+#include "engine/module.h"
+#include "engine/rng.h"
+#include "engine/shape.h"
+#include "engine/tensor.h"

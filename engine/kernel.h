@@ -1,0 +1,52 @@
+// Per-op kernel tables. An op declares, in its header, one table per kernel it launches:
+//
+//   inline Kernel<void(const Tensor& x, const Tensor& y)> gelu_forward_kernel{"gelu"};
+//
+// and each backend's source file registers an implementation beside the op:
+//
+//   ENGINE_REGISTER_KERNEL(gelu_forward_kernel, DeviceType::CPU, cpu::gelu_forward);   // gelu.cpp
+//   ENGINE_REGISTER_KERNEL(gelu_forward_kernel, DeviceType::CUDA, cuda::gelu_forward); // gelu.cu
+//
+// The op calls gelu_forward_kernel(x.device(), x, y). A device without an implementation raises
+// "[gelu] has no CUDA kernel ..." instead of failing to link, so a CPU-only build needs no stubs.
+// Tables are constant-initialised (constexpr constructor), so registration from static
+// initialisers in any translation unit is safe.
+#pragma once
+
+#include "engine/device.h"
+
+namespace engine {
+
+[[noreturn]] void missing_kernel(const char* op, DeviceType type);
+
+template <class Sig>
+class Kernel;
+
+template <class R, class... Args>
+class Kernel<R(Args...)> {
+ public:
+  using Fn = R (*)(Args...);
+  constexpr explicit Kernel(const char* op) : op_(op) {}
+
+  void set(DeviceType type, Fn fn) { fns_[static_cast<int>(type)] = fn; }
+  bool has(DeviceType type) const { return fns_[static_cast<int>(type)] != nullptr; }
+  Fn get(DeviceType type) const {
+    Fn fn = fns_[static_cast<int>(type)];
+    if (!fn) missing_kernel(op_, type);
+    return fn;
+  }
+  R operator()(Device device, Args... args) const { return get(device.type)(args...); }
+  const char* op() const { return op_; }
+
+ private:
+  const char* op_;
+  Fn fns_[kNumDeviceTypes] = {};
+};
+
+}  // namespace engine
+
+#define ENGINE_CONCAT_INNER(a, b) a##b
+#define ENGINE_CONCAT(a, b) ENGINE_CONCAT_INNER(a, b)
+#define ENGINE_REGISTER_KERNEL(table, device_type, fn)                               \
+  [[maybe_unused]] static const bool ENGINE_CONCAT(engine_kernel_reg_, __LINE__) = \
+      ((table).set((device_type), (fn)), true)

@@ -1,0 +1,262 @@
+// Elementwise ops: shape/dtype checks, autograd wiring and the CPU kernels.
+#include "ops/elementwise.h"
+
+#include <cmath>
+
+#include "engine/autograd.h"
+#include "engine/backend.h"
+#include "engine/cpu/strided.h"
+#include "engine/dispatch.h"
+#include "engine/error.h"
+
+namespace engine {
+namespace {
+
+const char* binary_name(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::add: return "add";
+    case BinaryOp::sub: return "sub";
+    case BinaryOp::mul: return "mul";
+    case BinaryOp::div: return "div";
+  }
+  return "binary";
+}
+
+void check_same(const Tensor& a, const Tensor& b, const char* op) {
+  ENGINE_CHECK(a.defined() && b.defined(), "[", op, "] got an undefined input");
+  ENGINE_CHECK(a.device() == b.device(), "[", op, "] inputs are on different devices: ",
+               describe(a), " and ", describe(b));
+  ENGINE_CHECK(a.dtype() == b.dtype(), "[", op, "] dtype mismatch: ", describe(a), " and ",
+               describe(b), " (convert one with .to())");
+  ENGINE_CHECK(is_floating(a.dtype()), "[", op, "] expects floating tensors, got ", describe(a));
+}
+
+// Raw forward (no graph): used by the op and by backward formulas.
+Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b) {
+  Shape shape = broadcast_shapes(a.shape(), b.shape(), binary_name(op));
+  Tensor out = Tensor::empty(shape, a.dtype(), a.device());
+  binary_kernel(a.device(), op, a.detach().expand(shape), b.detach().expand(shape), out);
+  return out;
+}
+
+// Gradient `g` (of the broadcast shape) reduced to `shape`.
+Tensor reduce_to(const Tensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  Tensor out = Tensor::empty(shape, g.dtype(), g.device());
+  backend_for(g).sum_to(g, out);
+  return out;
+}
+
+Tensor affine_raw(const Tensor& x, double alpha, double beta) {
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  affine_kernel(x.device(), x, alpha, beta, out);
+  return out;
+}
+
+struct BinaryNode : Node {
+  BinaryOp op;
+  Tensor a, b;  // saved only where the backward reads them (mul: both, div: b and the output)
+  Tensor out;
+  const char* name() const override { return binary_name(op); }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];
+    Tensor ga, gb;
+    bool na = needs_input_grad(0), nb = needs_input_grad(1);
+    switch (op) {
+      case BinaryOp::add:
+        if (na) ga = g;
+        if (nb) gb = g;
+        break;
+      case BinaryOp::sub:
+        if (na) ga = g;
+        if (nb) gb = affine_raw(g, -1.0, 0.0);
+        break;
+      case BinaryOp::mul:
+        if (na) ga = binary_raw(BinaryOp::mul, g, b);
+        if (nb) gb = binary_raw(BinaryOp::mul, g, a);
+        break;
+      case BinaryOp::div:
+        // d(a/b)/da = 1/b, d(a/b)/db = -(a/b)/b
+        if (na) ga = binary_raw(BinaryOp::div, g, b);
+        if (nb) gb = affine_raw(binary_raw(BinaryOp::div, binary_raw(BinaryOp::mul, g, out), b),
+                                -1.0, 0.0);
+        break;
+    }
+    if (ga.defined()) ga = reduce_to(ga, inputs[0].shape);
+    if (gb.defined()) gb = reduce_to(gb, inputs[1].shape);
+    return {ga, gb};
+  }
+  void release_saved() override { a = b = out = Tensor(); }
+};
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  check_same(a, b, binary_name(op));
+  Tensor out = binary_raw(op, a, b);
+  if (needs_grad(a, b)) {
+    auto n = std::make_shared<BinaryNode>();
+    n->op = op;
+    if (op == BinaryOp::mul) {
+      n->a = a.detach();
+      n->b = b.detach();
+    } else if (op == BinaryOp::div) {
+      n->b = b.detach();
+      n->out = out.detach();
+    }
+    record(n, {a, b}, {out});
+  }
+  return out;
+}
+
+struct AffineNode : Node {
+  double alpha;
+  const char* name() const override { return "affine"; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& g) override {
+    return {affine_raw(g[0], alpha, 0.0)};
+  }
+};
+
+struct UnaryNode : Node {
+  UnaryOp op;
+  Tensor saved;
+  const char* name() const override { return op == UnaryOp::gelu ? "gelu" : "tanh"; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& g) override {
+    Tensor gx = Tensor::empty(saved.shape(), saved.dtype(), saved.device());
+    unary_backward_kernel(saved.device(), op, saved, g[0].contiguous(), gx);
+    return {gx};
+  }
+  void release_saved() override { saved = Tensor(); }
+};
+
+Tensor unary(UnaryOp op, const Tensor& x, const char* name) {
+  ENGINE_CHECK(x.defined(), "[", name, "] got an undefined input");
+  ENGINE_CHECK(is_floating(x.dtype()), "[", name, "] expects a floating tensor, got ",
+               describe(x));
+  Tensor xc = x.contiguous();
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  unary_kernel(x.device(), op, xc, y);
+  if (needs_grad(x)) {
+    auto n = std::make_shared<UnaryNode>();
+    n->op = op;
+    n->saved = (op == UnaryOp::gelu ? xc : y).detach();
+    record(n, {x}, {y});
+  }
+  return y;
+}
+
+// ---- CPU kernels -----------------------------------------------------------------------------
+
+namespace cpu {
+
+void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  dispatch_floating(out.dtype(), binary_name(op), [&]<class T>() {
+    const T* pa = a.data<T>();
+    const T* pb = b.data<T>();
+    T* po = out.data<T>();
+    auto run = [&](auto f) {
+      engine::cpu::strided_for<3>(
+          out.shape(), {&out.strides(), &a.strides(), &b.strides()},
+          [&](const int64_t* off, int64_t n, const int64_t* st) {
+            T* o = po + off[0];
+            const T* x = pa + off[1];
+            const T* y = pb + off[2];
+            if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
+              for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+            } else {
+              for (int64_t i = 0; i < n; ++i) o[i * st[0]] = f(x[i * st[1]], y[i * st[2]]);
+            }
+          });
+    };
+    switch (op) {
+      case BinaryOp::add: run([](T x, T y) { return x + y; }); break;
+      case BinaryOp::sub: run([](T x, T y) { return x - y; }); break;
+      case BinaryOp::mul: run([](T x, T y) { return x * y; }); break;
+      case BinaryOp::div: run([](T x, T y) { return x / y; }); break;
+    }
+  });
+}
+
+void affine(const Tensor& x, double alpha, double beta, const Tensor& out) {
+  dispatch_floating(out.dtype(), "affine", [&]<class T>() {
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    const T a = static_cast<T>(alpha), b = static_cast<T>(beta);
+    engine::cpu::strided_for<2>(out.shape(), {&out.strides(), &x.strides()},
+                                [&](const int64_t* off, int64_t n, const int64_t* st) {
+                                  for (int64_t i = 0; i < n; ++i)
+                                    po[off[0] + i * st[0]] = a * px[off[1] + i * st[1]] + b;
+                                });
+  });
+}
+
+constexpr double kInvSqrt2 = 0.70710678118654752440;
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;
+
+// x and y contiguous.
+void unary(UnaryOp op, const Tensor& x, const Tensor& y) {
+  dispatch_floating(x.dtype(), "unary", [&]<class T>() {
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    const int64_t n = x.numel();
+    if (op == UnaryOp::gelu) {
+#pragma omp parallel for if (n > 65536)
+      for (int64_t i = 0; i < n; ++i)
+        py[i] = T(0.5) * px[i] * (T(1) + std::erf(px[i] * T(kInvSqrt2)));
+    } else {
+#pragma omp parallel for if (n > 65536)
+      for (int64_t i = 0; i < n; ++i) py[i] = std::tanh(px[i]);
+    }
+  });
+}
+
+void unary_backward(UnaryOp op, const Tensor& saved, const Tensor& gy, const Tensor& gx) {
+  dispatch_floating(saved.dtype(), "unary_backward", [&]<class T>() {
+    const T* s = saved.data<T>();
+    const T* g = gy.data<T>();
+    T* o = gx.data<T>();
+    const int64_t n = saved.numel();
+    if (op == UnaryOp::gelu) {
+      // d/dx [x Phi(x)] = Phi(x) + x phi(x)
+#pragma omp parallel for if (n > 65536)
+      for (int64_t i = 0; i < n; ++i) {
+        T x = s[i];
+        T cdf = T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2)));
+        T pdf = T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
+        o[i] = g[i] * (cdf + x * pdf);
+      }
+    } else {
+#pragma omp parallel for if (n > 65536)
+      for (int64_t i = 0; i < n; ++i) o[i] = g[i] * (T(1) - s[i] * s[i]);
+    }
+  });
+}
+
+}  // namespace cpu
+
+ENGINE_REGISTER_KERNEL(binary_kernel, DeviceType::CPU, cpu::binary);
+ENGINE_REGISTER_KERNEL(affine_kernel, DeviceType::CPU, cpu::affine);
+ENGINE_REGISTER_KERNEL(unary_kernel, DeviceType::CPU, cpu::unary);
+ENGINE_REGISTER_KERNEL(unary_backward_kernel, DeviceType::CPU, cpu::unary_backward);
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary(BinaryOp::add, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary(BinaryOp::sub, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(BinaryOp::mul, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(BinaryOp::div, a, b); }
+
+Tensor affine(const Tensor& x, double alpha, double beta) {
+  ENGINE_CHECK(x.defined() && is_floating(x.dtype()), "[affine] expects a floating tensor, got ",
+               describe(x));
+  Tensor out = affine_raw(x, alpha, beta);
+  if (needs_grad(x)) {
+    auto n = std::make_shared<AffineNode>();
+    n->alpha = alpha;
+    record(n, {x}, {out});
+  }
+  return out;
+}
+Tensor scale(const Tensor& x, double alpha) { return affine(x, alpha, 0.0); }
+Tensor gelu(const Tensor& x) { return unary(UnaryOp::gelu, x, "gelu"); }
+Tensor tanh(const Tensor& x) { return unary(UnaryOp::tanh, x, "tanh"); }
+
+}  // namespace engine

@@ -1,0 +1,45 @@
+// Elementwise ops: add/sub/mul/div with NumPy broadcasting, scalar scale/shift, GELU (erf form)
+// and tanh. Operators +, -, *, / map onto them.
+#pragma once
+
+#include "engine/kernel.h"
+#include "engine/tensor.h"
+
+namespace engine {
+
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor scale(const Tensor& x, double alpha);                  // alpha * x
+Tensor affine(const Tensor& x, double alpha, double beta);    // alpha * x + beta
+Tensor gelu(const Tensor& x);  // x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
+Tensor tanh(const Tensor& x);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator-(const Tensor& x) { return scale(x, -1.0); }
+inline Tensor operator*(const Tensor& x, double s) { return scale(x, s); }
+inline Tensor operator*(double s, const Tensor& x) { return scale(x, s); }
+inline Tensor operator/(const Tensor& x, double s) { return scale(x, 1.0 / s); }
+inline Tensor operator+(const Tensor& x, double s) { return affine(x, 1.0, s); }
+inline Tensor operator-(const Tensor& x, double s) { return affine(x, 1.0, -s); }
+
+// ---- kernels (one table per launch; backends register implementations) ----------------------
+enum class BinaryOp : uint8_t { add, sub, mul, div };
+enum class UnaryOp : uint8_t { gelu, tanh };
+
+// out = a (op) b; a and b are already expanded to out's shape (stride-0 broadcast views).
+inline Kernel<void(BinaryOp, const Tensor& a, const Tensor& b, const Tensor& out)>
+    binary_kernel{"binary"};
+// out = alpha * x + beta
+inline Kernel<void(const Tensor& x, double alpha, double beta, const Tensor& out)>
+    affine_kernel{"affine"};
+inline Kernel<void(UnaryOp, const Tensor& x, const Tensor& y)> unary_kernel{"unary"};
+// grad_x = grad_y * f'(.) where `saved` is x for gelu and y for tanh.
+inline Kernel<void(UnaryOp, const Tensor& saved, const Tensor& grad_y, const Tensor& grad_x)>
+    unary_backward_kernel{"unary_backward"};
+
+}  // namespace engine

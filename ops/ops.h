@@ -1,0 +1,5 @@
+// Every op of libengine in one include.
+#pragma once
+
+#include "engine/engine.h"
+#include "ops/elementwise.h"
