@@ -124,6 +124,11 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
 
   std::unordered_map<Node*, std::vector<Tensor>> pending;
   Node* root_node = rm.grad_fn.get();
+  auto freed = [](const Node* n) {
+    ENGINE_FAIL("[backward] the graph through '", n->name(), "' was already freed by an earlier "
+                "backward; pass retain_graph = true to the first backward to run it twice");
+  };
+  if (root_node->released) freed(root_node);
   pending[root_node].resize(root_node->outputs.size());
   pending[root_node][rm.output_slot] = seed;
   const uint64_t root_seq = root_node->sequence_nr;
@@ -135,9 +140,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     if (!node || node->sequence_nr > root_seq) continue;
     auto it = pending.find(node.get());
     if (it == pending.end()) continue;
-    ENGINE_CHECK(!node->released, "[backward] the graph through '", node->name(),
-                 "' was already freed by an earlier backward; pass retain_graph = true to the "
-                 "first backward to run it twice");
+    if (node->released) freed(node.get());
     std::vector<Tensor> grad_outputs = std::move(it->second);
     pending.erase(it);
     std::vector<Tensor> grad_inputs = node->backward(grad_outputs);
@@ -165,6 +168,13 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
       }
     }
     if (!retain_graph) ran.push_back(node);
+  }
+  // Nodes still waiting were not on this thread's tape: freed earlier (and swept), or recorded
+  // by another thread.
+  for (auto& [n, g] : pending) {
+    if (n->released) freed(n);
+    ENGINE_FAIL("[backward] node '", n->name(), "' is not on this thread's tape (was the graph "
+                "recorded on another thread?)");
   }
   for (auto& n : ran) {
     n->release_saved();

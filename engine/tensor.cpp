@@ -105,7 +105,7 @@ bool Tensor::shares_storage(const Tensor& o) const {
   return defined() && o.defined() && impl_->storage == o.impl_->storage;
 }
 const std::string& Tensor::name() const { return checked(impl_, "name").name; }
-Tensor& Tensor::set_name(std::string n) {
+const Tensor& Tensor::set_name(std::string n) const {
   checked(impl_, "set_name");
   impl_->name = std::move(n);
   return *this;
@@ -156,13 +156,13 @@ Tensor make_view(const Tensor& base, Shape shape, std::vector<int64_t> strides, 
 
 // ---- in place --------------------------------------------------------------------------------
 
-Tensor& Tensor::fill_(double value) {
+const Tensor& Tensor::fill_(double value) const {
   check_in_place(*this, "fill_");
   backend_for(*this).fill(*this, value);
   return *this;
 }
 
-Tensor& Tensor::copy_(const Tensor& src) {
+const Tensor& Tensor::copy_(const Tensor& src) const {
   check_in_place(*this, "copy_");
   ENGINE_CHECK(src.defined(), "[copy_] source is undefined");
   ENGINE_CHECK(is_broadcastable_to(src.shape(), shape()), "[copy_] source ", describe(src),
@@ -174,7 +174,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
   return *this;
 }
 
-Tensor& Tensor::add_(const Tensor& other, double alpha) {
+const Tensor& Tensor::add_(const Tensor& other, double alpha) const {
   check_in_place(*this, "add_");
   ENGINE_CHECK(other.defined(), "[add_] other is undefined");
   ENGINE_CHECK(other.device() == device(), "[add_] ", describe(*this), " and ", describe(other),
@@ -187,7 +187,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   return *this;
 }
 
-Tensor& Tensor::mul_(double factor) {
+const Tensor& Tensor::mul_(double factor) const {
   check_in_place(*this, "mul_");
   // x *= f as x += (f - 1) * x keeps the backend primitive set small; exact for f == 0 too.
   if (factor == 0.0) return fill_(0.0);
@@ -300,7 +300,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str
 
 bool Tensor::requires_grad() const { return checked(impl_, "requires_grad").autograd.requires_grad; }
 
-Tensor& Tensor::set_requires_grad(bool on) {
+const Tensor& Tensor::set_requires_grad(bool on) const {
   checked(impl_, "set_requires_grad");
   ENGINE_CHECK(!impl_->autograd.grad_fn, "[set_requires_grad] ", describe(*this),
                " is the output of an op; only leaves can change requires_grad (use detach())");

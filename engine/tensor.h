@@ -72,7 +72,7 @@ class Tensor {
   const std::shared_ptr<Storage>& storage() const;
   bool shares_storage(const Tensor& other) const;
   const std::string& name() const;
-  Tensor& set_name(std::string name);
+  const Tensor& set_name(std::string name) const;
 
   // ---- views and copies (differentiable) -------------------------------------------------
   Tensor reshape(Shape shape) const;  // a view when the strides allow it, else a copy
@@ -93,13 +93,13 @@ class Tensor {
   Tensor to(Device device) const;
   Tensor detach() const;  // same storage, outside the graph
 
-  // ---- in place (never recorded; refused on a tensor that requires grad while grad mode is
+  // ---- in place, through the handle (never recorded; refused on a tensor that requires grad while grad mode is
   // on, e.g. parameters outside NoGrad) ---------------------------------------------------
-  Tensor& fill_(double value);
-  Tensor& zero_() { return fill_(0.0); }
-  Tensor& copy_(const Tensor& src);  // broadcasts src, converts dtype, crosses devices
-  Tensor& add_(const Tensor& other, double alpha = 1.0);  // this += alpha * other (broadcast)
-  Tensor& mul_(double factor);
+  const Tensor& fill_(double value) const;
+  const Tensor& zero_() const { return fill_(0.0); }
+  const Tensor& copy_(const Tensor& src) const;  // broadcasts src, converts dtype, crosses devices
+  const Tensor& add_(const Tensor& other, double alpha = 1.0) const;  // this += alpha * other (broadcast)
+  const Tensor& mul_(double factor) const;
 
   // ---- values ----------------------------------------------------------------------------
   double item() const;  // one-element tensors
@@ -114,7 +114,7 @@ class Tensor {
 
   // ---- autograd --------------------------------------------------------------------------
   bool requires_grad() const;
-  Tensor& set_requires_grad(bool on = true);  // leaves only
+  const Tensor& set_requires_grad(bool on = true) const;  // leaves only
   bool is_leaf() const;
   Tensor grad() const;  // undefined until a backward reaches this leaf
   void set_grad(const Tensor& g) const;

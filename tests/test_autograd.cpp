@@ -1,0 +1,144 @@
+// The tape: recording only when needed, reuse of a tensor, NoGrad, detach, repeated backward,
+// retain_graph, freeing of dropped graphs, gradients through every view.
+#include <catch2/catch.hpp>
+
+#include "gradcheck.h"
+#include "ops/ops.h"
+
+using namespace engine;
+using namespace engine::testing;
+using Catch::Contains;
+
+namespace {
+std::vector<double> vals(const Tensor& t) { return t.to_vector<double>(); }
+}  // namespace
+
+TEST_CASE("nothing is recorded unless an input requires grad", "[autograd]") {
+  size_t base = tape_size();
+  Tensor a = Tensor::ones({3});
+  Tensor b = (a + a) * a;
+  REQUIRE_FALSE(b.requires_grad());
+  REQUIRE(b.grad_fn() == nullptr);
+  REQUIRE(tape_size() == base);
+
+  Tensor x = Tensor::ones({3}).set_requires_grad();
+  {
+    NoGrad ng;
+    Tensor y = x * x;
+    REQUIRE_FALSE(y.requires_grad());
+    REQUIRE(tape_size() == base);
+  }
+  REQUIRE(GradMode::is_enabled());
+  Tensor y = x * x;
+  REQUIRE(y.requires_grad());
+  REQUIRE(y.grad_fn() != nullptr);
+  REQUIRE(std::string(y.grad_fn()->name()) == "mul");
+  REQUIRE(tape_size() == base + 1);
+}
+
+TEST_CASE("a tensor used twice accumulates both gradients", "[autograd]") {
+  Tensor x = Tensor::from_vector<double>({1, 2, 3}, {3}).set_requires_grad();
+  Tensor y = x * x + x;  // dy/dx = 2x + 1
+  y.backward(Tensor::ones({3}, DType::f64));
+  REQUIRE(vals(x.grad()) == std::vector<double>{3, 5, 7});
+}
+
+TEST_CASE("gradients accumulate across backward calls until zeroed", "[autograd]") {
+  Tensor x = Tensor::from_vector<double>({1, 2}, {2}).set_requires_grad();
+  Tensor w = Tensor::from_vector<double>({3, 4}, {2});
+  auto step = [&] { (x * w).backward(Tensor::ones({2}, DType::f64)); };
+  step();
+  REQUIRE(vals(x.grad()) == std::vector<double>{3, 4});
+  step();  // a second graph: sums into the same .grad
+  REQUIRE(vals(x.grad()) == std::vector<double>{6, 8});
+  x.zero_grad();
+  REQUIRE(vals(x.grad()) == std::vector<double>{0, 0});
+  step();  // a second backward after zeroing gives the first result again
+  REQUIRE(vals(x.grad()) == std::vector<double>{3, 4});
+}
+
+TEST_CASE("retain_graph allows a second backward; otherwise it is a clear error", "[autograd]") {
+  Tensor x = Tensor::from_vector<double>({2}, {1}).set_requires_grad();
+  Tensor y = x * x * x;  // 3x^2 = 12
+  y.backward(Tensor(), /*retain_graph=*/true);
+  REQUIRE(vals(x.grad()) == std::vector<double>{12});
+  x.zero_grad();
+  y.backward();
+  REQUIRE(vals(x.grad()) == std::vector<double>{12});
+  REQUIRE_THROWS_WITH(y.backward(), Contains("[backward]") && Contains("already freed") &&
+                                        Contains("retain_graph"));
+}
+
+TEST_CASE("detach cuts the graph and NoGrad records nothing", "[autograd]") {
+  Tensor x = Tensor::from_vector<double>({1, 2, 3}, {3}).set_requires_grad();
+  Tensor c = x.detach();
+  REQUIRE(c.shares_storage(x));
+  REQUIRE_FALSE(c.requires_grad());
+  Tensor y = c * x;  // d/dx = c, not 2x
+  y.backward(Tensor::ones({3}, DType::f64));
+  REQUIRE(vals(x.grad()) == std::vector<double>{1, 2, 3});
+
+  Tensor z;
+  {
+    NoGrad ng;
+    z = x * x;
+  }
+  REQUIRE_THROWS_WITH(z.backward(Tensor::ones({3}, DType::f64)),
+                      Contains("[backward]") && Contains("does not require grad"));
+}
+
+TEST_CASE("backward argument errors", "[autograd][errors]") {
+  Tensor x = Tensor::ones({2, 2}, DType::f64).set_requires_grad();
+  Tensor y = x * x;
+  REQUIRE_THROWS_WITH(y.backward(), Contains("[backward] root has shape (2, 2)"));
+  REQUIRE_THROWS_WITH(y.backward(Tensor::ones({3}, DType::f64)),
+                      Contains("[backward] gradient shape (3) does not match root shape (2, 2)"));
+  REQUIRE_THROWS_WITH(y.set_requires_grad(false), Contains("only leaves"));
+  REQUIRE_THROWS_WITH(x.fill_(0.0), Contains("[fill_] in-place update of a tensor that requires grad"));
+  NoGrad ng;
+  x.fill_(0.0);  // allowed under NoGrad (optimizer steps)
+}
+
+TEST_CASE("a graph dropped without backward frees its nodes", "[autograd]") {
+  size_t base = tape_size();
+  Tensor x = Tensor::ones({4}, DType::f64).set_requires_grad();
+  std::weak_ptr<Node> node;
+  {
+    Tensor y = (x * x) * x;
+    node = y.grad_fn();
+    REQUIRE(tape_size() == base + 2);
+  }
+  REQUIRE(node.expired());
+  REQUIRE(tape_size() == base);
+  // And a backward without retain_graph releases its part of the tape.
+  Tensor z = x * x;
+  z.backward(Tensor::ones({4}, DType::f64));
+  REQUIRE(tape_size() == base);
+}
+
+TEST_CASE("the leaf gradient lands in a preset buffer in place", "[autograd]") {
+  Tensor x = Tensor::from_vector<double>({1, 2}, {2}).set_requires_grad();
+  Tensor buf = Tensor::zeros({2}, DType::f64);
+  x.set_grad(buf);
+  (x * x).backward(Tensor::ones({2}, DType::f64));
+  REQUIRE(x.grad().impl() == buf.impl());
+  REQUIRE(vals(buf) == std::vector<double>{2, 4});
+}
+
+TEST_CASE("gradients through views match finite differences", "[autograd][gradcheck]") {
+  Tensor x = rand_input({3, 5, 7}, 1);
+  auto check = [&](const char* what, const TestFn& f) {
+    GradcheckReport r = gradcheck(f, {x});
+    INFO(what << "\n" << r.detail);
+    REQUIRE(r.max_rel_error < 1e-6);
+  };
+  Tensor w = rand_input({3, 5, 7}, 2, false);
+  check("reshape", [&](const std::vector<Tensor>& in) { return in[0].reshape({7, 15}) * w.reshape({7, 15}); });
+  check("permute", [&](const std::vector<Tensor>& in) { return in[0].permute({2, 0, 1}) * w.permute({1, 2, 0}).reshape({7, 3, 5}); });
+  check("transpose+contiguous", [&](const std::vector<Tensor>& in) { return in[0].transpose(0, 2).contiguous(); });
+  check("slice with step", [&](const std::vector<Tensor>& in) { return in[0].slice(2, 1, 7, 2) * in[0].slice(1, 0, 5, 1).slice(2, 0, 3); });
+  check("select", [&](const std::vector<Tensor>& in) { return in[0].select(1, 3) * in[0].select(1, -1); });
+  check("expand", [&](const std::vector<Tensor>& in) { return in[0].slice(1, 0, 1).expand({2, 3, 5, 7}) * w; });
+  check("unsqueeze/squeeze/flatten", [&](const std::vector<Tensor>& in) { return in[0].unsqueeze(0).squeeze(0).flatten(1); });
+  check("to(f32) and back", [&](const std::vector<Tensor>& in) { return in[0].to(DType::f64).clone() * w; });
+}
