@@ -2,5 +2,6 @@
 #pragma once
 
 #include "engine/engine.h"
+#include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
