@@ -2,4 +2,8 @@
 #pragma once
 
 #include "engine/engine.h"
+#include "ops/concat.h"
+#include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/reduce.h"

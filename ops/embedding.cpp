@@ -1,0 +1,160 @@
+// index_select / embedding: shape and index checks, autograd wiring and the CPU kernels.
+#include "ops/embedding.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/autograd.h"
+#include "engine/dispatch.h"
+#include "engine/error.h"
+
+namespace engine {
+namespace {
+
+// "3" for a 1-D index, "(1, 2)" for a multi-dim one: where the bad id sits in the caller's
+// tensor, not in our flattened copy.
+std::string position_str(int64_t flat, const Shape& shape) {
+  if (shape.size() == 1) return std::to_string(flat);
+  Shape pos(shape.size());
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    pos[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+  return shape_str(pos);
+}
+
+// Host-side range check of a contiguous CPU index. Reading device memory here would cost a
+// synchronisation per call, so for other devices the check is the device kernel's job.
+void check_in_range(const Tensor& index, const Shape& user_shape, int64_t rows, const char* op,
+                    const char* what) {
+  if (!index.device().is_cpu()) return;
+  dispatch_index(index.dtype(), op, [&]<class I>() {
+    const I* p = index.data<I>();
+    const int64_t m = index.numel();
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t v = static_cast<int64_t>(p[i]);
+      ENGINE_CHECK(v >= 0 && v < rows, "[", op, "] ", what, " ", v, " at position ",
+                   position_str(i, user_shape), " is out of range for a table of ", rows,
+                   " rows (expected 0 <= ", what, " < ", rows, ")");
+    }
+  });
+}
+
+void check_index_tensor(const Tensor& x, const Tensor& index, const char* op, const char* what) {
+  ENGINE_CHECK(x.defined() && index.defined(), "[", op, "] got an undefined input");
+  ENGINE_CHECK(index.dtype() == DType::i32 || index.dtype() == DType::i64, "[", op, "] ", what,
+               " tensor must be i32 or i64, got ", describe(index));
+  ENGINE_CHECK(x.device() == index.device(), "[", op, "] inputs are on different devices: ",
+               describe(x), " and ", what, " ", describe(index));
+}
+
+struct GatherRowsNode : Node {
+  const char* op = "gather_rows";
+  Tensor index;  // (M) contiguous, detached: the only thing the scatter-add needs
+  const char* name() const override { return op; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    const TensorMeta& m = inputs[0];
+    const int64_t n = m.shape[0];
+    const int64_t d = shape_numel(m.shape) / std::max<int64_t>(n, 1);
+    Tensor gx = Tensor::zeros(m.shape, grads[0].dtype(), m.device);
+    if (n > 0 && d > 0) {
+      Tensor g = grads[0].contiguous().view({index.numel(), d});  // (M, D)
+      scatter_add_rows_kernel(m.device, g, index, gx.view({n, d}));
+    }
+    return {gx};
+  }
+  void release_saved() override { index = Tensor(); }
+};
+
+// Shared body: x (N, ...) viewed as (N, D), a flattened index (M) -> out of `out_shape`
+// (M * D elements), recorded when x requires grad.
+Tensor gather_rows(const Tensor& x, const Tensor& index, const Shape& out_shape, const char* op,
+                   const char* what) {
+  const int64_t n = x.shape()[0];
+  const int64_t d = shape_numel(Shape(x.shape().begin() + 1, x.shape().end()));
+  Tensor idx = index.detach().contiguous().reshape({index.numel()});  // (M)
+  check_in_range(idx, index.shape(), n, op, what);
+  Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
+  if (out.numel() > 0)
+    gather_rows_kernel(x.device(), x.detach().contiguous().view({n, d}), idx,
+                       out.view({idx.numel(), d}));
+  if (needs_grad(x)) {
+    auto node = std::make_shared<GatherRowsNode>();
+    node->op = op;
+    node->index = idx;
+    record(node, {x}, {out});
+  }
+  return out;
+}
+
+// ---- CPU kernels -----------------------------------------------------------------------------
+
+namespace cpu {
+
+void gather_rows(const Tensor& table, const Tensor& index, const Tensor& out) {
+  const int64_t m = out.shape()[0];
+  const size_t row_bytes = static_cast<size_t>(out.shape()[1]) * dtype_size(out.dtype());
+  if (m == 0 || row_bytes == 0) return;
+  dispatch_index(index.dtype(), "gather_rows", [&]<class I>() {
+    const I* idx = index.data<I>();
+    const char* src = static_cast<const char*>(table.raw_data());
+    char* dst = static_cast<char*>(out.raw_data());
+    // A row copy is dtype-agnostic, so gathers work for every dtype (bf16 tables included).
+#pragma omp parallel for if (static_cast<size_t>(m) * row_bytes > (1u << 20))
+    for (int64_t i = 0; i < m; ++i)
+      std::memcpy(dst + i * row_bytes, src + static_cast<int64_t>(idx[i]) * row_bytes,
+                  row_bytes);
+  });
+}
+
+void scatter_add_rows(const Tensor& grad_out, const Tensor& index, const Tensor& grad_table) {
+  const int64_t m = grad_out.shape()[0], d = grad_out.shape()[1];
+  if (m == 0 || d == 0) return;
+  dispatch_floating(grad_table.dtype(), "scatter_add_rows", [&]<class T>() {
+    dispatch_index(index.dtype(), "scatter_add_rows", [&]<class I>() {
+      const I* idx = index.data<I>();
+      const T* src = grad_out.data<T>();
+      T* dst = grad_table.data<T>();
+      // Threads split the feature dim, and each walks every index in order: an element's sum
+      // is always formed in index order whatever the thread count (deterministic), and no two
+      // threads touch the same element (no atomics), even for repeated indices.
+      constexpr int64_t kCols = 256;
+      const int64_t blocks = (d + kCols - 1) / kCols;
+#pragma omp parallel for if (blocks > 1 && m * d > 65536)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t c0 = b * kCols, c1 = std::min(d, c0 + kCols);
+        for (int64_t i = 0; i < m; ++i) {
+          T* row = dst + static_cast<int64_t>(idx[i]) * d;
+          const T* s = src + i * d;
+          for (int64_t c = c0; c < c1; ++c) row[c] += s[c];
+        }
+      }
+    });
+  });
+}
+
+}  // namespace cpu
+
+ENGINE_REGISTER_KERNEL(gather_rows_kernel, DeviceType::CPU, cpu::gather_rows);
+ENGINE_REGISTER_KERNEL(scatter_add_rows_kernel, DeviceType::CPU, cpu::scatter_add_rows);
+
+}  // namespace
+
+Tensor index_select(const Tensor& x, const Tensor& index) {
+  check_index_tensor(x, index, "index_select", "index");
+  ENGINE_CHECK(x.dim() >= 1, "[index_select] expects x with at least 1 dim, got ", describe(x));
+  ENGINE_CHECK(index.dim() == 1, "[index_select] index must be 1-D, got ", describe(index));
+  Shape out_shape = x.shape();
+  out_shape[0] = index.numel();  // (M, ...)
+  return gather_rows(x, index, out_shape, "index_select", "index");
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& ids) {
+  check_index_tensor(weight, ids, "embedding", "id");
+  ENGINE_CHECK(weight.dim() == 2, "[embedding] weight must be (V, D), got ", describe(weight));
+  Shape out_shape = ids.shape();
+  out_shape.push_back(weight.shape()[1]);  // (*ids.shape, D)
+  return gather_rows(weight, ids, out_shape, "embedding", "id");
+}
+
+}  // namespace engine

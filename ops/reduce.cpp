@@ -1,0 +1,91 @@
+// Sum / mean: dim handling and autograd wiring over the backend's sum_to primitive.
+#include "ops/reduce.h"
+
+#include "engine/autograd.h"
+#include "engine/backend.h"
+#include "engine/error.h"
+#include "ops/elementwise.h"
+
+namespace engine {
+namespace {
+
+// `dims` wrapped and marked; empty means every dim.
+std::vector<bool> reduced_dims(const Tensor& x, const std::vector<int64_t>& dims, const char* op) {
+  std::vector<bool> mask(x.shape().size(), dims.empty());
+  for (int64_t d : dims) {
+    int64_t w = wrap_dim(d, x.dim(), op);
+    ENGINE_CHECK(!mask[w], "[", op, "] dim ", d, " is repeated in dims ", shape_str(dims),
+                 " for ", describe(x));
+    mask[w] = true;
+  }
+  return mask;
+}
+
+struct ReduceNode : Node {
+  const char* op = "sum";
+  Shape keep_shape;   // the output with reduced dims kept as size 1
+  double scale = 1;   // 1 for sum, 1 / count for mean
+  const char* name() const override { return op; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    Tensor g = grads[0];
+    if (scale != 1) {
+      Tensor scaled = Tensor::empty(g.shape(), g.dtype(), g.device());
+      affine_kernel(g.device(), g, scale, 0.0, scaled);
+      g = scaled;
+    }
+    // Every input element got the same upstream gradient: a stride-0 broadcast view, no copy.
+    return {g.reshape(keep_shape).expand(inputs[0].shape)};
+  }
+};
+
+Tensor reduce(const Tensor& x, const std::vector<bool>& mask, bool keepdim, bool is_mean,
+              const char* op) {
+  Shape keep_shape = x.shape(), out_shape;
+  int64_t count = 1;
+  for (size_t d = 0; d < mask.size(); ++d) {
+    if (mask[d]) {
+      count *= keep_shape[d];
+      keep_shape[d] = 1;
+      if (keepdim) out_shape.push_back(1);
+    } else {
+      out_shape.push_back(x.shape()[d]);
+    }
+  }
+  Tensor out = Tensor::empty(keep_shape, x.dtype(), x.device());
+  backend_for(x).sum_to(x.detach(), out);
+  // Mean over zero elements is 0/0 = NaN, as in PyTorch.
+  const double scale = is_mean ? 1.0 / static_cast<double>(count) : 1.0;
+  if (is_mean) affine_kernel(x.device(), out, scale, 0.0, out);  // elementwise: in place is safe
+  out = out.view(out_shape);
+  if (needs_grad(x)) {
+    auto node = std::make_shared<ReduceNode>();
+    node->op = op;
+    node->keep_shape = std::move(keep_shape);
+    node->scale = scale;
+    record(node, {x}, {out});
+  }
+  return out;
+}
+
+void check_input(const Tensor& x, bool is_mean, const char* op) {
+  ENGINE_CHECK(x.defined(), "[", op, "] got an undefined input");
+  ENGINE_CHECK(!is_mean || is_floating(x.dtype()), "[", op, "] expects a floating tensor, got ",
+               describe(x));
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x) { return sum(x, {}, false); }
+Tensor mean(const Tensor& x) { return mean(x, {}, false); }
+
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  check_input(x, false, "sum");
+  return reduce(x, reduced_dims(x, dims, "sum"), keepdim, false, "sum");
+}
+
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  check_input(x, true, "mean");
+  return reduce(x, reduced_dims(x, dims, "mean"), keepdim, true, "mean");
+}
+
+}  // namespace engine
