@@ -6,4 +6,5 @@
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
+#include "ops/matmul.h"
 #include "ops/reduce.h"

@@ -1,0 +1,417 @@
+// Matrix products: shape/layout checks, autograd wiring for matmul and linear, the raw gemm()
+// helper and the CPU GEMM kernel (Eigen).
+#include "ops/matmul.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <optional>
+
+#include "engine/autograd.h"
+#include "engine/backend.h"
+#include "engine/dispatch.h"
+#include "engine/error.h"
+
+namespace engine {
+namespace {
+
+// ---- layouts ---------------------------------------------------------------------------------
+
+// How the GEMM can read the matrix in the last two dims (rows, cols) of a tensor in place.
+struct MatLayout {
+  bool ok = false;
+  bool transposed = false;  // stored column-major (a transposed view): the GEMM reads t^T
+  int64_t ld = 0;           // row-major leading dim of the matrix as stored
+};
+
+MatLayout mat_layout(const Tensor& t) {
+  const int64_t r = t.size(-2), c = t.size(-1);
+  const int64_t sr = t.stride(-2), sc = t.stride(-1);
+  // Nothing is read from an empty matrix; any legal ld will do.
+  if (t.numel() == 0) return {true, false, std::max<int64_t>(c, 1)};
+  // Size-1 dims carry arbitrary strides; they get the smallest legal ld instead (cuBLAS rejects
+  // ld < stored columns even when it never steps by it). ld >= cols also rules out overlapping
+  // rows (stride-0 broadcast matrices), which BLAS cannot read.
+  if ((c == 1 || sc == 1) && (r == 1 || sr >= c)) return {true, false, r == 1 ? c : sr};
+  if ((r == 1 || sr == 1) && (c == 1 || sc >= r)) return {true, true, c == 1 ? r : sc};
+  return {};
+}
+
+// The single stride that steps through dims [begin, end) of (shape, strides) as one flattened
+// dim, if there is one. Size-1 dims are skipped; all-size-1 (or empty) ranges give 0.
+std::optional<int64_t> collapse_stride(const Shape& shape, const std::vector<int64_t>& strides,
+                                       size_t begin, size_t end) {
+  std::optional<int64_t> inner;
+  int64_t next = 0;  // the stride the next outer non-1 dim must have
+  for (size_t d = end; d-- > begin;) {
+    if (shape[d] == 1) continue;
+    if (!inner) {
+      inner = strides[d];
+    } else if (strides[d] != next) {
+      return std::nullopt;
+    }
+    next = strides[d] * shape[d];
+  }
+  return inner.value_or(0);
+}
+
+// `t` as is when the GEMM can read its last two dims in place, else a contiguous copy.
+Tensor gemm_ready(const Tensor& t) { return mat_layout(t).ok ? t : t.contiguous(); }
+
+// `t` (..., r, c) broadcast to batch + (r, c) and viewed as (B, r, c) with one batch stride.
+// No copy when the batch dims collapse to one stride (contiguous batches, or a matrix shared by
+// every item); otherwise the broadcast is materialised.
+Tensor as_batched(Tensor t, const Shape& batch) {
+  t = gemm_ready(t);
+  const int64_t r = t.size(-2), c = t.size(-1), nb = shape_numel(batch);
+  Shape full = batch;
+  full.push_back(r);
+  full.push_back(c);
+  std::vector<int64_t> st = broadcast_strides(t.shape(), t.strides(), full);
+  if (auto bs = collapse_stride(full, st, 0, batch.size()))
+    return make_view(t, {nb, r, c}, {*bs, st[st.size() - 2], st.back()}, t.storage_offset());
+  Tensor copy = make_view(t, full, st, t.storage_offset()).contiguous();
+  return make_view(copy, {nb, r, c}, {r * c, c, 1}, copy.storage_offset());
+}
+
+// `t` (..., r, c) viewed as (prod(...) * r, c), one GEMM operand, if its rows collapse to one
+// stride in place.
+std::optional<Tensor> fold_rows(const Tensor& t) {
+  const size_t nd = t.shape().size();
+  auto rs = collapse_stride(t.shape(), t.strides(), 0, nd - 1);
+  if (!rs) return std::nullopt;
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < nd; ++d) rows *= t.shape()[d];
+  Tensor v = make_view(t, {rows, t.size(-1)}, {*rs, t.stride(-1)}, t.storage_offset());
+  if (!mat_layout(v).ok) return std::nullopt;
+  return v;
+}
+
+// `t` (..., c) as a 2-D (rows, c) GEMM operand: in place when possible, else copied.
+Tensor rows_of(const Tensor& t) {
+  if (auto v = fold_rows(t)) return *v;
+  Tensor copy = t.contiguous();
+  return *fold_rows(copy);
+}
+
+// Gradient `g` (of the broadcast shape) summed down to `shape`.
+Tensor reduce_to(const Tensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  Tensor out = Tensor::empty(shape, g.dtype(), g.device());
+  backend_for(g).sum_to(g, out);
+  return out;
+}
+
+Shape batch_dims(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); }
+
+// ---- checks ----------------------------------------------------------------------------------
+
+void check_pair(const Tensor& a, const Tensor& b, const char* op, const char* na,
+                const char* nb) {
+  ENGINE_CHECK(a.defined() && b.defined(), "[", op, "] got an undefined input: ", na, " ",
+               describe(a), ", ", nb, " ", describe(b));
+  ENGINE_CHECK(a.device() == b.device(), "[", op, "] inputs are on different devices: ", na,
+               " ", describe(a), ", ", nb, " ", describe(b));
+  ENGINE_CHECK(a.dtype() == b.dtype(), "[", op, "] dtype mismatch: ", na, " ", describe(a), ", ",
+               nb, " ", describe(b), " (convert one with .to())");
+  ENGINE_CHECK(is_floating(a.dtype()), "[", op, "] expects floating tensors, got ", na, " ",
+               describe(a), ", ", nb, " ", describe(b));
+}
+
+// ---- forward without autograd ----------------------------------------------------------------
+
+// x (..., M, K) @ y (..., K, N), both at least 2-D and detached, shapes already checked.
+Tensor matmul_raw(const Tensor& x, const Tensor& y) {
+  const int64_t m = x.size(-2), n = y.size(-1);
+  const Shape batch = broadcast_shapes(batch_dims(x), batch_dims(y), "matmul");
+  Shape out_shape = batch;
+  out_shape.push_back(m);
+  out_shape.push_back(n);
+  Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
+  // A 2-D right operand (a weight): fold x's batch into its rows, one (B*M, K) @ (K, N) GEMM,
+  // instead of B small ones.
+  if (y.dim() == 2 && x.dim() > 2) {
+    if (auto x2 = fold_rows(x)) {
+      gemm(*x2, false, y, false, make_view(out, {x2->size(0), n}, {n, 1}, 0));
+      return out;
+    }
+  }
+  const int64_t nb = shape_numel(batch);
+  gemm(as_batched(x, batch), false, as_batched(y, batch), false,
+       make_view(out, {nb, m, n}, {m * n, n, 1}, 0));
+  return out;
+}
+
+// ---- autograd --------------------------------------------------------------------------------
+
+struct MatmulNode : Node {
+  Tensor a;  // (..., M, K), saved when b needs a gradient
+  Tensor b;  // (..., K, N), saved when a needs a gradient
+  const char* name() const override { return "matmul"; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    const Tensor& g = grads[0];  // (batch..., M, N)
+    Tensor ga, gb;
+    if (needs_input_grad(0)) {
+      // dA = dC @ B^T; B^T is a transposed view, read in place by the GEMM.
+      ga = reduce_to(matmul_raw(g, b.transpose(-1, -2)), inputs[0].shape);
+    }
+    if (needs_input_grad(1)) {
+      if (b_is_2d()) {
+        // dB = sum over every row of the batch of A^T dC: one (K, B*M) @ (B*M, N) GEMM over
+        // the folded rows instead of B products and a reduction.
+        Tensor a2 = rows_of(a);  // (B*M, K)
+        Tensor g2 = rows_of(g);  // (B*M, N)
+        gb = Tensor::empty(inputs[1].shape, g.dtype(), g.device());
+        gemm(a2, true, g2, false, gb);
+      } else {
+        gb = reduce_to(matmul_raw(a.transpose(-1, -2), g), inputs[1].shape);
+      }
+    }
+    return {ga, gb};
+  }
+  bool b_is_2d() const { return inputs[1].shape.size() == 2; }
+  void release_saved() override { a = b = Tensor(); }
+};
+
+struct LinearNode : Node {
+  Tensor x;       // (..., in)
+  Tensor weight;  // (out, in)
+  const char* name() const override { return "linear"; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    const Tensor g2 = rows_of(grads[0]);  // (R, out), R = prod of x's leading dims
+    const Device dev = g2.device();
+    const DType dt = g2.dtype();
+    Tensor gx, gw, gbias;
+    if (needs_input_grad(0)) {
+      gx = Tensor::empty(inputs[0].shape, dt, dev);  // (..., in)
+      gemm(g2, false, gemm_ready(weight), false,
+           make_view(gx, {g2.size(0), weight.size(1)}, {weight.size(1), 1}, 0));
+    }
+    if (needs_input_grad(1)) {
+      gw = Tensor::empty(inputs[1].shape, dt, dev);  // (out, in) = dY^T X over all rows
+      gemm(g2, true, rows_of(x), false, gw);
+    }
+    if (needs_input_grad(2)) {
+      gbias = Tensor::empty(inputs[2].shape, dt, dev);  // (out): column sums of dY
+      backend(dev.type).sum_to(g2, gbias);
+    }
+    return {gx, gw, gbias};
+  }
+  void release_saved() override { x = weight = Tensor(); }
+};
+
+// ---- CPU kernel ------------------------------------------------------------------------------
+
+namespace cpu {
+
+// Below this many multiply-adds per matrix, Eigen's GEMM runs single-threaded (it splits work in
+// ~50k-flop tasks) and a batch is better spread across threads one whole matrix each. Above it,
+// Eigen threads each product itself. Either way every element of C is computed by one thread in
+// a fixed order, so results do not change from run to run.
+constexpr double kSmallGemmWork = 64.0 * 64.0 * 64.0;
+// Less total work than this is not worth starting threads for.
+constexpr double kMinParallelWork = 32.0 * 32.0 * 32.0;
+
+// OA / OB: Eigen storage order that makes the stored matrix read as op(A) (m x k) / op(B)
+// (k x n): row-major as stored, or column-major when the flag asks for the transpose.
+template <class T, int OA, int OB>
+void gemm_typed(const GemmArgs& g) {
+  using MatA = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, OA>;
+  using MatB = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, OB>;
+  using MatC = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using MapA = Eigen::Map<const MatA, Eigen::Unaligned, Eigen::OuterStride<>>;
+  using MapB = Eigen::Map<const MatB, Eigen::Unaligned, Eigen::OuterStride<>>;
+  using MapC = Eigen::Map<MatC, Eigen::Unaligned, Eigen::OuterStride<>>;
+  const T* pa = static_cast<const T*>(g.a);
+  const T* pb = static_cast<const T*>(g.b);
+  T* pc = static_cast<T*>(g.c);
+  const T alpha = static_cast<T>(g.alpha), beta = static_cast<T>(g.beta);
+
+  auto one = [&](int64_t i) {
+    MapC c(pc + i * g.stride_c, g.m, g.n, Eigen::OuterStride<>(g.ldc));
+    if (g.k == 0) {  // an empty sum: C = beta C
+      if (g.beta == 0.0) c.setZero();
+      else c *= beta;
+      return;
+    }
+    MapA a(pa + i * g.stride_a, g.m, g.k, Eigen::OuterStride<>(g.lda));
+    MapB b(pb + i * g.stride_b, g.k, g.n, Eigen::OuterStride<>(g.ldb));
+    if (g.beta == 0.0) {
+      c.noalias() = alpha * (a * b);  // C is not read: garbage (even NaN) in it is fine
+    } else {
+      if (g.beta != 1.0) c *= beta;
+      c.noalias() += alpha * (a * b);
+    }
+  };
+
+  const double work = static_cast<double>(g.m) * static_cast<double>(g.n) *
+                      static_cast<double>(g.k);
+  const bool over_batch = g.batch > 1 && work < kSmallGemmWork &&
+                          work * static_cast<double>(g.batch) >= kMinParallelWork;
+  // Inside this region Eigen sees omp_get_num_threads() > 1 and does not nest its own threads.
+#pragma omp parallel for schedule(static) if (over_batch)
+  for (int64_t i = 0; i < g.batch; ++i) one(i);
+}
+
+void gemm(const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+  ENGINE_ASSERT(g.lda >= 1 && g.ldb >= 1 && g.ldc >= g.n && (g.batch == 1 || g.stride_c != 0));
+  dispatch_floating(g.dtype, "gemm", [&]<class T>() {
+    constexpr int R = Eigen::RowMajor, C = Eigen::ColMajor;
+    if (!g.trans_a && !g.trans_b) gemm_typed<T, R, R>(g);
+    else if (!g.trans_a && g.trans_b) gemm_typed<T, R, C>(g);
+    else if (g.trans_a && !g.trans_b) gemm_typed<T, C, R>(g);
+    else gemm_typed<T, C, C>(g);
+  });
+}
+
+}  // namespace cpu
+
+ENGINE_REGISTER_KERNEL(gemm_kernel, DeviceType::CPU, cpu::gemm);
+
+}  // namespace
+
+// ---- public ----------------------------------------------------------------------------------
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+          double alpha, double beta) {
+  ENGINE_CHECK(a.defined() && b.defined() && c.defined(), "[gemm] got an undefined tensor: a ",
+               describe(a), ", b ", describe(b), ", c ", describe(c));
+  ENGINE_CHECK(a.device() == c.device() && b.device() == c.device(),
+               "[gemm] tensors are on different devices: a ", describe(a), ", b ", describe(b),
+               ", c ", describe(c));
+  ENGINE_CHECK(a.dtype() == c.dtype() && b.dtype() == c.dtype(), "[gemm] dtype mismatch: a ",
+               describe(a), ", b ", describe(b), ", c ", describe(c));
+  ENGINE_CHECK(is_floating(c.dtype()), "[gemm] expects floating tensors, got c ", describe(c));
+  for (const Tensor* t : {&a, &b, &c})
+    ENGINE_CHECK(t->dim() == 2 || t->dim() == 3,
+                 "[gemm] expects 2-D (rows, cols) or 3-D (batch, rows, cols) tensors, got a ",
+                 describe(a), ", b ", describe(b), ", c ", describe(c));
+  const int64_t batch = c.dim() == 3 ? c.size(0) : 1;
+  const int64_t m = c.size(-2), n = c.size(-1);
+  const int64_t am = trans_a ? a.size(-1) : a.size(-2), k = trans_a ? a.size(-2) : a.size(-1);
+  const int64_t bk = trans_b ? b.size(-1) : b.size(-2), bn = trans_b ? b.size(-2) : b.size(-1);
+  ENGINE_CHECK(am == m && bk == k && bn == n, "[gemm] shapes do not match: op(a) ", am, "x", k,
+               " @ op(b) ", bk, "x", bn, " -> c ", m, "x", n, " (a ", describe(a),
+               trans_a ? " transposed" : "", ", b ", describe(b), trans_b ? " transposed" : "",
+               ", c ", describe(c), ")");
+  auto batch_stride = [&](const Tensor& t, const char* name) -> int64_t {
+    if (t.dim() == 2 || t.size(0) == 1) return 0;  // one matrix shared by the batch
+    ENGINE_CHECK(t.size(0) == batch, "[gemm] ", name, " ", describe(t), " has batch ", t.size(0),
+                 " but c ", describe(c), " has batch ", batch);
+    return t.stride(0);
+  };
+  const int64_t sa = batch_stride(a, "a"), sb = batch_stride(b, "b");
+  const int64_t sc = batch_stride(c, "c");
+  ENGINE_CHECK(batch <= 1 || sc != 0, "[gemm] c ", describe(c),
+               " has batch stride 0: every batch item would write the same matrix");
+  const MatLayout la = mat_layout(a), lb = mat_layout(b), lc = mat_layout(c);
+  auto check_layout = [](const MatLayout& l, const Tensor& t, const char* name) {
+    ENGINE_CHECK(l.ok, "[gemm] ", name, " ", describe(t), " with strides ",
+                 shape_str(t.strides()),
+                 " is not a matrix the GEMM can read in place: it needs stride 1 in its last "
+                 "or second-last dim (call .contiguous() first)");
+  };
+  check_layout(la, a, "a");
+  check_layout(lb, b, "b");
+  check_layout(lc, c, "c");
+
+  GemmArgs g;
+  g.k = k;
+  g.batch = batch;
+  g.alpha = alpha;
+  g.beta = beta;
+  g.dtype = c.dtype();
+  g.device = c.device();
+  g.c = c.raw_data();
+  g.ldc = lc.ld;
+  g.stride_c = sc;
+  // The flag the kernel sees is the caller's transpose combined with the storage order.
+  const bool ta = trans_a != la.transposed, tb = trans_b != lb.transposed;
+  if (!lc.transposed) {
+    g.m = m, g.n = n;
+    g.a = a.raw_data(), g.lda = la.ld, g.stride_a = sa, g.trans_a = ta;
+    g.b = b.raw_data(), g.ldb = lb.ld, g.stride_b = sb, g.trans_b = tb;
+  } else {
+    // c is stored column-major: write C^T (n x m, row-major) = op(B)^T @ op(A)^T.
+    g.m = n, g.n = m;
+    g.a = b.raw_data(), g.lda = lb.ld, g.stride_a = sb, g.trans_a = !tb;
+    g.b = a.raw_data(), g.ldb = la.ld, g.stride_b = sa, g.trans_b = !ta;
+  }
+  gemm_kernel(c.device(), g);
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_pair(a, b, "matmul", "a", "b");
+  ENGINE_CHECK(a.dim() >= 1 && b.dim() >= 1, "[matmul] expects tensors with at least 1 dim: a ",
+               describe(a), " @ b ", describe(b));
+  const int64_t ka = a.size(-1), kb = b.dim() == 1 ? b.size(0) : b.size(-2);
+  ENGINE_CHECK(ka == kb, "[matmul] inner dims do not match: a ", describe(a), " @ b ",
+               describe(b), " (", ka, " vs ", kb, ")");
+  // NumPy 1-D rules: a (K) is a row (1, K), b (K) a column (K, 1); the added dim is dropped.
+  // Done with views so autograd routes the gradients back through them.
+  if (a.dim() == 1 || b.dim() == 1) {
+    Tensor out = matmul(a.dim() == 1 ? a.unsqueeze(0) : a, b.dim() == 1 ? b.unsqueeze(-1) : b);
+    if (a.dim() == 1) out = out.squeeze(-2);  // (..., 1, N) -> (..., N)
+    if (b.dim() == 1) out = out.squeeze(-1);  // (..., M, 1) -> (..., M)
+    return out;
+  }
+  {
+    const Shape ba = batch_dims(a), bb = batch_dims(b);
+    const size_t nd = std::max(ba.size(), bb.size());
+    for (size_t i = 1; i <= nd; ++i) {
+      int64_t x = i <= ba.size() ? ba[ba.size() - i] : 1;
+      int64_t y = i <= bb.size() ? bb[bb.size() - i] : 1;
+      ENGINE_CHECK(x == y || x == 1 || y == 1, "[matmul] batch dims do not broadcast: a ",
+                   describe(a), " @ b ", describe(b), " (", shape_str(ba), " vs ", shape_str(bb),
+                   ")");
+    }
+  }
+  Tensor out = matmul_raw(a.detach(), b.detach());
+  if (needs_grad(a, b)) {
+    auto n = std::make_shared<MatmulNode>();
+    if (b.requires_grad()) n->a = a.detach();
+    if (a.requires_grad()) n->b = b.detach();
+    record(n, {a, b}, {out});
+  }
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  check_pair(x, weight, "linear", "x", "weight");
+  ENGINE_CHECK(weight.dim() == 2, "[linear] weight must be 2-D (out, in), got weight ",
+               describe(weight), " for x ", describe(x));
+  ENGINE_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "[linear] x ", describe(x),
+               " does not match weight ", describe(weight), ": expected x (..., ",
+               weight.size(1), ")");
+  const int64_t out_f = weight.size(0);
+  if (bias.defined()) {
+    check_pair(weight, bias, "linear", "weight", "bias");
+    ENGINE_CHECK(bias.dim() == 1 && bias.size(0) == out_f, "[linear] bias ", describe(bias),
+                 " does not match weight ", describe(weight), ": expected bias (", out_f, ")");
+  }
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(out_f);
+  Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());  // (..., out)
+  Tensor x2 = rows_of(x.detach());                              // (R, in)
+  Tensor y2 = make_view(y, {x2.size(0), out_f}, {out_f, 1}, 0);  // (R, out)
+  double beta = 0.0;
+  if (bias.defined()) {
+    // Start from the bias broadcast over the rows and let the GEMM accumulate onto it (beta 1):
+    // the bias add costs no extra pass over y.
+    backend_for(y).copy(make_view(bias, {x2.size(0), out_f}, {0, bias.stride(0)},
+                                  bias.storage_offset()),
+                        y2);
+    beta = 1.0;
+  }
+  gemm(x2, false, gemm_ready(weight.detach()), true, y2, 1.0, beta);
+  if (needs_grad(x, weight, bias)) {
+    auto n = std::make_shared<LinearNode>();
+    // dX needs W, dW needs X; db needs neither.
+    if (weight.requires_grad()) n->x = x.detach();
+    if (x.requires_grad()) n->weight = weight.detach();
+    record(n, {x, weight, bias}, {y});
+  }
+  return y;
+}
+
+}  // namespace engine
