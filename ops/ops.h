@@ -3,3 +3,4 @@
 
 #include "engine/engine.h"
 #include "ops/elementwise.h"
+#include "ops/softmax.h"
