@@ -3,4 +3,5 @@
 
 #include "engine/engine.h"
 #include "ops/elementwise.h"
+#include "ops/layer_norm.h"
 #include "ops/softmax.h"
