@@ -3,5 +3,6 @@
 
 #include "engine/engine.h"
 #include "ops/elementwise.h"
+#include "ops/dropout.h"
 #include "ops/layer_norm.h"
 #include "ops/softmax.h"
