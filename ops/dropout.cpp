@@ -1,0 +1,123 @@
+// Dropout: argument checks, autograd wiring (mask regenerated from the saved stream state) and
+// the CPU kernels.
+#include "ops/dropout.h"
+
+#include <algorithm>
+
+#include "engine/autograd.h"
+#include "engine/dispatch.h"
+#include "engine/error.h"
+
+namespace engine {
+namespace {
+
+void check_p(double p) {
+  ENGINE_CHECK(p >= 0.0 && p <= 1.0, "[dropout] p must be in [0, 1], got ", p);
+}
+
+struct DropoutNode : Node {
+  // No tensors: the mask is a function of (state, element index), recomputed in the backward.
+  PhiloxState state;
+  double p = 0;
+  const char* name() const override { return "dropout"; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    Tensor dy = grads[0].contiguous();
+    Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+    // d(x * keep / (1 - p))/dx = keep / (1 - p): the forward kernel applied to dy.
+    dropout_kernel(dy.device(), dy, dx, p, state);
+    return {dx};
+  }
+};
+
+struct ZeroNode : Node {  // p == 1: y = 0 whatever x is
+  const char* name() const override { return "dropout"; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    return {Tensor::zeros(inputs[0].shape, inputs[0].dtype, inputs[0].device)};
+  }
+};
+
+// ---- CPU kernels -----------------------------------------------------------------------------
+
+namespace cpu {
+
+constexpr int64_t kParallelBlocks = 8192;
+
+// Calls f(i, keep) for every i < n, one Philox block (4 words) at a time: philox_word(s, i)
+// would recompute the same block for each of its four words.
+template <class F>
+void for_each_keep(int64_t n, double p, PhiloxState s, F&& f) {
+  const uint32_t threshold = dropout_threshold(p);
+  const int64_t blocks = (n + 3) / 4;
+#pragma omp parallel for if (blocks > kParallelBlocks)
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint32_t w[4];
+    philox_block(s.seed, s.offset + static_cast<uint64_t>(b), w);
+    const int64_t end = std::min<int64_t>(4, n - 4 * b);
+    for (int64_t k = 0; k < end; ++k) f(4 * b + k, dropout_keep(w[k], threshold));
+  }
+}
+
+void dropout(const Tensor& x, const Tensor& y, double p, PhiloxState s) {
+  dispatch_floating(x.dtype(), "dropout", [&]<class T>() {
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    const T scale = static_cast<T>(1.0 / (1.0 - p));
+    for_each_keep(x.numel(), p, s,
+                  [&](int64_t i, bool keep) { py[i] = keep ? px[i] * scale : T(0); });
+  });
+}
+
+void dropout_mask(const Tensor& mask, double p, PhiloxState s) {
+  auto fill = [&]<class T>() {
+    T* pm = static_cast<T*>(mask.raw_data());
+    for_each_keep(mask.numel(), p, s, [&](int64_t i, bool keep) { pm[i] = keep ? T(1) : T(0); });
+  };
+  if (mask.dtype() == DType::u8) {
+    fill.template operator()<uint8_t>();
+  } else {
+    dispatch_floating(mask.dtype(), "dropout_mask", fill);
+  }
+}
+
+}  // namespace cpu
+
+ENGINE_REGISTER_KERNEL(dropout_kernel, DeviceType::CPU, cpu::dropout);
+ENGINE_REGISTER_KERNEL(dropout_mask_kernel, DeviceType::CPU, cpu::dropout_mask);
+
+}  // namespace
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  ENGINE_CHECK(x.defined(), "[dropout] got an undefined input");
+  ENGINE_CHECK(is_floating(x.dtype()), "[dropout] expects a floating input, got ", describe(x));
+  check_p(p);
+  if (!training || p == 0.0) return x;
+  if (p == 1.0) {
+    // Everything dropped: the 1 / (1 - p) scale is undefined, and no draw could change the
+    // result, so none is taken.
+    Tensor y = Tensor::zeros(x.shape(), x.dtype(), x.device());
+    if (needs_grad(x)) record(std::make_shared<ZeroNode>(), {x}, {y});
+    return y;
+  }
+  const PhiloxState s = gen.reserve_words(static_cast<uint64_t>(x.numel()));
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  dropout_kernel(x.device(), x.detach().contiguous(), y, p, s);
+  if (needs_grad(x)) {
+    auto n = std::make_shared<DropoutNode>();
+    n->state = s;
+    n->p = p;
+    record(n, {x}, {y});
+  }
+  return y;
+}
+
+Tensor dropout_mask(const Shape& shape, double p, PhiloxState state, DType dtype,
+                    Device device) {
+  check_p(p);
+  ENGINE_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::u8,
+               "[dropout_mask] mask dtype must be f32, f64 or u8, got ", dtype_name(dtype));
+  Tensor m = Tensor::empty(shape, dtype, device);
+  dropout_mask_kernel(device, m, p, state);
+  return m;
+}
+
+}  // namespace engine

@@ -1,0 +1,47 @@
+// Dropout with a counter-based mask: the keep decision for element i is a pure function of
+// (seed, offset, i), so the backward regenerates the mask instead of storing it, and CPU and
+// CUDA kernels produce the same mask bit for bit.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "engine/kernel.h"
+#include "engine/rng.h"
+#include "engine/tensor.h"
+
+namespace engine {
+
+// Training: y = x * keep / (1 - p), keep drawn with probability 1 - p per element from
+// gen.reserve_words(x.numel()) (the generator's offset advances by ceil(numel / 4) blocks).
+// Element i is the row-major index of x's logical layout (x is made contiguous first).
+// Identity (returns x itself, consumes no random numbers) when !training or p == 0.
+// p == 1 in training returns zeros (gradient zero) and consumes no random numbers.
+// p < 0, p > 1 or NaN is an error.
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen = default_generator());
+
+// The 0/1 keep mask dropout would use for a tensor of `shape` with stream state `state`
+// (dtype f32, f64 or u8), computed on `device` by dropout_mask_kernel.
+Tensor dropout_mask(const Shape& shape, double p, PhiloxState state, DType dtype = DType::f32,
+                    Device device = Device::cpu());
+
+// ---- the keep rule, shared by every backend (host and device code) --------------------------
+// "keep iff uniform_from_word(w) >= p" as an exact integer test: uniform_from_word(w) is
+// (w >> 8) / 2^24, so it is >= p exactly when (w >> 8) >= ceil(p * 2^24) (p * 2^24 is exact in
+// double). Kernels compute the threshold once on the host and compare integers on the device.
+inline uint32_t dropout_threshold(double p) {
+  return static_cast<uint32_t>(std::ceil(p * 16777216.0));
+}
+ENGINE_HD bool dropout_keep(uint32_t word, uint32_t threshold) { return (word >> 8) >= threshold; }
+
+// ---- kernels (one table per launch; backends register implementations) ----------------------
+// y[i] = dropout_keep(philox_word(state, i), dropout_threshold(p)) ? x[i] / (1 - p) : 0.
+// x, y contiguous, same shape and floating dtype; 0 <= p < 1. The backward is this same kernel
+// applied to dy with the forward's state.
+inline Kernel<void(const Tensor& x, const Tensor& y, double p, PhiloxState state)>
+    dropout_kernel{"dropout"};
+// mask[i] = keep ? 1 : 0; mask contiguous, f32, f64 or u8.
+inline Kernel<void(const Tensor& mask, double p, PhiloxState state)> dropout_mask_kernel{
+    "dropout_mask"};
+
+}  // namespace engine

@@ -1,0 +1,301 @@
+// Softmax / log-softmax: argument checks, autograd wiring and the CPU kernels.
+#include "ops/softmax.h"
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "engine/autograd.h"
+#include "engine/backend.h"
+#include "engine/dispatch.h"
+#include "engine/error.h"
+
+namespace engine {
+namespace {
+
+void check_input(const Tensor& x, const char* op) {
+  ENGINE_CHECK(x.defined(), "[", op, "] got an undefined input");
+  ENGINE_CHECK(is_floating(x.dtype()), "[", op, "] expects a floating input, got ", describe(x));
+  ENGINE_CHECK(x.dim() >= 1, "[", op, "] expects at least one dim (the softmax axis), got ",
+               describe(x));
+}
+
+void check_bias_mask(const Tensor& x, const Tensor& bias, const Tensor& mask) {
+  if (bias.defined()) {
+    ENGINE_CHECK(bias.device() == x.device(), "[softmax] bias ", describe(bias),
+                 " is not on the input's device: input ", describe(x));
+    ENGINE_CHECK(bias.dtype() == x.dtype(), "[softmax] bias ", describe(bias),
+                 " does not match the input's dtype: input ", describe(x),
+                 " (convert one with .to())");
+    ENGINE_CHECK(is_broadcastable_to(bias.shape(), x.shape()), "[softmax] bias ",
+                 describe(bias), " is not broadcastable to input ", describe(x));
+  }
+  if (mask.defined()) {
+    ENGINE_CHECK(mask.device() == x.device(), "[softmax] mask ", describe(mask),
+                 " is not on the input's device: input ", describe(x));
+    ENGINE_CHECK(is_broadcastable_to(mask.shape(), x.shape()), "[softmax] mask ",
+                 describe(mask), " is not broadcastable to input ", describe(x));
+  }
+}
+
+void check_out(const Tensor& ref, const Tensor& out, const char* op, const char* what) {
+  ENGINE_CHECK(out.defined() && out.shape() == ref.shape() && out.dtype() == ref.dtype() &&
+                   out.device() == ref.device() && out.is_contiguous(),
+               "[", op, "] ", what, " must be contiguous ", describe(ref), ", got ",
+               out.defined() ? describe(out) : std::string("undefined"));
+}
+
+struct SoftmaxNode : Node {
+  Tensor y;  // (..., N) contiguous output: the only thing the backward needs
+  const char* name() const override { return "softmax"; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
+    softmax_backward_kernel(y.device(), y, grads[0].contiguous(), dx);
+    Tensor gx, gb;
+    if (needs_input_grad(0)) gx = dx;
+    if (needs_input_grad(1)) {
+      // d(x + bias)/dbias is the broadcast: sum dx over the dims bias was expanded along.
+      if (inputs[1].shape == dx.shape()) {
+        gb = dx;
+      } else {
+        gb = Tensor::empty(inputs[1].shape, dx.dtype(), dx.device());
+        backend_for(dx).sum_to(dx, gb);
+      }
+    }
+    return {gx, gb};
+  }
+  void release_saved() override { y = Tensor(); }
+};
+
+struct LogSoftmaxNode : Node {
+  Tensor y;  // (..., N) contiguous output (log-probabilities)
+  const char* name() const override { return "log_softmax"; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
+    log_softmax_backward_kernel(y.device(), y, grads[0].contiguous(), dx);
+    return {dx};
+  }
+  void release_saved() override { y = Tensor(); }
+};
+
+// ---- CPU kernels -----------------------------------------------------------------------------
+
+namespace cpu {
+
+// Rows are every dim but the last; a row is parallel work once the tensor is this large.
+constexpr int64_t kParallelElems = 32768;
+
+// Element offset of row r's first element in a view of `shape` with `strides` (the view's own
+// storage offset is already in its data pointer).
+int64_t row_offset(const Shape& shape, const std::vector<int64_t>& strides, int64_t r) {
+  int64_t off = 0;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 2; d >= 0; --d) {
+    off += (r % shape[d]) * strides[d];
+    r /= shape[d];
+  }
+  return off;
+}
+
+// Nonzero test per mask storage type; 16-bit floats are bit patterns where +-0 means "masked".
+template <class M>
+bool kept(M v) {
+  if constexpr (std::is_same_v<M, bf16_t> || std::is_same_v<M, f16_t>)
+    return (v.bits & 0x7FFFu) != 0;
+  else
+    return v != M(0);
+}
+
+template <class F>
+void dispatch_mask(DType t, F&& f) {
+  switch (t) {
+    case DType::u8: return f.template operator()<uint8_t>();
+    case DType::i32: return f.template operator()<int32_t>();
+    case DType::i64: return f.template operator()<int64_t>();
+    case DType::f32: return f.template operator()<float>();
+    case DType::f64: return f.template operator()<double>();
+    case DType::bf16: return f.template operator()<bf16_t>();
+    case DType::f16: return f.template operator()<f16_t>();
+  }
+}
+
+// M = std::nullptr_t: no mask.
+template <class T, class M>
+void softmax_rows(const Tensor& x, const Tensor& bias, const Tensor& mask, const Tensor& y) {
+  const Shape& shape = x.shape();
+  const int64_t n = shape.back();
+  if (n == 0) return;
+  const int64_t rows = x.numel() / n;
+  const T* px = x.data<T>();
+  T* py = y.data<T>();
+  const T* pb = bias.defined() ? bias.data<T>() : nullptr;
+  const int64_t bstep = bias.defined() ? bias.strides().back() : 0;
+  const M* pm = nullptr;
+  int64_t mstep = 0;
+  if constexpr (!std::is_same_v<M, std::nullptr_t>) {
+    pm = static_cast<const M*>(mask.raw_data());
+    mstep = mask.strides().back();
+  }
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+#pragma omp parallel for if (rows * n > kParallelElems)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = px + r * n;
+    T* yr = py + r * n;
+    // Pass 1: logits z = x + bias into y (masked ones as -inf, so exp gives exactly 0) and the
+    // row max over kept positions. Each element is read before it is written: y may alias x.
+    const T* br = pb ? pb + row_offset(shape, bias.strides(), r) : nullptr;
+    if (br) {
+      for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] + br[j * bstep];
+    } else if (yr != xr) {
+      std::memcpy(yr, xr, static_cast<size_t>(n) * sizeof(T));
+    }
+    if constexpr (!std::is_same_v<M, std::nullptr_t>) {
+      const M* mr = pm + row_offset(shape, mask.strides(), r);
+      for (int64_t j = 0; j < n; ++j)
+        if (!kept(mr[j * mstep])) yr[j] = kNegInf;
+    }
+    T mx = kNegInf;
+    for (int64_t j = 0; j < n; ++j) mx = yr[j] > mx ? yr[j] : mx;
+    if (mx == kNegInf) {  // nothing kept: zeros, not exp(-inf - -inf) = NaN
+      for (int64_t j = 0; j < n; ++j) yr[j] = T(0);
+      continue;
+    }
+    // Pass 2: subtract the max so the largest exponent is 0 (no overflow), and normalise.
+    T sum = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      yr[j] = std::exp(yr[j] - mx);
+      sum += yr[j];
+    }
+    const T inv = T(1) / sum;
+    for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
+  }
+}
+
+void softmax_forward(const Tensor& x, const Tensor& bias, const Tensor& mask, const Tensor& y) {
+  dispatch_floating(x.dtype(), "softmax", [&]<class T>() {
+    if (!mask.defined()) {
+      softmax_rows<T, std::nullptr_t>(x, bias, mask, y);
+    } else {
+      dispatch_mask(mask.dtype(), [&]<class M>() { softmax_rows<T, M>(x, bias, mask, y); });
+    }
+  });
+}
+
+void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  dispatch_floating(y.dtype(), "softmax_backward", [&]<class T>() {
+    const int64_t n = y.shape().back();
+    if (n == 0) return;
+    const int64_t rows = y.numel() / n;
+    const T* py = y.data<T>();
+    const T* pg = dy.data<T>();
+    T* po = dx.data<T>();
+#pragma omp parallel for if (rows * n > kParallelElems)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* yr = py + r * n;
+      const T* gr = pg + r * n;
+      T* orow = po + r * n;
+      T dot = 0;
+      for (int64_t j = 0; j < n; ++j) dot += gr[j] * yr[j];
+      // Masked positions have y = 0, hence dx = 0 there without looking at the mask.
+      for (int64_t j = 0; j < n; ++j) orow[j] = yr[j] * (gr[j] - dot);
+    }
+  });
+}
+
+void log_softmax_forward(const Tensor& x, const Tensor& y) {
+  dispatch_floating(x.dtype(), "log_softmax", [&]<class T>() {
+    const int64_t n = x.shape().back();
+    if (n == 0) return;
+    const int64_t rows = x.numel() / n;
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+#pragma omp parallel for if (rows * n > kParallelElems)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xr = px + r * n;
+      T* yr = py + r * n;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < n; ++j) mx = xr[j] > mx ? xr[j] : mx;
+      T sum = 0;
+      for (int64_t j = 0; j < n; ++j) sum += std::exp(xr[j] - mx);
+      const T lse = mx + std::log(sum);
+      for (int64_t j = 0; j < n; ++j) yr[j] = xr[j] - lse;
+    }
+  });
+}
+
+void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  dispatch_floating(y.dtype(), "log_softmax_backward", [&]<class T>() {
+    const int64_t n = y.shape().back();
+    if (n == 0) return;
+    const int64_t rows = y.numel() / n;
+    const T* py = y.data<T>();
+    const T* pg = dy.data<T>();
+    T* po = dx.data<T>();
+#pragma omp parallel for if (rows * n > kParallelElems)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* yr = py + r * n;
+      const T* gr = pg + r * n;
+      T* orow = po + r * n;
+      T sum = 0;
+      for (int64_t j = 0; j < n; ++j) sum += gr[j];
+      for (int64_t j = 0; j < n; ++j) orow[j] = gr[j] - std::exp(yr[j]) * sum;
+    }
+  });
+}
+
+}  // namespace cpu
+
+ENGINE_REGISTER_KERNEL(softmax_forward_kernel, DeviceType::CPU, cpu::softmax_forward);
+ENGINE_REGISTER_KERNEL(softmax_backward_kernel, DeviceType::CPU, cpu::softmax_backward);
+ENGINE_REGISTER_KERNEL(log_softmax_forward_kernel, DeviceType::CPU, cpu::log_softmax_forward);
+ENGINE_REGISTER_KERNEL(log_softmax_backward_kernel, DeviceType::CPU, cpu::log_softmax_backward);
+
+}  // namespace
+
+void softmax_forward_raw(const Tensor& x, const Tensor& bias, const Tensor& mask,
+                         const Tensor& y) {
+  check_input(x, "softmax");
+  check_bias_mask(x, bias, mask);
+  check_out(x, y, "softmax", "output");
+  // Stride-0 views: a (1, H, T, T) bias is read once per batch element, never copied B times.
+  Tensor b = bias.defined() ? bias.detach().expand(x.shape()) : Tensor();
+  Tensor m = mask.defined() ? mask.detach().expand(x.shape()) : Tensor();
+  softmax_forward_kernel(x.device(), x.detach().contiguous(), b, m, y);
+}
+
+void softmax_backward_raw(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  ENGINE_CHECK(y.defined() && y.is_contiguous(), "[softmax_backward] y must be contiguous");
+  ENGINE_CHECK(dy.defined() && dy.shape() == y.shape() && dy.dtype() == y.dtype() &&
+                   dy.device() == y.device(),
+               "[softmax_backward] dy ", dy.defined() ? describe(dy) : std::string("undefined"),
+               " does not match y ", describe(y));
+  check_out(y, dx, "softmax_backward", "dx");
+  softmax_backward_kernel(y.device(), y, dy.detach().contiguous(), dx);
+}
+
+Tensor softmax(const Tensor& x, const Tensor& bias, const Tensor& mask) {
+  check_input(x, "softmax");
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  softmax_forward_raw(x, bias, mask, y);
+  if (needs_grad(x, bias)) {
+    auto n = std::make_shared<SoftmaxNode>();
+    n->y = y.detach();
+    record(n, {x, bias}, {y});  // the mask is not an input: it gets no gradient
+  }
+  return y;
+}
+
+Tensor log_softmax(const Tensor& x) {
+  check_input(x, "log_softmax");
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  log_softmax_forward_kernel(x.device(), x.detach().contiguous(), y);
+  if (needs_grad(x)) {
+    auto n = std::make_shared<LogSoftmaxNode>();
+    n->y = y.detach();
+    record(n, {x}, {y});
+  }
+  return y;
+}
+
+}  // namespace engine
