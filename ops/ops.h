@@ -2,6 +2,7 @@
 #pragma once
 
 #include "engine/engine.h"
+#include "ops/attention.h"
 #include "ops/concat.h"
 #include "ops/cross_entropy.h"
 #include "ops/dropout.h"
