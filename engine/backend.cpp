@@ -20,6 +20,13 @@ Backend& backend(DeviceType type) {
   return *b;
 }
 
+Tensor sum_to_shape(const Tensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  Tensor out = Tensor::empty(shape, g.dtype(), g.device());
+  backend_for(g).sum_to(g, out);
+  return out;
+}
+
 bool cuda_available() {
   return has_backend(DeviceType::CUDA) && backend(DeviceType::CUDA).device_count() > 0;
 }

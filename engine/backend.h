@@ -41,6 +41,10 @@ bool has_backend(DeviceType type);
 Backend& backend(DeviceType type);
 inline Backend& backend_for(const Tensor& t) { return backend(t.device().type); }
 
+// `g` summed over the dims that broadcast `shape` up to g's shape (g itself when the shapes are
+// equal): the gradient of a broadcast. Not recorded.
+Tensor sum_to_shape(const Tensor& g, const Shape& shape);
+
 // A CUDA backend is built in and at least one device is visible.
 bool cuda_available();
 

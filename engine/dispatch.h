@@ -33,4 +33,20 @@ decltype(auto) dispatch_index(DType t, const char* op, F&& f) {
   }
 }
 
+// Every storage type, half types as their bit-pattern structs (bf16_t, f16_t): for copies,
+// conversions and masks, which read any dtype.
+template <class F>
+decltype(auto) dispatch_any(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: return f.template operator()<float>();
+    case DType::f64: return f.template operator()<double>();
+    case DType::bf16: return f.template operator()<bf16_t>();
+    case DType::f16: return f.template operator()<f16_t>();
+    case DType::i32: return f.template operator()<int32_t>();
+    case DType::i64: return f.template operator()<int64_t>();
+    case DType::u8: return f.template operator()<uint8_t>();
+  }
+  ENGINE_FAIL("[dispatch] unknown dtype code ", static_cast<int>(t));
+}
+
 }  // namespace engine

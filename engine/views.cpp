@@ -104,10 +104,7 @@ struct SliceNode : Node {
 struct ExpandNode : Node {
   const char* name() const override { return "expand"; }
   std::vector<Tensor> backward(const std::vector<Tensor>& g) override {
-    const TensorMeta& m = inputs[0];
-    Tensor gi = Tensor::empty(m.shape, g[0].dtype(), m.device);
-    backend(m.device.type).sum_to(g[0], gi);
-    return {gi};
+    return {sum_to_shape(g[0], inputs[0].shape)};
   }
 };
 

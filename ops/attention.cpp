@@ -55,8 +55,7 @@ struct AttentionNode : Node {
         gemm(ds, true, q, false, dk, scale);
       }
       if (needs_input_grad(3)) {
-        dbias = Tensor::empty(inputs[3].shape, dt, dev);
-        backend(dev.type).sum_to(ds.view(probs_shape4), dbias);
+        dbias = sum_to_shape(ds.view(probs_shape4), inputs[3].shape);
       }
     }
     auto shape4 = [&](const Tensor& t, int64_t rows, int64_t cols) {

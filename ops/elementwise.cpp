@@ -39,14 +39,6 @@ Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b) {
   return out;
 }
 
-// Gradient `g` (of the broadcast shape) reduced to `shape`.
-Tensor reduce_to(const Tensor& g, const Shape& shape) {
-  if (g.shape() == shape) return g;
-  Tensor out = Tensor::empty(shape, g.dtype(), g.device());
-  backend_for(g).sum_to(g, out);
-  return out;
-}
-
 Tensor affine_raw(const Tensor& x, double alpha, double beta) {
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   affine_kernel(x.device(), x, alpha, beta, out);
@@ -82,8 +74,8 @@ struct BinaryNode : Node {
                                 -1.0, 0.0);
         break;
     }
-    if (ga.defined()) ga = reduce_to(ga, inputs[0].shape);
-    if (gb.defined()) gb = reduce_to(gb, inputs[1].shape);
+    if (ga.defined()) ga = sum_to_shape(ga, inputs[0].shape);
+    if (gb.defined()) gb = sum_to_shape(gb, inputs[1].shape);
     return {ga, gb};
   }
   void release_saved() override { a = b = out = Tensor(); }

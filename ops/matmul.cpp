@@ -93,14 +93,6 @@ Tensor rows_of(const Tensor& t) {
   return *fold_rows(copy);
 }
 
-// Gradient `g` (of the broadcast shape) summed down to `shape`.
-Tensor reduce_to(const Tensor& g, const Shape& shape) {
-  if (g.shape() == shape) return g;
-  Tensor out = Tensor::empty(shape, g.dtype(), g.device());
-  backend_for(g).sum_to(g, out);
-  return out;
-}
-
 Shape batch_dims(const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); }
 
 // ---- checks ----------------------------------------------------------------------------------
@@ -152,7 +144,7 @@ struct MatmulNode : Node {
     Tensor ga, gb;
     if (needs_input_grad(0)) {
       // dA = dC @ B^T; B^T is a transposed view, read in place by the GEMM.
-      ga = reduce_to(matmul_raw(g, b.transpose(-1, -2)), inputs[0].shape);
+      ga = sum_to_shape(matmul_raw(g, b.transpose(-1, -2)), inputs[0].shape);
     }
     if (needs_input_grad(1)) {
       if (b_is_2d()) {
@@ -163,7 +155,7 @@ struct MatmulNode : Node {
         gb = Tensor::empty(inputs[1].shape, g.dtype(), g.device());
         gemm(a2, true, g2, false, gb);
       } else {
-        gb = reduce_to(matmul_raw(a.transpose(-1, -2), g), inputs[1].shape);
+        gb = sum_to_shape(matmul_raw(a.transpose(-1, -2), g), inputs[1].shape);
       }
     }
     return {ga, gb};
@@ -191,8 +183,7 @@ struct LinearNode : Node {
       gemm(g2, true, rows_of(x), false, gw);
     }
     if (needs_input_grad(2)) {
-      gbias = Tensor::empty(inputs[2].shape, dt, dev);  // (out): column sums of dY
-      backend(dev.type).sum_to(g2, gbias);
+      gbias = sum_to_shape(g2, inputs[2].shape);  // (out): column sums of dY
     }
     return {gx, gw, gbias};
   }

@@ -57,12 +57,7 @@ struct SoftmaxNode : Node {
     if (needs_input_grad(0)) gx = dx;
     if (needs_input_grad(1)) {
       // d(x + bias)/dbias is the broadcast: sum dx over the dims bias was expanded along.
-      if (inputs[1].shape == dx.shape()) {
-        gb = dx;
-      } else {
-        gb = Tensor::empty(inputs[1].shape, dx.dtype(), dx.device());
-        backend_for(dx).sum_to(dx, gb);
-      }
+      gb = sum_to_shape(dx, inputs[1].shape);
     }
     return {gx, gb};
   }
@@ -105,19 +100,6 @@ bool kept(M v) {
     return (v.bits & 0x7FFFu) != 0;
   else
     return v != M(0);
-}
-
-template <class F>
-void dispatch_mask(DType t, F&& f) {
-  switch (t) {
-    case DType::u8: return f.template operator()<uint8_t>();
-    case DType::i32: return f.template operator()<int32_t>();
-    case DType::i64: return f.template operator()<int64_t>();
-    case DType::f32: return f.template operator()<float>();
-    case DType::f64: return f.template operator()<double>();
-    case DType::bf16: return f.template operator()<bf16_t>();
-    case DType::f16: return f.template operator()<f16_t>();
-  }
 }
 
 // M = std::nullptr_t: no mask.
@@ -177,7 +159,7 @@ void softmax_forward(const Tensor& x, const Tensor& bias, const Tensor& mask, co
     if (!mask.defined()) {
       softmax_rows<T, std::nullptr_t>(x, bias, mask, y);
     } else {
-      dispatch_mask(mask.dtype(), [&]<class M>() { softmax_rows<T, M>(x, bias, mask, y); });
+      dispatch_any(mask.dtype(), [&]<class M>() { softmax_rows<T, M>(x, bias, mask, y); });
     }
   });
 }

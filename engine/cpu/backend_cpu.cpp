@@ -40,19 +40,6 @@ T store(V v) {
   }
 }
 
-template <class F>
-void dispatch_all(DType t, F&& f) {
-  switch (t) {
-    case DType::f32: return f.template operator()<float>();
-    case DType::f64: return f.template operator()<double>();
-    case DType::bf16: return f.template operator()<bf16_t>();
-    case DType::f16: return f.template operator()<f16_t>();
-    case DType::i32: return f.template operator()<int32_t>();
-    case DType::i64: return f.template operator()<int64_t>();
-    case DType::u8: return f.template operator()<uint8_t>();
-  }
-}
-
 class CpuBackend final : public Backend {
  public:
   const char* name() const override { return "cpu"; }
@@ -67,8 +54,8 @@ class CpuBackend final : public Backend {
         std::memmove(dst.raw_data(), src.raw_data(), src.nbytes());
       return;
     }
-    dispatch_all(src.dtype(), [&]<class S>() {
-      dispatch_all(dst.dtype(), [&]<class D>() {
+    dispatch_any(src.dtype(), [&]<class S>() {
+      dispatch_any(dst.dtype(), [&]<class D>() {
         const S* s = static_cast<const S*>(src.raw_data());
         D* d = static_cast<D*>(dst.raw_data());
         strided_for<2>(dst.shape(), {&dst.strides(), &src.strides()},
@@ -83,7 +70,7 @@ class CpuBackend final : public Backend {
   }
 
   void fill(const Tensor& dst, double value) override {
-    dispatch_all(dst.dtype(), [&]<class D>() {
+    dispatch_any(dst.dtype(), [&]<class D>() {
       D v = store<D>(value);
       D* d = static_cast<D*>(dst.raw_data());
       strided_for<1>(dst.shape(), {&dst.strides()},
@@ -95,7 +82,7 @@ class CpuBackend final : public Backend {
 
   void add_(const Tensor& dst, const Tensor& src, double alpha) override {
     ENGINE_ASSERT(src.shape() == dst.shape() && src.dtype() == dst.dtype());
-    dispatch_all(dst.dtype(), [&]<class T>() {
+    dispatch_any(dst.dtype(), [&]<class T>() {
       using V = typename Value<T>::type;
       const T* s = static_cast<const T*>(src.raw_data());
       T* d = static_cast<T*>(dst.raw_data());
@@ -117,7 +104,7 @@ class CpuBackend final : public Backend {
     // Accumulate in double in the source's element order: deterministic and accurate.
     std::vector<double> acc(static_cast<size_t>(dst.numel()), 0.0);
     std::vector<int64_t> dst_st = broadcast_strides(dst.shape(), dst.strides(), src.shape());
-    dispatch_all(src.dtype(), [&]<class T>() {
+    dispatch_any(src.dtype(), [&]<class T>() {
       const T* s = static_cast<const T*>(src.raw_data());
       strided_for<2>(src.shape(), {&src.strides(), &dst_st},
                      [&](const int64_t* off, int64_t n, const int64_t* step) {
