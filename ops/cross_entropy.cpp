@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/autograd.h"
+#include "engine/cpu/vmath.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
 
@@ -71,10 +72,8 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
       for (int64_t i = 0; i < n; ++i) {
         const T* xi = x + i * c;
         // Max-shifted logsumexp: exp() sees values <= 0, so it cannot overflow.
-        T mx = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < c; ++j) mx = std::max(mx, xi[j]);
-        double s = 0;
-        for (int64_t j = 0; j < c; ++j) s += std::exp(static_cast<double>(xi[j] - mx));
+        const T mx = engine::cpu::row_max(xi, c);
+        const double s = engine::cpu::sum_exp_shifted(xi, mx, c);
         const double lse_i = static_cast<double>(mx) + std::log(s);
         l[i] = static_cast<T>(lse_i);
         const int64_t ti = static_cast<int64_t>(t[i]);
@@ -123,7 +122,8 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
           continue;
         }
         const T w = reduction == Reduction::none ? g[i] : shared;
-        for (int64_t j = 0; j < c; ++j) gi[j] = std::exp(xi[j] - l[i]) * w;  // softmax * w
+        engine::cpu::exp_shifted(xi, l[i], gi, c);  // softmax
+        for (int64_t j = 0; j < c; ++j) gi[j] *= w;
         gi[ti] -= w;
       }
     });

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/autograd.h"
+#include "engine/cpu/vmath.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
 
@@ -67,19 +68,20 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
       const T* xr = px + r * c;
       T* yr = py + r * c;
       // Two passes (mean, then squared deviations): no cancellation as in E[x^2] - E[x]^2.
-      T s = 0;
-      for (int64_t j = 0; j < c; ++j) s += xr[j];
-      const T mu = s / T(c);
-      T v = 0;
-      for (int64_t j = 0; j < c; ++j) v += (xr[j] - mu) * (xr[j] - mu);
+      const T mu = engine::cpu::row_sum(xr, c) / T(c);
+      const T v = engine::cpu::row_sum_sq_dev(xr, mu, c);
       const T rs = T(1) / std::sqrt(v / T(c) + T(eps));
       pmean[r] = mu;
       prstd[r] = rs;
-      for (int64_t j = 0; j < c; ++j) {
-        T h = (xr[j] - mu) * rs;
-        if (pw) h *= pw[j];
-        if (pb) h += pb[j];
-        yr[j] = h;
+      if (pw && pb) {  // the usual affine case as one vectorisable loop
+        for (int64_t j = 0; j < c; ++j) yr[j] = (xr[j] - mu) * rs * pw[j] + pb[j];
+      } else {
+        for (int64_t j = 0; j < c; ++j) {
+          T h = (xr[j] - mu) * rs;
+          if (pw) h *= pw[j];
+          if (pb) h += pb[j];
+          yr[j] = h;
+        }
       }
     }
   });
@@ -111,27 +113,31 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
         const T* xr = px + r * c;
         const T* gr = pg + r * c;
         const T mu = pmean[r], rs = prstd[r];
-        if (acc_w || acc_b) {
-          for (int64_t j = 0; j < c; ++j) {
-            if (acc_w) acc_w[j] += static_cast<double>(gr[j] * ((xr[j] - mu) * rs));
-            if (acc_b) acc_b[j] += static_cast<double>(gr[j]);
-          }
-        }
+        // Branch-free loops so they vectorise.
+        if (acc_w)
+          for (int64_t j = 0; j < c; ++j)
+            acc_w[j] += static_cast<double>(gr[j] * ((xr[j] - mu) * rs));
+        if (acc_b)
+          for (int64_t j = 0; j < c; ++j) acc_b[j] += static_cast<double>(gr[j]);
         if (!pdx) continue;
         // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * weight:
         // both row means in one pass, then dx in a second.
+        // dxhat = dy * weight goes to dx's row first (dx never aliases dy or x).
+        T* dr = pdx + r * c;
+        if (pw)
+          for (int64_t j = 0; j < c; ++j) dr[j] = gr[j] * pw[j];
+        else
+          std::copy(gr, gr + c, dr);
+        // SIMD reductions: a fixed lane order for a given build, so still deterministic.
         T sum_g = 0, sum_gx = 0;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
         for (int64_t j = 0; j < c; ++j) {
-          const T g = pw ? gr[j] * pw[j] : gr[j];
-          sum_g += g;
-          sum_gx += g * ((xr[j] - mu) * rs);
+          sum_g += dr[j];
+          sum_gx += dr[j] * ((xr[j] - mu) * rs);
         }
         const T mean_g = sum_g / T(c), mean_gx = sum_gx / T(c);
-        T* dr = pdx + r * c;
-        for (int64_t j = 0; j < c; ++j) {
-          const T g = pw ? gr[j] * pw[j] : gr[j];
-          dr[j] = rs * (g - mean_g - ((xr[j] - mu) * rs) * mean_gx);
-        }
+        for (int64_t j = 0; j < c; ++j)
+          dr[j] = rs * (dr[j] - mean_g - ((xr[j] - mu) * rs) * mean_gx);
       }
     }
     auto finish = [&](const std::vector<double>& part, const Tensor& out) {

@@ -24,6 +24,7 @@ inline Kernel<void(const Tensor& x, const Tensor& weight, const Tensor& bias, do
 // From x, weight (undefined = 1), the saved mean/rstd and dy (contiguous, x's shape), writes each
 // of dx (x's shape), dweight (C) and dbias (C) that is defined; undefined outputs are skipped.
 // dweight and dbias are reduced over rows in a fixed order, independent of the thread count.
+// dx must not alias x or dy (it is used as scratch for dy * weight).
 inline Kernel<void(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
                    const Tensor& dy, const Tensor& dx, const Tensor& dweight,
                    const Tensor& dbias)>

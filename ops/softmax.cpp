@@ -9,6 +9,7 @@
 
 #include "engine/autograd.h"
 #include "engine/backend.h"
+#include "engine/cpu/vmath.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
 
@@ -137,18 +138,13 @@ void softmax_rows(const Tensor& x, const Tensor& bias, const Tensor& mask, const
       for (int64_t j = 0; j < n; ++j)
         if (!kept(mr[j * mstep])) yr[j] = kNegInf;
     }
-    T mx = kNegInf;
-    for (int64_t j = 0; j < n; ++j) mx = yr[j] > mx ? yr[j] : mx;
+    const T mx = engine::cpu::row_max(yr, n);
     if (mx == kNegInf) {  // nothing kept: zeros, not exp(-inf - -inf) = NaN
       for (int64_t j = 0; j < n; ++j) yr[j] = T(0);
       continue;
     }
     // Pass 2: subtract the max so the largest exponent is 0 (no overflow), and normalise.
-    T sum = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      yr[j] = std::exp(yr[j] - mx);
-      sum += yr[j];
-    }
+    const T sum = engine::cpu::exp_shifted(yr, mx, yr, n);
     const T inv = T(1) / sum;
     for (int64_t j = 0; j < n; ++j) yr[j] *= inv;
   }

@@ -1,0 +1,139 @@
+// bench_ops: times libengine's ops (forward, and forward + backward) at BERT-like shapes on the
+// CPU and prints one line per case: name, median milliseconds, and a rate (GFLOP/s or GB/s).
+// tools/bench_cpu.py runs it beside the same cases in PyTorch and prints both side by side.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ops/ops.h"
+
+using namespace engine;
+
+namespace {
+
+// Median wall time of f over repeats after warm-up: at least 3 runs and ~0.3 s of runs.
+double time_ms(const std::function<void()>& f) {
+  using clock = std::chrono::steady_clock;
+  f();
+  f();
+  std::vector<double> ms;
+  auto start = clock::now();
+  while (ms.size() < 3 || (std::chrono::duration<double>(clock::now() - start).count() < 0.3 &&
+                           ms.size() < 200)) {
+    auto t0 = clock::now();
+    f();
+    ms.push_back(std::chrono::duration<double, std::milli>(clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+void report(const char* name, double ms, double work, const char* unit) {
+  // work in GFLOP or GB: rate = work / seconds
+  std::printf("%s\t%.4f\t%.2f\t%s\n", name, ms, work / (ms * 1e-3), unit);
+  std::fflush(stdout);
+}
+
+Tensor param(const Shape& s, Generator& g) {
+  return Tensor::randn(s, g, 0.0, 0.02).set_requires_grad();
+}
+
+void run(bool quick) {
+  Generator g(0);
+  const int64_t B = quick ? 2 : 8, T = 128, D = 768, H = 12, F = 3072, V = 30522;
+  const int64_t rows = B * T;
+  std::printf("# bench_ops: f32, CPU, B=%lld T=%lld D=%lld H=%lld\n", (long long)B,
+              (long long)T, (long long)D, (long long)H);
+  std::printf("case\tms\trate\tunit\n");
+
+  Tensor x = Tensor::randn({B, T, D}, g).set_requires_grad();
+  Tensor w = param({F, D}, g), bias = param({F}, g);
+  double flops = 2.0 * rows * D * F * 1e-9;
+  report("linear_fwd (BT,768)x(768,3072)", time_ms([&] {
+           NoGrad ng;
+           linear(x, w, bias);
+         }), flops, "GFLOP/s");
+  report("linear_fwd_bwd", time_ms([&] {
+           Tensor y = linear(x, w, bias);
+           y.backward(Tensor::ones(y.shape()));
+         }), 3 * flops, "GFLOP/s");
+
+  Tensor q = Tensor::randn({B, H, T, D / H}, g).set_requires_grad();
+  Tensor k = Tensor::randn({B, H, T, D / H}, g).set_requires_grad();
+  Tensor v = Tensor::randn({B, H, T, D / H}, g).set_requires_grad();
+  Tensor pos = Tensor::randn({1, H, T, T}, g).set_requires_grad();
+  AttentionOptions opt;
+  opt.bias = pos;
+  double aflops = 4.0 * B * H * T * T * (D / H) * 1e-9;
+  report("attention_fwd (bias 1,H,T,T)", time_ms([&] {
+           NoGrad ng;
+           attention(q, k, v, opt);
+         }), aflops, "GFLOP/s");
+  report("attention_fwd_bwd", time_ms([&] {
+           Tensor y = attention(q, k, v, opt);
+           y.backward(Tensor::ones(y.shape()));
+         }), 3 * aflops, "GFLOP/s");
+
+  Tensor lw = Tensor::ones({D}).set_requires_grad(), lb = Tensor::zeros({D}).set_requires_grad();
+  double lbytes = 2.0 * rows * D * 4 * 1e-9;  // read x, write y
+  report("layer_norm_fwd", time_ms([&] {
+           NoGrad ng;
+           layer_norm(x, lw, lb, 1e-12);
+         }), lbytes, "GB/s");
+  report("layer_norm_fwd_bwd", time_ms([&] {
+           Tensor y = layer_norm(x, lw, lb, 1e-12);
+           y.backward(Tensor::ones(y.shape()));
+         }), 3 * lbytes, "GB/s");
+
+  Tensor s = Tensor::randn({B, H, T, T}, g);
+  report("softmax_fwd (B,H,T,T)", time_ms([&] {
+           NoGrad ng;
+           softmax(s);
+         }), 2.0 * s.numel() * 4 * 1e-9, "GB/s");
+  Tensor big = Tensor::randn({rows, F}, g).set_requires_grad();
+  report("gelu_fwd_bwd (BT,3072)", time_ms([&] {
+           Tensor y = gelu(big);
+           y.backward(Tensor::ones(y.shape()));
+         }), 4.0 * big.numel() * 4 * 1e-9, "GB/s");
+
+  // MLM-style loss over 15% of the rows.
+  const int64_t n = std::max<int64_t>(1, rows * 15 / 100);
+  Tensor logits = Tensor::randn({n, V}, g).set_requires_grad();
+  std::vector<int64_t> tv(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) tv[i] = (i * 7919) % V;
+  Tensor targets = Tensor::from_vector(tv, {n});
+  report("cross_entropy_fwd_bwd (0.15BT,30522)", time_ms([&] {
+           Tensor l = cross_entropy(logits, targets);
+           l.backward();
+         }), 3.0 * logits.numel() * 4 * 1e-9, "GB/s");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    bool quick = false;
+    for (int i = 1; i < argc; ++i) {
+      if (!std::strcmp(argv[i], "--quick")) {
+        quick = true;
+      } else if (!std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "--help")) {
+        std::puts("usage: bench_ops [--quick]\nTimes the CPU ops at BERT-Base shapes (B=8, T=128; "
+                  "--quick: B=2) and prints tab-separated: case, median ms, rate, unit.");
+        return 0;
+      } else {
+        std::fprintf(stderr, "bench_ops: error: unknown argument '%s' (try --help)\n", argv[i]);
+        return 2;
+      }
+    }
+    run(quick);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_ops: error: %s\n", e.what());
+    return 1;
+  }
+}

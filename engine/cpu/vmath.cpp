@@ -1,0 +1,80 @@
+// Eigen-backed implementations of engine/cpu/vmath.h.
+#include "engine/cpu/vmath.h"
+
+#include <Eigen/Core>
+#include <cmath>
+#include <limits>
+
+namespace engine::cpu {
+namespace {
+using ArrayF = Eigen::Array<float, Eigen::Dynamic, 1>;
+constexpr float kNegInfF = -std::numeric_limits<float>::infinity();
+}  // namespace  // namespace
+
+template <>
+float row_max<float>(const float* x, int64_t n) {
+  if (n == 0) return kNegInfF;
+  return Eigen::Map<const ArrayF>(x, n).maxCoeff();
+}
+template <>
+double row_max<double>(const double* x, int64_t n) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+template <>
+float exp_shifted<float>(const float* x, float shift, float* y, int64_t n) {
+  Eigen::Map<const ArrayF> a(x, n);
+  Eigen::Map<ArrayF> b(y, n);
+  b = (a - shift).exp();  // SIMD (Eigen's select() is not, so no select around it)
+  // Eigen clamps exp's argument near -88, so exp(-inf) (a masked logit) comes out ~4e-39 instead
+  // of 0. Flush everything below FLT_MIN: exact zeros for masked entries, and a change of less
+  // than 1e-38 for a true exp(x < -87) next to a row sum >= 1.
+  constexpr float kMin = std::numeric_limits<float>::min();
+  for (int64_t j = 0; j < n; ++j) y[j] = y[j] < kMin ? 0.0f : y[j];
+  return b.sum();
+}
+template <>
+double exp_shifted<double>(const double* x, double shift, double* y, int64_t n) {
+  double s = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    y[j] = std::exp(x[j] - shift);
+    s += y[j];
+  }
+  return s;
+}
+
+template <>
+double sum_exp_shifted<float>(const float* x, float shift, int64_t n) {
+  // Blocks of 1024 summed in f32 by SIMD lanes, the blocks in double.
+  double s = 0;
+  for (int64_t j = 0; j < n; j += 1024) {
+    int64_t m = n - j < 1024 ? n - j : 1024;
+    s += static_cast<double>((Eigen::Map<const ArrayF>(x + j, m) - shift).exp().sum());
+  }
+  return s;
+}
+template <>
+double sum_exp_shifted<double>(const double* x, double shift, int64_t n) {
+  double s = 0;
+  for (int64_t j = 0; j < n; ++j) s += std::exp(x[j] - shift);
+  return s;
+}
+
+template <class T>
+T row_sum(const T* x, int64_t n) {
+  using A = Eigen::Array<T, Eigen::Dynamic, 1>;
+  return n ? Eigen::Map<const A>(x, n).sum() : T(0);
+}
+template <class T>
+T row_sum_sq_dev(const T* x, T mu, int64_t n) {
+  using A = Eigen::Array<T, Eigen::Dynamic, 1>;
+  return n ? (Eigen::Map<const A>(x, n) - mu).square().sum() : T(0);
+}
+template float row_sum<float>(const float*, int64_t);
+template double row_sum<double>(const double*, int64_t);
+template float row_sum_sq_dev<float>(const float*, float, int64_t);
+template double row_sum_sq_dev<double>(const double*, double, int64_t);
+
+}  // namespace engine::cpu

@@ -1,0 +1,115 @@
+#!/usr/bin/python3
+"""Runs build/bin/bench_ops and the same cases in PyTorch (CPU, f32, same thread count) in one
+run and prints a markdown table: our median ms, PyTorch's, and the ratio (>1: we are faster).
+
+usage: /usr/bin/python3 tools/bench_cpu.py [--quick] [--threads N] [--bin build/bin/bench_ops]
+PyTorch is Debian's python3-torch; without it only our column is printed.
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def time_ms(f):
+    f()
+    f()
+    ms = []
+    start = time.perf_counter()
+    while len(ms) < 3 or (time.perf_counter() - start < 0.3 and len(ms) < 200):
+        t0 = time.perf_counter()
+        f()
+        ms.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ms)
+
+
+def torch_cases(torch, quick):
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    B, T, D, H, FF, V = (2 if quick else 8), 128, 768, 12, 3072, 30522
+    rows = B * T
+
+    def p(*s):
+        return (torch.randn(*s, generator=g) * 0.02).requires_grad_()
+
+    x = torch.randn(B, T, D, generator=g, requires_grad=True)
+    w, b = p(FF, D), p(FF)
+    q, k, v = (torch.randn(B, H, T, D // H, generator=g, requires_grad=True) for _ in range(3))
+    pos = torch.randn(1, H, T, T, generator=g, requires_grad=True)
+    lw, lb = torch.ones(D, requires_grad=True), torch.zeros(D, requires_grad=True)
+    s = torch.randn(B, H, T, T, generator=g)
+    big = torch.randn(rows, FF, generator=g, requires_grad=True)
+    n = max(1, rows * 15 // 100)
+    logits = torch.randn(n, V, generator=g, requires_grad=True)
+    targets = torch.tensor([(i * 7919) % V for i in range(n)])
+
+    def attn():
+        sc = q @ k.transpose(-1, -2) / (D // H) ** 0.5 + pos
+        return torch.softmax(sc, -1) @ v
+
+    def fwd(f):
+        def run():
+            with torch.no_grad():
+                f()
+        return run
+
+    def fwd_bwd(f):
+        def run():
+            y = f()
+            y.backward(torch.ones_like(y))
+        return run
+
+    return {
+        "linear_fwd": fwd(lambda: F.linear(x, w, b)),
+        "linear_fwd_bwd": fwd_bwd(lambda: F.linear(x, w, b)),
+        "attention_fwd": fwd(attn),
+        "attention_fwd_bwd": fwd_bwd(attn),
+        "layer_norm_fwd": fwd(lambda: F.layer_norm(x, (D,), lw, lb, 1e-12)),
+        "layer_norm_fwd_bwd": fwd_bwd(lambda: F.layer_norm(x, (D,), lw, lb, 1e-12)),
+        "softmax_fwd": fwd(lambda: torch.softmax(s, -1)),
+        "gelu_fwd_bwd": fwd_bwd(lambda: F.gelu(big)),
+        "cross_entropy_fwd_bwd": fwd_bwd(lambda: F.cross_entropy(logits, targets)),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "..", "build", "bin", "bench_ops"))
+    a = ap.parse_args()
+    if not os.path.exists(a.bin):
+        sys.exit(f"bench_cpu: {a.bin} not found; build first (tools/setup.sh)")
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
+    out = subprocess.run([a.bin] + (["--quick"] if a.quick else []), env=env, check=True,
+                         capture_output=True, text=True).stdout
+    ours = []
+    for line in out.splitlines():
+        if line.startswith("#") or line.startswith("case\t"):
+            print(line) if line.startswith("#") else None
+            continue
+        name, ms, rate, unit = line.split("\t")
+        ours.append((name, float(ms), float(rate), unit))
+    try:
+        import torch
+        torch.set_num_threads(a.threads)
+        peer = {k: time_ms(f) for k, f in torch_cases(torch, a.quick).items()}
+        peer_name = f"PyTorch {torch.__version__}"
+    except ImportError:
+        peer, peer_name = {}, "PyTorch (not installed)"
+    print(f"# threads: {a.threads}; peer: {peer_name}\n")
+    print(f"| case | ours ms | ours rate | {peer_name} ms | speed-up |")
+    print("|---|---:|---:|---:|---:|")
+    for name, ms, rate, unit in ours:
+        key = name.split(" ")[0]
+        pm = peer.get(key)
+        ratio = f"{pm / ms:.2f}x" if pm else "-"
+        pms = f"{pm:.3f}" if pm else "-"
+        print(f"| {name} | {ms:.3f} | {rate:.1f} {unit} | {pms} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
