@@ -31,11 +31,14 @@ void check_in_place(const Tensor& t, const char* op) {
 // ---- factories -------------------------------------------------------------------------------
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  for (int64_t d : shape)
+  int64_t nbytes = static_cast<int64_t>(dtype_size(dtype));
+  for (int64_t d : shape) {
     ENGINE_CHECK(d >= 0, "[empty] negative dimension in shape ", shape_str(shape));
+    ENGINE_CHECK(!__builtin_mul_overflow(nbytes, d, &nbytes), "[empty] shape ", shape_str(shape),
+                 " of ", dtype_name(dtype), " is too large to address (over 2^63 bytes)");
+  }
   auto impl = std::make_shared<TensorImpl>();
-  size_t nbytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
-  impl->storage = std::make_shared<Storage>(nbytes, allocator_for(device));
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(nbytes), allocator_for(device));
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

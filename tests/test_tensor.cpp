@@ -147,6 +147,8 @@ TEST_CASE("tensor errors name the op and what was expected", "[tensor][errors]")
   REQUIRE_THROWS_WITH(Tensor().shape(), Contains("undefined tensor"));
   REQUIRE_THROWS_WITH((Tensor::from_vector<float>({1, 2}, {3})), Contains("[from_vector] 2 values"));
   REQUIRE_THROWS_WITH(Tensor::empty({2, -1}), Contains("[empty] negative dimension"));
+  REQUIRE_THROWS_WITH(Tensor::empty({int64_t{1} << 40, int64_t{1} << 40}), Contains("too large"));
+  REQUIRE_THROWS_WITH(Tensor::empty({int64_t{1} << 45}, DType::f64), Contains("[alloc] out of CPU memory"));
   REQUIRE_THROWS_WITH(t.copy_(Tensor::zeros({4})), Contains("[copy_]") && Contains("broadcast"));
   REQUIRE_THROWS_WITH(t.add_(Tensor::zeros({3}, DType::f64)), Contains("[add_] dtype mismatch"));
   Tensor ints = Tensor::zeros({2}, DType::i32);
