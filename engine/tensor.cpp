@@ -192,10 +192,10 @@ const Tensor& Tensor::add_(const Tensor& other, double alpha) const {
 
 const Tensor& Tensor::mul_(double factor) const {
   check_in_place(*this, "mul_");
-  // x *= f as x += (f - 1) * x keeps the backend primitive set small; exact for f == 0 too.
+  // x *= f as x += (f - 1) * x keeps the backend primitive set small. Each element reads and
+  // writes only itself, so dst may be src; f == 0 fills, so inf/NaN become 0 as expected.
   if (factor == 0.0) return fill_(0.0);
-  Tensor self = detach().clone();
-  backend_for(*this).add_(*this, self, factor - 1.0);
+  backend_for(*this).add_(*this, detach(), factor - 1.0);
   return *this;
 }
 
