@@ -9,5 +9,6 @@
 #include "engine/error.h"
 #include "engine/module.h"
 #include "engine/rng.h"
+#include "engine/safetensors.h"
 #include "engine/shape.h"
 #include "engine/tensor.h"
