@@ -110,10 +110,20 @@ struct AffineNode : Node {
   }
 };
 
+const char* unary_name(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::gelu: return "gelu";
+    case UnaryOp::tanh: return "tanh";
+    case UnaryOp::sin: return "sin";
+    case UnaryOp::cos: return "cos";
+  }
+  return "unary";
+}
+
 struct UnaryNode : Node {
   UnaryOp op;
-  Tensor saved;
-  const char* name() const override { return op == UnaryOp::gelu ? "gelu" : "tanh"; }
+  Tensor saved;  // y for tanh, x otherwise (see unary_backward_kernel)
+  const char* name() const override { return unary_name(op); }
   std::vector<Tensor> backward(const std::vector<Tensor>& g) override {
     Tensor gx = Tensor::empty(saved.shape(), saved.dtype(), saved.device());
     unary_backward_kernel(saved.device(), op, saved, g[0].contiguous(), gx);
@@ -122,7 +132,8 @@ struct UnaryNode : Node {
   void release_saved() override { saved = Tensor(); }
 };
 
-Tensor unary(UnaryOp op, const Tensor& x, const char* name) {
+Tensor unary(UnaryOp op, const Tensor& x) {
+  const char* name = unary_name(op);
   ENGINE_CHECK(x.defined(), "[", name, "] got an undefined input");
   ENGINE_CHECK(is_floating(x.dtype()), "[", name, "] expects a floating tensor, got ",
                describe(x));
@@ -132,7 +143,7 @@ Tensor unary(UnaryOp op, const Tensor& x, const char* name) {
   if (needs_grad(x)) {
     auto n = std::make_shared<UnaryNode>();
     n->op = op;
-    n->saved = (op == UnaryOp::gelu ? xc : y).detach();
+    n->saved = (op == UnaryOp::tanh ? y : xc).detach();
     record(n, {x}, {y});
   }
   return y;
@@ -194,21 +205,32 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& y) {
     const T* px = x.data<T>();
     T* py = y.data<T>();
     const int64_t n = x.numel();
-    if constexpr (std::is_same_v<T, float>) {  // Eigen's SIMD erf/tanh, in chunks per thread
+    if constexpr (std::is_same_v<T, float>) {  // Eigen SIMD erf/tanh/sin/cos, chunks per thread
 #pragma omp parallel for if (n > 65536)
       for (int64_t c = 0; c < n; c += kChunk) {
         Eigen::Map<const ArrayF> a(px + c, std::min(kChunk, n - c));
         Eigen::Map<ArrayF> b(py + c, a.size());
-        if (op == UnaryOp::gelu) b = 0.5f * a * (1.0f + (a * float(kInvSqrt2)).erf());
-        else b = a.tanh();
+        switch (op) {
+          case UnaryOp::gelu: b = 0.5f * a * (1.0f + (a * float(kInvSqrt2)).erf()); break;
+          case UnaryOp::tanh: b = a.tanh(); break;
+          case UnaryOp::sin: b = a.sin(); break;
+          case UnaryOp::cos: b = a.cos(); break;
+        }
       }
-    } else if (op == UnaryOp::gelu) {
-#pragma omp parallel for if (n > 65536)
-      for (int64_t i = 0; i < n; ++i)
-        py[i] = T(0.5) * px[i] * (T(1) + std::erf(px[i] * T(kInvSqrt2)));
     } else {
+      // f64 goes through the exact std:: functions (the gradient checks need them exact).
+      auto run = [&](auto f) {
 #pragma omp parallel for if (n > 65536)
-      for (int64_t i = 0; i < n; ++i) py[i] = std::tanh(px[i]);
+        for (int64_t i = 0; i < n; ++i) py[i] = f(px[i]);
+      };
+      switch (op) {
+        case UnaryOp::gelu:
+          run([](T v) { return T(0.5) * v * (T(1) + std::erf(v * T(kInvSqrt2))); });
+          break;
+        case UnaryOp::tanh: run([](T v) { return std::tanh(v); }); break;
+        case UnaryOp::sin: run([](T v) { return std::sin(v); }); break;
+        case UnaryOp::cos: run([](T v) { return std::cos(v); }); break;
+      }
     }
   });
 }
@@ -225,24 +247,34 @@ void unary_backward(UnaryOp op, const Tensor& saved, const Tensor& gy, const Ten
         const int64_t m = std::min(kChunk, n - c);
         Eigen::Map<const ArrayF> x(s + c, m), gy(g + c, m);
         Eigen::Map<ArrayF> gx(o + c, m);
-        if (op == UnaryOp::gelu)  // d/dx [x Phi(x)] = Phi(x) + x phi(x)
-          gx = gy * (0.5f * (1.0f + (x * float(kInvSqrt2)).erf()) +
-                     x * float(kInvSqrt2Pi) * (-0.5f * x.square()).exp());
-        else
-          gx = gy * (1.0f - x.square());
-      }
-    } else if (op == UnaryOp::gelu) {
-      // d/dx [x Phi(x)] = Phi(x) + x phi(x)
-#pragma omp parallel for if (n > 65536)
-      for (int64_t i = 0; i < n; ++i) {
-        T x = s[i];
-        T cdf = T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2)));
-        T pdf = T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
-        o[i] = g[i] * (cdf + x * pdf);
+        switch (op) {
+          case UnaryOp::gelu:  // d/dx [x Phi(x)] = Phi(x) + x phi(x)
+            gx = gy * (0.5f * (1.0f + (x * float(kInvSqrt2)).erf()) +
+                       x * float(kInvSqrt2Pi) * (-0.5f * x.square()).exp());
+            break;
+          case UnaryOp::tanh: gx = gy * (1.0f - x.square()); break;  // x holds y = tanh here
+          case UnaryOp::sin: gx = gy * x.cos(); break;
+          case UnaryOp::cos: gx = -gy * x.sin(); break;
+        }
       }
     } else {
+      // o[i] = g[i] * f'(s[i])
+      auto run = [&](auto df) {
 #pragma omp parallel for if (n > 65536)
-      for (int64_t i = 0; i < n; ++i) o[i] = g[i] * (T(1) - s[i] * s[i]);
+        for (int64_t i = 0; i < n; ++i) o[i] = g[i] * df(s[i]);
+      };
+      switch (op) {
+        case UnaryOp::gelu:  // d/dx [x Phi(x)] = Phi(x) + x phi(x)
+          run([](T x) {
+            T cdf = T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2)));
+            T pdf = T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
+            return cdf + x * pdf;
+          });
+          break;
+        case UnaryOp::tanh: run([](T y) { return T(1) - y * y; }); break;
+        case UnaryOp::sin: run([](T x) { return std::cos(x); }); break;
+        case UnaryOp::cos: run([](T x) { return -std::sin(x); }); break;
+      }
     }
   });
 }
@@ -273,7 +305,9 @@ Tensor affine(const Tensor& x, double alpha, double beta) {
   return out;
 }
 Tensor scale(const Tensor& x, double alpha) { return affine(x, alpha, 0.0); }
-Tensor gelu(const Tensor& x) { return unary(UnaryOp::gelu, x, "gelu"); }
-Tensor tanh(const Tensor& x) { return unary(UnaryOp::tanh, x, "tanh"); }
+Tensor gelu(const Tensor& x) { return unary(UnaryOp::gelu, x); }
+Tensor tanh(const Tensor& x) { return unary(UnaryOp::tanh, x); }
+Tensor sin(const Tensor& x) { return unary(UnaryOp::sin, x); }
+Tensor cos(const Tensor& x) { return unary(UnaryOp::cos, x); }
 
 }  // namespace engine

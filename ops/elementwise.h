@@ -1,5 +1,6 @@
-// Elementwise ops: add/sub/mul/div with NumPy broadcasting, scalar scale/shift, GELU (erf form)
-// and tanh. Operators +, -, *, / map onto them.
+// Elementwise ops: add/sub/mul/div with NumPy broadcasting, scalar scale/shift, GELU (erf form),
+// tanh, and sin/cos (for sinusoidal position encodings with learnable frequencies). Operators
+// +, -, *, / map onto them.
 #pragma once
 
 #include "engine/kernel.h"
@@ -15,6 +16,10 @@ Tensor scale(const Tensor& x, double alpha);                  // alpha * x
 Tensor affine(const Tensor& x, double alpha, double beta);    // alpha * x + beta
 Tensor gelu(const Tensor& x);  // x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
 Tensor tanh(const Tensor& x);
+// Inside namespace engine these hide std::sin/std::cos for unqualified calls: kernels and other
+// scalar code here must write std::sin, std::cos.
+Tensor sin(const Tensor& x);
+Tensor cos(const Tensor& x);
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
@@ -29,7 +34,7 @@ inline Tensor operator-(const Tensor& x, double s) { return affine(x, 1.0, -s); 
 
 // ---- kernels (one table per launch; backends register implementations) ----------------------
 enum class BinaryOp : uint8_t { add, sub, mul, div };
-enum class UnaryOp : uint8_t { gelu, tanh };
+enum class UnaryOp : uint8_t { gelu, tanh, sin, cos };
 
 // out = a (op) b; a and b are already expanded to out's shape (stride-0 broadcast views).
 inline Kernel<void(BinaryOp, const Tensor& a, const Tensor& b, const Tensor& out)>
@@ -38,7 +43,8 @@ inline Kernel<void(BinaryOp, const Tensor& a, const Tensor& b, const Tensor& out
 inline Kernel<void(const Tensor& x, double alpha, double beta, const Tensor& out)>
     affine_kernel{"affine"};
 inline Kernel<void(UnaryOp, const Tensor& x, const Tensor& y)> unary_kernel{"unary"};
-// grad_x = grad_y * f'(.) where `saved` is x for gelu and y for tanh.
+// grad_x = grad_y * f'(.) where `saved` is y for tanh (1 - y^2 needs only the output) and x for
+// the others.
 inline Kernel<void(UnaryOp, const Tensor& saved, const Tensor& grad_y, const Tensor& grad_x)>
     unary_backward_kernel{"unary_backward"};
 

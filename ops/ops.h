@@ -11,4 +11,5 @@
 #include "ops/layer_norm.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
+#include "ops/relative.h"
 #include "ops/softmax.h"
