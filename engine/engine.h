@@ -1,4 +1,4 @@
-// libengine's core in one include: tensors, autograd, modules, RNG, backends.
+// libengine's core in one include: tensors, autograd, modules, optimizer, RNG, backends.
 #pragma once
 
 #include "engine/allocator.h"
@@ -8,6 +8,7 @@
 #include "engine/dtype.h"
 #include "engine/error.h"
 #include "engine/module.h"
+#include "engine/optim.h"
 #include "engine/rng.h"
 #include "engine/safetensors.h"
 #include "engine/shape.h"

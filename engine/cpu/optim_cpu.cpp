@@ -1,0 +1,108 @@
+// CPU kernels of the optimizer pieces (engine/optim.h): the AdamW step, the gradient sum of
+// squares and the in-place scaling used by clipping. Each is one OpenMP pass over a contiguous
+// slab.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "engine/dispatch.h"
+#include "engine/error.h"
+#include "engine/optim.h"
+
+// CMakeLists.txt compiles this file with -ffp-contract=off, so each float operation of the AdamW
+// step rounds on its own, as PyTorch's sequence of tensor ops does (with -march=native the
+// compiler would otherwise fuse a*b + c into FMAs where it likes, and the result would depend on
+// the build flags), and with -fno-math-errno, so the sqrt (of v >= 0: errno never matters) does
+// not keep the loop from vectorising.
+
+namespace engine {
+namespace {
+namespace cpu {
+
+constexpr int64_t kParallelMin = 65536;  // below this, threads cost more than they save
+
+void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+           const Tensor& decay_mask, const AdamWStepScalars& s) {
+  const int64_t n = param.numel();
+  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask})
+    ENGINE_ASSERT(t->is_contiguous() && t->numel() == n);
+  float* p = param.data<float>();
+  const float* g = grad.data<float>();
+  float* m = exp_avg.data<float>();
+  float* v = exp_avg_sq.data<float>();
+  const uint8_t* mask = decay_mask.data<uint8_t>();
+  // PyTorch passes each Python-float scalar to an f32 tensor op, which rounds it to f32 first;
+  // 1 - beta is computed in double before rounding, as in Python.
+  const float decay = static_cast<float>(s.decay_factor);
+  const float beta1 = static_cast<float>(s.beta1), one_minus_beta1 = static_cast<float>(1.0 - s.beta1);
+  const float beta2 = static_cast<float>(s.beta2), one_minus_beta2 = static_cast<float>(1.0 - s.beta2);
+  const float bc2_sqrt = static_cast<float>(s.bias_correction2_sqrt);
+  const float eps = static_cast<float>(s.eps);
+  const float neg_step_size = static_cast<float>(-s.step_size);
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    // Same operations, same order as torch.optim.AdamW's single-tensor path:
+    // param.mul_(1 - lr*wd); exp_avg.mul_(b1).add_(g, alpha=1-b1);
+    // exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2);
+    // denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps); param.addcdiv_(exp_avg, denom, -step_size).
+    // Entries without decay multiply by 1, which PyTorch's weight_decay=0 group does too (exact).
+    const float gi = g[i];
+    const float factor = mask[i] != 0 ? decay : 1.0f;  // a select, so the loop vectorises
+    const float pi = p[i] * factor;
+    const float mi = m[i] * beta1 + one_minus_beta1 * gi;
+    const float vi = v[i] * beta2 + one_minus_beta2 * gi * gi;
+    const float denom = std::sqrt(vi) / bc2_sqrt + eps;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi + neg_step_size * mi / denom;
+  }
+}
+
+double sum_squares(const Tensor& x) {
+  ENGINE_ASSERT(x.is_contiguous());
+  return dispatch_floating(x.dtype(), "clip_grad_norm", [&]<class T>() {
+    const T* px = x.data<T>();
+    const int64_t n = x.numel();
+    // Fixed chunks summed in order: the result does not depend on the thread count, so a rerun
+    // (or a resumed run) clips identically.
+    constexpr int64_t kChunk = 1 << 15;
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t begin = c * kChunk, end = std::min(n, begin + kChunk);
+      double acc[4] = {0, 0, 0, 0};  // four chains hide the add latency
+      int64_t i = begin;
+      for (; i + 4 <= end; i += 4)
+        for (int k = 0; k < 4; ++k) {
+          const double xv = static_cast<double>(px[i + k]);
+          acc[k] += xv * xv;
+        }
+      for (; i < end; ++i) acc[0] += static_cast<double>(px[i]) * static_cast<double>(px[i]);
+      partial[static_cast<size_t>(c)] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    }
+    double total = 0;
+    for (double p : partial) total += p;
+    return total;
+  });
+}
+
+void scale(const Tensor& x, double factor) {
+  ENGINE_ASSERT(x.is_contiguous());
+  dispatch_floating(x.dtype(), "clip_grad_norm", [&]<class T>() {
+    T* px = x.data<T>();
+    const int64_t n = x.numel();
+    const T f = static_cast<T>(factor);  // torch multiplies by the coefficient in the grad dtype
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t i = 0; i < n; ++i) px[i] *= f;
+  });
+}
+
+}  // namespace cpu
+
+ENGINE_REGISTER_KERNEL(adamw_kernel, DeviceType::CPU, cpu::adamw);
+ENGINE_REGISTER_KERNEL(sum_squares_kernel, DeviceType::CPU, cpu::sum_squares);
+ENGINE_REGISTER_KERNEL(scale_kernel, DeviceType::CPU, cpu::scale);
+
+}  // namespace
+}  // namespace engine

@@ -1,0 +1,380 @@
+// The optimizer pieces: AdamW against a double-precision transcription of torch.optim.AdamW's
+// update, hand-computed first steps, checkpoint state, gradient clipping and the linear schedule.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+
+#include "engine/optim.h"
+#include "ops/ops.h"
+
+using namespace engine;
+using Catch::Contains;
+
+namespace {
+
+// A few parameters with names that exercise default_no_decay, numels that leave slab padding,
+// and one large enough for the kernels' threaded path.
+NamedTensors make_params(uint64_t seed) {
+  Generator gen(seed);
+  return {{"enc.embeddings.word.weight", Tensor::randn({70001}, gen, 0, 0.5).set_requires_grad()},
+          {"enc.layer.0.attention.qkv.weight", Tensor::randn({3, 5}, gen, 0, 0.5).set_requires_grad()},
+          {"enc.layer.0.attention.qkv.bias", Tensor::randn({5}, gen, 0, 0.5).set_requires_grad()},
+          {"enc.layer.0.attention_norm.weight", Tensor::randn({7}, gen, 1, 0.1).set_requires_grad()},
+          {"head.weight", Tensor::randn({2, 9}, gen, 0, 0.5).set_requires_grad()},
+          {"mlm.decoder_bias", Tensor::randn({3}, gen, 0, 0.5).set_requires_grad()}};
+}
+
+// Gradients for step `t`: fresh values in every entry, zero in the padding.
+void set_grads(FlatParameters& flat, int t) {
+  Generator gen(1000 + static_cast<uint64_t>(t));
+  std::vector<float> g(static_cast<size_t>(flat.numel()), 0.0f);
+  for (const auto& e : flat.entries()) {
+    std::vector<float> r = Tensor::randn({e.numel}, gen, 0, 1.0 + t).to_vector<float>();
+    std::copy(r.begin(), r.end(), g.begin() + e.offset);
+  }
+  flat.grad().copy_(Tensor::from_vector(g, {flat.numel()}));
+}
+
+bool decays(const std::string& name) { return !default_no_decay(name); }
+
+bool close(double got, double want, double rel, double abs) {
+  return std::abs(got - want) <= rel * std::abs(want) + abs;
+}
+
+}  // namespace
+
+TEST_CASE("default_no_decay picks biases and norm weights", "[optim]") {
+  CHECK(default_no_decay("encoder.layer.0.attention.qkv.bias"));
+  CHECK(default_no_decay("mlm.decoder_bias"));
+  CHECK(default_no_decay("bias"));
+  CHECK(default_no_decay("encoder.layer.0.attention_norm.weight"));
+  CHECK(default_no_decay("encoder.layer.3.ffn_norm.bias"));
+  CHECK(default_no_decay("embeddings.LayerNorm.weight"));
+  CHECK(default_no_decay("final_norm.weight"));
+  CHECK(default_no_decay("norm_scale"));
+  CHECK_FALSE(default_no_decay("encoder.layer.0.attention.qkv.weight"));
+  CHECK_FALSE(default_no_decay("embeddings.word.weight"));
+  CHECK_FALSE(default_no_decay("head.weight"));
+  CHECK_FALSE(default_no_decay("bias_table.weight"));  // "bias" only at the end of the leaf name
+  // Only the leaf and its owning module count, not modules further up.
+  CHECK_FALSE(default_no_decay("normalizer.proj.weight"));
+}
+
+TEST_CASE("adamw matches a double-precision reference over several steps", "[optim]") {
+  NamedTensors ps = make_params(7);
+  FlatParameters flat(ps);
+  AdamWOptions opt;
+  opt.beta1 = 0.85;
+  opt.beta2 = 0.98;
+  opt.eps = 1e-6;
+  opt.weight_decay = 0.1;
+  AdamW adamw(flat, opt, decays);
+  REQUIRE(adamw.step_count() == 0);
+
+  // The reference: torch.optim.AdamW's update for one element, in double.
+  const int64_t n = flat.numel();
+  std::vector<double> p(static_cast<size_t>(n)), m(p.size(), 0.0), v(p.size(), 0.0);
+  // Tolerances are relative to the magnitudes that meet in each sum: m of |g| (m itself may
+  // cancel to near 0) and the running sum of |update| for p.
+  std::vector<double> m_mag(p.size(), 0.0), p_mag(p.size(), 0.0);
+  std::vector<float> p0 = flat.data().to_vector<float>();
+  for (size_t i = 0; i < p.size(); ++i) p[i] = p0[i];
+  std::vector<bool> decay_on(p.size(), false);
+  for (const auto& e : flat.entries())
+    for (int64_t i = 0; i < e.numel; ++i) decay_on[static_cast<size_t>(e.offset + i)] = decays(e.name);
+
+  const double lrs[] = {1e-2, 3e-2, 2e-2, 5e-3, 1e-3, 0.0};
+  int t = 0;
+  for (double lr : lrs) {
+    ++t;
+    set_grads(flat, t);
+    std::vector<float> g = flat.grad().to_vector<float>();
+    adamw.step(lr);
+    REQUIRE(adamw.step_count() == t);
+    const double bc1 = 1 - std::pow(opt.beta1, t), bc2 = 1 - std::pow(opt.beta2, t);
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (decay_on[i]) p[i] *= 1 - lr * opt.weight_decay;
+      m[i] = opt.beta1 * m[i] + (1 - opt.beta1) * g[i];
+      v[i] = opt.beta2 * v[i] + (1 - opt.beta2) * double(g[i]) * g[i];
+      const double denom = std::sqrt(v[i]) / std::sqrt(bc2) + opt.eps;
+      p[i] -= (lr / bc1) * m[i] / denom;
+      m_mag[i] = opt.beta1 * m_mag[i] + (1 - opt.beta1) * std::abs(g[i]);
+      p_mag[i] += (lr / bc1) * m_mag[i] / denom;
+    }
+    std::vector<float> got_p = flat.data().to_vector<float>();
+    NamedTensors st = adamw.state();
+    std::vector<float> got_m = st[0].second.to_vector<float>();
+    std::vector<float> got_v = st[1].second.to_vector<float>();
+    // Count the misses instead of one REQUIRE per element (there are 70k).
+    int64_t bad = 0, first_bad = -1;
+    for (size_t i = 0; i < p.size(); ++i) {
+      const bool ok = close(got_p[i], p[i], 1e-6, 1e-6 * p_mag[i]) &&
+                      close(got_m[i], m[i], 0.0, 1e-6 * m_mag[i]) && close(got_v[i], v[i], 1e-6, 0.0);
+      if (!ok && bad++ == 0) first_bad = static_cast<int64_t>(i);
+    }
+    INFO("step " << t << ", first bad element " << first_bad);
+    REQUIRE(bad == 0);
+  }
+  // Padding never moves.
+  std::vector<float> got_p = flat.data().to_vector<float>();
+  for (const auto& e : flat.entries())
+    for (int64_t i = e.offset + e.numel; i % 16 != 0; ++i) REQUIRE(got_p[static_cast<size_t>(i)] == 0.0f);
+  // The model's own handles see the update.
+  REQUIRE(ps[0].second.to_vector<float>()[0] == got_p[0]);
+}
+
+TEST_CASE("adamw decays only the chosen entries", "[optim]") {
+  NamedTensors ps = make_params(11);
+  FlatParameters flat(ps);
+  AdamWOptions opt;
+  opt.weight_decay = 0.5;
+  AdamW adamw(flat, opt, decays);
+  std::vector<float> before = flat.data().to_vector<float>();
+  adamw.step(0.1);  // zero gradients: m = v = 0, so only the decay moves parameters
+  std::vector<float> after = flat.data().to_vector<float>();
+  const float factor = static_cast<float>(1 - 0.1 * 0.5);
+  std::vector<float> want = before;
+  for (const auto& e : flat.entries())
+    if (decays(e.name))
+      for (int64_t i = e.offset; i < e.offset + e.numel; ++i) want[static_cast<size_t>(i)] *= factor;
+  REQUIRE(after == want);
+  REQUIRE(after != before);
+  // An empty decay function decays everything.
+  NamedTensors qs = make_params(11);
+  FlatParameters flat2(qs);
+  AdamW all(flat2, opt);
+  all.step(0.1);
+  std::vector<float> want2 = before;
+  for (float& x : want2) x *= factor;
+  REQUIRE(flat2.data().to_vector<float>() == want2);
+}
+
+TEST_CASE("adamw first step by hand: update is lr * g / (|g| + eps)", "[optim]") {
+  // Step 1: m = (1-b1) g, v = (1-b2) g^2, so m / bc1 = g and sqrt(v / bc2) = |g|.
+  NamedTensors ps = {{"w", Tensor::from_vector<float>({1.0f}, {1}).set_requires_grad()},
+                     {"b_bias", Tensor::from_vector<float>({0.5f}, {1}).set_requires_grad()}};
+  FlatParameters flat(ps);
+  AdamWOptions opt;
+  opt.weight_decay = 0.01;
+  opt.eps = 1e-6;
+  AdamW adamw(flat, opt, decays);
+  {
+    NoGrad ng;
+    ps[0].second.grad().fill_(0.5);
+    ps[1].second.grad().fill_(-2.0);
+  }
+  adamw.step(0.1);
+  // w: 1 * (1 - 0.1 * 0.01) - 0.1 * 0.5 / 0.500001 = 0.999 - 0.0999998000004
+  REQUIRE(ps[0].second.item() == Approx(0.8990001999996).epsilon(1e-7));
+  // b_bias (no decay): 0.5 + 0.1 * 2 / 2.000001
+  REQUIRE(ps[1].second.item() == Approx(0.599999950000025).epsilon(2e-7));
+  NamedTensors st = adamw.state();
+  REQUIRE(st[0].second.to_vector<float>()[0] == Approx(0.05).epsilon(1e-7));
+  REQUIRE(st[1].second.to_vector<float>()[0] == Approx(0.00025).epsilon(1e-6));
+  REQUIRE(st[2].second.item() == 1.0);
+  // torch.optim.AdamW (1.13, CPU) gives exactly these f32 values for this step: the kernel rounds
+  // the same operations in the same order.
+  CHECK(static_cast<float>(ps[0].second.item()) == 0.8990002274513245f);
+  CHECK(static_cast<float>(ps[1].second.item()) == 0.5999999642372131f);
+  // The update is about lr * sign(g).
+  REQUIRE(std::abs(ps[1].second.item() - 0.5 - 0.1) < 1e-6);
+}
+
+TEST_CASE("adamw state round trip continues identically", "[optim]") {
+  AdamWOptions opt;
+  opt.lr = 3e-3;
+  NamedTensors ps = make_params(3);
+  FlatParameters flat(ps);
+  AdamW a(flat, opt, decays);
+  for (int t = 1; t <= 3; ++t) {
+    set_grads(flat, t);
+    a.step(1e-2 * t);
+  }
+  // state() hands out the live slabs: copy them, as a checkpoint writer does.
+  NamedTensors saved;
+  for (auto& [name, t] : a.state()) saved.emplace_back(name, t.clone());
+  saved.emplace_back("model.params", flat.data().clone());  // other names are ignored
+  for (int t = 4; t <= 6; ++t) {
+    set_grads(flat, t);
+    a.step();  // options().lr
+  }
+
+  NamedTensors qs = make_params(99);  // other values, overwritten below
+  FlatParameters flat2(qs);
+  {
+    NoGrad ng;
+    flat2.data().copy_(saved.back().second);
+  }
+  AdamW b(flat2, opt, decays);
+  b.load_state(saved);
+  REQUIRE(b.step_count() == 3);
+  for (int t = 4; t <= 6; ++t) {
+    set_grads(flat2, t);
+    b.step();
+  }
+  REQUIRE(b.step_count() == a.step_count());
+  REQUIRE(flat2.data().to_vector<float>() == flat.data().to_vector<float>());
+  REQUIRE(b.state()[0].second.to_vector<float>() == a.state()[0].second.to_vector<float>());
+  REQUIRE(b.state()[1].second.to_vector<float>() == a.state()[1].second.to_vector<float>());
+}
+
+TEST_CASE("adamw errors", "[optim][errors]") {
+  NamedTensors ps = make_params(5);
+  FlatParameters flat(ps);
+  AdamW a(flat, AdamWOptions{});
+  const int64_t n = flat.numel();
+  auto with = [&](const std::string& name, Tensor t) {
+    NamedTensors st = a.state();
+    for (auto& [k, v] : st)
+      if (k == name) v = t;
+    return st;
+  };
+  REQUIRE_THROWS_WITH(a.load_state(with("optim.exp_avg", Tensor::zeros({n + 16}))),
+                      Contains("[adamw] load_state: 'optim.exp_avg' is (" + std::to_string(n + 16) +
+                               ") f32 cpu but this optimizer's is (" + std::to_string(n) + ") f32"));
+  REQUIRE_THROWS_WITH(a.load_state(with("optim.exp_avg_sq", Tensor::zeros({n, 1}))),
+                      Contains("'optim.exp_avg_sq' is (" + std::to_string(n) + ", 1) f32 cpu"));
+  REQUIRE_THROWS_WITH(a.load_state(with("optim.exp_avg", Tensor::zeros({n}, DType::f64))),
+                      Contains("f64"));
+  REQUIRE_THROWS_WITH(a.load_state(with("optim.step", Tensor::scalar(3.0))),
+                      Contains("'optim.step' is () f32 cpu but should be an i64 scalar"));
+  REQUIRE_THROWS_WITH(a.load_state(with("optim.step", Tensor::scalar(-1.0, DType::i64))),
+                      Contains("expected >= 0"));
+  NamedTensors st = a.state();
+  st.pop_back();
+  REQUIRE_THROWS_WITH(a.load_state(st), Contains("[adamw] load_state: 'optim.step' is missing"));
+  st = a.state();
+  st.emplace_back("optim.max_exp_avg_sq", Tensor::zeros({n}));
+  REQUIRE_THROWS_WITH(a.load_state(st), Contains("unknown optimizer state 'optim.max_exp_avg_sq'"));
+  st = a.state();
+  st.push_back(st[0]);
+  REQUIRE_THROWS_WITH(a.load_state(st), Contains("'optim.exp_avg' is given twice"));
+  REQUIRE(a.step_count() == 0);  // nothing was loaded
+
+  NamedTensors d = {{"w", Tensor::ones({4}, DType::f64).set_requires_grad()}};
+  FlatParameters flat64(d);
+  REQUIRE_THROWS_WITH(AdamW(flat64, AdamWOptions{}),
+                      Contains("[adamw] parameters must be f32 (the master copy), got (16) f64 cpu"));
+  AdamWOptions bad;
+  bad.beta2 = 1.0;
+  REQUIRE_THROWS_WITH(AdamW(flat, bad), Contains("[adamw] beta2 must be in [0, 1)"));
+  bad = AdamWOptions{};
+  bad.weight_decay = -0.1;
+  REQUIRE_THROWS_WITH(AdamW(flat, bad), Contains("[adamw] weight_decay must be >= 0"));
+  REQUIRE_THROWS_WITH(a.step(std::numeric_limits<double>::quiet_NaN()), Contains("[adamw] step lr"));
+  REQUIRE(a.step_count() == 0);
+}
+
+TEST_CASE("clip_grad_norm returns the norm and scales above max_norm", "[optim]") {
+  NamedTensors ps = {{"a", Tensor::zeros({2}).set_requires_grad()},
+                     {"b", Tensor::zeros({1}).set_requires_grad()}};
+  FlatParameters flat(ps);
+  auto set = [&](float x, float y, float z) {
+    NoGrad ng;
+    ps[0].second.grad().copy_(Tensor::from_vector<float>({x, y}, {2}));
+    ps[1].second.grad().fill_(z);
+  };
+  set(3, 0, 4);  // norm 5, split across entries (and padding)
+  REQUIRE(clip_grad_norm(flat, 10.0) == 5.0);
+  REQUIRE(ps[0].second.grad().to_vector<float>() == std::vector<float>{3, 0});  // untouched
+  REQUIRE(ps[1].second.grad().item() == 4.0);
+
+  REQUIRE(clip_grad_norm(flat, 1.0) == 5.0);  // the norm before clipping
+  const float coef = static_cast<float>(1.0 / (5.0 + 1e-6));
+  REQUIRE(ps[0].second.grad().to_vector<float>() == std::vector<float>{3 * coef, 0});
+  REQUIRE(ps[1].second.grad().item() == 4 * coef);
+  REQUIRE(clip_grad_norm(flat, 1.0) == Approx(1.0).epsilon(1e-6));
+
+  set(3, std::numeric_limits<float>::infinity(), 4);
+  REQUIRE(std::isinf(clip_grad_norm(flat, 1.0)));
+  REQUIRE(ps[1].second.grad().item() == 4.0);  // nothing scaled
+  set(std::numeric_limits<float>::quiet_NaN(), 0, 4);
+  REQUIRE(std::isnan(clip_grad_norm(flat, 1.0)));
+  REQUIRE(ps[1].second.grad().item() == 4.0);
+
+  REQUIRE_THROWS_WITH(clip_grad_norm(flat, 0.0), Contains("[clip_grad_norm] max_norm must be finite and > 0"));
+}
+
+TEST_CASE("clip_grad_norm over a large slab matches a double sum", "[optim]") {
+  Generator gen(42);
+  NamedTensors ps = {{"big", Tensor::zeros({300001}).set_requires_grad()},
+                     {"small", Tensor::zeros({17}).set_requires_grad()}};
+  FlatParameters flat(ps);
+  {
+    NoGrad ng;
+    flat.grad().copy_(Tensor::randn({flat.numel()}, gen, 0, 0.01));
+  }
+  std::vector<float> g = flat.grad().to_vector<float>();
+  double ss = 0;
+  for (float x : g) ss += double(x) * x;
+  const double norm = clip_grad_norm(flat, 0.5);
+  REQUIRE(norm == Approx(std::sqrt(ss)).epsilon(1e-12));
+  REQUIRE(norm > 0.5);
+  std::vector<float> after = flat.grad().to_vector<float>();
+  const float coef = static_cast<float>(0.5 / (norm + 1e-6));
+  for (size_t i = 0; i < g.size(); i += 997) REQUIRE(after[i] == g[i] * coef);
+  REQUIRE(clip_grad_norm(flat, 0.5) == Approx(0.5).epsilon(1e-5));
+}
+
+TEST_CASE("linear schedule: warmup then linear decay, transformers' values", "[optim]") {
+  // lr(s): s = optimizer steps already taken.
+  LinearSchedule s(1e-3, 10, 100);
+  REQUIRE(s.lr(0) == 0.0);
+  REQUIRE(s.lr(1) == Approx(1e-4));
+  REQUIRE(s.lr(5) == Approx(5e-4));
+  REQUIRE(s.lr(9) == Approx(9e-4));
+  REQUIRE(s.lr(10) == 1e-3);  // warmup end: the peak
+  REQUIRE(s.lr(11) == Approx(1e-3 * 89.0 / 90.0));
+  REQUIRE(s.lr(55) == Approx(5e-4));
+  REQUIRE(s.lr(99) == Approx(1e-3 / 90.0));
+  REQUIRE(s.lr(100) == 0.0);
+  REQUIRE(s.lr(150) == 0.0);
+
+  LinearSchedule no_warmup(2.0, 0, 4);
+  REQUIRE(no_warmup.lr(0) == 2.0);
+  REQUIRE(no_warmup.lr(1) == 1.5);
+  REQUIRE(no_warmup.lr(3) == 0.5);
+  REQUIRE(no_warmup.lr(4) == 0.0);
+
+  LinearSchedule all_warmup(1.0, 4, 4);
+  REQUIRE(all_warmup.lr(2) == 0.5);
+  REQUIRE(all_warmup.lr(3) == 0.75);
+  REQUIRE(all_warmup.lr(4) == 0.0);
+
+  REQUIRE(LinearSchedule::with_warmup_ratio(1e-3, 0.1, 1000).warmup_steps() == 100);
+  REQUIRE(LinearSchedule::with_warmup_ratio(1e-3, 0.25, 10).warmup_steps() == 3);  // ceil(2.5)
+  REQUIRE(LinearSchedule::with_warmup_ratio(1e-3, 0.0, 10).warmup_steps() == 0);
+  REQUIRE(LinearSchedule::with_warmup_ratio(1e-3, 1.0, 10).warmup_steps() == 10);
+  LinearSchedule r = LinearSchedule::with_warmup_ratio(4e-4, 0.06, 10000);
+  REQUIRE(r.warmup_steps() == 600);
+  REQUIRE(r.total_steps() == 10000);
+  REQUIRE(r.peak_lr() == 4e-4);
+  REQUIRE(r.lr(300) == Approx(2e-4));
+}
+
+TEST_CASE("linear schedule drives adamw", "[optim]") {
+  NamedTensors ps = make_params(21);
+  FlatParameters flat(ps);
+  AdamW adamw(flat, AdamWOptions{}, decays);
+  LinearSchedule sched(1e-2, 2, 5);
+  std::vector<float> before = flat.data().to_vector<float>();
+  set_grads(flat, 1);
+  adamw.step(sched.lr(adamw.step_count()));  // lr(0) = 0: the first step leaves parameters as they are
+  REQUIRE(flat.data().to_vector<float>() == before);
+  adamw.step(sched.lr(adamw.step_count()));
+  REQUIRE(flat.data().to_vector<float>() != before);
+  REQUIRE(adamw.step_count() == 2);
+}
+
+TEST_CASE("linear schedule errors", "[optim][errors]") {
+  REQUIRE_THROWS_WITH(LinearSchedule(1e-3, 0, 0), Contains("[linear_schedule] total_steps must be > 0, got 0"));
+  REQUIRE_THROWS_WITH(LinearSchedule(1e-3, -1, 10),
+                      Contains("[linear_schedule] warmup_steps must be in [0, total_steps = 10], got -1"));
+  REQUIRE_THROWS_WITH(LinearSchedule(1e-3, 11, 10), Contains("got 11"));
+  REQUIRE_THROWS_WITH(LinearSchedule(-1.0, 1, 10), Contains("[linear_schedule] peak_lr"));
+  REQUIRE_THROWS_WITH(LinearSchedule::with_warmup_ratio(1e-3, 1.5, 10),
+                      Contains("[linear_schedule] warmup_ratio must be in [0, 1], got 1.5"));
+  REQUIRE_THROWS_WITH(LinearSchedule::with_warmup_ratio(1e-3, 0.1, -5), Contains("total_steps must be > 0"));
+  REQUIRE_THROWS_WITH(LinearSchedule(1e-3, 1, 10).lr(-1), Contains("[linear_schedule] steps_taken must be >= 0"));
+}
