@@ -1,0 +1,429 @@
+// The BERT encoder, its positional encodings and the MLM head (see bert.h and
+// docs/positional-encodings.md for the formulas).
+#include "models/bert.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "engine/autograd.h"
+#include "engine/error.h"
+#include "ops/ops.h"
+#include "ops/relative.h"
+
+namespace models {
+
+using engine::DType;
+using engine::NoGrad;
+using engine::Shape;
+
+// ---- building blocks ---------------------------------------------------------------------------
+
+Linear::Linear(int64_t in, int64_t out, Generator& gen, double std, bool has_bias) {
+  weight = register_parameter("weight", Tensor::randn({out, in}, gen, 0.0, std));
+  if (has_bias) bias = register_parameter("bias", Tensor::zeros({out}));
+}
+
+Tensor Linear::forward(const Tensor& x) const { return engine::linear(x, weight, bias); }
+
+LayerNorm::LayerNorm(int64_t width, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", Tensor::ones({width}));
+  bias = register_parameter("bias", Tensor::zeros({width}));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const {
+  return engine::layer_norm(x, weight, bias, eps);
+}
+
+int64_t t5_bucket(int64_t r, int64_t num_buckets, int64_t max_distance) {
+  const int64_t half = num_buckets / 2;  // per direction
+  int64_t bucket = r > 0 ? half : 0;
+  const int64_t n = std::llabs(r);
+  const int64_t max_exact = half / 2;
+  if (n < max_exact) return bucket + n;
+  // max_exact + floor(log(n / max_exact) / log(max_distance / max_exact) * (half - max_exact)).
+  // The small epsilon puts values that are integers in exact arithmetic (n = 16, 32, 64 for the
+  // defaults) on the side exact arithmetic puts them; elsewhere the value is far from an integer.
+  const double v = std::log(double(n) / max_exact) / std::log(double(max_distance) / max_exact) *
+                   double(half - max_exact);
+  int64_t large = max_exact + static_cast<int64_t>(std::floor(v + 1e-9));
+  return bucket + std::min(large, half - 1);
+}
+
+namespace {
+
+// (N, 2K) rows [sin(w_0 x), cos(w_0 x), sin(w_1 x), ...] for positions x (N) and frequencies
+// w (K); differentiable in w.
+Tensor sinusoid(const Tensor& positions, const Tensor& freqs) {
+  Tensor angles = engine::matmul(positions.unsqueeze(1), freqs.unsqueeze(0));  // (N, K)
+  Tensor pair = engine::concat({engine::sin(angles).unsqueeze(2), engine::cos(angles).unsqueeze(2)}, 2);
+  return pair.reshape({positions.size(0), 2 * freqs.size(0)});
+}
+
+// w_k = 10000^(-2k / width), k < width / 2.
+Tensor sinusoid_freqs(int64_t width) {
+  std::vector<float> w(static_cast<size_t>(width / 2));
+  for (int64_t k = 0; k < width / 2; ++k)
+    w[size_t(k)] = static_cast<float>(std::pow(10000.0, -2.0 * double(k) / double(width)));
+  return Tensor::from_vector<float>(w, {width / 2});
+}
+
+Tensor range_f32(int64_t start, int64_t end, engine::Device device) {
+  std::vector<float> v;
+  for (int64_t i = start; i < end; ++i) v.push_back(float(i));
+  return Tensor::from_vector<float>(v, {end - start}).to(device);
+}
+
+}  // namespace
+
+// ---- positional encodings ----------------------------------------------------------------------
+
+PositionEncoding::PositionEncoding(const BertConfig& c, Generator& gen) : config_(c) {
+  const PositionConfig& p = c.position;
+  const int64_t d = c.hidden_size, dh = c.head_size();
+  if (p.has_position_table())
+    table = register_parameter("table", Tensor::randn({c.max_positions, d}, gen, 0.0, c.init_std));
+  if (p.input == InputPosition::learnable_sinusoid)
+    freq = register_parameter("freq", sinusoid_freqs(d));
+  if (p.attention == AttentionPosition::untied) {
+    norm = std::make_unique<LayerNorm>(d, c.layer_norm_eps);
+    register_module("norm", *norm);
+  }
+  if (p.attention != AttentionPosition::none) {
+    query = std::make_unique<Linear>(d, d, gen, c.init_std);
+    key = std::make_unique<Linear>(d, d, gen, c.init_std);
+    register_module("query", *query);
+    register_module("key", *key);
+  }
+  if (p.cls_reset != ClsReset::none)
+    cls_theta = register_parameter("cls_theta", Tensor::randn({2, d}, gen, 0.0, c.init_std));
+  if (p.relative == RelativePosition::t5_bias)
+    relative_table = register_parameter(
+        "relative_table", Tensor::randn({p.relative_bias_rows(), c.num_heads}, gen, 0.0, c.init_std));
+  const int64_t rows = 2 * p.rpe_clip + 1;
+  if (p.relative == RelativePosition::shaw_learned)
+    shaw_table = register_parameter("shaw_table", Tensor::randn({rows, dh}, gen, 0.0, c.init_std));
+  if (p.relative == RelativePosition::shaw_learnable_sinusoid)
+    shaw_freq = register_parameter("shaw_freq", sinusoid_freqs(dh));
+  if (p.relative == RelativePosition::shaw_sinusoid) {
+    NoGrad ng;
+    fixed_shaw_ = sinusoid(range_f32(-p.rpe_clip, p.rpe_clip + 1, engine::Device::cpu()),
+                           sinusoid_freqs(dh));
+  }
+}
+
+void PositionEncoding::check_length(int64_t seq_len) const {
+  ENGINE_CHECK(seq_len >= 1, "[bert] empty sequence");
+  if (config_.position.has_position_table())
+    ENGINE_CHECK(seq_len <= config_.max_positions, "[bert] sequence length ", seq_len,
+                 " exceeds model.max_positions ", config_.max_positions, " of the learned position table (preset ",
+                 config_.position.preset, ")");
+}
+
+Tensor PositionEncoding::input_term(int64_t seq_len) const {
+  check_length(seq_len);
+  const int64_t d = config_.hidden_size;
+  switch (config_.position.input) {
+    case InputPosition::none: return Tensor();
+    case InputPosition::learned: return table.slice(0, 0, seq_len);
+    case InputPosition::sinusoid: {
+      NoGrad ng;
+      return sinusoid(range_f32(0, seq_len, engine::Device::cpu()), sinusoid_freqs(d));
+    }
+    case InputPosition::learnable_sinusoid:
+      return sinusoid(range_f32(0, seq_len, freq.device()), freq);
+  }
+  return Tensor();
+}
+
+std::vector<int64_t> PositionEncoding::relative_buckets(int64_t t) const {
+  const PositionConfig& p = config_.position;
+  std::vector<int64_t> b(static_cast<size_t>(t * t));
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = 0; j < t; ++j)
+      b[size_t(i * t + j)] = t5_bucket(j - i, p.relative_buckets, p.relative_max_distance);
+  if (p.cls_reset == ClsReset::code) {
+    // The public TUPE code: two spare buckets for [CLS] -> others (row 0, including (0, 0)) and
+    // others -> [CLS] (column 0 below it).
+    for (int64_t i = 1; i < t; ++i) b[size_t(i * t)] = p.relative_buckets + 1;
+    for (int64_t j = 0; j < t; ++j) b[size_t(j)] = p.relative_buckets;
+  }
+  return b;
+}
+
+// p^ = LN_pos(p) for TUPE (rows 0..T-1, then theta1, theta2 when resetting); p for bert_a_d.
+// Returns p^ U^Q as (H, rows, d_h) and p^ U^K likewise in *pk.
+Tensor PositionEncoding::projected_positions(int64_t t, Tensor* pk) const {
+  const int64_t h = config_.num_heads, dh = config_.head_size();
+  Tensor rows = table.slice(0, 0, t);  // (T, d)
+  if (config_.position.cls_reset != ClsReset::none) rows = engine::concat({rows, cls_theta}, 0);
+  if (config_.position.attention == AttentionPosition::untied) rows = norm->forward(rows);
+  const int64_t n = rows.size(0);
+  auto heads = [&](const Tensor& x) { return x.view({n, h, dh}).permute({1, 0, 2}); };
+  *pk = heads(key->forward(rows));
+  return heads(query->forward(rows));
+}
+
+Tensor PositionEncoding::untied_term(int64_t t) const {
+  ENGINE_CHECK(config_.position.attention == AttentionPosition::untied,
+               "[bert] preset ", config_.position.preset, " has no untied positional term");
+  check_length(t);
+  Tensor pk;
+  Tensor pq = projected_positions(t, &pk);
+  const double scale = 1.0 / std::sqrt(2.0 * double(config_.head_size()));
+  Tensor v = engine::matmul(pq.slice(1, 0, t), pk.slice(1, 0, t).transpose(1, 2)) * scale;
+  return v.unsqueeze(0);  // (1, H, T, T)
+}
+
+std::pair<Tensor, Tensor> PositionEncoding::cls_thetas() const {
+  ENGINE_CHECK(config_.position.cls_reset != ClsReset::none, "[bert] preset ",
+               config_.position.preset, " has no [CLS] reset");
+  Tensor pk;
+  Tensor pq = projected_positions(1, &pk);  // rows: position 0, theta1, theta2
+  const double scale = 1.0 / std::sqrt(2.0 * double(config_.head_size()));
+  auto theta = [&](int64_t row) {
+    return engine::sum(pq.select(1, row) * pk.select(1, row), {1}) * scale;  // (H)
+  };
+  return {theta(1), theta(2)};
+}
+
+AttentionTerms PositionEncoding::attention_terms(int64_t t) const {
+  check_length(t);
+  const PositionConfig& p = config_.position;
+  const int64_t h = config_.num_heads, dh = config_.head_size();
+  const engine::Device dev = table.defined() ? table.device()
+                             : relative_table.defined() ? relative_table.device()
+                                                        : engine::Device::cpu();
+  AttentionTerms out;
+  Tensor relative;  // (H, T, T)
+  if (p.relative == RelativePosition::t5_bias) {
+    Tensor idx = Tensor::from_vector<int64_t>(relative_buckets(t), {t, t}).to(relative_table.device());
+    relative = engine::embedding(relative_table, idx).permute({2, 0, 1});  // (T, T, H) -> (H, T, T)
+  }
+  if (p.attention == AttentionPosition::untied) {
+    Tensor pk;
+    Tensor pq = projected_positions(t, &pk);  // (H, T[+2], d_h)
+    const double scale = 1.0 / std::sqrt(2.0 * double(dh));
+    Tensor v = engine::matmul(pq.slice(1, 0, t), pk.slice(1, 0, t).transpose(1, 2)) * scale;
+    if (relative.defined() && p.cls_reset != ClsReset::code) v = v + relative;  // paper: reset(v + b)
+    if (p.cls_reset != ClsReset::none) {
+      // reset_theta: row 0 (from [CLS], including itself) = theta1, column 0 below it = theta2.
+      auto theta = [&](int64_t row) {
+        return (engine::sum(pq.select(1, t + row) * pk.select(1, t + row), {1}) * scale)
+            .view({h, 1, 1});
+      };
+      std::vector<float> keep(size_t(t * t), 1.f), row0(size_t(t * t), 0.f), col0(size_t(t * t), 0.f);
+      for (int64_t j = 0; j < t; ++j) keep[size_t(j)] = 0.f, row0[size_t(j)] = 1.f;
+      for (int64_t i = 1; i < t; ++i) keep[size_t(i * t)] = 0.f, col0[size_t(i * t)] = 1.f;
+      auto mask = [&](const std::vector<float>& m) { return Tensor::from_vector<float>(m, {t, t}).to(dev); };
+      v = v * mask(keep) + theta(0) * mask(row0) + theta(1) * mask(col0);
+    }
+    if (relative.defined() && p.cls_reset == ClsReset::code) v = v + relative;  // code: reset(v) + b'
+    out.bias = v.unsqueeze(0);
+  } else if (relative.defined()) {
+    out.bias = relative.unsqueeze(0);
+  }
+  if (p.attention == AttentionPosition::decomposed) {
+    Tensor pk;
+    Tensor pq = projected_positions(t, &pk);
+    out.pos_query = pq.unsqueeze(0);
+    out.pos_key = pk.unsqueeze(0);
+  }
+  if (p.relative == RelativePosition::shaw_learned || p.relative == RelativePosition::shaw_sinusoid ||
+      p.relative == RelativePosition::shaw_learnable_sinusoid) {
+    const int64_t c = p.rpe_clip;
+    if (p.relative == RelativePosition::shaw_learned) out.shaw_table = shaw_table;
+    else if (p.relative == RelativePosition::shaw_sinusoid) out.shaw_table = fixed_shaw_.to(dev);
+    else out.shaw_table = sinusoid(range_f32(-c, c + 1, dev), shaw_freq);
+    std::vector<int64_t> idx(size_t(t * t));
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t j = 0; j < t; ++j) idx[size_t(i * t + j)] = std::clamp(j - i, -c, c) + c;
+    out.shaw_index = Tensor::from_vector<int64_t>(idx, {t, t}).to(dev);
+  }
+  return out;
+}
+
+// ---- the encoder layer -------------------------------------------------------------------------
+
+BertLayer::BertLayer(const BertConfig& c, Generator& gen)
+    : qkv(c.hidden_size, 3 * c.hidden_size, gen, c.init_std),
+      out(c.hidden_size, c.hidden_size, gen, c.init_std),
+      fc1(c.hidden_size, c.ffn_size, gen, c.init_std),
+      fc2(c.ffn_size, c.hidden_size, gen, c.init_std),
+      attention_norm(c.hidden_size, c.layer_norm_eps),
+      ffn_norm(c.hidden_size, c.layer_norm_eps),
+      config_(c) {
+  attention.register_module("qkv", qkv);
+  attention.register_module("out", out);
+  ffn.register_module("fc1", fc1);
+  ffn.register_module("fc2", fc2);
+  register_module("attention", attention);
+  register_module("attention_norm", attention_norm);
+  register_module("ffn", ffn);
+  register_module("ffn_norm", ffn_norm);
+}
+
+Tensor BertLayer::self_attention(const Tensor& x, const Tensor& key_mask,
+                                 const AttentionTerms& terms, Generator& gen) const {
+  const int64_t b = x.size(0), t = x.size(1), h = config_.num_heads, dh = config_.head_size();
+  // (B, T, 3d) -> (3, B, H, T, d_h): views, no copies.
+  Tensor qkv5 = qkv.forward(x).view({b, t, 3, h, dh}).permute({2, 0, 3, 1, 4});
+  Tensor q = qkv5.select(0, 0), k = qkv5.select(0, 1), v = qkv5.select(0, 2);
+  const PositionConfig& p = config_.position;
+  double scale = 1.0 / std::sqrt(double(dh));
+  if (p.attention == AttentionPosition::untied) scale = 1.0 / std::sqrt(2.0 * double(dh));
+  if (p.attention == AttentionPosition::decomposed) {
+    // (q + pU^Q) . (k + pU^K) = q.k + q.pU^K + pU^Q.k + pU^Q.pU^K: the four terms in one
+    // product of the usual width (the (1, H, T, d_h) terms broadcast over the batch).
+    q = q + terms.pos_query;
+    k = k + terms.pos_key;
+    scale = 1.0 / std::sqrt(4.0 * double(dh));
+  }
+  const bool training = this->training();
+  const double p_drop = training ? config_.attention_dropout : 0.0;
+  Tensor ctx;  // (B, H, T, d_h)
+  if (!terms.shaw_table.defined()) {
+    engine::AttentionOptions opt;
+    opt.scale = scale;
+    opt.bias = terms.bias;
+    opt.key_mask = key_mask;
+    opt.dropout_p = p_drop;
+    opt.training = training;
+    opt.generator = &gen;
+    ctx = engine::attention(q, k, v, opt);
+  } else {
+    // Shaw: logits q_i.(k_j + a_c(j-i)) scale, values v_j + a_c(j-i). The key term depends on
+    // q, so it is q A^T (B, H, T, R) gathered per (i, j), never a (T, T, d_h) tensor.
+    const Tensor& a = terms.shaw_table;  // (R, d_h)
+    const int64_t r = a.size(0);
+    Tensor scores = engine::matmul(q, k.transpose(2, 3)) +
+                    engine::relative_gather(engine::matmul(q, a.transpose(0, 1)), terms.shaw_index);
+    scores = scores * scale;
+    Tensor mask4 = key_mask.defined() ? key_mask.view({b, 1, 1, t}) : Tensor();
+    Tensor probs = engine::softmax(scores, terms.bias, mask4);
+    probs = engine::dropout(probs, p_drop, training, gen);
+    ctx = engine::matmul(probs, v) +
+          engine::matmul(engine::relative_scatter(probs, terms.shaw_index, r), a);
+  }
+  Tensor merged = ctx.permute({0, 2, 1, 3}).reshape({b, t, h * dh});  // (B, T, d)
+  return out.forward(merged);
+}
+
+Tensor BertLayer::forward(const Tensor& x, const Tensor& key_mask, const AttentionTerms& terms,
+                          Generator& gen) const {
+  const bool training = this->training();
+  const double p = config_.hidden_dropout;
+  auto ffn_branch = [&](const Tensor& y) { return fc2.forward(engine::gelu(fc1.forward(y))); };
+  if (config_.pre_layer_norm) {
+    Tensor y = x + engine::dropout(self_attention(attention_norm.forward(x), key_mask, terms, gen),
+                                   p, training, gen);
+    return y + engine::dropout(ffn_branch(ffn_norm.forward(y)), p, training, gen);
+  }
+  Tensor y = attention_norm.forward(
+      x + engine::dropout(self_attention(x, key_mask, terms, gen), p, training, gen));
+  return ffn_norm.forward(y + engine::dropout(ffn_branch(y), p, training, gen));
+}
+
+// ---- the model ---------------------------------------------------------------------------------
+
+BertModel::BertModel(const BertConfig& c, Generator& gen) : config_(c) {
+  c.validate();
+  const int64_t d = c.hidden_size;
+  token_embedding =
+      embeddings.register_parameter("token", Tensor::randn({c.vocab_size, d}, gen, 0.0, c.init_std));
+  if (c.type_vocab_size > 0)
+    segment_embedding = embeddings.register_parameter(
+        "segment", Tensor::randn({c.type_vocab_size, d}, gen, 0.0, c.init_std));
+  embedding_norm = std::make_unique<LayerNorm>(d, c.layer_norm_eps);
+  embeddings.register_module("norm", *embedding_norm);
+  register_module("embeddings", embeddings);
+
+  position = std::make_unique<PositionEncoding>(c, gen);
+  register_module("position", *position);
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    layers.push_back(std::make_unique<BertLayer>(c, gen));
+    layer_list.register_module(std::to_string(l), *layers.back());
+  }
+  encoder.register_module("layer", layer_list);
+  if (c.pre_layer_norm) {
+    final_norm = std::make_unique<LayerNorm>(d, c.layer_norm_eps);
+    encoder.register_module("final_norm", *final_norm);
+  }
+  register_module("encoder", encoder);
+}
+
+Tensor BertModel::forward(const BertInputs& in, Generator& gen) const {
+  const Tensor& ids = in.input_ids;
+  ENGINE_CHECK(ids.defined() && ids.dim() == 2, "[bert] input_ids must be (B, T), got ",
+               engine::describe(ids));
+  const int64_t b = ids.size(0), t = ids.size(1);
+  if (in.attention_mask.defined())
+    ENGINE_CHECK(in.attention_mask.shape() == ids.shape(), "[bert] attention_mask ",
+                 engine::describe(in.attention_mask), " does not match input_ids ", engine::describe(ids));
+  if (in.token_type_ids.defined()) {
+    ENGINE_CHECK(config_.type_vocab_size > 0,
+                 "[bert] token_type_ids given but the model has no segment embeddings (type_vocab_size 0)");
+    ENGINE_CHECK(in.token_type_ids.shape() == ids.shape(), "[bert] token_type_ids ",
+                 engine::describe(in.token_type_ids), " does not match input_ids ", engine::describe(ids));
+  }
+  const bool training = this->training();
+  Tensor x = engine::embedding(token_embedding, ids);  // (B, T, d)
+  if (segment_embedding.defined()) {
+    Tensor types = in.token_type_ids.defined() ? in.token_type_ids
+                                               : Tensor::zeros({b, t}, DType::i64, ids.device());
+    x = x + engine::embedding(segment_embedding, types);
+  }
+  Tensor pos = position->input_term(t);  // (T, d), broadcast over the batch
+  if (pos.defined()) x = x + pos.to(x.device());
+  x = engine::dropout(embedding_norm->forward(x), config_.hidden_dropout, training, gen);
+
+  // Once per forward: every layer adds the same (1, H, T, T) term, so its gradient is summed
+  // over layers and batch by the autograd graph, and it is never copied per example.
+  last_terms_ = position->attention_terms(t);
+  ++terms_computed_;
+  for (const auto& layer : layers) x = layer->forward(x, in.attention_mask, last_terms_, gen);
+  if (final_norm) x = final_norm->forward(x);
+  return x;
+}
+
+BertForMaskedLM::BertForMaskedLM(const BertConfig& c, uint64_t seed)
+    : init_(seed),
+      bert(c, init_),
+      dense(c.hidden_size, c.hidden_size, init_, c.init_std),
+      norm(c.hidden_size, c.layer_norm_eps) {
+  register_module("bert", bert);
+  mlm.register_module("dense", dense);
+  mlm.register_module("norm", norm);
+  decoder_bias = mlm.register_parameter("decoder_bias", Tensor::zeros({c.vocab_size}));
+  register_module("mlm", mlm);
+}
+
+MlmOutput BertForMaskedLM::forward(const BertInputs& in, const Tensor& labels, Generator& gen) const {
+  const BertConfig& c = config();
+  ENGINE_CHECK(labels.defined() && labels.shape() == in.input_ids.shape(), "[bert] labels ",
+               engine::describe(labels), " must match input_ids ", engine::describe(in.input_ids));
+  Tensor hidden = bert.forward(in, gen);  // (B, T, d)
+  // Gather the predicted positions first: the head and the (M, V) logits only for those.
+  std::vector<int64_t> lab = labels.to(engine::Device::cpu()).to(DType::i64).to_vector<int64_t>();
+  std::vector<int64_t> rows, targets;
+  for (size_t i = 0; i < lab.size(); ++i) {
+    if (lab[i] == -100) continue;
+    ENGINE_CHECK(lab[i] >= 0 && lab[i] < c.vocab_size, "[bert] label ", lab[i], " at flat position ", i,
+                 " is outside [0, vocab_size ", c.vocab_size, ") and is not -100");
+    rows.push_back(int64_t(i));
+    targets.push_back(lab[i]);
+  }
+  ENGINE_CHECK(!rows.empty(), "[bert] no position to predict: every label is -100");
+  const int64_t m = int64_t(rows.size());
+  const engine::Device dev = hidden.device();
+  Tensor flat = hidden.reshape({hidden.size(0) * hidden.size(1), c.hidden_size});
+  Tensor h = engine::index_select(flat, Tensor::from_vector<int64_t>(rows, {m}).to(dev));  // (M, d)
+  h = norm.forward(engine::gelu(dense.forward(h)));
+  MlmOutput out;
+  out.logits = engine::linear(h, bert.token_embedding, decoder_bias);  // (M, V), tied decoder
+  out.targets = Tensor::from_vector<int64_t>(targets, {m}).to(dev);
+  out.loss = engine::cross_entropy(out.logits, out.targets);
+  return out;
+}
+
+}  // namespace models

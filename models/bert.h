@@ -1,0 +1,169 @@
+// A hand-written BERT encoder with every positional encoding of docs/positional-encodings.md,
+// and the masked-LM head. Models call ops (ops/ops.h), never kernels.
+//
+// Parameter names (the checkpoint names, docs/checkpoint.md):
+//   bert.embeddings.token (V, d), bert.embeddings.segment (S, d), bert.embeddings.norm.{weight,bias}
+//   bert.position.*                      the positional parameters of the preset (shared by layers)
+//   bert.encoder.layer.<l>.attention.qkv.{weight (3d, d), bias}  rows: Q | K | V, heads contiguous
+//   bert.encoder.layer.<l>.attention.out.{weight, bias}
+//   bert.encoder.layer.<l>.attention_norm.{weight, bias}
+//   bert.encoder.layer.<l>.ffn.fc1.{weight (F, d), bias}, ffn.fc2.{weight (d, F), bias}
+//   bert.encoder.layer.<l>.ffn_norm.{weight, bias}
+//   bert.encoder.final_norm.{weight, bias}        (pre-LN only)
+//   mlm.dense.{weight, bias}, mlm.norm.{weight, bias}, mlm.decoder_bias (V)  (decoder tied to the
+//   token embedding)
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/module.h"
+#include "engine/rng.h"
+#include "engine/tensor.h"
+#include "models/bert_config.h"
+
+namespace models {
+
+using engine::Generator;
+using engine::Tensor;
+
+// Weights N(0, std), bias 0.
+class Linear : public engine::Module {
+ public:
+  Linear(int64_t in, int64_t out, Generator& gen, double std, bool bias = true);
+  Tensor forward(const Tensor& x) const;  // (..., in) -> (..., out)
+  Tensor weight, bias;  // (out, in), (out)
+};
+
+// gamma 1, beta 0.
+class LayerNorm : public engine::Module {
+ public:
+  LayerNorm(int64_t width, double eps);
+  Tensor forward(const Tensor& x) const;
+  Tensor weight, bias;
+  double eps;
+};
+
+// T5's bidirectional bucket of the relative position r = j - i: `num_buckets / 2` per direction,
+// exact below a quarter of num_buckets, then logarithmic up to max_distance; r > 0 adds
+// num_buckets / 2. Boundaries are those of exact arithmetic (a float log can shift one by one).
+int64_t t5_bucket(int64_t r, int64_t num_buckets = 32, int64_t max_distance = 128);
+
+// The positional terms of one forward, computed once and shared by every layer.
+struct AttentionTerms {
+  Tensor bias;         // (1, H, T, T) additive logits (TUPE's term, T5 bias) or undefined
+  Tensor shaw_table;   // (R, d_h) relative vectors a_r (Shaw presets) or undefined
+  Tensor shaw_index;   // (T, T) i64: c(j - i) + clip
+  Tensor pos_query;    // (1, H, T, d_h) p U^Q (bert_a_d) or undefined
+  Tensor pos_key;      // (1, H, T, d_h) p U^K (bert_a_d)
+};
+
+// Every positional parameter of a preset ("bert.position.*"):
+//   table (Tmax, d)                 learned positions (bert_a, bert_r, tupe_*, bert_a_d)
+//   freq (d/2)                      learnable_sin_ape frequencies
+//   norm.{weight,bias}              TUPE's LN on positions
+//   query.{weight,bias}, key.{...}  U^Q, U^K (tupe_*, bert_a_d)
+//   cls_theta (2, d)                p_theta1, p_theta2 (tupe_a, tupe_r)
+//   relative_table (buckets[+2], H) T5 bias (bert_r, tupe_r; +2 [CLS] rows with cls_reset: code)
+//   shaw_table (2 clip + 1, d_h)    learned_rpe;  shaw_freq (d_h / 2): learnable_sin_rpe
+class PositionEncoding : public engine::Module {
+ public:
+  PositionEncoding(const BertConfig& config, Generator& gen);
+  // (T, d) added to the token embeddings before the input LayerNorm, or undefined.
+  Tensor input_term(int64_t seq_len) const;
+  AttentionTerms attention_terms(int64_t seq_len) const;
+  // TUPE's (1, H, T, T) term before adding the relative bias or the reset (for tests and dumps).
+  Tensor untied_term(int64_t seq_len) const;
+  // theta1, theta2 (each (H)) of TUPE's [CLS] reset.
+  std::pair<Tensor, Tensor> cls_thetas() const;
+  // The (T, T) bucket map used by the relative table (with [CLS] rows for cls_reset: code).
+  std::vector<int64_t> relative_buckets(int64_t seq_len) const;
+
+  Tensor table, freq, cls_theta, relative_table, shaw_table, shaw_freq;
+  std::unique_ptr<LayerNorm> norm;
+  std::unique_ptr<Linear> query, key;
+
+ private:
+  void check_length(int64_t seq_len) const;
+  Tensor projected_positions(int64_t seq_len, Tensor* pk) const;  // (H, T+2?, d_h) pairs
+  BertConfig config_;
+  Tensor fixed_shaw_;  // sin_rpe's constant table
+};
+
+class BertLayer : public engine::Module {
+ public:
+  BertLayer(const BertConfig& config, Generator& gen);
+  // x (B, T, d); key_mask (B, T) or undefined.
+  Tensor forward(const Tensor& x, const Tensor& key_mask, const AttentionTerms& terms,
+                 Generator& gen) const;
+
+  engine::Module attention, ffn;  // name scopes: attention.{qkv,out}, ffn.{fc1,fc2}
+  Linear qkv, out, fc1, fc2;
+  LayerNorm attention_norm, ffn_norm;
+
+ private:
+  Tensor self_attention(const Tensor& x, const Tensor& key_mask, const AttentionTerms& terms,
+                        Generator& gen) const;
+  BertConfig config_;
+};
+
+struct BertInputs {
+  Tensor input_ids;       // (B, T) i64
+  Tensor attention_mask;  // (B, T): 1 = token, 0 = padding; undefined = all tokens
+  Tensor token_type_ids;  // (B, T) i64 or undefined (only with type_vocab_size > 0)
+};
+
+class BertModel : public engine::Module {
+ public:
+  // Parameters drawn from `init` in registration order (N(0, init_std) weights, zero biases,
+  // LayerNorm 1/0, sinusoid frequencies at their formula).
+  BertModel(const BertConfig& config, Generator& init);
+  // -> (B, T, d), the last layer's output. Dropout follows training() and draws from `gen`.
+  Tensor forward(const BertInputs& inputs, Generator& gen) const;
+  const BertConfig& config() const { return config_; }
+
+  // How many times the positional attention terms were computed (once per forward) and those of
+  // the last forward: for tests and the positional dumps.
+  int64_t attention_terms_computed() const { return terms_computed_; }
+  const AttentionTerms& last_attention_terms() const { return last_terms_; }
+
+  engine::Module embeddings, encoder, layer_list;
+  Tensor token_embedding, segment_embedding;
+  std::unique_ptr<LayerNorm> embedding_norm, final_norm;
+  std::unique_ptr<PositionEncoding> position;
+  std::vector<std::unique_ptr<BertLayer>> layers;
+
+ private:
+  BertConfig config_;
+  mutable int64_t terms_computed_ = 0;
+  mutable AttentionTerms last_terms_;
+};
+
+struct MlmOutput {
+  Tensor loss;     // scalar f32: mean cross-entropy over the predicted positions
+  Tensor logits;   // (M, V) at the predicted positions, in row-major (b, t) order
+  Tensor targets;  // (M) i64
+};
+
+// BERT + the masked-LM head: dense -> GELU -> LayerNorm -> decoder tied to the token embedding
+// + bias, evaluated only at the positions whose label is not -100 (gathered first).
+class BertForMaskedLM : public engine::Module {
+ public:
+  BertForMaskedLM(const BertConfig& config, uint64_t seed);
+ private:
+  Generator init_;  // declared first: the members below draw their initial values from it
+ public:
+  // labels (B, T) i64: the token to predict, or -100.
+  MlmOutput forward(const BertInputs& inputs, const Tensor& labels, Generator& gen) const;
+  const BertConfig& config() const { return bert.config(); }
+
+  BertModel bert;
+  engine::Module mlm;
+  Linear dense;
+  LayerNorm norm;
+  Tensor decoder_bias;
+};
+
+
+}  // namespace models

@@ -1,0 +1,84 @@
+// The BERT encoder's configuration: sizes, dropout, post/pre-LN, and the positional encoding
+// (a preset from docs/positional-encodings.md resolved into the parts it switches on). Read from
+// the `model:` section of a YAML config, and stored as JSON in checkpoints so they describe
+// themselves.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+
+namespace models {
+
+// What is added to the token embedding before the input LayerNorm.
+enum class InputPosition { none, learned, sinusoid, learnable_sinusoid };
+// Relative terms inside attention.
+enum class RelativePosition {
+  none,
+  t5_bias,             // b_h[bucket(j - i)], per head, shared by all layers (bert_r, tupe_r)
+  shaw_learned,        // q_i . (k_j + a_c(j-i)), values + a_c(j-i) (learned_rpe)
+  shaw_sinusoid,       // the same with fixed sinusoids (sin_rpe)
+  shaw_learnable_sinusoid,  // ... with learnable frequencies (learnable_sin_rpe)
+};
+// Absolute positions inside attention.
+enum class AttentionPosition {
+  none,
+  untied,      // TUPE: (p^ U^Q)(p^ U^K)^T / sqrt(2 d_h), one (1, H, T, T) term per forward
+  decomposed,  // bert_a_d: the four-term expansion with p U^Q, p U^K, / sqrt(4 d_h)
+};
+enum class ClsReset { none, paper, code };
+
+struct PositionConfig {
+  std::string preset = "bert_a";
+  InputPosition input = InputPosition::learned;
+  RelativePosition relative = RelativePosition::none;
+  AttentionPosition attention = AttentionPosition::none;
+  ClsReset cls_reset = ClsReset::none;  // TUPE's [CLS] reset; `paper` or `code` for tupe_a/tupe_r
+  int64_t relative_buckets = 32;        // T5 buckets (both directions together)
+  int64_t relative_max_distance = 128;  // T5 max distance
+  int64_t rpe_clip = 64;                // Shaw: c(r) = clip(r, -rpe_clip, rpe_clip)
+
+  bool has_position_table() const;  // a learned (max_positions, d) table exists
+  // T5 bias-table rows: the buckets, plus two for [CLS] with cls_reset: code.
+  int64_t relative_bias_rows() const;
+};
+
+// Every preset name a config accepts (the 13 rows of the second paper plus TUPE's presets).
+const std::vector<std::string>& position_presets();
+// Fills the parts of `pc` that `preset` switches on; `cls_reset` is "paper" or "code".
+void apply_position_preset(PositionConfig& pc, const std::string& preset,
+                           const std::string& cls_reset = "paper");
+
+struct BertConfig {
+  int64_t vocab_size = 32768;
+  int64_t hidden_size = 768;
+  int64_t num_layers = 12;
+  int64_t num_heads = 12;
+  int64_t ffn_size = 3072;
+  int64_t max_positions = 512;  // rows of learned position tables
+  int64_t type_vocab_size = 0;  // 0 (RoBERTa style, the papers' setting) or 2 (original BERT)
+  double layer_norm_eps = 1e-12;
+  double hidden_dropout = 0.1;     // embeddings and residual branches
+  double attention_dropout = 0.1;  // attention probabilities
+  bool pre_layer_norm = false;     // post-LN (BERT) by default
+  double init_std = 0.02;
+  PositionConfig position;
+
+  int64_t head_size() const { return hidden_size / num_heads; }
+  void validate() const;  // sizes positive, heads divide width, preset consistent; clear errors
+
+  // `size: base | large | custom` sets the sizes, and explicit keys override them.
+  static BertConfig from_config(const engine::ConfigSection& model);
+  std::string to_json() const;
+  static BertConfig from_json(const std::string& json, const std::string& source);
+  bool operator==(const BertConfig& o) const { return to_json() == o.to_json(); }
+  // The first key (as "position.preset") whose value differs, with both values, or "" if equal.
+  std::string first_difference(const BertConfig& other) const;
+};
+
+BertConfig bert_base();
+BertConfig bert_large();
+
+}  // namespace models

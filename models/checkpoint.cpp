@@ -1,0 +1,100 @@
+// Checkpoints and MLM batch files (see checkpoint.h).
+#include "models/checkpoint.h"
+
+#include <set>
+
+#include "engine/error.h"
+
+namespace models {
+
+using engine::DType;
+
+void save_checkpoint(const std::string& path, const BertForMaskedLM& model,
+                     engine::SafetensorsMetadata extra) {
+  extra[kConfigKey] = model.config().to_json();
+  extra[kKindKey] = "bert_mlm";
+  extra["format"] = "pt";  // lets Hugging Face's safetensors tools open it
+  engine::NamedTensors tensors;
+  for (auto& [name, t] : model.named_parameters()) tensors.emplace_back(name, t.detach());
+  engine::save_safetensors(path, tensors, extra);
+}
+
+BertConfig read_checkpoint_config(const std::string& path) {
+  engine::SafetensorsMetadata meta = engine::read_safetensors_metadata(path);
+  auto it = meta.find(kConfigKey);
+  ENGINE_CHECK(it != meta.end(), "[checkpoint] ", path, ": no '", kConfigKey,
+               "' in the metadata; not a checkpoint written by this engine");
+  return BertConfig::from_json(it->second, path);
+}
+
+void load_checkpoint(const std::string& path, BertForMaskedLM& model) {
+  engine::load_safetensors_into(path, model.named_parameters());
+}
+
+namespace {
+
+Tensor batch_tensor(const engine::SafetensorsContents& c, const std::string& path,
+                    const std::string& name, bool required) {
+  for (auto& [n, t] : c.tensors) {
+    if (n != name) continue;
+    const DType dt = t.dtype();
+    ENGINE_CHECK(dt == DType::i64 || dt == DType::i32 || dt == DType::u8, "[batch] ", path, ": '", name,
+                 "' must hold integers (I64, I32 or U8), got ", engine::dtype_name(dt));
+    ENGINE_CHECK(t.dim() == 2, "[batch] ", path, ": '", name, "' must be (B, T), got shape ",
+                 engine::shape_str(t.shape()));
+    return t.to(DType::i64);
+  }
+  ENGINE_CHECK(!required, "[batch] ", path, ": missing tensor '", name,
+               "' (a batch holds input_ids, attention_mask, labels and optionally token_type_ids)");
+  return Tensor();
+}
+
+void check_range(const Tensor& t, const std::string& path, const char* name, int64_t lo, int64_t hi,
+                 int64_t also, const std::string& what) {
+  std::vector<int64_t> v = t.to_vector<int64_t>();
+  const int64_t cols = t.size(1);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if ((v[i] >= lo && v[i] < hi) || v[i] == also) continue;
+    ENGINE_FAIL("[batch] ", path, ": ", name, "[", int64_t(i) / cols, ", ", int64_t(i) % cols, "] = ", v[i],
+                " is not ", what);
+  }
+}
+
+}  // namespace
+
+MlmBatch load_mlm_batch(const std::string& path, const BertConfig& config) {
+  engine::SafetensorsContents c = engine::load_safetensors(path);
+  static const std::set<std::string> known = {"input_ids", "attention_mask", "labels", "token_type_ids"};
+  for (auto& [n, t] : c.tensors)
+    ENGINE_CHECK(known.count(n), "[batch] ", path, ": unexpected tensor '", n,
+                 "' (a batch holds input_ids, attention_mask, labels and optionally token_type_ids)");
+  MlmBatch b;
+  b.inputs.input_ids = batch_tensor(c, path, "input_ids", true);
+  b.inputs.attention_mask = batch_tensor(c, path, "attention_mask", true);
+  b.labels = batch_tensor(c, path, "labels", true);
+  b.inputs.token_type_ids = batch_tensor(c, path, "token_type_ids", false);
+  const engine::Shape& shape = b.inputs.input_ids.shape();
+  auto same = [&](const Tensor& t, const char* name) {
+    if (t.defined())
+      ENGINE_CHECK(t.shape() == shape, "[batch] ", path, ": '", name, "' has shape ",
+                   engine::shape_str(t.shape()), " but input_ids has ", engine::shape_str(shape));
+  };
+  same(b.inputs.attention_mask, "attention_mask");
+  same(b.labels, "labels");
+  same(b.inputs.token_type_ids, "token_type_ids");
+  ENGINE_CHECK(shape[0] > 0 && shape[1] > 0, "[batch] ", path, ": empty batch ", engine::shape_str(shape));
+  check_range(b.inputs.input_ids, path, "input_ids", 0, config.vocab_size, 0,
+              "a token id in [0, vocab_size " + std::to_string(config.vocab_size) + ")");
+  check_range(b.inputs.attention_mask, path, "attention_mask", 0, 2, 0, "0 or 1");
+  check_range(b.labels, path, "labels", 0, config.vocab_size, -100,
+              "-100 or a token id in [0, vocab_size " + std::to_string(config.vocab_size) + ")");
+  if (b.inputs.token_type_ids.defined()) {
+    ENGINE_CHECK(config.type_vocab_size > 0, "[batch] ", path,
+                 ": has token_type_ids but the model has no segment embeddings (model.type_vocab_size 0)");
+    check_range(b.inputs.token_type_ids, path, "token_type_ids", 0, config.type_vocab_size, 0,
+                "a segment id in [0, type_vocab_size " + std::to_string(config.type_vocab_size) + ")");
+  }
+  return b;
+}
+
+}  // namespace models

@@ -1,0 +1,34 @@
+// Model checkpoints and MLM batch files, both safetensors (engine/safetensors.h). A checkpoint holds
+// every parameter in f32 under its model name (docs/checkpoint.md) and the model config as JSON in
+// the header's metadata, so it describes itself.
+#pragma once
+
+#include <string>
+
+#include "engine/safetensors.h"
+#include "models/bert.h"
+
+namespace models {
+
+// Metadata keys.
+inline constexpr const char* kConfigKey = "engine.model_config";  // BertConfig::to_json()
+inline constexpr const char* kKindKey = "engine.model";           // "bert_mlm"
+
+void save_checkpoint(const std::string& path, const BertForMaskedLM& model,
+                     engine::SafetensorsMetadata extra = {});
+// The config stored in a checkpoint; a clear error when it has none or it is invalid.
+BertConfig read_checkpoint_config(const std::string& path);
+// Loads the parameters (names, shapes and dtypes checked; the first mismatch is named).
+void load_checkpoint(const std::string& path, BertForMaskedLM& model);
+
+struct MlmBatch {
+  BertInputs inputs;
+  Tensor labels;  // (B, T) i64, -100 = not predicted
+};
+// A safetensors file with input_ids (B, T), attention_mask (B, T) of 0/1, labels (B, T) with -100
+// for unpredicted positions, and optionally token_type_ids (B, T); any integer dtype. Values are
+// checked against the config (ids < vocab_size, types < type_vocab_size) with errors naming the
+// file, the tensor and the first bad position.
+MlmBatch load_mlm_batch(const std::string& path, const BertConfig& config);
+
+}  // namespace models

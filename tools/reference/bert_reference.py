@@ -1,0 +1,219 @@
+"""An independent PyTorch implementation of the engine's BERT + MLM head for every positional
+preset of docs/positional-encodings.md, reading the engine's checkpoints (parameter names of
+docs/checkpoint.md, model config in the safetensors metadata).
+
+It is written from the formulas, not from the engine's code, and deliberately takes other routes
+where the engine is clever: Shaw's relative vectors are materialised as a (T, T, d_h) tensor, the
+T5 buckets come from exact integer comparisons, the [CLS] reset is an indexed assignment, and
+bert_a_d's four terms are four separate products.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+# preset -> (input positions, relative term, absolute term in attention)
+_SINGLES = {
+    "no_pe": ("none", "none", "none"),
+    "bert_a": ("learned", "none", "none"),
+    "sin_ape": ("sin", "none", "none"),
+    "learnable_sin_ape": ("learnable_sin", "none", "none"),
+    "bert_r": ("learned", "t5", "none"),
+    "learned_rpe": ("none", "shaw", "none"),
+    "sin_rpe": ("none", "shaw_sin", "none"),
+    "learnable_sin_rpe": ("none", "shaw_learnable_sin", "none"),
+    "tupe_a": ("none", "none", "untied"),
+    "tupe_r": ("none", "t5", "untied"),
+    "tupe_a_tie_cls": ("none", "none", "untied"),
+    "bert_a_d": ("none", "none", "decomposed"),
+}
+
+
+def parts(preset):
+    if "+" in preset:
+        a, r = preset.split("+")
+        return _SINGLES[a][0], _SINGLES[r][1], "none"
+    return _SINGLES[preset]
+
+
+def t5_bucket(r, num_buckets=32, max_distance=128):
+    """Exact: the largest b with n >= max_exact * (max_distance / max_exact) ** (b / (half - max_exact)),
+    compared as integers, n ** k * me ** b >= md ** b * me ** k."""
+    half = num_buckets // 2
+    me = half // 2
+    k = half - me
+    base = half if r > 0 else 0
+    n = abs(r)
+    if n < me:
+        return base + n
+    b = 0
+    while b + 1 < k and n ** k * me ** (b + 1) >= max_distance ** (b + 1) * me ** k:
+        b += 1
+    return base + me + b
+
+
+def sinusoid(pos, freqs):
+    ang = pos[:, None] * freqs[None, :]
+    return torch.stack([torch.sin(ang), torch.cos(ang)], dim=-1).reshape(pos.shape[0], -1)
+
+
+def freqs_for(width):
+    return torch.tensor([10000.0 ** (-2.0 * k / width) for k in range(width // 2)], dtype=torch.float32)
+
+
+def layer_norm(x, P, prefix, eps):
+    return F.layer_norm(x, x.shape[-1:], P[prefix + ".weight"], P[prefix + ".bias"], eps)
+
+
+def linear(x, P, prefix):
+    return F.linear(x, P[prefix + ".weight"], P[prefix + ".bias"])
+
+
+class Reference:
+    def __init__(self, cfg, params):
+        """cfg: the engine's model config (dict); params: name -> tensor (made leaves here)."""
+        self.cfg = cfg
+        self.P = {n: t.detach().clone().float().requires_grad_(True) for n, t in params.items()}
+        pos = cfg["position"]
+        self.input, self.relative, self.absolute = parts(pos["preset"])
+        self.reset = pos["preset"] in ("tupe_a", "tupe_r")
+        self.cls_code = self.reset and pos["cls_reset"] == "code"
+
+    # ---- positional terms ------------------------------------------------------------------
+    def _heads(self, x):  # (n, d) -> (H, n, d_h)
+        H = self.cfg["num_heads"]
+        return x.view(x.shape[0], H, -1).transpose(0, 1)
+
+    def _t5_bias(self, T):
+        pos = self.cfg["position"]
+        nb = pos["relative_buckets"]
+        idx = [[t5_bucket(j - i, nb, pos["relative_max_distance"]) for j in range(T)] for i in range(T)]
+        idx = torch.tensor(idx)
+        if self.cls_code:
+            idx[:, 0] = nb + 1   # others -> [CLS]
+            idx[0, :] = nb       # [CLS] -> others, including itself
+        return self.P["bert.position.relative_table"][idx].permute(2, 0, 1)  # (H, T, T)
+
+    def _untied(self, T):
+        P, cfg = self.P, self.cfg
+        dh = cfg["hidden_size"] // cfg["num_heads"]
+        rows = P["bert.position.table"][:T]
+        if self.reset:
+            rows = torch.cat([rows, P["bert.position.cls_theta"]], 0)
+        rows = layer_norm(rows, P, "bert.position.norm", cfg["layer_norm_eps"])
+        pq = self._heads(linear(rows, P, "bert.position.query"))
+        pk = self._heads(linear(rows, P, "bert.position.key"))
+        s = 1.0 / math.sqrt(2 * dh)
+        v = pq[:, :T] @ pk[:, :T].transpose(1, 2) * s
+        rel = self._t5_bias(T) if self.relative == "t5" else None
+        if rel is not None and not self.cls_code:
+            v = v + rel
+        if self.reset:
+            th1 = (pq[:, T] * pk[:, T]).sum(-1) * s
+            th2 = (pq[:, T + 1] * pk[:, T + 1]).sum(-1) * s
+            v = v.clone()
+            v[:, 0, :] = th1[:, None].expand(-1, T)
+            v[:, 1:, 0] = th2[:, None].expand(-1, T - 1)
+        if rel is not None and self.cls_code:
+            v = v + rel
+        return v
+
+    def _shaw_table(self):
+        pos, P = self.cfg["position"], self.P
+        c = pos["rpe_clip"]
+        dh = self.cfg["hidden_size"] // self.cfg["num_heads"]
+        r = torch.arange(-c, c + 1, dtype=torch.float32)
+        if self.relative == "shaw":
+            return P["bert.position.shaw_table"]
+        if self.relative == "shaw_sin":
+            return sinusoid(r, freqs_for(dh))
+        return sinusoid(r, P["bert.position.shaw_freq"])
+
+    # ---- the model -------------------------------------------------------------------------
+    def encode(self, ids, mask, types):
+        P, cfg = self.P, self.cfg
+        B, T = ids.shape
+        d, H = cfg["hidden_size"], cfg["num_heads"]
+        dh = d // H
+        eps = cfg["layer_norm_eps"]
+        x = P["bert.embeddings.token"][ids]
+        if cfg["type_vocab_size"] > 0:
+            x = x + P["bert.embeddings.segment"][types if types is not None else torch.zeros_like(ids)]
+        if self.input == "learned":
+            x = x + P["bert.position.table"][:T]
+        elif self.input == "sin":
+            x = x + sinusoid(torch.arange(T, dtype=torch.float32), freqs_for(d))
+        elif self.input == "learnable_sin":
+            x = x + sinusoid(torch.arange(T, dtype=torch.float32), P["bert.position.freq"])
+        x = layer_norm(x, P, "bert.embeddings.norm", eps)
+
+        bias = None
+        if self.absolute == "untied":
+            bias = self._untied(T)
+        elif self.relative == "t5":
+            bias = self._t5_bias(T)
+        shaw = None
+        if self.relative.startswith("shaw"):
+            c = cfg["position"]["rpe_clip"]
+            idx = torch.tensor([[max(-c, min(c, j - i)) + c for j in range(T)] for i in range(T)])
+            shaw = self._shaw_table()[idx]  # (T, T, d_h)
+        pq = pk = None
+        if self.absolute == "decomposed":
+            p = P["bert.position.table"][:T]
+            pq = self._heads(linear(p, P, "bert.position.query"))[None]
+            pk = self._heads(linear(p, P, "bert.position.key"))[None]
+
+        keep = mask[:, None, None, :] != 0
+        for l in range(cfg["num_layers"]):
+            pre = f"bert.encoder.layer.{l}."
+
+            def attn(h):
+                qkv = linear(h, P, pre + "attention.qkv").view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)
+                q, k, v = qkv[0], qkv[1], qkv[2]
+                if self.absolute == "decomposed":
+                    logits = (q @ k.transpose(-1, -2) + q @ pk.transpose(-1, -2) +
+                              pq @ k.transpose(-1, -2) + pq @ pk.transpose(-1, -2)) / math.sqrt(4 * dh)
+                elif self.absolute == "untied":
+                    logits = q @ k.transpose(-1, -2) / math.sqrt(2 * dh)
+                else:
+                    logits = q @ k.transpose(-1, -2) / math.sqrt(dh)
+                if shaw is not None:
+                    logits = logits + torch.einsum("bhid,ijd->bhij", q, shaw) / math.sqrt(dh)
+                if bias is not None:
+                    logits = logits + bias[None]
+                probs = torch.softmax(logits.masked_fill(~keep, float("-inf")), dim=-1)
+                out = probs @ v
+                if shaw is not None:
+                    out = out + torch.einsum("bhij,ijd->bhid", probs, shaw)
+                return linear(out.transpose(1, 2).reshape(B, T, d), P, pre + "attention.out")
+
+            def ffn(h):
+                return linear(F.gelu(linear(h, P, pre + "ffn.fc1")), P, pre + "ffn.fc2")
+
+            if cfg["pre_layer_norm"]:
+                x = x + attn(layer_norm(x, P, pre + "attention_norm", eps))
+                x = x + ffn(layer_norm(x, P, pre + "ffn_norm", eps))
+            else:
+                x = layer_norm(x + attn(x), P, pre + "attention_norm", eps)
+                x = layer_norm(x + ffn(x), P, pre + "ffn_norm", eps)
+        if cfg["pre_layer_norm"]:
+            x = layer_norm(x, P, "bert.encoder.final_norm", eps)
+        return x
+
+    def mlm(self, ids, mask, types, labels):
+        """-> (loss, logits at the predicted positions in row-major order)."""
+        P, cfg = self.P, self.cfg
+        x = self.encode(ids, mask, types)
+        flat = x.reshape(-1, cfg["hidden_size"])
+        lab = labels.reshape(-1)
+        sel = lab != -100
+        h = F.gelu(linear(flat[sel], P, "mlm.dense"))
+        h = layer_norm(h, P, "mlm.norm", cfg["layer_norm_eps"])
+        logits = h @ P["bert.embeddings.token"].t() + P["mlm.decoder_bias"]
+        return F.cross_entropy(logits, lab[sel]), logits
+
+
+def no_weight_decay(name):
+    """Biases and LayerNorm parameters are not decayed (BERT's rule)."""
+    comps = name.split(".")
+    return comps[-1] in ("bias", "decoder_bias") or (len(comps) > 1 and "norm" in comps[-2])

@@ -1,0 +1,205 @@
+#!/usr/bin/python3
+"""Checks the engine's BERT against the PyTorch reference for one positional preset.
+
+  1. writes a tiny config and a batch (padding, segment ids, -100 labels) into --workdir;
+  2. runs `pretrain_app --steps 0 --save init --dump dump` (initial model, loss, logits, every
+     parameter's gradient) and `pretrain_app --init init --steps N` (the loss trajectory);
+  3. loads the same checkpoint and batch into bert_reference.Reference and compares: loss,
+     logits and every gradient (relative error max|a - b| / max|b| per tensor), then N AdamW
+     steps' losses. Exit 0 when every error is within --tol, 1 otherwise, 77 when PyTorch is
+     missing (CTest reports the test as skipped, with the reason printed).
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+try:
+    import numpy as np
+    import torch
+except ImportError as e:  # pragma: no cover
+    print(f"SKIPPED: the PyTorch reference needs python3-torch and python3-numpy ({e}); "
+          "tools/test.sh installs them")
+    sys.exit(77)
+
+import bert_reference as ref  # noqa: E402
+import safetensors_io as st  # noqa: E402
+
+
+def write_config(path, preset, args):
+    shaw = "rpe" in preset
+    lines = [
+        f"seed: {args.seed}",
+        "model:",
+        f"  vocab_size: {args.vocab}",
+        f"  hidden_size: {args.width}",
+        f"  num_layers: {args.layers}",
+        f"  num_heads: {args.heads}",
+        f"  ffn_size: {4 * args.width}",
+        "  max_positions: 32",
+        f"  type_vocab_size: {args.type_vocab}",
+        "  layer_norm_eps: 1.0e-12",
+        "  hidden_dropout: 0.1      # single-batch mode turns dropout off",
+        "  attention_dropout: 0.1",
+        f"  pre_layer_norm: {'true' if args.pre_ln else 'false'}",
+        "  position:",
+        f"    preset: {preset}",
+        f"    cls_reset: {args.cls_reset}",
+    ]
+    if shaw:  # clip below T so that the clipping is exercised
+        lines.append("    rpe_clip: 6")
+    lines += ["optim:", f"  lr: {args.lr}", "  weight_decay: 0.01", "  eps: 1.0e-6"]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def write_batch(path, args):
+    g = np.random.default_rng(args.seed)
+    B, T = 3, args.seq
+    lens = [T, T - 5, T // 2]
+    ids = np.zeros((B, T), np.int64)
+    mask = np.zeros((B, T), np.int64)
+    labels = np.full((B, T), -100, np.int64)
+    for b, n in enumerate(lens):
+        ids[b, :n] = g.integers(5, args.vocab, n)
+        ids[b, 0] = 1  # [CLS]-like first token
+        mask[b, :n] = 1
+        pick = g.random(n) < 0.3
+        pick[1] = True
+        labels[b, :n][pick] = g.integers(5, args.vocab, int(pick.sum()))
+    tensors = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    if args.type_vocab > 0:
+        types = np.zeros((B, T), np.int64)
+        for b, n in enumerate(lens):
+            types[b, n // 2:n] = 1
+        tensors["token_type_ids"] = types
+    st.write(path, tensors)
+    return {k: torch.from_numpy(v) for k, v in tensors.items()}
+
+
+# Gradients that are zero in exact arithmetic (the key bias of an untied or decomposed positional
+# term adds a constant to every softmax row) come out as float noise of 1e-12..1e-9 on both
+# sides; errors are taken relative to max(max|ref|, FLOOR) so such noise is not a "relative
+# error of 100%". Every real gradient here is orders of magnitude above the floor.
+FLOOR = 1e-7
+
+
+def rel_err(a, b):
+    """max|a - b| / max(max|b|, FLOOR), per tensor."""
+    a, b = a.detach().double(), b.detach().double()
+    if a.shape != b.shape:
+        return float("inf")
+    if b.numel() == 0:
+        return 0.0
+    return (a - b).abs().max().item() / max(b.abs().max().item(), FLOOR)
+
+
+def run(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        print("FAILED:", " ".join(cmd))
+        print(p.stdout, p.stderr)
+        sys.exit(1)
+    return p.stdout
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--app", required=True, help="path to pretrain_app")
+    ap.add_argument("--preset", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=100)
+    ap.add_argument("--seq", type=int, default=16)
+    ap.add_argument("--type-vocab", type=int, default=2)
+    ap.add_argument("--cls-reset", default="paper", choices=["paper", "code"])
+    ap.add_argument("--pre-ln", action="store_true")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args()
+
+    torch.set_num_threads(1)
+    os.makedirs(args.workdir, exist_ok=True)
+    w = lambda name: os.path.join(args.workdir, name)  # noqa: E731
+    write_config(w("config.yaml"), args.preset, args)
+    batch = write_batch(w("batch.safetensors"), args)
+
+    run([args.app, "--config", w("config.yaml"), "--batch-file", w("batch.safetensors"),
+         "--steps", "0", "--save", w("init.safetensors"), "--dump", w("dump.safetensors")])
+    out = run([args.app, "--config", w("config.yaml"), "--init", w("init.safetensors"),
+               "--batch-file", w("batch.safetensors"), "--steps", str(args.steps)])
+    engine_losses = [float(m.group(2)) for m in re.finditer(r"^step (\d+) loss (\S+)$", out, re.M)]
+    if len(engine_losses) != args.steps:
+        print(f"FAILED: expected {args.steps} 'step k loss v' lines, got:\n{out}")
+        return 1
+
+    params, meta = st.read(w("init.safetensors"))
+    import json
+    cfg = json.loads(meta["engine.model_config"])
+    dump, _ = st.read(w("dump.safetensors"))
+    model = ref.Reference(cfg, params)
+    ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
+    types = batch.get("token_type_ids")
+    loss, logits = model.mlm(ids, mask, types, labels)
+    loss.backward()
+
+    errors = [("loss", rel_err(dump["loss"].reshape(()), loss)),
+              ("logits", rel_err(dump["logits"], logits))]
+    missing = []
+    for name, p in model.P.items():
+        g = dump.get("grad." + name)
+        if g is None:
+            missing.append(name)
+            continue
+        errors.append(("grad." + name, rel_err(g, p.grad if p.grad is not None else torch.zeros_like(p))))
+    extra = [n for n in dump if n.startswith("grad.") and n[5:] not in model.P]
+
+    # N AdamW steps from the same start, decay groups by the same rule.
+    model = ref.Reference(cfg, params)
+    decay = [p for n, p in model.P.items() if not ref.no_weight_decay(n)]
+    no_decay = [p for n, p in model.P.items() if ref.no_weight_decay(n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.999), eps=1e-6)
+    ref_losses = []
+    for _ in range(args.steps):
+        opt.zero_grad()
+        l, _ = model.mlm(ids, mask, types, labels)
+        l.backward()
+        ref_losses.append(l.item())
+        opt.step()
+    for k, (a, b) in enumerate(zip(engine_losses, ref_losses), 1):
+        errors.append((f"step {k} loss", abs(a - b) / abs(b)))
+
+    worst = sorted(errors, key=lambda e: -e[1])
+    print(f"preset {args.preset}: {len(model.P)} parameters, loss engine {float(dump['loss']):.7f} "
+          f"reference {loss.item():.7f}")
+    print("losses engine   :", " ".join(f"{v:.7f}" for v in engine_losses))
+    print("losses reference:", " ".join(f"{v:.7f}" for v in ref_losses))
+    print("largest relative errors:")
+    for name, e in worst[:6]:
+        print(f"  {e:.3e}  {name}")
+    ok = True
+    if missing or extra:
+        print("FAILED: gradient names differ; missing in the engine's dump:", missing, "extra:", extra)
+        ok = False
+    bad = [(n, e) for n, e in errors if not e <= args.tol]
+    if bad:
+        print(f"FAILED: {len(bad)} values beyond tolerance {args.tol}: " +
+              ", ".join(f"{n} ({e:.2e})" for n, e in bad[:10]))
+        ok = False
+    if ok:
+        print(f"OK: every value within {args.tol}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
