@@ -105,9 +105,9 @@ void print_parameter_counts(const models::BertForMaskedLM& model) {
   std::vector<std::string> order;
   int64_t total = 0;
   for (auto& [name, t] : model.named_parameters()) {
-    // Group by the first two name components ("bert.encoder", "bert.position", "mlm.dense").
-    size_t dot = name.find('.');
-    std::string g = name.substr(0, name.find('.', dot + 1));
+    // Group as "bert.embeddings", "bert.position", "bert.encoder", "mlm".
+    const size_t dot = name.find('.');
+    std::string g = name.substr(0, name.rfind("bert.", 0) == 0 ? name.find('.', dot + 1) : dot);
     if (!groups.count(g)) order.push_back(g);
     groups[g] += t.numel();
     total += t.numel();
@@ -144,7 +144,8 @@ int run(const Args& args) {
       const std::string diff = config.first_difference(asked);
       if (!diff.empty())
         ENGINE_FAIL("[pretrain_app] ", args.init, ": the checkpoint's model config differs from ",
-                    args.config, " at model.", diff, " (checkpoint vs config)");
+                    args.config, " at model.", diff, " (checkpoint vs config); drop the model "
+                    "section from the config to use the checkpoint's");
     } else {
       model_section.finish();
     }

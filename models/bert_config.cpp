@@ -217,10 +217,10 @@ std::string BertConfig::first_difference(const BertConfig& other) const {
     if (it.value().is_object()) {
       for (auto jt = it.value().begin(); jt != it.value().end(); ++jt)
         if (b[it.key()][jt.key()] != jt.value())
-          return it.key() + "." + jt.key() + " (" + jt.value().dump() + " vs " +
-                 b[it.key()][jt.key()].dump() + ")";
+          return it.key() + "." + jt.key() + ": " + jt.value().dump() + " vs " +
+                 b[it.key()][jt.key()].dump();
     } else if (b[it.key()] != it.value()) {
-      return it.key() + " (" + it.value().dump() + " vs " + b[it.key()].dump() + ")";
+      return it.key() + ": " + it.value().dump() + " vs " + b[it.key()].dump();
     }
   }
   return "";

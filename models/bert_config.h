@@ -74,7 +74,8 @@ struct BertConfig {
   std::string to_json() const;
   static BertConfig from_json(const std::string& json, const std::string& source);
   bool operator==(const BertConfig& o) const { return to_json() == o.to_json(); }
-  // The first key (as "position.preset") whose value differs, with both values, or "" if equal.
+  // The first key whose value differs, with both values ("position.preset: \"tupe_r\" vs
+  // \"bert_a\"", this config first), or "" if equal.
   std::string first_difference(const BertConfig& other) const;
 };
 

@@ -2,13 +2,15 @@
 # Installs the Debian packages the build needs (only those missing), then configures and builds
 # into build/ (binaries in build/bin/). Sourced by tools/test.sh and tools/quickstart.sh; can be
 # run on its own. Environment: BUILD_DIR (default build), BUILD_TYPE (default Release),
-# CMAKE_ARGS (extra configure flags).
+# CMAKE_ARGS (extra configure flags), EXTRA_PACKAGES (more Debian packages to install).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 BUILD_TYPE="${BUILD_TYPE:-Release}"
 
 PACKAGES=(g++ cmake ninja-build libeigen3-dev libyaml-cpp-dev nlohmann-json3-dev catch2)
+# shellcheck disable=SC2206
+PACKAGES+=(${EXTRA_PACKAGES:-})
 
 install_missing() {
   local missing=()
