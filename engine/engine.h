@@ -9,6 +9,7 @@
 #include "engine/error.h"
 #include "engine/module.h"
 #include "engine/optim.h"
+#include "engine/loss_scaler.h"
 #include "engine/rng.h"
 #include "engine/safetensors.h"
 #include "engine/shape.h"

@@ -1,0 +1,375 @@
+// The masked-LM pretraining loop (see pretrain.h).
+#include "models/pretrain.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "engine/autograd.h"
+#include "engine/error.h"
+#include "engine/safetensors.h"
+#include "ops/ops.h"
+
+namespace models {
+
+namespace fs = std::filesystem;
+using engine::DType;
+using engine::Tensor;
+
+PretrainOptions PretrainOptions::from_config(const engine::ConfigSection& t) {
+  PretrainOptions o;
+  o.steps = t.get_int("steps", o.steps);
+  o.warmup_steps = t.get_int("warmup_steps", o.warmup_steps);
+  o.warmup_ratio = t.get_double("warmup_ratio", o.warmup_ratio);
+  o.accumulation = t.get_int("accumulation", o.accumulation);
+  o.clip_norm = t.get_double("clip_norm", o.clip_norm);
+  o.precision = t.get_choice("precision", o.precision, {"f32", "bf16", "fp16"});
+  engine::ConfigSection ls = t.section("loss_scale");
+  o.loss_scale.enabled = ls.get_bool("enabled", o.precision == "fp16");
+  o.loss_scale.init_scale = ls.get_double("init", o.loss_scale.init_scale);
+  o.loss_scale.growth_interval = ls.get_int("growth_interval", o.loss_scale.growth_interval);
+  o.loss_scale.growth_factor = ls.get_double("growth_factor", o.loss_scale.growth_factor);
+  o.loss_scale.backoff_factor = ls.get_double("backoff_factor", o.loss_scale.backoff_factor);
+  o.loss_scale.min_scale = ls.get_double("min", o.loss_scale.min_scale);
+  ls.finish();
+  o.decay_bias_and_norm = t.get_bool("decay_bias_and_norm", o.decay_bias_and_norm);
+  o.log_every = t.get_int("log_every", o.log_every);
+  o.valid_every = t.get_int("valid_every", o.valid_every);
+  o.valid_batches = t.get_int("valid_batches", o.valid_batches);
+  o.save_every = t.get_int("save_every", o.save_every);
+  o.keep_last = t.get_int("keep_last", o.keep_last);
+  o.out_dir = t.get_string("out_dir", o.out_dir);
+  o.progress = t.get_bool("progress", o.progress);
+  t.finish();
+  auto check = [&](bool ok, const char* key, const std::string& what) {
+    ENGINE_CHECK(ok, "[config] ", t.where(key), ": ", what);
+  };
+  check(o.steps > 0, "steps", "must be positive");
+  check(o.warmup_steps >= -1 && o.warmup_steps <= o.steps, "warmup_steps", "must be in [0, steps]");
+  check(o.warmup_ratio >= 0 && o.warmup_ratio <= 1, "warmup_ratio", "must be in [0, 1]");
+  check(o.accumulation >= 1, "accumulation", "must be at least 1");
+  check(o.clip_norm >= 0, "clip_norm", "must be 0 (off) or positive");
+  check(o.log_every >= 1, "log_every", "must be at least 1");
+  check(o.valid_every >= 0 && o.save_every >= 0, "valid_every", "valid_every and save_every must be >= 0");
+  check(o.valid_batches >= 1, "valid_batches", "must be at least 1");
+  check(o.keep_last >= 1, "keep_last", "must be at least 1");
+  check(!o.out_dir.empty(), "out_dir", "must not be empty");
+  return o;
+}
+
+namespace {
+
+std::string checkpoint_name(int64_t step) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "step_%08lld.safetensors", static_cast<long long>(step));
+  return buf;
+}
+
+// Checkpoints in `dir` by step, oldest first (temporary files of interrupted writes excluded).
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  if (!fs::is_directory(dir)) return out;
+  static const std::regex re(R"(step_(\d{8,})\.safetensors)");
+  for (auto& e : fs::directory_iterator(dir)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file() && std::regex_match(name, m, re)) out.emplace_back(std::stoll(m[1]), e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Tensor i64_scalar(int64_t v) { return Tensor::from_vector<int64_t>({v}, {}); }
+int64_t read_i64(const Tensor& t) { return t.to(DType::i64).to_vector<int64_t>().at(0); }
+
+struct TrainerState {
+  int64_t step = 0;    // optimizer steps done (including skipped ones)
+  int64_t tokens = 0;  // non-padding tokens seen
+};
+
+void save_training_checkpoint(const fs::path& path, const BertForMaskedLM& model,
+                              const engine::AdamW& opt, const engine::LossScaler& scaler,
+                              const engine::Generator& gen, const TrainerState& st,
+                              const BatchSource& data, const std::string& config_text) {
+  engine::NamedTensors tensors;
+  for (auto& [name, t] : model.named_parameters()) tensors.emplace_back(name, t.detach());
+  for (auto& e : opt.state()) tensors.push_back(e);
+  for (auto& e : scaler.state()) tensors.push_back(e);
+  const engine::PhiloxState rng = gen.state();
+  tensors.emplace_back("trainer.step", i64_scalar(st.step));
+  tensors.emplace_back("trainer.tokens", i64_scalar(st.tokens));
+  tensors.emplace_back("trainer.rng_seed", i64_scalar(static_cast<int64_t>(rng.seed)));
+  tensors.emplace_back("trainer.rng_offset", i64_scalar(static_cast<int64_t>(rng.offset)));
+  engine::SafetensorsMetadata meta;
+  meta[kConfigKey] = model.config().to_json();
+  meta[kKindKey] = "bert_mlm";
+  meta["format"] = "pt";
+  meta["engine.data_position"] = data.position();
+  meta["engine.run_config"] = config_text;
+  engine::save_safetensors(path.string(), tensors, meta);  // temp file, fsync, rename
+}
+
+// Restores everything from a training checkpoint; returns false (after a warning) when the file
+// cannot be used, so the caller can fall back to an older one.
+void load_training_checkpoint(const fs::path& path, BertForMaskedLM& model, engine::AdamW& opt,
+                              engine::LossScaler& scaler, engine::Generator& gen, TrainerState& st,
+                              BatchSource& data) {
+  const BertConfig stored = read_checkpoint_config(path.string());
+  const std::string diff = stored.first_difference(model.config());
+  ENGINE_CHECK(diff.empty(), "[pretrain] ", path.string(), ": the checkpoint's model differs from the config at model.",
+               diff, " (checkpoint vs config)");
+  engine::SafetensorsContents c = engine::load_safetensors(path.string());
+  engine::NamedTensors params;
+  std::map<std::string, Tensor> by_name;
+  for (auto& [n, t] : c.tensors) by_name[n] = t;
+  {
+    engine::NoGrad ng;
+    for (auto& [name, p] : model.named_parameters()) {
+      auto it = by_name.find(name);
+      ENGINE_CHECK(it != by_name.end(), "[pretrain] ", path.string(), ": tensor '", name, "' is missing");
+      ENGINE_CHECK(it->second.shape() == p.shape() && it->second.dtype() == p.dtype(), "[pretrain] ",
+                   path.string(), ": tensor '", name, "' is ", engine::describe(it->second), " but the model has ",
+                   engine::describe(p));
+      p.copy_(it->second);
+    }
+  }
+  opt.load_state(c.tensors);
+  scaler.load_state(c.tensors);
+  auto need = [&](const char* name) {
+    auto it = by_name.find(name);
+    ENGINE_CHECK(it != by_name.end(), "[pretrain] ", path.string(), ": '", name,
+                 "' is missing: not a training checkpoint (a weights-only model? use --init)");
+    return read_i64(it->second);
+  };
+  st.step = need("trainer.step");
+  st.tokens = need("trainer.tokens");
+  gen.set_state({static_cast<uint64_t>(need("trainer.rng_seed")), static_cast<uint64_t>(need("trainer.rng_offset"))});
+  auto pos = c.metadata.find("engine.data_position");
+  ENGINE_CHECK(pos != c.metadata.end(), "[pretrain] ", path.string(), ": no data position in the metadata");
+  data.seek(pos->second);
+}
+
+// Rewrites metrics.jsonl keeping only the lines of steps <= `step` (a resumed run re-logs the rest).
+void truncate_metrics(const fs::path& file, int64_t step) {
+  if (!fs::exists(file)) return;
+  std::ifstream in(file);
+  std::ostringstream kept;
+  std::string line;
+  static const std::regex re(R"(^\{"step":\s*(\d+))");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, re) && std::stoll(m[1]) <= step) kept << line << "\n";
+  }
+  in.close();
+  const fs::path tmp = file.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kept.str();
+    ENGINE_CHECK(out.good(), "[pretrain] cannot write ", tmp.string());
+  }
+  fs::rename(tmp, file);
+}
+
+std::string fmt_duration(double s) {
+  char buf[32];
+  if (!std::isfinite(s) || s < 0) return "?";
+  const long long t = static_cast<long long>(s);
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", t / 3600, (t / 60) % 60);
+  else std::snprintf(buf, sizeof buf, "%lldm%02llds", t / 60, t % 60);
+  return buf;
+}
+
+int64_t count_tokens(const MlmBatch& b) {
+  if (!b.inputs.attention_mask.defined()) return b.inputs.input_ids.numel();
+  int64_t n = 0;
+  for (int64_t v : b.inputs.attention_mask.to(DType::i64).to_vector<int64_t>()) n += v != 0;
+  return n;
+}
+
+struct ValidResult {
+  double loss = 0, accuracy = 0;
+  int64_t predicted = 0;
+};
+
+ValidResult validate(BertForMaskedLM& model, BatchSource& data, int64_t max_batches) {
+  engine::NoGrad ng;
+  const bool was_training = model.training();
+  model.train(false);
+  engine::Generator unused(0);  // dropout is off
+  ValidResult r;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (const MlmBatch& b : data.valid_batches(max_batches)) {
+    MlmOutput out = model.forward(b.inputs, b.labels, unused);
+    const int64_t m = out.logits.size(0), v = out.logits.size(1);
+    loss_sum += out.loss.item() * double(m);
+    std::vector<float> logits = out.logits.to(DType::f32).to_vector<float>();
+    std::vector<int64_t> targets = out.targets.to_vector<int64_t>();
+    for (int64_t i = 0; i < m; ++i) {
+      const float* row = logits.data() + i * v;
+      correct += (std::max_element(row, row + v) - row) == targets[size_t(i)];
+    }
+    r.predicted += m;
+  }
+  model.train(was_training);
+  ENGINE_CHECK(r.predicted > 0, "[pretrain] the validation split gave no predicted token");
+  r.loss = loss_sum / double(r.predicted);
+  r.accuracy = double(correct) / double(r.predicted);
+  return r;
+}
+
+}  // namespace
+
+std::string latest_checkpoint(const std::string& out_dir) {
+  auto list = list_checkpoints(fs::path(out_dir) / "checkpoints");
+  return list.empty() ? "" : list.back().second.string();
+}
+
+PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const PretrainOptions& o,
+                        const engine::AdamWOptions& adam, uint64_t seed, bool resume,
+                        const std::string& config_text,
+                        const std::function<void(int64_t, double)>& on_step) {
+  ENGINE_CHECK(o.precision == "f32", "[pretrain] train.precision ", o.precision,
+               " needs the CUDA mixed-precision path, which this build does not have yet; use f32");
+  const fs::path out_dir(o.out_dir), ckpt_dir = out_dir / "checkpoints", metrics_path = out_dir / "metrics.jsonl";
+  fs::create_directories(ckpt_dir);
+
+  engine::FlatParameters flat(model.named_parameters());
+  const bool decay_all = o.decay_bias_and_norm;
+  engine::AdamW opt(flat, adam, [decay_all](const std::string& n) { return decay_all || !engine::default_no_decay(n); });
+  engine::LossScaler scaler(o.loss_scale);
+  engine::Generator gen(seed ^ 0x9E3779B97F4A7C15ull);  // dropout stream (the init used `seed`)
+  const int64_t warmup = o.warmup_steps >= 0 ? o.warmup_steps
+                                             : static_cast<int64_t>(std::ceil(o.warmup_ratio * double(o.steps)));
+  engine::LinearSchedule schedule(adam.lr, warmup, o.steps);
+  TrainerState st;
+
+  PretrainResult result;
+  if (resume) {
+    // The newest checkpoint that loads; an unreadable one (it cannot be partial: writes are
+    // atomic, but a disk can still corrupt it) is reported and the previous one is tried.
+    auto list = list_checkpoints(ckpt_dir);
+    ENGINE_CHECK(!list.empty(), "[pretrain] --resume: no checkpoint in ", ckpt_dir.string());
+    std::string errors;
+    bool loaded = false;
+    for (auto it = list.rbegin(); it != list.rend() && !loaded; ++it) {
+      try {
+        load_training_checkpoint(it->second, model, opt, scaler, gen, st, data);
+        std::printf("resumed from %s (step %lld)\n", it->second.string().c_str(), (long long)st.step);
+        loaded = true;
+      } catch (const engine::Error& e) {
+        std::fprintf(stderr, "warning: cannot resume from %s: %s\n", it->second.string().c_str(), e.what());
+        errors += std::string("\n  ") + e.what();
+      }
+    }
+    ENGINE_CHECK(loaded, "[pretrain] --resume: no usable checkpoint in ", ckpt_dir.string(), ":", errors);
+    truncate_metrics(metrics_path, st.step);
+  } else {
+    ENGINE_CHECK(list_checkpoints(ckpt_dir).empty(), "[pretrain] ", ckpt_dir.string(),
+                 " already holds checkpoints: pass --resume to continue that run, or choose another train.out_dir");
+    std::ofstream(metrics_path, std::ios::trunc);
+  }
+  result.start_step = st.step;
+
+  std::ofstream metrics(metrics_path, std::ios::app);
+  ENGINE_CHECK(metrics.good(), "[pretrain] cannot write ", metrics_path.string());
+  const bool tty = o.progress && isatty(STDERR_FILENO);
+  model.train(true);
+  const auto t_start = std::chrono::steady_clock::now();
+  auto window_start = t_start;
+  int64_t window_tokens = 0, steps_this_run = 0;
+
+  auto save = [&]() {
+    const fs::path path = ckpt_dir / checkpoint_name(st.step);
+    save_training_checkpoint(path, model, opt, scaler, gen, st, data, config_text);
+    auto list = list_checkpoints(ckpt_dir);
+    for (size_t i = 0; i + size_t(o.keep_last) < list.size(); ++i) fs::remove(list[i].second);
+    result.final_checkpoint = path.string();
+  };
+
+  while (st.step < o.steps) {
+    const double lr = schedule.lr(st.step);
+    flat.zero_grad();
+    double loss = 0;
+    int64_t tokens = 0;
+    for (int64_t micro = 0; micro < o.accumulation; ++micro) {
+      MlmBatch b = data.next_train();
+      tokens += count_tokens(b);
+      MlmOutput out = model.forward(b.inputs, b.labels, gen);
+      loss += out.loss.item() / double(o.accumulation);
+      // Scaled for fp16 (1 otherwise) and averaged over the micro-batches.
+      (out.loss * (scaler.scale() / double(o.accumulation))).backward();
+    }
+    if (scaler.scale() != 1.0) engine::scale_kernel(flat.grad().device(), flat.grad(), 1.0 / scaler.scale());
+    const double grad_norm = o.clip_norm > 0 ? engine::clip_grad_norm(flat, o.clip_norm)
+                                             : std::sqrt(engine::sum_squares_kernel(flat.grad().device(), flat.grad()));
+    const double scale_used = scaler.scale();
+    const bool apply = scaler.update(!std::isfinite(grad_norm));
+    if (apply) opt.step(lr);
+    ++st.step;
+    st.tokens += tokens;
+    window_tokens += tokens;
+    ++steps_this_run;
+    result.losses.push_back(loss);
+    if (on_step) on_step(st.step, loss);
+
+    const bool last = st.step == o.steps;
+    bool validated = false;
+    ValidResult vr;
+    if ((o.valid_every > 0 && st.step % o.valid_every == 0) || last) {
+      vr = validate(model, data, o.valid_batches);
+      validated = true;
+      result.last_valid_loss = vr.loss;
+    }
+    if (st.step % o.log_every == 0 || last || validated || !apply) {
+      const auto now = std::chrono::steady_clock::now();
+      const double window_s = std::chrono::duration<double>(now - window_start).count();
+      const double tok_s = window_s > 0 ? double(window_tokens) / window_s : 0.0;
+      const double elapsed = std::chrono::duration<double>(now - t_start).count();
+      const double eta = elapsed / double(steps_this_run) * double(o.steps - st.step);
+      window_start = now;
+      window_tokens = 0;
+      char line[512];
+      std::snprintf(line, sizeof line,
+                    "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"loss_scale\": %g, "
+                    "\"grad_norm\": %.9g, \"skipped_steps\": %lld, \"tokens\": %lld",
+                    (long long)st.step, loss, lr, tok_s, scale_used, grad_norm, (long long)scaler.skipped_steps(),
+                    (long long)st.tokens);
+      std::string json = line;
+      if (validated) {
+        std::snprintf(line, sizeof line, ", \"valid_loss\": %.9g, \"valid_ppl\": %.6g, \"valid_accuracy\": %.6f",
+                      vr.loss, std::exp(vr.loss), vr.accuracy);
+        json += line;
+      }
+      metrics << json << "}\n";
+      metrics.flush();
+      std::snprintf(line, sizeof line, "step %lld/%lld loss %.4f lr %.3e %.0f tok/s grad_norm %.3f%s ETA %s",
+                    (long long)st.step, (long long)o.steps, loss, lr, tok_s, grad_norm,
+                    apply ? "" : " (skipped: inf/NaN gradients)", fmt_duration(eta).c_str());
+      if (tty) std::fprintf(stderr, "\r\033[K%s", line);
+      else std::printf("%s\n", line);
+      if (validated) {
+        if (tty) std::fprintf(stderr, "\n");
+        std::printf("valid step %lld loss %.4f ppl %.2f accuracy %.4f\n", (long long)st.step, vr.loss,
+                    std::exp(vr.loss), vr.accuracy);
+      }
+      std::fflush(stdout);
+    }
+    if ((o.save_every > 0 && st.step % o.save_every == 0) || last) save();
+  }
+  if (tty) std::fprintf(stderr, "\n");
+  if (result.final_checkpoint.empty()) result.final_checkpoint = latest_checkpoint(o.out_dir);
+  result.final_step = st.step;
+  // A weights-only model next to the checkpoints, for --init and finetuning.
+  if (steps_this_run > 0) save_checkpoint((out_dir / "model.safetensors").string(), model);
+  return result;
+}
+
+}  // namespace models

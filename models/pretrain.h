@@ -1,0 +1,71 @@
+// The masked-LM pretraining loop, in the library so users can drive it from their own programs:
+// AdamW with a linear warmup/decay schedule, gradient accumulation, global-norm clipping, loss
+// scaling, periodic validation, atomic checkpoints (keep the last K) holding everything a run
+// needs to continue bit for bit (weights, optimizer moments, scaler, RNG, schedule position, data
+// position), metrics.jsonl and a progress display.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/loss_scaler.h"
+#include "engine/optim.h"
+#include "models/bert.h"
+#include "models/checkpoint.h"
+
+namespace models {
+
+// Where batches come from (the app adapts data::BatchStream to it; tests use synthetic ones).
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual MlmBatch next_train() = 0;
+  // The position of the next training batch, as text (stored in checkpoints) and back.
+  virtual std::string position() const = 0;
+  virtual void seek(const std::string& position) = 0;
+  // The validation batches, the same ones every time (fixed masking); at most `max_batches`.
+  virtual std::vector<MlmBatch> valid_batches(int64_t max_batches) = 0;
+};
+
+struct PretrainOptions {
+  int64_t steps = 1000;          // optimizer steps
+  int64_t warmup_steps = -1;     // -1: use warmup_ratio
+  double warmup_ratio = 0.06;
+  int64_t accumulation = 1;      // micro-batches per optimizer step
+  double clip_norm = 1.0;        // 0 = no clipping
+  std::string precision = "f32"; // f32 | bf16 | fp16
+  engine::LossScalerOptions loss_scale;  // enabled by default for fp16 only
+  bool decay_bias_and_norm = false;      // false: no weight decay on biases and LayerNorms
+  int64_t log_every = 10;
+  int64_t valid_every = 200;     // 0 = only at the end
+  int64_t valid_batches = 20;
+  int64_t save_every = 500;      // 0 = only at the end
+  int64_t keep_last = 3;
+  std::string out_dir = "runs/pretrain";
+  bool progress = true;          // a progress bar when stderr is a terminal
+
+  // Reads the `train:` section (unknown keys are errors).
+  static PretrainOptions from_config(const engine::ConfigSection& train);
+};
+
+struct PretrainResult {
+  int64_t start_step = 0, final_step = 0;
+  std::vector<double> losses;        // per step run in this call
+  double last_valid_loss = 0;
+  std::string final_checkpoint;
+};
+
+// Runs (or, with resume, continues) pretraining. `config_text` is stored in checkpoints for the
+// record. `on_step` (optional) sees (step, loss) after each step.
+PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const PretrainOptions& options,
+                        const engine::AdamWOptions& adam, uint64_t seed, bool resume,
+                        const std::string& config_text = "",
+                        const std::function<void(int64_t, double)>& on_step = {});
+
+// The newest complete checkpoint in `<out_dir>/checkpoints`, or "" when there is none.
+std::string latest_checkpoint(const std::string& out_dir);
+
+}  // namespace models
