@@ -1,10 +1,15 @@
-// pretrain_app: masked-LM pretraining of the BERT encoder. This version drives the single-batch
-// mode (a fixed batch from a file, dropout off, AdamW at a constant learning rate), which tests
-// and the PyTorch reference (tools/reference/) use to check the model step by step.
+// pretrain_app: masked-LM pretraining of the BERT encoder. Subcommands prepare the data
+// (train-tokenizer, prepare); the default command pretrains on a prepared corpus (the loop is
+// models::pretrain); the single-batch mode (a fixed batch from a file, dropout off, constant lr)
+// lets tests and the PyTorch reference (tools/reference/) check the model step by step.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,12 +20,31 @@
 #include "engine/safetensors.h"
 #include "models/bert.h"
 #include "models/checkpoint.h"
+#include "models/pretrain.h"
+#include "data/batches.h"
+#include "data/corpus.h"
+#include "data/tokenizer.h"
 
 namespace {
 
-const char* kUsage = R"(usage: pretrain_app --config CFG [options]
+const char* kUsage = R"(usage: pretrain_app --config CFG [--set KEY=VALUE ...] [--resume]
+       pretrain_app train-tokenizer --input FILE [FILE ...] --out PREFIX [--vocab-size N]
+       pretrain_app prepare --tokenizer TOK --input FILE [FILE ...] --out DIR [--valid-ratio R]
+                            [--seed S] [--overwrite] [--quiet] [--cased]
+       pretrain_app --config CFG --batch-file BATCH [--steps N] [--init CKPT] [--save OUT]
 
-Masked-LM pretraining of a BERT encoder (model and optimizer from a YAML config).
+Masked-LM pretraining of a BERT encoder; model, data, training and optimizer from a YAML config
+(configs/README.md lists every key).
+
+Pretraining on a prepared corpus (data.corpus in the config):
+  --resume            continue from the newest checkpoint in train.out_dir (bit-identical losses)
+  --out DIR           set train.out_dir
+
+Data preparation:
+  train-tokenizer     train a SentencePiece BPE vocabulary (default 32768) from text files
+  prepare             tokenize text (one sentence/paragraph per line, blank lines between
+                      documents; .xz accepted) into memory-mapped train/valid shards; TOK is a
+                      SentencePiece .model or a WordPiece vocab.txt (--cased keeps case)
 
 Single-batch mode (dropout off, constant learning rate optim.lr):
   --batch-file FILE   safetensors batch: input_ids (B,T), attention_mask (B,T; 1 = token),
@@ -38,13 +62,16 @@ Other options:
   --set KEY=VALUE     override a config value, e.g. --set model.position.preset=tupe_r
   --count-params      print the parameter count by group and exit
   -h, --help          this text
+
+Exit status: 0 on success, 1 on an error (one message naming the file, line or key), 2 on a bad
+command line.
 )";
 
 struct Args {
-  std::string config, init, batch_file, save, dump;
+  std::string config, init, batch_file, save, dump, out;
   std::vector<std::string> sets;
   int64_t steps = 0;
-  bool count_params = false;
+  bool steps_given = false, count_params = false, resume = false;
 };
 
 [[noreturn]] void usage_error(const std::string& msg) {
@@ -77,17 +104,26 @@ Args parse_args(int argc, char** argv) {
       a.sets.push_back(value());
     } else if (arg == "--count-params") {
       a.count_params = true;
+    } else if (arg == "--resume") {
+      a.resume = true;
+    } else if (arg == "--out") {
+      a.out = value();
     } else if (arg == "--steps") {
       const std::string v = value();
       char* end = nullptr;
       long long n = std::strtoll(v.c_str(), &end, 10);
       if (v.empty() || *end != '\0' || n < 0) usage_error("--steps expects a non-negative integer, got '" + v + "'");
       a.steps = n;
+      a.steps_given = true;
     } else {
       usage_error("unknown argument '" + arg + "'");
     }
   }
   if (a.config.empty() && a.init.empty()) usage_error("--config (or --init) is required");
+  if (a.batch_file.empty() && (a.steps_given || !a.dump.empty() || !a.save.empty()))
+    usage_error("--steps, --dump and --save belong to the single-batch mode (--batch-file)");
+  if (!a.batch_file.empty() && (a.resume || !a.out.empty()))
+    usage_error("--resume and --out belong to corpus pretraining, not to --batch-file");
   return a;
 }
 
@@ -121,13 +157,39 @@ void print_parameter_counts(const models::BertForMaskedLM& model) {
               with_commas(total).c_str());
 }
 
-int run(const Args& args) {
-  engine::Config cfg = args.config.empty() ? engine::Config() : engine::Config::load_file(args.config);
-  for (const auto& s : args.sets) cfg.set_assignment(s);
-  engine::ConfigSection root = cfg.root();
-  const uint64_t seed = static_cast<uint64_t>(root.get_int("seed", 1));
-  engine::ConfigSection model_section = root.section("model");
-  engine::ConfigSection optim = root.section("optim");
+// data::BatchStream / EvalBatches as the loop's batch source.
+class CorpusSource : public models::BatchSource {
+ public:
+  CorpusSource(const data::Corpus& corpus, const data::Tokenizer& tok, const data::BatchOptions& opt)
+      : train_(corpus, data::Split::train, tok, opt),
+        valid_(corpus, data::Split::valid, tok, opt.batch_size, opt.max_len) {}
+  models::MlmBatch next_train() override { return convert(train_.next_batch()); }
+  std::string position() const override { return train_.position().to_json(); }
+  void seek(const std::string& p) override { train_.seek(data::DataPosition::from_json(p)); }
+  std::vector<models::MlmBatch> valid_batches(int64_t max_batches) override {
+    std::vector<models::MlmBatch> out;
+    valid_.rewind();
+    while (int64_t(out.size()) < max_batches) {
+      std::optional<data::Batch> b = valid_.next();
+      if (!b) break;
+      out.push_back(convert(*b));
+    }
+    return out;
+  }
+
+ private:
+  static models::MlmBatch convert(const data::Batch& b) {
+    models::MlmBatch m;
+    m.inputs.input_ids = b.input_ids;
+    m.inputs.attention_mask = b.attention_mask;
+    m.labels = b.labels;
+    return m;
+  }
+  data::BatchStream train_;
+  data::EvalBatches valid_;
+};
+
+engine::AdamWOptions read_optim(const engine::ConfigSection& optim) {
   engine::AdamWOptions adam;
   adam.lr = optim.get_double("lr", 1e-4);
   adam.beta1 = optim.get_double("beta1", adam.beta1);
@@ -135,33 +197,32 @@ int run(const Args& args) {
   adam.eps = optim.get_double("eps", adam.eps);
   adam.weight_decay = optim.get_double("weight_decay", adam.weight_decay);
   optim.finish();
+  return adam;
+}
 
-  models::BertConfig config;
-  if (!args.init.empty()) {
-    config = models::read_checkpoint_config(args.init);
-    if (cfg.root().has("model")) {
-      models::BertConfig asked = models::BertConfig::from_config(model_section);
-      const std::string diff = config.first_difference(asked);
-      if (!diff.empty())
-        ENGINE_FAIL("[pretrain_app] ", args.init, ": the checkpoint's model config differs from ",
-                    args.config, " at model.", diff, " (checkpoint vs config); drop the model "
-                    "section from the config to use the checkpoint's");
-    } else {
-      model_section.finish();
-    }
-  } else {
-    config = models::BertConfig::from_config(model_section);
-  }
-  root.finish();
+struct DataOptions {
+  std::string corpus, tokenizer;
+  int64_t seq_len = 128, batch_size = 32;
+  bool shuffle = true, lower_case = true;
+};
 
-  models::BertForMaskedLM model(config, seed);
-  if (!args.init.empty()) models::load_checkpoint(args.init, model);
-  print_parameter_counts(model);
-  if (args.count_params) return 0;
+DataOptions read_data(const engine::ConfigSection& d) {
+  DataOptions o;
+  o.corpus = d.get_string("corpus", "");
+  o.tokenizer = d.get_string("tokenizer", "");
+  o.seq_len = d.get_int("seq_len", o.seq_len);
+  o.batch_size = d.get_int("batch_size", o.batch_size);
+  o.shuffle = d.get_bool("shuffle", o.shuffle);
+  o.lower_case = d.get_bool("lower_case", o.lower_case);
+  d.finish();
+  ENGINE_CHECK(o.seq_len >= 3, "[config] ", d.where("seq_len"), ": must be at least 3 ([CLS] x [SEP])");
+  ENGINE_CHECK(o.batch_size >= 1, "[config] ", d.where("batch_size"), ": must be at least 1");
+  return o;
+}
 
-  if (args.batch_file.empty())
-    ENGINE_FAIL("[pretrain_app] --batch-file is required: this version trains on one fixed batch "
-                "(corpus pretraining is not implemented yet)");
+int single_batch(const Args& args, models::BertForMaskedLM& model, const engine::AdamWOptions& adam,
+                 uint64_t seed) {
+  const models::BertConfig& config = model.config();
   models::MlmBatch batch = models::load_mlm_batch(args.batch_file, config);
   model.train(false);  // single-batch mode: dropout off
   engine::Generator gen(seed);
@@ -183,7 +244,6 @@ int run(const Args& args) {
                 (long long)out.logits.size(0), (long long)out.logits.size(1), dump.size() - 3,
                 args.dump.c_str());
   }
-
   if (args.steps == 0) {
     engine::NoGrad ng;
     models::MlmOutput out = model.forward(batch.inputs, batch.labels, gen);
@@ -204,11 +264,167 @@ int run(const Args& args) {
   return 0;
 }
 
+int run(const Args& args) {
+  engine::Config cfg = args.config.empty() ? engine::Config() : engine::Config::load_file(args.config);
+  for (const auto& s : args.sets) cfg.set_assignment(s);
+  if (!args.out.empty()) cfg.set("train.out_dir", args.out);
+  engine::ConfigSection root = cfg.root();
+  const uint64_t seed = static_cast<uint64_t>(root.get_int("seed", 1));
+  const engine::AdamWOptions adam = read_optim(root.section("optim"));
+  const DataOptions data_opt = read_data(root.section("data"));
+  const models::PretrainOptions train_opt = models::PretrainOptions::from_config(root.section("train"));
+  engine::ConfigSection model_section = root.section("model");
+  const bool corpus_mode = args.batch_file.empty() && !args.count_params;
+
+  // The corpus (and its tokenizer) first: the vocabulary size comes from it.
+  std::unique_ptr<data::Corpus> corpus;
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  if (corpus_mode) {
+    ENGINE_CHECK(!data_opt.corpus.empty(), "[pretrain_app] ", cfg.source(),
+                 ": data.corpus is not set (a directory made by `pretrain_app prepare`), and no --batch-file was given");
+    corpus = std::make_unique<data::Corpus>(data_opt.corpus);
+    const std::string tok_path = data_opt.tokenizer.empty() ? corpus->meta().tokenizer_path : data_opt.tokenizer;
+    tokenizer = data::load_tokenizer(tok_path, data_opt.lower_case);
+    ENGINE_CHECK(tokenizer->vocab_size() == corpus->meta().vocab_size, "[pretrain_app] tokenizer ", tok_path,
+                 " has ", tokenizer->vocab_size(), " tokens but the corpus ", data_opt.corpus, " was prepared with ",
+                 corpus->meta().vocab_size);
+    if (!model_section.has("vocab_size")) cfg.set("model.vocab_size", std::to_string(tokenizer->vocab_size()));
+  }
+
+  models::BertConfig config;
+  if (!args.init.empty()) {
+    config = models::read_checkpoint_config(args.init);
+    if (cfg.root().has("model")) {
+      models::BertConfig asked = models::BertConfig::from_config(model_section);
+      const std::string diff = config.first_difference(asked);
+      if (!diff.empty())
+        ENGINE_FAIL("[pretrain_app] ", args.init, ": the checkpoint's model config differs from ",
+                    args.config, " at model.", diff, " (checkpoint vs config); drop the model "
+                    "section from the config to use the checkpoint's");
+    } else {
+      model_section.finish();
+    }
+  } else {
+    config = models::BertConfig::from_config(model_section);
+  }
+  root.finish();
+  if (corpus_mode) {
+    ENGINE_CHECK(config.vocab_size == tokenizer->vocab_size(), "[pretrain_app] model.vocab_size ",
+                 config.vocab_size, " does not match the tokenizer ", tokenizer->path(), " (",
+                 tokenizer->vocab_size(), " tokens); leave model.vocab_size out to take the tokenizer's");
+    if (config.position.has_position_table())
+      ENGINE_CHECK(data_opt.seq_len <= config.max_positions, "[pretrain_app] data.seq_len ", data_opt.seq_len,
+                   " exceeds model.max_positions ", config.max_positions, " of the learned position table");
+  }
+
+  models::BertForMaskedLM model(config, seed);
+  if (!args.init.empty()) models::load_checkpoint(args.init, model);
+  print_parameter_counts(model);
+  if (args.count_params) return 0;
+  if (!args.batch_file.empty()) return single_batch(args, model, adam, seed);
+
+  data::BatchOptions bo;
+  bo.batch_size = data_opt.batch_size;
+  bo.max_len = data_opt.seq_len;
+  bo.seed = seed;
+  bo.shuffle = data_opt.shuffle;
+  CorpusSource source(*corpus, *tokenizer, bo);
+  std::printf("corpus %s: %lld train / %lld valid tokens; batches of %lld x %lld\n", data_opt.corpus.c_str(),
+              (long long)corpus->train().num_tokens(), (long long)corpus->valid().num_tokens(),
+              (long long)bo.batch_size, (long long)bo.max_len);
+  models::PretrainResult r = models::pretrain(model, source, train_opt, adam, seed, args.resume, cfg.dump());
+  std::printf("done: step %lld, valid loss %.4f; checkpoint %s; model %s/model.safetensors; metrics %s/metrics.jsonl\n",
+              (long long)r.final_step, r.last_valid_loss, r.final_checkpoint.c_str(), train_opt.out_dir.c_str(),
+              train_opt.out_dir.c_str());
+  return 0;
+}
+
+// ---- subcommands --------------------------------------------------------------------------
+
+struct SubArgs {
+  std::vector<std::string> inputs;
+  std::map<std::string, std::string> values;
+  std::vector<std::string> flags;
+};
+
+SubArgs parse_sub(int argc, char** argv, const std::vector<std::string>& valued,
+                  const std::vector<std::string>& flags) {
+  SubArgs a;
+  const std::string cmd = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else if (arg == "--input") {
+      while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) a.inputs.push_back(argv[++i]);
+      if (a.inputs.empty()) usage_error(cmd + ": --input needs at least one file");
+    } else if (std::find(valued.begin(), valued.end(), arg) != valued.end()) {
+      if (i + 1 >= argc) usage_error(cmd + ": " + arg + " needs a value");
+      a.values[arg] = argv[++i];
+    } else if (std::find(flags.begin(), flags.end(), arg) != flags.end()) {
+      a.flags.push_back(arg);
+    } else {
+      usage_error(cmd + ": unknown argument '" + arg + "'");
+    }
+  }
+  if (a.inputs.empty()) usage_error(cmd + ": --input FILE [FILE ...] is required");
+  if (!a.values.count("--out")) usage_error(cmd + ": --out is required");
+  return a;
+}
+
+int64_t int_value(const SubArgs& a, const std::string& key, int64_t fallback) {
+  auto it = a.values.find(key);
+  if (it == a.values.end()) return fallback;
+  char* end = nullptr;
+  const long long v = std::strtoll(it->second.c_str(), &end, 10);
+  if (it->second.empty() || *end != '\0' || v < 0) usage_error(key + " expects a non-negative integer, got '" + it->second + "'");
+  return v;
+}
+
+bool has_flag(const SubArgs& a, const std::string& f) {
+  return std::find(a.flags.begin(), a.flags.end(), f) != a.flags.end();
+}
+
+int train_tokenizer_cmd(int argc, char** argv) {
+  SubArgs a = parse_sub(argc, argv, {"--out", "--vocab-size", "--max-lines", "--seed"}, {"--verbose"});
+  data::SentencePieceTrainOptions o;
+  o.vocab_size = int_value(a, "--vocab-size", o.vocab_size);
+  o.input_sentence_size = int_value(a, "--max-lines", o.input_sentence_size);
+  o.seed = static_cast<uint64_t>(int_value(a, "--seed", 1));
+  o.verbose = has_flag(a, "--verbose");
+  data::train_sentencepiece(a.inputs, a.values["--out"], o);
+  std::printf("tokenizer: %s.model (%lld pieces)\n", a.values["--out"].c_str(), (long long)o.vocab_size);
+  return 0;
+}
+
+int prepare_cmd(int argc, char** argv) {
+  SubArgs a = parse_sub(argc, argv, {"--out", "--tokenizer", "--valid-ratio", "--seed"},
+                        {"--overwrite", "--quiet", "--cased"});
+  if (!a.values.count("--tokenizer")) usage_error("prepare: --tokenizer (a .model or vocab.txt) is required");
+  auto tok = data::load_tokenizer(a.values["--tokenizer"], !has_flag(a, "--cased"));
+  data::PrepareOptions o;
+  o.valid_ratio = int_value(a, "--valid-ratio", o.valid_ratio);
+  o.seed = static_cast<uint64_t>(int_value(a, "--seed", int64_t(o.seed)));
+  o.overwrite = has_flag(a, "--overwrite");
+  o.quiet = has_flag(a, "--quiet");
+  data::CorpusStats st = data::prepare_corpus(a.inputs, *tok, a.values["--out"], o);
+  std::printf("corpus %s: train %lld documents / %lld tokens, valid %lld documents / %lld tokens; "
+              "%lld invalid UTF-8 sequences replaced, %lld empty documents skipped\n",
+              a.values["--out"].c_str(), (long long)st.train.documents, (long long)st.train.tokens,
+              (long long)st.valid.documents, (long long)st.valid.tokens, (long long)st.invalid_utf8,
+              (long long)st.empty_documents);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args args = parse_args(argc, argv);
   try {
+    const std::string cmd = argc > 1 ? argv[1] : "";
+    if (cmd == "train-tokenizer") return train_tokenizer_cmd(argc, argv);
+    if (cmd == "prepare") return prepare_cmd(argc, argv);
+    Args args = parse_args(argc, argv);
     return run(args);
   } catch (const engine::Error& e) {
     std::cerr << "pretrain_app: " << e.what() << "\n";
