@@ -251,6 +251,10 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
   engine::LinearSchedule schedule(adam.lr, warmup, o.steps);
   TrainerState st;
 
+  // Temporary files of checkpoint writes that a kill interrupted: never complete, never used.
+  for (auto& e : fs::directory_iterator(ckpt_dir))
+    if (e.path().filename().string().find(".safetensors.tmp.") != std::string::npos) fs::remove(e.path());
+
   PretrainResult result;
   if (resume) {
     // The newest checkpoint that loads; an unreadable one (it cannot be partial: writes are

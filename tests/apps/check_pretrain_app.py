@@ -64,7 +64,12 @@ run(["--config", path("tiny.yaml"), "--count-params"], 0, "total", "--count-para
 
 # Bad command lines.
 run([], 2, "--config (or --init) is required", "no arguments")
-run(["--config", path("tiny.yaml"), "--steps", "x"], 2, "--steps expects a non-negative integer", "--steps x")
+run(["--config", path("tiny.yaml")], 1, "data.corpus is not set", "no corpus and no batch")
+run(["--config", path("tiny.yaml"), "--set", "data.corpus=" + path("nocorpus")], 1, "nocorpus", "missing corpus")
+run(["--config", path("tiny.yaml"), "--steps", "3"], 2, "belong to the single-batch mode", "--steps without --batch-file")
+run(["--config", path("tiny.yaml"), "--batch-file", path("batch.st"), "--resume"], 2, "belong to corpus pretraining",
+    "--resume with --batch-file")
+run(["--config", path("tiny.yaml"), "--batch-file", path("batch.st"), "--steps", "x"], 2, "--steps expects a non-negative integer", "--steps x")
 run(["--config", path("tiny.yaml"), "--frobnicate"], 2, "unknown argument '--frobnicate'", "unknown flag")
 run(["--config"], 2, "--config needs a value", "flag without value")
 # Bad configs.
@@ -78,7 +83,7 @@ run(["--config", path("type.yaml")], 1, "type.yaml:2: model.hidden_size: expecte
 with open(path("broken.yaml"), "w") as f:
     f.write("model: {hidden_size: 3\n")
 run(["--config", path("broken.yaml")], 1, "not valid YAML", "malformed YAML")
-run(["--config", path("tiny.yaml"), "--set", "model.position.preset=tupe"], 1,
+run(["--config", path("tiny.yaml"), "--set", "model.position.preset=tupe", "--batch-file", path("batch.st")], 1,
     "model.position.preset: 'tupe' is not one of", "bad preset via --set")
 run(["--config", path("tiny.yaml"), "--set", "optim.lr=fast", "--batch-file", path("batch.st")], 1,
     "optim.lr: expected a number, got 'fast'", "bad --set value")

@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""pretrain_app on a corpus, end to end (standard library only):
+
+  1. writes a small text corpus and a WordPiece vocab.txt, prepares shards (`pretrain_app prepare`);
+  2. trains a tiny model without interruption (run A) and records the loss of every step;
+  3. trains the same config again (run B) while killing it with SIGKILL over and over — at random
+     moments, and as soon as a checkpoint's temporary file appears (a kill during the write) — each
+     time continuing with --resume, until it finishes;
+  4. requires B's losses to equal A's bit for bit at every step, no temporary file to be used, and
+     the last complete checkpoint to be the one resumed;
+  5. bad inputs: an empty corpus, a vocabulary that does not match the model.
+
+usage: check_corpus_training.py PRETRAIN_APP WORKDIR
+"""
+import glob
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+app, work = sys.argv[1], sys.argv[2]
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+P = lambda *a: os.path.join(work, *a)  # noqa: E731
+failures = []
+
+
+def check(ok, label, detail=""):
+    print(("ok   " if ok else "FAIL ") + label)
+    if not ok:
+        failures.append(label)
+        if detail:
+            print("     " + detail.strip().replace("\n", "\n     "))
+
+
+def run(args, **kw):
+    return subprocess.run([app] + args, capture_output=True, text=True, **kw)
+
+
+# ---- data: a vocabulary and text from it ------------------------------------------------------
+rng = random.Random(5)
+words = [f"w{i}" for i in range(300)]
+with open(P("vocab.txt"), "w") as f:
+    f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words + [".", ","]) + "\n")
+with open(P("corpus.txt"), "w") as f:
+    for d in range(400):
+        for _ in range(rng.randint(1, 4)):
+            # sentences with structure: a word tends to follow its predecessor + 1
+            start = rng.randrange(300)
+            f.write(" ".join(words[(start + k * rng.choice([1, 1, 1, 2])) % 300] for k in range(rng.randint(4, 20))) + " .\n")
+        f.write("\n")
+p = run(["prepare", "--tokenizer", P("vocab.txt"), "--input", P("corpus.txt"), "--out", P("corpus"),
+         "--valid-ratio", "19", "--quiet"])
+check(p.returncode == 0, "prepare a corpus", p.stdout + p.stderr)
+
+with open(P("cfg.yaml"), "w") as f:
+    f.write(f"""seed: 4
+model:
+  hidden_size: 128
+  num_layers: 2
+  num_heads: 4
+  ffn_size: 256
+  max_positions: 64
+  position:
+    preset: tupe_r
+optim:
+  lr: 2.0e-3
+data:
+  corpus: {P("corpus")}
+  seq_len: 64
+  batch_size: 8
+train:
+  steps: 40
+  warmup_steps: 4
+  accumulation: 2
+  log_every: 1
+  valid_every: 10
+  valid_batches: 2
+  save_every: 3
+  keep_last: 2
+  progress: false
+""")
+
+
+def losses(out_dir):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return {r["step"]: r["loss"] for r in rows}, rows
+
+
+# ---- run A: uninterrupted -----------------------------------------------------------------------
+t0 = time.time()
+p = run(["--config", P("cfg.yaml"), "--out", P("a")])
+check(p.returncode == 0, "uninterrupted run", p.stdout + p.stderr)
+duration = time.time() - t0
+a_loss, a_rows = losses(P("a"))
+check(sorted(a_loss) == list(range(1, 41)), "metrics.jsonl has every step", str(sorted(a_loss)))
+valid = [r["valid_loss"] for r in a_rows if "valid_loss" in r]
+check(len(valid) == 4 and valid[-1] < valid[0], f"validation loss falls: {valid}")
+for key in ("step", "loss", "lr", "tokens_per_s", "loss_scale", "grad_norm"):
+    check(all(key in r for r in a_rows), f"metrics.jsonl objects have '{key}'")
+
+# ---- run B: killed again and again --------------------------------------------------------------
+b_dir = P("b")
+kills = during_write = 0
+finished = False
+attempt = 0
+while not finished and attempt < 40:
+    attempt += 1
+    args = ["--config", P("cfg.yaml"), "--out", b_dir]
+    if glob.glob(os.path.join(b_dir, "checkpoints", "step_*.safetensors")):
+        args.append("--resume")
+    stale = set(glob.glob(os.path.join(b_dir, "checkpoints", "*.tmp.*")))  # left by the last kill
+    proc = subprocess.Popen([app] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    mode = attempt % 2  # alternate: kill during a checkpoint write / at a random moment
+    deadline = time.time() + rng.uniform(0.1, 0.6) * duration
+    killed = False
+    while proc.poll() is None:
+        tmp = set(glob.glob(os.path.join(b_dir, "checkpoints", "*.tmp.*"))) - stale
+        if (mode == 0 and tmp) or (mode == 1 and time.time() > deadline):
+            proc.send_signal(signal.SIGKILL)
+            killed = True
+            kills += 1
+            during_write += bool(tmp)
+            break
+        if mode == 1:
+            time.sleep(0.002)
+    out, err = proc.communicate()
+    if not killed:
+        finished = proc.returncode == 0
+        if not finished:
+            check(False, "a resumed run ends cleanly", out + err)
+            break
+check(finished, f"run B finished after {kills} SIGKILLs ({during_write} during a checkpoint write)")
+check(during_write >= 1, "at least one kill landed during a checkpoint write")
+if finished:
+    b_loss, _ = losses(b_dir)
+    same = all(b_loss.get(s) == a_loss[s] for s in a_loss)
+    diff = [(s, a_loss[s], b_loss.get(s)) for s in a_loss if b_loss.get(s) != a_loss[s]][:5]
+    check(same and sorted(b_loss) == sorted(a_loss), "killed-and-resumed losses equal the uninterrupted run bit for bit",
+          str(diff))
+    check(not glob.glob(os.path.join(b_dir, "checkpoints", "*.tmp.*")), "no temporary file left behind")
+    kept = sorted(os.path.basename(x) for x in glob.glob(os.path.join(b_dir, "checkpoints", "step_*.safetensors")))
+    check(len(kept) == 2 and kept[-1] == "step_00000040.safetensors", f"keep_last 2: {kept}")
+
+# ---- bad inputs ----------------------------------------------------------------------------------
+with open(P("empty.txt"), "w") as f:
+    f.write("\n\n   \n")
+p = run(["prepare", "--tokenizer", P("vocab.txt"), "--input", P("empty.txt"), "--out", P("empty")])
+check(p.returncode == 1 and "empty" in (p.stdout + p.stderr).lower(), "an empty corpus is one clear error",
+      p.stdout + p.stderr)
+p = run(["prepare", "--tokenizer", P("vocab.txt"), "--input", P("missing.txt"), "--out", P("m")])
+check(p.returncode == 1 and "missing.txt" in p.stderr, "a missing input file is one clear error", p.stderr)
+p = run(["--config", P("cfg.yaml"), "--out", P("c"), "--set", "model.vocab_size=500"])
+check(p.returncode == 1 and "does not match the tokenizer" in p.stderr, "vocabulary/model mismatch", p.stderr)
+p = run(["--config", P("cfg.yaml"), "--out", P("a")])
+check(p.returncode == 1 and "already holds checkpoints" in p.stderr, "refuses to overwrite a run", p.stderr)
+p = run(["--config", P("cfg.yaml"), "--out", P("a"), "--resume", "--set", "model.num_layers=3"])
+check(p.returncode == 1 and "differs" in p.stderr, "checkpoint/model mismatch on resume", p.stderr)
+
+print(f"{len(failures)} failure(s)" if failures else "all corpus training checks passed")
+sys.exit(1 if failures else 0)
