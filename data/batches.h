@@ -1,0 +1,154 @@
+// MLM batches from a prepared corpus split (data/corpus.h): RoBERTa FULL-SENTENCES packing,
+// dynamic masking and a resumable, seekable batch stream.
+//
+// Packing. The split's documents, in order, form the packed stream
+//     doc_0 [SEP] doc_1 [SEP] ... [SEP] doc_{D-1}
+// (one [SEP] between consecutive documents). With C = max_len - 2, sequence i holds the stream's
+// positions [i*C, (i+1)*C) as [CLS] + those tokens + [SEP], so every sequence has exactly max_len
+// positions, documents longer than C are split across sequences, and sequences cross document
+// boundaries. The last sequence may be short: after its closing [SEP] come [PAD]s with
+// attention_mask 0. A separator that falls at a chunk's first or last position gives "[CLS] [SEP]"
+// or "[SEP] [SEP]"; nothing is dropped, so the sequences' contents concatenated are the stream.
+//
+// Order. Each epoch visits every sequence once, in an order drawn per epoch: a Feistel
+// permutation of [0, num_sequences) keyed by (seed, epoch) through Philox (constant memory,
+// random access, so resuming needs only the position). shuffle = false keeps index order.
+//
+// Masking (dynamic: recomputed each time a sequence is served). Eligible positions are those
+// whose token is not special (Tokenizer::is_special: never [CLS], [SEP], [PAD], [UNK], [MASK]).
+// k = floor(mask_prob * eligible + u), u uniform in [0, 1), positions are chosen (exactly k, no
+// repeats, uniformly: a partial Fisher-Yates shuffle); the expected count is exactly
+// mask_prob * eligible. Each chosen position becomes [MASK] with probability mask_token_prob, a
+// uniformly drawn non-special id with probability random_token_prob, else keeps its token; its
+// label is the original id, every other label is -100. All draws come from Philox keyed by the
+// seed with counter (sequence index, epoch), so the batch at step k is a pure function of
+// (seed, k): a resumed run sees the same batches without replaying anything.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/corpus.h"
+#include "data/tokenizer.h"
+#include "engine/tensor.h"
+
+namespace data {
+
+struct MaskingOptions {
+  double mask_prob = 0.15;         // of the eligible positions
+  double mask_token_prob = 0.8;    // of the chosen: → [MASK]
+  double random_token_prob = 0.1;  // of the chosen: → a random non-special id (the rest: kept)
+};
+
+struct BatchOptions {
+  int64_t batch_size = 32;
+  int64_t max_len = 512;  // T, including [CLS] and [SEP]; >= 3
+  uint64_t seed = 1;      // shuffling and masking
+  bool shuffle = true;
+  MaskingOptions masking;
+};
+
+// (B, T) i64 CPU tensors.
+struct Batch {
+  engine::Tensor input_ids;
+  engine::Tensor attention_mask;  // 1 = token, 0 = [PAD]
+  engine::Tensor labels;          // the original id at masked positions, -100 elsewhere
+};
+
+// Where a training stream stands: the next batch starts with the sequence served at slot
+// `next_sequence` (0-based, in the epoch's order) of epoch `epoch`.
+struct DataPosition {
+  int64_t epoch = 0;
+  int64_t next_sequence = 0;
+  std::string to_json() const;  // {"epoch":E,"next_sequence":S}: for checkpoint metadata
+  static DataPosition from_json(const std::string& text);  // errors name what is expected
+  bool operator==(const DataPosition&) const = default;
+};
+
+// The FULL-SENTENCES layout of one split (see the file comment).
+class SequencePacker {
+ public:
+  // Keeps a reference to `shard`, which must outlive the packer.
+  SequencePacker(const ShardReader& shard, int64_t max_len, const SpecialIds& special);
+  int64_t max_len() const { return max_len_; }
+  int64_t num_sequences() const { return num_sequences_; }
+  int64_t stream_length() const { return stream_length_; }  // tokens + separators
+  // Writes sequence i into ids[0 .. max_len) ([PAD] after its end) and returns its length
+  // (positions before it have attention 1).
+  int64_t fill(int64_t i, int64_t* ids) const;
+
+ private:
+  const ShardReader* shard_;
+  int64_t max_len_, content_;
+  SpecialIds special_;
+  int64_t stream_length_ = 0, num_sequences_ = 0;
+};
+
+// Dynamic masking (see the file comment); built once per tokenizer.
+class Masker {
+ public:
+  Masker(const Tokenizer& tok, const MaskingOptions& options = {});
+  // Masks ids[0 .. length) in place for sequence `sequence` of epoch `epoch` and writes
+  // labels[0 .. length) (-100 where not chosen); returns the number chosen.
+  int64_t apply(int64_t* ids, int64_t* labels, int64_t length, uint64_t seed, uint64_t epoch,
+                uint64_t sequence) const;
+  bool is_special(int64_t id) const { return special_[static_cast<size_t>(id)] != 0; }
+  const std::vector<int32_t>& random_candidates() const { return candidates_; }
+  int64_t vocab_size() const { return static_cast<int64_t>(special_.size()); }
+
+ private:
+  MaskingOptions options_;
+  int32_t mask_id_;
+  std::vector<uint8_t> special_;     // by id
+  std::vector<int32_t> candidates_;  // the non-special ids
+};
+
+// The position of epoch `epoch`'s slot `slot` in index order: a bijection of [0, n) keyed by
+// (seed, epoch) (a 6-round Feistel network over the next even power of two, cycle-walked into
+// [0, n)).
+uint64_t shuffled_index(uint64_t slot, uint64_t n, uint64_t seed, uint64_t epoch);
+
+// The endless training stream over one split: epochs follow each other, a batch may hold the end
+// of one epoch and the start of the next. Keeps references to `shard` (must outlive the stream);
+// checks that `tok` is the tokenizer the corpus was prepared with (vocabulary size and special
+// ids against meta.json).
+class BatchStream {
+ public:
+  BatchStream(const Corpus& corpus, Split split, const Tokenizer& tok, const BatchOptions& options);
+  Batch next_batch();
+  DataPosition position() const { return pos_; }
+  void seek(const DataPosition& position);  // errors when outside this stream
+  int64_t num_sequences() const { return packer_.num_sequences(); }
+  const BatchOptions& options() const { return options_; }
+
+ private:
+  BatchOptions options_;
+  SequencePacker packer_;
+  Masker masker_;
+  DataPosition pos_;
+};
+
+// One deterministic pass over a split for evaluation: sequences in index order, masks drawn from
+// (seed, epoch 0), so every evaluation of a run — and of any run with the same seed — sees the
+// same inputs. The last batch may have fewer than batch_size rows. options.shuffle is ignored.
+class EvalBatches {
+ public:
+  static constexpr uint64_t kDefaultSeed = 0xE7A1;
+  EvalBatches(const Corpus& corpus, Split split, const Tokenizer& tok, int64_t batch_size,
+              int64_t max_len, uint64_t seed = kDefaultSeed, const MaskingOptions& masking = {});
+  std::optional<Batch> next();  // nullopt after the last batch
+  void rewind() { next_ = 0; }
+  int64_t num_sequences() const { return packer_.num_sequences(); }
+  int64_t num_batches() const;
+
+ private:
+  int64_t batch_size_;
+  uint64_t seed_;
+  SequencePacker packer_;
+  Masker masker_;
+  int64_t next_ = 0;
+};
+
+}  // namespace data

@@ -1,0 +1,778 @@
+// Corpus preparation (text → token shards) and the memory-mapped shard reader (see corpus.h for
+// the on-disk format, docs/data.md for the full description).
+#include "data/corpus.h"
+
+#include <fcntl.h>
+#include <lzma.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "engine/error.h"
+#include "engine/rng.h"
+
+namespace data {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// The shard files are raw little-endian arrays that are memory-mapped and used in place; a
+// big-endian host would need a byte-swapping reader, which nothing here needs yet.
+static_assert(std::endian::native == std::endian::little,
+              "corpus shards are little-endian and mapped in place");
+
+namespace {
+
+constexpr int kFormatVersion = 1;
+constexpr const char* kFormatName = "engine-corpus";
+constexpr uint32_t kSplitTag = 0x53504c54u;  // "SPLT": keeps the split hash apart from other streams
+
+std::string errno_text() { return std::strerror(errno); }
+
+// ---- input: plain or xz-compressed files, read in chunks and cut into lines -------------------
+
+class InputFile {
+ public:
+  explicit InputFile(const std::string& path) : path_(path) {
+    file_ = std::fopen(path.c_str(), "rb");
+    ENGINE_CHECK(file_ != nullptr, "[corpus] cannot open input file ", path, ": ", errno_text());
+    // The xz magic, not the file name, decides: a renamed archive still reads as text.
+    static constexpr unsigned char kXzMagic[6] = {0xFD, '7', 'z', 'X', 'Z', 0x00};
+    unsigned char head[6] = {};
+    const size_t got = std::fread(head, 1, sizeof(head), file_);
+    xz_ = got == sizeof(head) && std::memcmp(head, kXzMagic, sizeof(head)) == 0;
+    std::rewind(file_);
+    if (xz_) {
+      inbuf_.resize(1 << 16);
+      const lzma_ret ret = lzma_stream_decoder(&strm_, UINT64_MAX, LZMA_CONCATENATED);
+      ENGINE_CHECK(ret == LZMA_OK, "[corpus] cannot start the xz decoder for ", path,
+                   " (lzma error ", static_cast<int>(ret), ")");
+    }
+  }
+  ~InputFile() {
+    if (xz_) lzma_end(&strm_);
+    if (file_) std::fclose(file_);
+  }
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+
+  bool compressed() const { return xz_; }
+  uint64_t consumed() const { return consumed_; }  // bytes of the file read so far
+
+  // Up to `cap` bytes of text; 0 at the end.
+  size_t read(char* dst, size_t cap) {
+    if (!xz_) {
+      const size_t n = std::fread(dst, 1, cap, file_);
+      ENGINE_CHECK(n == cap || !std::ferror(file_), "[corpus] error reading ", path_, ": ",
+                   errno_text());
+      consumed_ += n;
+      return n;
+    }
+    if (finished_) return 0;
+    strm_.next_out = reinterpret_cast<uint8_t*>(dst);
+    strm_.avail_out = cap;
+    while (strm_.avail_out == cap) {
+      if (strm_.avail_in == 0 && !in_eof_) {
+        const size_t n = std::fread(inbuf_.data(), 1, inbuf_.size(), file_);
+        ENGINE_CHECK(n == inbuf_.size() || !std::ferror(file_), "[corpus] error reading ", path_,
+                     ": ", errno_text());
+        consumed_ += n;
+        in_eof_ = n < inbuf_.size();
+        strm_.next_in = inbuf_.data();
+        strm_.avail_in = n;
+      }
+      const lzma_action action = (in_eof_ && strm_.avail_in == 0) ? LZMA_FINISH : LZMA_RUN;
+      const lzma_ret ret = lzma_code(&strm_, action);
+      if (ret == LZMA_STREAM_END) {
+        finished_ = true;
+        break;
+      }
+      if (ret != LZMA_OK) {
+        const char* why = ret == LZMA_MEM_ERROR      ? "out of memory"
+                          : ret == LZMA_FORMAT_ERROR ? "not in the xz format"
+                          : ret == LZMA_DATA_ERROR   ? "corrupt data"
+                          : ret == LZMA_BUF_ERROR    ? "truncated file"
+                                                     : "decoder error";
+        ENGINE_FAIL("[corpus] cannot decompress ", path_, ": ", why, " (lzma error ",
+                    static_cast<int>(ret), "; expected a complete .xz stream)");
+      }
+    }
+    return cap - strm_.avail_out;
+  }
+
+ private:
+  std::string path_;
+  FILE* file_ = nullptr;
+  bool xz_ = false;
+  lzma_stream strm_ = LZMA_STREAM_INIT;
+  std::vector<uint8_t> inbuf_;
+  bool in_eof_ = false, finished_ = false;
+  uint64_t consumed_ = 0;
+};
+
+// Cuts a file into lines ("\n" or "\r\n"; a last line without a newline counts). Only the current
+// line and one read buffer are held.
+class LineReader {
+ public:
+  explicit LineReader(InputFile& in) : in_(in), buf_(1 << 20) {}
+
+  bool next(std::string& line) {
+    line.clear();
+    bool got = false;
+    for (;;) {
+      if (pos_ == end_) {
+        if (eof_) break;
+        end_ = in_.read(buf_.data(), buf_.size());
+        pos_ = 0;
+        if (end_ == 0) {
+          eof_ = true;
+          break;
+        }
+      }
+      got = true;
+      const char* start = buf_.data() + pos_;
+      const void* nl = std::memchr(start, '\n', end_ - pos_);
+      if (nl) {
+        const size_t len = static_cast<const char*>(nl) - start;
+        line.append(start, len);
+        pos_ += len + 1;
+        break;
+      }
+      line.append(start, end_ - pos_);
+      pos_ = end_;
+    }
+    if (!got) return false;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (first_) {
+      first_ = false;
+      if (line.compare(0, 3, "\xEF\xBB\xBF") == 0) line.erase(0, 3);  // UTF-8 byte-order mark
+    }
+    return true;
+  }
+
+ private:
+  InputFile& in_;
+  std::vector<char> buf_;
+  size_t pos_ = 0, end_ = 0;
+  bool eof_ = false, first_ = true;
+};
+
+bool is_blank(std::string_view s) {
+  for (char c : s)
+    if (c != ' ' && c != '\t' && c != '\r' && c != '\v' && c != '\f') return false;
+  return true;
+}
+
+// ---- output: buffered POSIX writes, fsynced on close -----------------------------------------
+
+class OutputFile {
+ public:
+  explicit OutputFile(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    ENGINE_CHECK(fd_ >= 0, "[corpus] cannot create ", path_, ": ", errno_text());
+    buf_.reserve(kCapacity);
+  }
+  ~OutputFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+
+  void write(const void* data, size_t n) {
+    const char* p = static_cast<const char*>(data);
+    if (buf_.size() + n > kCapacity) flush();
+    if (n >= kCapacity) {
+      write_all(p, n);
+      return;
+    }
+    buf_.insert(buf_.end(), p, p + n);
+  }
+  void write_u32(uint32_t v) { write(&v, sizeof(v)); }
+  void write_u64(uint64_t v) { write(&v, sizeof(v)); }
+
+  // Flushes, fsyncs and closes: after this returns the bytes are on disk.
+  void close() {
+    flush();
+    ENGINE_CHECK(::fsync(fd_) == 0, "[corpus] fsync of ", path_, " failed: ", errno_text());
+    const int fd = fd_;
+    fd_ = -1;
+    ENGINE_CHECK(::close(fd) == 0, "[corpus] closing ", path_, " failed: ", errno_text());
+  }
+
+ private:
+  static constexpr size_t kCapacity = 1 << 20;
+
+  void flush() {
+    write_all(buf_.data(), buf_.size());
+    buf_.clear();
+  }
+  void write_all(const char* p, size_t n) {
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      ENGINE_CHECK(w > 0, "[corpus] writing ", path_, " failed: ", errno_text(),
+                   " (is the disk full?)");
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+  }
+
+  std::string path_;
+  int fd_ = -1;
+  std::vector<char> buf_;
+};
+
+void fsync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;  // best effort: some file systems do not allow opening directories
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// ---- progress: a bar on a terminal, periodic lines in a log, nothing when quiet ---------------
+
+class Progress {
+ public:
+  Progress(bool quiet, uint64_t total_bytes)
+      : quiet_(quiet), tty_(::isatty(::fileno(stderr)) == 1), total_(total_bytes),
+        start_(Clock::now()), last_(start_) {}
+
+  void update(uint64_t bytes, int64_t tokens) {
+    if (quiet_) return;
+    const auto now = Clock::now();
+    const double since = std::chrono::duration<double>(now - last_).count();
+    if (since < (tty_ ? 0.25 : 10.0)) return;
+    last_ = now;
+    print(bytes, tokens, now);
+  }
+  void done(uint64_t bytes, int64_t tokens) {
+    if (quiet_) return;
+    print(bytes, tokens, Clock::now());
+    if (tty_) std::fputc('\n', stderr);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  void print(uint64_t bytes, int64_t tokens, Clock::time_point now) {
+    const double secs = std::max(1e-9, std::chrono::duration<double>(now - start_).count());
+    const double mb = bytes / 1e6, total_mb = total_ / 1e6;
+    const double frac = total_ ? std::min(1.0, static_cast<double>(bytes) / total_) : 1.0;
+    char line[256];
+    if (tty_) {
+      char bar[31];
+      const int filled = static_cast<int>(frac * 30);
+      for (int i = 0; i < 30; ++i) bar[i] = i < filled ? '#' : '-';
+      bar[30] = '\0';
+      std::snprintf(line, sizeof(line),
+                    "\r[corpus] [%s] %5.1f%%  %.1f / %.1f MB  %.1f MB/s  %lld tokens\x1b[K", bar,
+                    100 * frac, mb, total_mb, mb / secs, static_cast<long long>(tokens));
+    } else {
+      std::snprintf(line, sizeof(line),
+                    "[corpus] %.1f%%  %.1f / %.1f MB read  %.1f MB/s  %lld tokens  %.0f s\n",
+                    100 * frac, mb, total_mb, mb / secs, static_cast<long long>(tokens), secs);
+    }
+    std::fputs(line, stderr);
+    std::fflush(stderr);
+  }
+
+  bool quiet_, tty_;
+  uint64_t total_;
+  Clock::time_point start_, last_;
+};
+
+// ---- meta.json --------------------------------------------------------------------------------
+
+json split_json(const SplitCounts& c, Split s) {
+  return {{"documents", c.documents}, {"lines", c.lines}, {"tokens", c.tokens},
+          {"bin", std::string(split_name(s)) + ".bin"}, {"idx", std::string(split_name(s)) + ".idx"}};
+}
+
+// meta.json lookups by key path, with errors that name the file and the key.
+class MetaReader {
+ public:
+  MetaReader(const json& root, std::string path) : root_(root), path_(std::move(path)) {}
+
+  const json& at(const std::string& key_path) const {
+    const json* node = &root_;
+    size_t start = 0;
+    while (start <= key_path.size()) {
+      const size_t dot = key_path.find('.', start);
+      const std::string key =
+          key_path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      ENGINE_CHECK(node->is_object() && node->contains(key), "[corpus] ", path_,
+                   ": missing key '", key_path, "' (expected a meta.json written by prepare_corpus)");
+      node = &(*node)[key];
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    return *node;
+  }
+  int64_t integer(const std::string& key, int64_t min = 0) const {
+    const json& v = at(key);
+    ENGINE_CHECK(v.is_number_integer() && v.get<int64_t>() >= min, "[corpus] ", path_, ": key '",
+                 key, "' is ", v.dump(), " (expected an integer >= ", min, ")");
+    return v.get<int64_t>();
+  }
+  uint64_t unsigned_integer(const std::string& key) const {
+    const json& v = at(key);
+    ENGINE_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0),
+                 "[corpus] ", path_, ": key '", key, "' is ", v.dump(),
+                 " (expected a non-negative integer)");
+    return v.get<uint64_t>();
+  }
+  std::string string(const std::string& key) const {
+    const json& v = at(key);
+    ENGINE_CHECK(v.is_string(), "[corpus] ", path_, ": key '", key, "' is ", v.dump(),
+                 " (expected a string)");
+    return v.get<std::string>();
+  }
+
+ private:
+  const json& root_;
+  std::string path_;
+};
+
+}  // namespace
+
+const char* split_name(Split s) { return s == Split::train ? "train" : "valid"; }
+
+bool is_valid_document(uint64_t index, uint64_t seed, int64_t valid_ratio) {
+  if (valid_ratio <= 0) return false;
+  const uint32_t ctr[4] = {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
+                           kSplitTag, 0u};
+  const uint32_t key[2] = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
+  uint32_t out[4];
+  engine::philox4x32_10(ctr, key, out);
+  return out[0] % static_cast<uint64_t>(valid_ratio + 1) == 0;
+}
+
+int64_t sanitize_utf8(std::string_view in, std::string& out) {
+  out.clear();
+  out.reserve(in.size());
+  int64_t replaced = 0;
+  const size_t n = in.size();
+  size_t i = 0;
+  while (i < n) {
+    // Copy ASCII runs in one go: most text is mostly ASCII.
+    size_t j = i;
+    while (j < n && static_cast<unsigned char>(in[j]) < 0x80) ++j;
+    out.append(in.data() + i, j - i);
+    i = j;
+    if (i == n) break;
+    const unsigned char c = static_cast<unsigned char>(in[i]);
+    int need = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      need = 1;
+    } else if (c == 0xE0) {
+      need = 2, lo = 0xA0;  // no overlongs
+    } else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) {
+      need = 2;
+    } else if (c == 0xED) {
+      need = 2, hi = 0x9F;  // no surrogates
+    } else if (c == 0xF0) {
+      need = 3, lo = 0x90;  // no overlongs
+    } else if (c >= 0xF1 && c <= 0xF3) {
+      need = 3;
+    } else if (c == 0xF4) {
+      need = 3, hi = 0x8F;  // nothing above U+10FFFF
+    }
+    j = i + 1;
+    int k = 0;
+    while (k < need && j < n) {
+      const unsigned char d = static_cast<unsigned char>(in[j]);
+      if (k == 0 ? (d < lo || d > hi) : (d < 0x80 || d > 0xBF)) break;
+      ++j;
+      ++k;
+    }
+    if (need > 0 && k == need) {
+      out.append(in.data() + i, j - i);
+    } else {
+      out.append("\xEF\xBF\xBD");  // U+FFFD for the maximal ill-formed subpart in[i, j)
+      ++replaced;
+    }
+    i = j;
+  }
+  return replaced;
+}
+
+CorpusStats prepare_corpus(const std::vector<std::string>& inputs, const Tokenizer& tok,
+                           const std::string& out_dir, const PrepareOptions& options) {
+  ENGINE_CHECK(!inputs.empty(), "[corpus] no input files given (expected text files, one "
+               "sentence or paragraph per line, blank lines between documents)");
+  ENGINE_CHECK(options.valid_ratio >= 0, "[corpus] valid_ratio is ", options.valid_ratio,
+               " (expected >= 0: one document in valid_ratio + 1 goes to valid; 0 = none)");
+  const int64_t vocab = tok.vocab_size();
+  ENGINE_CHECK(vocab > 0 && vocab <= (int64_t{1} << 32), "[corpus] tokenizer ", tok.path(),
+               " has vocabulary size ", vocab, " (expected 1 .. 2^32: ids are stored as u32)");
+
+  uint64_t total_bytes = 0;
+  for (const std::string& in : inputs) {
+    std::error_code ec;
+    ENGINE_CHECK(fs::exists(in, ec), "[corpus] input file ", in, " does not exist");
+    ENGINE_CHECK(fs::is_regular_file(in, ec), "[corpus] input ", in,
+                 " is not a regular file (expected a text or .xz file)");
+    total_bytes += fs::file_size(in);
+  }
+
+  // "dir/" and "dir" name the same corpus; the temporary directory sits next to it.
+  fs::path out = fs::path(out_dir).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();
+  ENGINE_CHECK(!out.empty() && out.filename() != "." && out.filename() != "..",
+               "[corpus] output directory '", out_dir, "' is not a usable directory name");
+  const fs::path tmp = fs::path(out.string() + ".tmp");
+  {
+    std::error_code ec;
+    if (fs::exists(out, ec)) {
+      ENGINE_CHECK(fs::is_directory(out), "[corpus] output ", out.string(),
+                   " exists and is not a directory");
+      if (!fs::is_empty(out)) {
+        ENGINE_CHECK(options.overwrite, "[corpus] output directory ", out.string(),
+                     " exists and is not empty (pass overwrite to replace it)");
+        // Overwriting deletes the directory: only do that to something that is a corpus.
+        ENGINE_CHECK(fs::exists(out / "meta.json"), "[corpus] refusing to overwrite ",
+                     out.string(), ": it is not a prepared corpus (no meta.json)");
+      }
+    }
+  }
+  fs::remove_all(tmp);  // left by a killed run
+  fs::create_directories(tmp);
+
+  CorpusStats stats;
+  try {
+    OutputFile bin[2] = {OutputFile((tmp / "train.bin").string()),
+                         OutputFile((tmp / "valid.bin").string())};
+    OutputFile idx[2] = {OutputFile((tmp / "train.idx").string()),
+                         OutputFile((tmp / "valid.idx").string())};
+    idx[0].write_u64(0);
+    idx[1].write_u64(0);
+    SplitCounts* counts[2] = {&stats.train, &stats.valid};
+
+    Progress progress(options.quiet, total_bytes);
+    uint64_t bytes_before = 0;  // of the files already finished
+    uint64_t doc_index = 0;
+    bool in_doc = false;
+    int cur = 0;
+    int64_t doc_tokens = 0, doc_lines = 0;
+    auto end_document = [&] {
+      if (!in_doc) return;
+      in_doc = false;
+      ++doc_index;
+      if (doc_tokens == 0) {
+        ++stats.empty_documents;
+        return;
+      }
+      SplitCounts& c = *counts[cur];
+      ++c.documents;
+      c.lines += doc_lines;
+      idx[cur].write_u64(static_cast<uint64_t>(c.tokens));
+    };
+
+    std::string raw, clean;
+    for (const std::string& path : inputs) {
+      InputFile file(path);
+      LineReader lines(file);
+      while (lines.next(raw)) {
+        stats.invalid_utf8 += sanitize_utf8(raw, clean);
+        if (is_blank(clean)) {
+          end_document();
+          continue;
+        }
+        if (!in_doc) {
+          in_doc = true;
+          cur = is_valid_document(doc_index, options.seed, options.valid_ratio) ? 1 : 0;
+          doc_tokens = doc_lines = 0;
+        }
+        ++stats.lines;
+        ++doc_lines;
+        const std::vector<int32_t> ids = tok.encode(clean);
+        for (int32_t id : ids) {
+          ENGINE_CHECK(id >= 0 && id < vocab, "[corpus] tokenizer ", tok.path(), " returned id ",
+                       id, " for a line of ", path, " (expected 0 .. ", vocab - 1, ")");
+          bin[cur].write_u32(static_cast<uint32_t>(id));
+        }
+        doc_tokens += static_cast<int64_t>(ids.size());
+        counts[cur]->tokens += static_cast<int64_t>(ids.size());
+        progress.update(bytes_before + file.consumed(), stats.train.tokens + stats.valid.tokens);
+      }
+      end_document();  // a file's end ends its last document
+      bytes_before += file.consumed();
+    }
+    stats.bytes_read = static_cast<int64_t>(bytes_before);
+    progress.done(bytes_before, stats.train.tokens + stats.valid.tokens);
+
+    std::string sources;
+    for (const std::string& in : inputs) sources += (sources.empty() ? "" : ", ") + in;
+    ENGINE_CHECK(stats.train.tokens + stats.valid.tokens > 0, "[corpus] no tokens in ", sources,
+                 " (", stats.lines, " non-blank lines; expected text, one sentence or paragraph ",
+                 "per line)");
+
+    for (int s = 0; s < 2; ++s) {
+      bin[s].close();
+      idx[s].close();
+    }
+
+    json src = json::array();
+    for (const std::string& in : inputs)
+      src.push_back({{"path", fs::absolute(in).string()}, {"bytes", fs::file_size(in)}});
+    const SpecialIds& sp = tok.special();
+    json meta = {
+        {"format", kFormatName},
+        {"version", kFormatVersion},
+        {"tokenizer",
+         {{"kind", tok.kind()},
+          {"path", tok.path()},
+          {"vocab_size", vocab},
+          {"special",
+           {{"pad", sp.pad}, {"unk", sp.unk}, {"cls", sp.cls}, {"sep", sp.sep}, {"mask", sp.mask}}}}},
+        {"token_dtype", "uint32"},
+        {"index_dtype", "uint64"},
+        {"byte_order", "little"},
+        {"splits", {{"train", split_json(stats.train, Split::train)},
+                    {"valid", split_json(stats.valid, Split::valid)}}},
+        {"lines", stats.lines},
+        {"invalid_utf8_replaced", stats.invalid_utf8},
+        {"empty_documents_skipped", stats.empty_documents},
+        {"bytes_read", stats.bytes_read},
+        {"sources", src},
+        {"split_rule",
+         {{"valid_ratio", options.valid_ratio},
+          {"seed", options.seed},
+          {"rule",
+           "document i (0-based over all documents of all sources in order, empty ones "
+           "included) goes to valid iff word 0 of Philox4x32-10(counter = (i mod 2^32, i div "
+           "2^32, 0x53504c54, 0), key = seed) mod (valid_ratio + 1) == 0; valid_ratio 0: none"}}},
+    };
+    OutputFile meta_file((tmp / "meta.json").string());
+    const std::string text = meta.dump(2) + "\n";
+    meta_file.write(text.data(), text.size());
+    meta_file.close();
+    fsync_dir(tmp);
+
+    // The complete directory replaces the old one (checked above: absent, empty, or a corpus
+    // with overwrite) in one rename.
+    if (fs::exists(out)) fs::remove_all(out);
+    fs::rename(tmp, out);
+    fsync_dir(out.has_parent_path() ? out.parent_path() : fs::path("."));
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  if (!options.quiet) {
+    std::fprintf(stderr,
+                 "[corpus] wrote %s: train %lld documents / %lld tokens, valid %lld documents / "
+                 "%lld tokens; %lld invalid UTF-8 sequences replaced, %lld empty documents "
+                 "skipped\n",
+                 out.c_str(), static_cast<long long>(stats.train.documents),
+                 static_cast<long long>(stats.train.tokens),
+                 static_cast<long long>(stats.valid.documents),
+                 static_cast<long long>(stats.valid.tokens),
+                 static_cast<long long>(stats.invalid_utf8),
+                 static_cast<long long>(stats.empty_documents));
+  }
+  return stats;
+}
+
+// ---- reading ---------------------------------------------------------------------------------
+
+CorpusMeta read_corpus_meta(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "meta.json").string();
+  ENGINE_CHECK(fs::exists(path), "[corpus] ", path, " not found (expected a corpus directory "
+               "written by prepare_corpus; an interrupted preparation leaves only <dir>.tmp)");
+  json root;
+  {
+    std::ifstream f(path);
+    ENGINE_CHECK(f.good(), "[corpus] cannot open ", path);
+    try {
+      root = json::parse(f);
+    } catch (const json::exception& e) {
+      ENGINE_FAIL("[corpus] ", path, " is not valid JSON: ", e.what());
+    }
+  }
+  const MetaReader m(root, path);
+  ENGINE_CHECK(m.string("format") == kFormatName, "[corpus] ", path, ": format is '",
+               m.string("format"), "' (expected '", kFormatName, "')");
+  ENGINE_CHECK(m.integer("version") == kFormatVersion, "[corpus] ", path, ": version ",
+               m.integer("version"), " (this build reads version ", kFormatVersion, ")");
+  CorpusMeta meta;
+  meta.dir = dir;
+  meta.token_dtype = m.string("token_dtype");
+  ENGINE_CHECK(meta.token_dtype == "uint32", "[corpus] ", path, ": token_dtype '",
+               meta.token_dtype, "' (expected 'uint32')");
+  meta.tokenizer_kind = m.string("tokenizer.kind");
+  meta.tokenizer_path = m.string("tokenizer.path");
+  meta.vocab_size = m.integer("tokenizer.vocab_size", 1);
+  meta.special.pad = static_cast<int32_t>(m.integer("tokenizer.special.pad", -1));
+  meta.special.unk = static_cast<int32_t>(m.integer("tokenizer.special.unk", -1));
+  meta.special.cls = static_cast<int32_t>(m.integer("tokenizer.special.cls", -1));
+  meta.special.sep = static_cast<int32_t>(m.integer("tokenizer.special.sep", -1));
+  meta.special.mask = static_cast<int32_t>(m.integer("tokenizer.special.mask", -1));
+  for (Split s : {Split::train, Split::valid}) {
+    const std::string key = std::string("splits.") + split_name(s) + ".";
+    SplitCounts& c = s == Split::train ? meta.stats.train : meta.stats.valid;
+    c.documents = m.integer(key + "documents");
+    c.lines = m.integer(key + "lines");
+    c.tokens = m.integer(key + "tokens");
+    ENGINE_CHECK((c.documents == 0) == (c.tokens == 0), "[corpus] ", path, ": split ",
+                 split_name(s), " has ", c.documents, " documents and ", c.tokens,
+                 " tokens (expected both zero or both positive)");
+  }
+  meta.stats.lines = m.integer("lines");
+  meta.stats.invalid_utf8 = m.integer("invalid_utf8_replaced");
+  meta.stats.empty_documents = m.integer("empty_documents_skipped");
+  meta.stats.bytes_read = m.integer("bytes_read");
+  for (const json& s : m.at("sources")) {
+    ENGINE_CHECK(s.is_object() && s.contains("path") && s["path"].is_string(), "[corpus] ", path,
+                 ": bad entry in 'sources' (expected {\"path\": ..., \"bytes\": ...})");
+    meta.sources.push_back(s["path"].get<std::string>());
+  }
+  meta.valid_ratio = m.integer("split_rule.valid_ratio");
+  meta.seed = m.unsigned_integer("split_rule.seed");
+  return meta;
+}
+
+ShardReader::Mapping ShardReader::map_file(const std::string& path, size_t expected_bytes,
+                                           const char* what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ENGINE_CHECK(fd >= 0, "[corpus] cannot open ", path, ": ", errno_text(), " (expected ", what,
+               ")");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const std::string why = errno_text();
+    ::close(fd);
+    ENGINE_FAIL("[corpus] cannot stat ", path, ": ", why);
+  }
+  if (static_cast<uint64_t>(st.st_size) != expected_bytes) {
+    ::close(fd);
+    ENGINE_FAIL("[corpus] ", path, " has ", st.st_size, " bytes but meta.json implies ",
+                expected_bytes, " (", what, "): the file is truncated or belongs to another "
+                "preparation");
+  }
+  Mapping m;
+  m.bytes = expected_bytes;
+  if (expected_bytes > 0) {
+    void* addr = ::mmap(nullptr, expected_bytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (addr == MAP_FAILED) {
+      const std::string why = errno_text();
+      ::close(fd);
+      ENGINE_FAIL("[corpus] cannot mmap ", path, ": ", why);
+    }
+    m.addr = addr;
+  }
+  ::close(fd);  // the mapping keeps the file
+  return m;
+}
+
+ShardReader::ShardReader(const CorpusMeta& meta, Split split, const OpenOptions& options)
+    : split_(split) {
+  const SplitCounts& c = split == Split::train ? meta.stats.train : meta.stats.valid;
+  num_tokens_ = c.tokens;
+  num_documents_ = c.documents;
+  vocab_size_ = meta.vocab_size;
+  bin_path_ = (fs::path(meta.dir) / (std::string(split_name(split)) + ".bin")).string();
+  idx_path_ = (fs::path(meta.dir) / (std::string(split_name(split)) + ".idx")).string();
+  try {
+    const std::string tok_what = std::to_string(num_tokens_) + " tokens of u32";
+    bin_ = map_file(bin_path_, static_cast<size_t>(num_tokens_) * 4, tok_what.c_str());
+    const std::string idx_what = std::to_string(num_documents_ + 1) + " u64 document offsets";
+    idx_ = map_file(idx_path_, static_cast<size_t>(num_documents_ + 1) * 8, idx_what.c_str());
+    tokens_ = static_cast<const uint32_t*>(bin_.addr);
+    offsets_ = static_cast<const uint64_t*>(idx_.addr);
+
+    ENGINE_CHECK(offsets_[0] == 0, "[corpus] ", idx_path_, ": first offset is ", offsets_[0],
+                 " (expected 0)");
+    for (int64_t d = 0; d < num_documents_; ++d) {
+      ENGINE_CHECK(offsets_[d + 1] > offsets_[d], "[corpus] ", idx_path_, ": offset ", d + 1,
+                   " is ", offsets_[d + 1], " after ", offsets_[d],
+                   " (expected strictly increasing offsets: documents are never empty)");
+    }
+    ENGINE_CHECK(offsets_[num_documents_] == static_cast<uint64_t>(num_tokens_), "[corpus] ",
+                 idx_path_, ": last offset is ", offsets_[num_documents_], " (expected ",
+                 num_tokens_, ", the token count of ", bin_path_, ")");
+
+    if (options.check_tokens && num_tokens_ > 0) {
+      ::madvise(bin_.addr, bin_.bytes, MADV_SEQUENTIAL);
+      const uint32_t limit = static_cast<uint32_t>(std::min<int64_t>(vocab_size_, UINT32_MAX));
+      constexpr int64_t kChunk = 1 << 16;
+      for (int64_t begin = 0; begin < num_tokens_; begin += kChunk) {
+        const int64_t end = std::min(num_tokens_, begin + kChunk);
+        uint32_t mx = 0;
+        for (int64_t i = begin; i < end; ++i) mx = std::max(mx, tokens_[i]);
+        if (mx < limit || vocab_size_ > UINT32_MAX) continue;
+        for (int64_t i = begin; i < end; ++i) {
+          ENGINE_CHECK(tokens_[i] < limit, "[corpus] ", bin_path_, ": token ", i, " is ",
+                       tokens_[i], " (expected an id below the vocabulary size ", vocab_size_,
+                       " in meta.json)");
+        }
+      }
+      ::madvise(bin_.addr, bin_.bytes, MADV_NORMAL);
+    }
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+ShardReader::ShardReader(const std::string& dir, Split split, const OpenOptions& options)
+    : ShardReader(read_corpus_meta(dir), split, options) {}
+
+void ShardReader::release() {
+  if (bin_.addr) ::munmap(bin_.addr, bin_.bytes);
+  if (idx_.addr) ::munmap(idx_.addr, idx_.bytes);
+  bin_ = {};
+  idx_ = {};
+  tokens_ = nullptr;
+  offsets_ = nullptr;
+}
+
+ShardReader::~ShardReader() { release(); }
+
+ShardReader::ShardReader(ShardReader&& other) noexcept { *this = std::move(other); }
+
+ShardReader& ShardReader::operator=(ShardReader&& other) noexcept {
+  if (this != &other) {
+    release();
+    split_ = other.split_;
+    bin_path_ = std::move(other.bin_path_);
+    idx_path_ = std::move(other.idx_path_);
+    bin_ = other.bin_;
+    idx_ = other.idx_;
+    tokens_ = other.tokens_;
+    offsets_ = other.offsets_;
+    num_tokens_ = other.num_tokens_;
+    num_documents_ = other.num_documents_;
+    vocab_size_ = other.vocab_size_;
+    other.bin_ = {};
+    other.idx_ = {};
+    other.tokens_ = nullptr;
+    other.offsets_ = nullptr;
+    other.num_tokens_ = other.num_documents_ = 0;
+  }
+  return *this;
+}
+
+std::span<const uint32_t> ShardReader::document(int64_t d) const {
+  ENGINE_CHECK(d >= 0 && d < num_documents_, "[corpus] document ", d, " of ", bin_path_,
+               " is out of range (the split has ", num_documents_, " documents)");
+  return {tokens_ + offsets_[d], static_cast<size_t>(offsets_[d + 1] - offsets_[d])};
+}
+
+Corpus::Corpus(const std::string& dir, const OpenOptions& options)
+    : meta_(read_corpus_meta(dir)),
+      train_(meta_, Split::train, options),
+      valid_(meta_, Split::valid, options) {}
+
+}  // namespace data
