@@ -279,9 +279,7 @@ int run(const Args& args) {
   // The corpus (and its tokenizer) first: the vocabulary size comes from it.
   std::unique_ptr<data::Corpus> corpus;
   std::unique_ptr<data::Tokenizer> tokenizer;
-  if (corpus_mode) {
-    ENGINE_CHECK(!data_opt.corpus.empty(), "[pretrain_app] ", cfg.source(),
-                 ": data.corpus is not set (a directory made by `pretrain_app prepare`), and no --batch-file was given");
+  if (corpus_mode && !data_opt.corpus.empty()) {
     corpus = std::make_unique<data::Corpus>(data_opt.corpus);
     const std::string tok_path = data_opt.tokenizer.empty() ? corpus->meta().tokenizer_path : data_opt.tokenizer;
     tokenizer = data::load_tokenizer(tok_path, data_opt.lower_case);
@@ -309,6 +307,8 @@ int run(const Args& args) {
   }
   root.finish();
   if (corpus_mode) {
+    ENGINE_CHECK(corpus, "[pretrain_app] ", cfg.source(),
+                 ": data.corpus is not set (a directory made by `pretrain_app prepare`), and no --batch-file was given");
     ENGINE_CHECK(config.vocab_size == tokenizer->vocab_size(), "[pretrain_app] model.vocab_size ",
                  config.vocab_size, " does not match the tokenizer ", tokenizer->path(), " (",
                  tokenizer->vocab_size(), " tokens); leave model.vocab_size out to take the tokenizer's");
