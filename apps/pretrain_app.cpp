@@ -282,7 +282,13 @@ int run(const Args& args) {
   if (corpus_mode && !data_opt.corpus.empty()) {
     corpus = std::make_unique<data::Corpus>(data_opt.corpus);
     const std::string tok_path = data_opt.tokenizer.empty() ? corpus->meta().tokenizer_path : data_opt.tokenizer;
-    tokenizer = data::load_tokenizer(tok_path, data_opt.lower_case);
+    try {
+      tokenizer = data::load_tokenizer(tok_path, data_opt.lower_case);
+    } catch (const engine::Error& e) {
+      ENGINE_FAIL(e.what(), data_opt.tokenizer.empty() ? " (the tokenizer recorded in " + data_opt.corpus +
+                                                           "/meta.json; set data.tokenizer to use another path)"
+                                                     : std::string(" (data.tokenizer)"));
+    }
     ENGINE_CHECK(tokenizer->vocab_size() == corpus->meta().vocab_size, "[pretrain_app] tokenizer ", tok_path,
                  " has ", tokenizer->vocab_size(), " tokens but the corpus ", data_opt.corpus, " was prepared with ",
                  corpus->meta().vocab_size);

@@ -533,7 +533,7 @@ CorpusStats prepare_corpus(const std::vector<std::string>& inputs, const Tokeniz
         {"version", kFormatVersion},
         {"tokenizer",
          {{"kind", tok.kind()},
-          {"path", tok.path()},
+          {"path", fs::absolute(tok.path()).lexically_normal().string()},  // usable from any directory
           {"vocab_size", vocab},
           {"special",
            {{"pad", sp.pad}, {"unk", sp.unk}, {"cls", sp.cls}, {"sep", sp.sep}, {"mask", sp.mask}}}}},
