@@ -116,7 +116,7 @@ while not finished and attempt < 40:
         args.append("--resume")
     stale = set(glob.glob(os.path.join(b_dir, "checkpoints", "*.tmp.*")))  # left by the last kill
     proc = subprocess.Popen([app] + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    mode = attempt % 2  # alternate: kill during a checkpoint write / at a random moment
+    mode = (attempt + 1) % 2  # alternate, starting with a kill during a checkpoint write (0), then at a random moment (1)
     deadline = time.time() + rng.uniform(0.1, 0.6) * duration
     killed = False
     while proc.poll() is None:
