@@ -2,12 +2,10 @@
 // (train-tokenizer, prepare); the default command pretrains on a prepared corpus (the loop is
 // models::pretrain); the single-batch mode (a fixed batch from a file, dropout off, constant lr)
 // lets tests and the PyTorch reference (tools/reference/) check the model step by step.
-#include <unistd.h>
-
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>

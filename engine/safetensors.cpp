@@ -425,7 +425,8 @@ SafetensorsMetadata read_safetensors_metadata(const std::string& path) {
   return read_header(path, f, size).metadata;
 }
 
-void load_safetensors_into(const std::string& path, const NamedTensors& dest, bool allow_extra) {
+SafetensorsContents load_safetensors_into(const std::string& path, const NamedTensors& dest,
+                                          bool allow_extra) {
   std::ifstream f;
   uint64_t size = open_for_read(path, f);
   Header h = read_header(path, f, size);
@@ -466,6 +467,11 @@ void load_safetensors_into(const std::string& path, const NamedTensors& dest, bo
   NoGrad no_grad;
   for (size_t i = 0; i < dest.size(); ++i)
     dest[i].second.copy_(read_tensor(f, path, h, *sources[i]));
+  SafetensorsContents rest;
+  rest.metadata = std::move(h.metadata);
+  for (const Entry& e : h.entries)
+    if (!wanted.count(e.name)) rest.tensors.emplace_back(e.name, read_tensor(f, path, h, e));
+  return rest;
 }
 
 }  // namespace engine

@@ -36,7 +36,9 @@ SafetensorsMetadata read_safetensors_metadata(const std::string& path);
 // tensors in the file that are not in `dest` are an error unless `allow_extra`. The error names
 // the first mismatch in `dest`'s order (extra file tensors are reported after that). The whole
 // header is checked before any tensor in `dest` is written. Copies with copy_ (dest may be CUDA).
-void load_safetensors_into(const std::string& path, const NamedTensors& dest,
+// Returns what the file holds besides `dest`: the metadata and, with allow_extra, the other
+// tensors (CPU) — so a training checkpoint's weights and optimizer state come from one read.
+SafetensorsContents load_safetensors_into(const std::string& path, const NamedTensors& dest,
                            bool allow_extra = false);
 
 }  // namespace engine

@@ -163,15 +163,29 @@ Tensor PositionEncoding::projected_positions(int64_t t, Tensor* pk) const {
   return heads(query->forward(rows));
 }
 
+namespace {
+
+// TUPE's v = (p^ U^Q)(p^ U^K)^T / sqrt(2 d_h) over the first t rows: (H, t, t).
+Tensor untied_scores(const Tensor& pq, const Tensor& pk, int64_t t, double scale) {
+  return engine::matmul(pq.slice(1, 0, t), pk.slice(1, 0, t).transpose(1, 2)) * scale;
+}
+
+// theta of the [CLS] reset from one projected row (p_theta1 or p_theta2): (H).
+Tensor cls_theta_of(const Tensor& pq, const Tensor& pk, int64_t row, double scale) {
+  return engine::sum(pq.select(1, row) * pk.select(1, row), {1}) * scale;
+}
+
+}  // namespace
+
+double PositionEncoding::untied_scale() const { return 1.0 / std::sqrt(2.0 * double(config_.head_size())); }
+
 Tensor PositionEncoding::untied_term(int64_t t) const {
   ENGINE_CHECK(config_.position.attention == AttentionPosition::untied,
                "[bert] preset ", config_.position.preset, " has no untied positional term");
   check_length(t);
   Tensor pk;
   Tensor pq = projected_positions(t, &pk);
-  const double scale = 1.0 / std::sqrt(2.0 * double(config_.head_size()));
-  Tensor v = engine::matmul(pq.slice(1, 0, t), pk.slice(1, 0, t).transpose(1, 2)) * scale;
-  return v.unsqueeze(0);  // (1, H, T, T)
+  return untied_scores(pq, pk, t, untied_scale()).unsqueeze(0);  // (1, H, T, T)
 }
 
 std::pair<Tensor, Tensor> PositionEncoding::cls_thetas() const {
@@ -179,17 +193,13 @@ std::pair<Tensor, Tensor> PositionEncoding::cls_thetas() const {
                config_.position.preset, " has no [CLS] reset");
   Tensor pk;
   Tensor pq = projected_positions(1, &pk);  // rows: position 0, theta1, theta2
-  const double scale = 1.0 / std::sqrt(2.0 * double(config_.head_size()));
-  auto theta = [&](int64_t row) {
-    return engine::sum(pq.select(1, row) * pk.select(1, row), {1}) * scale;  // (H)
-  };
-  return {theta(1), theta(2)};
+  return {cls_theta_of(pq, pk, 1, untied_scale()), cls_theta_of(pq, pk, 2, untied_scale())};
 }
 
 AttentionTerms PositionEncoding::attention_terms(int64_t t) const {
   check_length(t);
   const PositionConfig& p = config_.position;
-  const int64_t h = config_.num_heads, dh = config_.head_size();
+  const int64_t h = config_.num_heads;
   const engine::Device dev = table.defined() ? table.device()
                              : relative_table.defined() ? relative_table.device()
                                                         : engine::Device::cpu();
@@ -202,15 +212,11 @@ AttentionTerms PositionEncoding::attention_terms(int64_t t) const {
   if (p.attention == AttentionPosition::untied) {
     Tensor pk;
     Tensor pq = projected_positions(t, &pk);  // (H, T[+2], d_h)
-    const double scale = 1.0 / std::sqrt(2.0 * double(dh));
-    Tensor v = engine::matmul(pq.slice(1, 0, t), pk.slice(1, 0, t).transpose(1, 2)) * scale;
+    Tensor v = untied_scores(pq, pk, t, untied_scale());
     if (relative.defined() && p.cls_reset != ClsReset::code) v = v + relative;  // paper: reset(v + b)
     if (p.cls_reset != ClsReset::none) {
       // reset_theta: row 0 (from [CLS], including itself) = theta1, column 0 below it = theta2.
-      auto theta = [&](int64_t row) {
-        return (engine::sum(pq.select(1, t + row) * pk.select(1, t + row), {1}) * scale)
-            .view({h, 1, 1});
-      };
+      auto theta = [&](int64_t k) { return cls_theta_of(pq, pk, t + k, untied_scale()).view({h, 1, 1}); };
       std::vector<float> keep(size_t(t * t), 1.f), row0(size_t(t * t), 0.f), col0(size_t(t * t), 0.f);
       for (int64_t j = 0; j < t; ++j) keep[size_t(j)] = 0.f, row0[size_t(j)] = 1.f;
       for (int64_t i = 1; i < t; ++i) keep[size_t(i * t)] = 0.f, col0[size_t(i * t)] = 1.f;

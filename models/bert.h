@@ -86,6 +86,7 @@ class PositionEncoding : public engine::Module {
 
  private:
   void check_length(int64_t seq_len) const;
+  double untied_scale() const;  // 1 / sqrt(2 d_h)
   Tensor projected_positions(int64_t seq_len, Tensor* pk) const;  // (H, T+2?, d_h) pairs
   BertConfig config_;
   Tensor fixed_shaw_;  // sin_rpe's constant table

@@ -10,12 +10,13 @@ namespace models {
 using engine::DType;
 
 void save_checkpoint(const std::string& path, const BertForMaskedLM& model,
-                     engine::SafetensorsMetadata extra) {
+                     engine::SafetensorsMetadata extra, const engine::NamedTensors& extra_tensors) {
   extra[kConfigKey] = model.config().to_json();
   extra[kKindKey] = "bert_mlm";
   extra["format"] = "pt";  // lets Hugging Face's safetensors tools open it
   engine::NamedTensors tensors;
   for (auto& [name, t] : model.named_parameters()) tensors.emplace_back(name, t.detach());
+  tensors.insert(tensors.end(), extra_tensors.begin(), extra_tensors.end());
   engine::save_safetensors(path, tensors, extra);
 }
 
@@ -27,8 +28,9 @@ BertConfig read_checkpoint_config(const std::string& path) {
   return BertConfig::from_json(it->second, path);
 }
 
-void load_checkpoint(const std::string& path, BertForMaskedLM& model) {
-  engine::load_safetensors_into(path, model.named_parameters());
+engine::SafetensorsContents load_checkpoint(const std::string& path, BertForMaskedLM& model,
+                                            bool with_state) {
+  return engine::load_safetensors_into(path, model.named_parameters(), with_state);
 }
 
 namespace {

@@ -14,12 +14,18 @@ namespace models {
 inline constexpr const char* kConfigKey = "engine.model_config";  // BertConfig::to_json()
 inline constexpr const char* kKindKey = "engine.model";           // "bert_mlm"
 
+// Writes the weights (and `extra_tensors`, e.g. optimizer state) with the model config and
+// `extra` in the metadata, atomically.
 void save_checkpoint(const std::string& path, const BertForMaskedLM& model,
-                     engine::SafetensorsMetadata extra = {});
+                     engine::SafetensorsMetadata extra = {},
+                     const engine::NamedTensors& extra_tensors = {});
 // The config stored in a checkpoint; a clear error when it has none or it is invalid.
 BertConfig read_checkpoint_config(const std::string& path);
-// Loads the parameters (names, shapes and dtypes checked; the first mismatch is named).
-void load_checkpoint(const std::string& path, BertForMaskedLM& model);
+// Loads the parameters (names, shapes and dtypes checked; the first mismatch is named). A file
+// with tensors beyond the model's is an error unless `with_state`; then those tensors (optimizer,
+// scaler, trainer state) and the metadata are returned from the same read.
+engine::SafetensorsContents load_checkpoint(const std::string& path, BertForMaskedLM& model,
+                                            bool with_state = false);
 
 struct MlmBatch {
   BertInputs inputs;

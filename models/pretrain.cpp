@@ -98,26 +98,20 @@ void save_training_checkpoint(const fs::path& path, const BertForMaskedLM& model
                               const engine::AdamW& opt, const engine::LossScaler& scaler,
                               const engine::Generator& gen, const TrainerState& st,
                               const BatchSource& data, const std::string& config_text) {
-  engine::NamedTensors tensors;
-  for (auto& [name, t] : model.named_parameters()) tensors.emplace_back(name, t.detach());
-  for (auto& e : opt.state()) tensors.push_back(e);
-  for (auto& e : scaler.state()) tensors.push_back(e);
+  engine::NamedTensors state = opt.state();
+  for (auto& e : scaler.state()) state.push_back(e);
   const engine::PhiloxState rng = gen.state();
-  tensors.emplace_back("trainer.step", i64_scalar(st.step));
-  tensors.emplace_back("trainer.tokens", i64_scalar(st.tokens));
-  tensors.emplace_back("trainer.rng_seed", i64_scalar(static_cast<int64_t>(rng.seed)));
-  tensors.emplace_back("trainer.rng_offset", i64_scalar(static_cast<int64_t>(rng.offset)));
-  engine::SafetensorsMetadata meta;
-  meta[kConfigKey] = model.config().to_json();
-  meta[kKindKey] = "bert_mlm";
-  meta["format"] = "pt";
-  meta["engine.data_position"] = data.position();
-  meta["engine.run_config"] = config_text;
-  engine::save_safetensors(path.string(), tensors, meta);  // temp file, fsync, rename
+  state.emplace_back("trainer.step", i64_scalar(st.step));
+  state.emplace_back("trainer.tokens", i64_scalar(st.tokens));
+  state.emplace_back("trainer.rng_seed", i64_scalar(static_cast<int64_t>(rng.seed)));
+  state.emplace_back("trainer.rng_offset", i64_scalar(static_cast<int64_t>(rng.offset)));
+  // Weights + state, config in the metadata; temp file, fsync, rename.
+  save_checkpoint(path.string(), model,
+                  {{"engine.data_position", data.position()}, {"engine.run_config", config_text}}, state);
 }
 
-// Restores everything from a training checkpoint; returns false (after a warning) when the file
-// cannot be used, so the caller can fall back to an older one.
+// Restores everything from a training checkpoint (weights and state from one read); throws when
+// the file cannot be used, so the caller can fall back to an older one.
 void load_training_checkpoint(const fs::path& path, BertForMaskedLM& model, engine::AdamW& opt,
                               engine::LossScaler& scaler, engine::Generator& gen, TrainerState& st,
                               BatchSource& data) {
@@ -125,28 +119,14 @@ void load_training_checkpoint(const fs::path& path, BertForMaskedLM& model, engi
   const std::string diff = stored.first_difference(model.config());
   ENGINE_CHECK(diff.empty(), "[pretrain] ", path.string(), ": the checkpoint's model differs from the config at model.",
                diff, " (checkpoint vs config)");
-  engine::SafetensorsContents c = engine::load_safetensors(path.string());
-  engine::NamedTensors params;
-  std::map<std::string, Tensor> by_name;
-  for (auto& [n, t] : c.tensors) by_name[n] = t;
-  {
-    engine::NoGrad ng;
-    for (auto& [name, p] : model.named_parameters()) {
-      auto it = by_name.find(name);
-      ENGINE_CHECK(it != by_name.end(), "[pretrain] ", path.string(), ": tensor '", name, "' is missing");
-      ENGINE_CHECK(it->second.shape() == p.shape() && it->second.dtype() == p.dtype(), "[pretrain] ",
-                   path.string(), ": tensor '", name, "' is ", engine::describe(it->second), " but the model has ",
-                   engine::describe(p));
-      p.copy_(it->second);
-    }
-  }
+  const engine::SafetensorsContents c = load_checkpoint(path.string(), model, /*with_state=*/true);
   opt.load_state(c.tensors);
   scaler.load_state(c.tensors);
   auto need = [&](const char* name) {
-    auto it = by_name.find(name);
-    ENGINE_CHECK(it != by_name.end(), "[pretrain] ", path.string(), ": '", name,
-                 "' is missing: not a training checkpoint (a weights-only model? use --init)");
-    return read_i64(it->second);
+    for (auto& [n, t] : c.tensors)
+      if (n == name) return read_i64(t);
+    ENGINE_FAIL("[pretrain] ", path.string(), ": '", name,
+                "' is missing: not a training checkpoint (a weights-only model? use --init)");
   };
   st.step = need("trainer.step");
   st.tokens = need("trainer.tokens");

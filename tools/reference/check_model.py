@@ -10,6 +10,7 @@
      missing (CTest reports the test as skipped, with the reason printed).
 """
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -142,7 +143,6 @@ def main():
         return 1
 
     params, meta = st.read(w("init.safetensors"))
-    import json
     cfg = json.loads(meta["engine.model_config"])
     dump, _ = st.read(w("dump.safetensors"))
     model = ref.Reference(cfg, params)
