@@ -27,6 +27,7 @@ namespace {
 
 const char* kUsage = R"(usage: pretrain_app --config CFG [--set KEY=VALUE ...] [--resume]
        pretrain_app train-tokenizer --input FILE [FILE ...] --out PREFIX [--vocab-size N]
+                                    [--max-lines N] [--seed S] [--verbose]
        pretrain_app prepare --tokenizer TOK --input FILE [FILE ...] --out DIR [--valid-ratio R]
                             [--seed S] [--overwrite] [--quiet] [--cased]
        pretrain_app --config CFG --batch-file BATCH [--steps N] [--init CKPT] [--save OUT]
@@ -39,7 +40,8 @@ Pretraining on a prepared corpus (data.corpus in the config):
   --out DIR           set train.out_dir
 
 Data preparation:
-  train-tokenizer     train a SentencePiece BPE vocabulary (default 32768) from text files
+  train-tokenizer     train a SentencePiece BPE vocabulary (default 32768) from text files,
+                      on at most --max-lines sampled lines (default 2000000; 0 = all)
   prepare             tokenize text (one sentence/paragraph per line, blank lines between
                       documents; .xz accepted) into memory-mapped train/valid shards; TOK is a
                       SentencePiece .model or a WordPiece vocab.txt (--cased keeps case)
@@ -56,7 +58,8 @@ Single-batch mode (dropout off, constant learning rate optim.lr):
                       parameter's gradient (as grad.<name>) before any step
 
 Other options:
-  --config CFG        YAML config: model: (sizes, position.preset, ...), optim:, seed:
+  --config CFG        YAML config: seed:, model: (sizes, position.preset, ...), optim:, data:,
+                      train: (configs/README.md)
   --set KEY=VALUE     override a config value, e.g. --set model.position.preset=tupe_r
   --count-params      print the parameter count by group and exit
   -h, --help          this text
