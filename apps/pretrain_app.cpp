@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/autograd.h"
+#include "engine/comm.h"
 #include "engine/config.h"
 #include "engine/error.h"
 #include "engine/optim.h"
@@ -63,6 +64,10 @@ Other options:
   --set KEY=VALUE     override a config value, e.g. --set model.position.preset=tupe_r
   --count-params      print the parameter count by group and exit
   -h, --help          this text
+
+Data parallel: start it with an MPI launcher, e.g. `mpirun -np 2 pretrain_app --config CFG`;
+data.batch_size is per rank (global batch = ranks x batch_size x accumulation), rank 0 writes
+the checkpoints and logs (docs/distributed.md).
 
 Exit status: 0 on success, 1 on an error (one message naming the file, line or key), 2 on a bad
 command line.
@@ -326,23 +331,36 @@ int run(const Args& args) {
 
   models::BertForMaskedLM model(config, seed);
   if (!args.init.empty()) models::load_checkpoint(args.init, model);
-  print_parameter_counts(model);
+  if (engine::world().is_root()) print_parameter_counts(model);
   if (args.count_params) return 0;
   if (!args.batch_file.empty()) return single_batch(args, model, adam, seed);
 
+  // Data parallel: data.batch_size is per rank; each rank reads its own shard of every global
+  // batch (data/batches.h).
+  engine::Communicator& comm = engine::world();
   data::BatchOptions bo;
   bo.batch_size = data_opt.batch_size;
   bo.max_len = data_opt.seq_len;
   bo.seed = seed;
   bo.shuffle = data_opt.shuffle;
+  bo.shard = comm.rank();
+  bo.num_shards = comm.size();
   CorpusSource source(*corpus, *tokenizer, bo);
-  std::printf("corpus %s: %lld train / %lld valid tokens; batches of %lld x %lld\n", data_opt.corpus.c_str(),
-              (long long)corpus->train().num_tokens(), (long long)corpus->valid().num_tokens(),
-              (long long)bo.batch_size, (long long)bo.max_len);
+  if (comm.is_root()) {
+    std::printf("corpus %s: %lld train / %lld valid tokens; batches of %lld x %lld\n", data_opt.corpus.c_str(),
+                (long long)corpus->train().num_tokens(), (long long)corpus->valid().num_tokens(),
+                (long long)bo.batch_size, (long long)bo.max_len);
+    std::printf("global batch: %d rank%s x %lld sequences x %lld accumulation = %lld sequences of %lld tokens (%s)\n",
+                comm.size(), comm.size() == 1 ? "" : "s", (long long)bo.batch_size, (long long)train_opt.accumulation,
+                (long long)(comm.size() * bo.batch_size * train_opt.accumulation), (long long)bo.max_len,
+                comm.backend(engine::Device::cpu()).c_str());
+    std::fflush(stdout);
+  }
   models::PretrainResult r = models::pretrain(model, source, train_opt, adam, seed, args.resume, cfg.dump());
-  std::printf("done: step %lld, valid loss %.4f; checkpoint %s; model %s/model.safetensors; metrics %s/metrics.jsonl\n",
-              (long long)r.final_step, r.last_valid_loss, r.final_checkpoint.c_str(), train_opt.out_dir.c_str(),
-              train_opt.out_dir.c_str());
+  if (comm.is_root())
+    std::printf("done: step %lld, valid loss %.4f; checkpoint %s; model %s/model.safetensors; metrics %s/metrics.jsonl\n",
+                (long long)r.final_step, r.last_valid_loss, r.final_checkpoint.c_str(), train_opt.out_dir.c_str(),
+                train_opt.out_dir.c_str());
   return 0;
 }
 
@@ -428,16 +446,25 @@ int prepare_cmd(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
-    const std::string cmd = argc > 1 ? argv[1] : "";
-    if (cmd == "train-tokenizer") return train_tokenizer_cmd(argc, argv);
-    if (cmd == "prepare") return prepare_cmd(argc, argv);
-    Args args = parse_args(argc, argv);
-    return run(args);
-  } catch (const engine::Error& e) {
+    // Under mpirun: MPI (NCCL for GPU tensors) for data parallelism; otherwise one process.
+    engine::DistributedSession session;
+    try {
+      const std::string cmd = argc > 1 ? argv[1] : "";
+      if (cmd == "train-tokenizer" || cmd == "prepare") {
+        ENGINE_CHECK(engine::world().size() == 1, "[pretrain_app] ", cmd,
+                     " runs in one process: start it without mpirun");
+        return cmd == "prepare" ? prepare_cmd(argc, argv) : train_tokenizer_cmd(argc, argv);
+      }
+      Args args = parse_args(argc, argv);
+      return run(args);
+    } catch (const engine::Error& e) {
+      // In a multi-rank job this ends every rank (the others may wait in a collective).
+      return engine::fail_job("pretrain_app", e.what(), 1);
+    } catch (const std::exception& e) {
+      return engine::fail_job("pretrain_app", std::string("unexpected error: ") + e.what(), 1);
+    }
+  } catch (const std::exception& e) {  // MPI could not start
     std::cerr << "pretrain_app: " << e.what() << "\n";
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "pretrain_app: unexpected error: " << e.what() << "\n";
     return 1;
   }
 }

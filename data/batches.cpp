@@ -263,6 +263,9 @@ BatchStream::BatchStream(const Corpus& corpus, Split split, const Tokenizer& tok
                corpus.split(split)),
               options.max_len, tok.special()),
       masker_(tok, options.masking) {
+  ENGINE_CHECK(options.num_shards >= 1 && options.shard >= 0 && options.shard < options.num_shards,
+               "[batch] shard ", options.shard, " of ", options.num_shards,
+               ": expected 0 <= shard < num_shards");
   ENGINE_CHECK(packer_.num_sequences() > 0, "[batch] split ", split_name(split), " of corpus ",
                corpus.meta().dir, " has no tokens (nothing to train on)");
 }
@@ -279,13 +282,16 @@ void BatchStream::seek(const DataPosition& position) {
 Batch BatchStream::next_batch() {
   const int64_t n = num_sequences();
   std::vector<int64_t> seqs, epochs;
-  for (int64_t r = 0; r < options_.batch_size; ++r) {
+  const int64_t first = options_.shard * options_.batch_size, end = first + options_.batch_size;
+  for (int64_t r = 0; r < options_.batch_size * options_.num_shards; ++r) {
     const int64_t slot = pos_.next_sequence;
-    seqs.push_back(options_.shuffle ? static_cast<int64_t>(shuffled_index(
-                                          static_cast<uint64_t>(slot), static_cast<uint64_t>(n),
-                                          options_.seed, static_cast<uint64_t>(pos_.epoch)))
-                                    : slot);
-    epochs.push_back(pos_.epoch);
+    if (r >= first && r < end) {  // this shard's part of the global batch
+      seqs.push_back(options_.shuffle ? static_cast<int64_t>(shuffled_index(
+                                            static_cast<uint64_t>(slot), static_cast<uint64_t>(n),
+                                            options_.seed, static_cast<uint64_t>(pos_.epoch)))
+                                      : slot);
+      epochs.push_back(pos_.epoch);
+    }
     if (++pos_.next_sequence == n) {
       pos_.next_sequence = 0;
       ++pos_.epoch;

@@ -48,6 +48,11 @@ struct BatchOptions {
   uint64_t seed = 1;      // shuffling and masking
   bool shuffle = true;
   MaskingOptions masking;
+  // Data parallelism: the stream advances by num_shards * batch_size slots per batch (the global
+  // batch) and serves slots [shard * batch_size, (shard + 1) * batch_size) of it, so the shards
+  // of ranks 0..n-1 concatenated are the batch that one stream with n * batch_size would serve.
+  int64_t shard = 0;
+  int64_t num_shards = 1;
 };
 
 // (B, T) i64 CPU tensors.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "engine/error.h"
 
@@ -28,6 +29,23 @@ struct Tape {
 };
 
 thread_local Tape t_tape;
+thread_local LeafGradReadyHook t_leaf_hook;
+
+// For the leaf hook: how many edges into each leaf the nodes reachable from `root` hold.
+std::unordered_map<const TensorImpl*, int> count_leaf_edges(Node* root) {
+  std::unordered_map<const TensorImpl*, int> counts;
+  std::unordered_set<Node*> seen{root};
+  std::vector<Node*> stack{root};
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next) {
+      if (e.leaf) ++counts[e.leaf.get()];
+      if (e.node && seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+    }
+  }
+  return counts;
+}
 
 TensorMeta meta_of(const Tensor& t) { return {t.shape(), t.dtype(), t.device()}; }
 
@@ -91,6 +109,11 @@ void record(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs
     t_tape.compact();
 }
 
+LeafGradHookScope::LeafGradHookScope(LeafGradReadyHook hook) : prev_(std::move(t_leaf_hook)) {
+  t_leaf_hook = std::move(hook);
+}
+LeafGradHookScope::~LeafGradHookScope() { t_leaf_hook = std::move(prev_); }
+
 size_t tape_size() {
   t_tape.compact();
   return t_tape.entries.size();
@@ -119,6 +142,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     Tensor& acc = root.impl()->autograd.grad;
     if (acc.defined()) acc.add_(g);
     else acc = g.clone();
+    if (t_leaf_hook) t_leaf_hook(root.impl());
     return;
   }
 
@@ -132,6 +156,8 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   pending[root_node].resize(root_node->outputs.size());
   pending[root_node][rm.output_slot] = seed;
   const uint64_t root_seq = root_node->sequence_nr;
+  std::unordered_map<const TensorImpl*, int> leaf_edges;
+  if (t_leaf_hook) leaf_edges = count_leaf_edges(root_node);
 
   std::vector<std::shared_ptr<Node>> ran;
   auto& entries = t_tape.entries;
@@ -167,6 +193,16 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
         else acc = g.clone();
       }
     }
+    if (t_leaf_hook) {
+      for (const Edge& e : node->next) {
+        if (!e.leaf) continue;
+        auto c = leaf_edges.find(e.leaf.get());
+        if (c != leaf_edges.end() && --c->second == 0) {
+          leaf_edges.erase(c);
+          t_leaf_hook(e.leaf.get());
+        }
+      }
+    }
     if (!retain_graph) ran.push_back(node);
   }
   // Nodes still waiting were not on this thread's tape: freed earlier (and swept), or recorded
@@ -176,6 +212,9 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     ENGINE_FAIL("[backward] node '", n->name(), "' is not on this thread's tape (was the graph "
                 "recorded on another thread?)");
   }
+  // Leaves behind nodes that never received a gradient: complete too, now.
+  if (t_leaf_hook)
+    for (auto& [leaf, count] : leaf_edges) t_leaf_hook(leaf);
   for (auto& n : ran) {
     n->release_saved();
     n->released = true;

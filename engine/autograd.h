@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <vector>
@@ -91,6 +92,23 @@ Tensor record_unary(std::shared_ptr<N> node, const std::vector<Tensor>& inputs, 
 }
 
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);
+
+// Told, during a backward on this thread, when a leaf's gradient is complete for that backward:
+// every node of the backward with an edge into the leaf has run, so nothing more will be added to
+// its .grad. Each leaf the backward reaches is reported once (leaves whose producers received no
+// gradient are reported when the walk ends). Data-parallel training starts a bucket's all-reduce
+// from here while the rest of backward runs. One hook per thread, installed for a scope.
+using LeafGradReadyHook = std::function<void(const TensorImpl* leaf)>;
+class LeafGradHookScope {
+ public:
+  explicit LeafGradHookScope(LeafGradReadyHook hook);
+  ~LeafGradHookScope();
+  LeafGradHookScope(const LeafGradHookScope&) = delete;
+  LeafGradHookScope& operator=(const LeafGradHookScope&) = delete;
+
+ private:
+  LeafGradReadyHook prev_;
+};
 
 // Live entries on this thread's tape (for tests: no-grad code must not grow it).
 size_t tape_size();

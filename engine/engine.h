@@ -4,6 +4,8 @@
 #include "engine/allocator.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
+#include "engine/comm.h"
+#include "engine/data_parallel.h"
 #include "engine/device.h"
 #include "engine/dtype.h"
 #include "engine/error.h"

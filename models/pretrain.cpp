@@ -13,6 +13,8 @@
 #include <sstream>
 
 #include "engine/autograd.h"
+#include "engine/comm.h"
+#include "engine/data_parallel.h"
 #include "engine/error.h"
 #include "engine/safetensors.h"
 #include "ops/ops.h"
@@ -47,6 +49,7 @@ PretrainOptions PretrainOptions::from_config(const engine::ConfigSection& t) {
   o.keep_last = t.get_int("keep_last", o.keep_last);
   o.out_dir = t.get_string("out_dir", o.out_dir);
   o.progress = t.get_bool("progress", o.progress);
+  o.bucket_mb = t.get_int("bucket_mb", o.bucket_mb);
   t.finish();
   auto check = [&](bool ok, const char* key, const std::string& what) {
     ENGINE_CHECK(ok, "[config] ", t.where(key), ": ", what);
@@ -61,6 +64,7 @@ PretrainOptions PretrainOptions::from_config(const engine::ConfigSection& t) {
   check(o.valid_batches >= 1, "valid_batches", "must be at least 1");
   check(o.keep_last >= 1, "keep_last", "must be at least 1");
   check(!o.out_dir.empty(), "out_dir", "must not be empty");
+  check(o.bucket_mb >= 1, "bucket_mb", "must be at least 1");
   return o;
 }
 
@@ -136,6 +140,31 @@ void load_training_checkpoint(const fs::path& path, BertForMaskedLM& model, engi
   data.seek(pos->second);
 }
 
+// Every rank continues from rank 0's state: weights, optimizer moments, scaler, schedule and data
+// position (rank 0 alone reads the checkpoint, so the ranks need no shared filesystem). Each
+// rank keeps its own dropout stream (its seed), at rank 0's offset.
+void sync_from_root(engine::Communicator& comm, const engine::FlatParameters& flat, engine::AdamW& opt,
+                    engine::LossScaler& scaler, engine::Generator& gen, TrainerState& st, BatchSource& data) {
+  engine::broadcast_parameters(flat, comm);
+  for (bool optimizer : {true, false}) {
+    engine::NamedTensors state = optimizer ? opt.state() : scaler.state();
+    for (auto& [name, t] : state) {
+      t = t.contiguous();
+      comm.broadcast(t);
+    }
+    if (!comm.is_root()) optimizer ? opt.load_state(state) : scaler.load_state(state);
+  }
+  Tensor counters = Tensor::from_vector<int64_t>(
+      {st.step, st.tokens, static_cast<int64_t>(gen.state().offset)}, {3});
+  comm.broadcast(counters);
+  const std::vector<int64_t> c = counters.to_vector<int64_t>();
+  st.step = c[0];
+  st.tokens = c[1];
+  gen.set_state({gen.state().seed, static_cast<uint64_t>(c[2])});
+  const std::string position = comm.broadcast(comm.is_root() ? data.position() : std::string());
+  if (!comm.is_root()) data.seek(position);
+}
+
 // Rewrites metrics.jsonl keeping only the lines of steps <= `step` (a resumed run re-logs the rest).
 void truncate_metrics(const fs::path& file, int64_t step) {
   if (!fs::exists(file)) return;
@@ -166,6 +195,12 @@ std::string fmt_duration(double s) {
   return buf;
 }
 
+int64_t count_predicted(const MlmBatch& b) {
+  int64_t n = 0;
+  for (int64_t v : b.labels.to(DType::i64).to_vector<int64_t>()) n += v != -100;
+  return n;
+}
+
 int64_t count_tokens(const MlmBatch& b) {
   if (!b.inputs.attention_mask.defined()) return b.inputs.input_ids.numel();
   int64_t n = 0;
@@ -178,7 +213,8 @@ struct ValidResult {
   int64_t predicted = 0;
 };
 
-ValidResult validate(BertForMaskedLM& model, BatchSource& data, int64_t max_batches) {
+// Over the first `max_batches` validation batches, batch i on rank i % size; sums reduced.
+ValidResult validate(BertForMaskedLM& model, BatchSource& data, int64_t max_batches, engine::Communicator& comm) {
   engine::NoGrad ng;
   const bool was_training = model.training();
   model.train(false);
@@ -186,7 +222,9 @@ ValidResult validate(BertForMaskedLM& model, BatchSource& data, int64_t max_batc
   ValidResult r;
   double loss_sum = 0;
   int64_t correct = 0;
-  for (const MlmBatch& b : data.valid_batches(max_batches)) {
+  const std::vector<MlmBatch> batches = data.valid_batches(max_batches);
+  for (size_t i = size_t(comm.rank()); i < batches.size(); i += size_t(comm.size())) {
+    const MlmBatch& b = batches[i];
     MlmOutput out = model.forward(b.inputs, b.labels, unused);
     const int64_t m = out.logits.size(0), v = out.logits.size(1);
     loss_sum += out.loss.item() * double(m);
@@ -199,6 +237,11 @@ ValidResult validate(BertForMaskedLM& model, BatchSource& data, int64_t max_batc
     r.predicted += m;
   }
   model.train(was_training);
+  double sums[3] = {loss_sum, double(correct), double(r.predicted)};
+  comm.all_reduce(sums);
+  loss_sum = sums[0];
+  correct = static_cast<int64_t>(sums[1]);
+  r.predicted = static_cast<int64_t>(sums[2]);
   ENGINE_CHECK(r.predicted > 0, "[pretrain] the validation split gave no predicted token");
   r.loss = loss_sum / double(r.predicted);
   r.accuracy = double(correct) / double(r.predicted);
@@ -218,25 +261,32 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
                         const std::function<void(int64_t, double)>& on_step) {
   ENGINE_CHECK(o.precision == "f32", "[pretrain] train.precision ", o.precision,
                " needs the CUDA mixed-precision path, which this build does not have yet; use f32");
+  engine::Communicator& comm = engine::world();
+  const bool root = comm.is_root();  // the rank that logs and writes files
   const fs::path out_dir(o.out_dir), ckpt_dir = out_dir / "checkpoints", metrics_path = out_dir / "metrics.jsonl";
-  fs::create_directories(ckpt_dir);
+  if (root) fs::create_directories(ckpt_dir);
 
   engine::FlatParameters flat(model.named_parameters());
   const bool decay_all = o.decay_bias_and_norm;
   engine::AdamW opt(flat, adam, [decay_all](const std::string& n) { return decay_all || !engine::default_no_decay(n); });
   engine::LossScaler scaler(o.loss_scale);
-  engine::Generator gen(seed ^ 0x9E3779B97F4A7C15ull);  // dropout stream (the init used `seed`)
+  // Dropout stream (the init used `seed`); each rank its own.
+  engine::Generator gen(seed ^ 0x9E3779B97F4A7C15ull ^ (uint64_t(comm.rank()) * 0xD1B54A32D192ED03ull));
+  engine::GradReducer reducer(flat, comm, o.bucket_mb << 20);
   const int64_t warmup = o.warmup_steps >= 0 ? o.warmup_steps
                                              : static_cast<int64_t>(std::ceil(o.warmup_ratio * double(o.steps)));
   engine::LinearSchedule schedule(adam.lr, warmup, o.steps);
   TrainerState st;
 
   // Temporary files of checkpoint writes that a kill interrupted: never complete, never used.
-  for (auto& e : fs::directory_iterator(ckpt_dir))
-    if (e.path().filename().string().find(".safetensors.tmp.") != std::string::npos) fs::remove(e.path());
+  if (root)
+    for (auto& e : fs::directory_iterator(ckpt_dir))
+      if (e.path().filename().string().find(".safetensors.tmp.") != std::string::npos) fs::remove(e.path());
 
   PretrainResult result;
-  if (resume) {
+  if (!root) {
+    // Rank 0 checks the directory and reads the checkpoint; sync_from_root below.
+  } else if (resume) {
     // The newest checkpoint that loads; an unreadable one (it cannot be partial: writes are
     // atomic, but a disk can still corrupt it) is reported and the previous one is tried.
     auto list = list_checkpoints(ckpt_dir);
@@ -260,15 +310,23 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
                  " already holds checkpoints: pass --resume to continue that run, or choose another train.out_dir");
     std::ofstream(metrics_path, std::ios::trunc);
   }
+  if (comm.size() > 1) {
+    if (resume) sync_from_root(comm, flat, opt, scaler, gen, st, data);
+    else engine::broadcast_parameters(flat, comm);
+  }
   result.start_step = st.step;
 
-  std::ofstream metrics(metrics_path, std::ios::app);
-  ENGINE_CHECK(metrics.good(), "[pretrain] cannot write ", metrics_path.string());
-  const bool tty = o.progress && isatty(STDERR_FILENO);
+  std::ofstream metrics;
+  if (root) {
+    metrics.open(metrics_path, std::ios::app);
+    ENGINE_CHECK(metrics.good(), "[pretrain] cannot write ", metrics_path.string());
+  }
+  const bool tty = root && o.progress && isatty(STDERR_FILENO);
   model.train(true);
   const auto t_start = std::chrono::steady_clock::now();
   auto window_start = t_start;
-  int64_t window_tokens = 0, steps_this_run = 0;
+  int64_t window_tokens = 0, steps_this_run = 0, window_steps = 0;
+  double comm_exposed_s = 0;  // in the log window: gradient all-reduce time backward did not hide
 
   auto save = [&]() {
     const fs::path path = ckpt_dir / checkpoint_name(st.step);
@@ -281,16 +339,33 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
   while (st.step < o.steps) {
     const double lr = schedule.lr(st.step);
     flat.zero_grad();
-    double loss = 0;
-    int64_t tokens = 0;
-    for (int64_t micro = 0; micro < o.accumulation; ++micro) {
-      MlmBatch b = data.next_train();
-      tokens += count_tokens(b);
-      MlmOutput out = model.forward(b.inputs, b.labels, gen);
-      loss += out.loss.item() / double(o.accumulation);
-      // Scaled for fp16 (1 otherwise) and averaged over the micro-batches.
-      (out.loss * (scaler.scale() / double(o.accumulation))).backward();
+    // The step's loss is the mean over every masked token of every micro-batch on every rank:
+    // each micro-batch's mean loss is weighted by its share of the global count, and the
+    // gradients are summed over the ranks. So n ranks with batch b, or accumulation n, train
+    // exactly like one rank with batch n * b.
+    std::vector<MlmBatch> micro(size_t(o.accumulation));
+    std::vector<double> predicted(micro.size());
+    double counts[2] = {0, 0};  // masked tokens, tokens
+    for (size_t m = 0; m < micro.size(); ++m) {
+      micro[m] = data.next_train();
+      predicted[m] = double(count_predicted(micro[m]));
+      counts[0] += predicted[m];
+      counts[1] += double(count_tokens(micro[m]));
     }
+    comm.all_reduce(counts);
+    const int64_t tokens = static_cast<int64_t>(counts[1]);
+    double loss = 0;
+    for (size_t m = 0; m < micro.size(); ++m) {
+      MlmOutput out = model.forward(micro[m].inputs, micro[m].labels, gen);
+      const double weight = counts[0] > 0 ? predicted[m] / counts[0] : 0.0;
+      loss += out.loss.item() * weight;
+      if (m + 1 == micro.size()) reducer.begin();  // only the last backward reduces
+      // Scaled for fp16 (1 otherwise).
+      (out.loss * (scaler.scale() * weight)).backward();
+    }
+    reducer.finish();
+    loss = comm.all_reduce(loss);
+    comm_exposed_s += reducer.last_exposed_s();
     if (scaler.scale() != 1.0) engine::scale_kernel(flat.grad().device(), flat.grad(), 1.0 / scaler.scale());
     const double grad_norm = o.clip_norm > 0 ? engine::clip_grad_norm(flat, o.clip_norm)
                                              : std::sqrt(engine::sum_squares_kernel(flat.grad().device(), flat.grad()));
@@ -301,6 +376,7 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
     st.tokens += tokens;
     window_tokens += tokens;
     ++steps_this_run;
+    ++window_steps;
     result.losses.push_back(loss);
     if (on_step) on_step(st.step, loss);
 
@@ -308,11 +384,11 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
     bool validated = false;
     ValidResult vr;
     if ((o.valid_every > 0 && st.step % o.valid_every == 0) || last) {
-      vr = validate(model, data, o.valid_batches);
+      vr = validate(model, data, o.valid_batches, comm);
       validated = true;
       result.last_valid_loss = vr.loss;
     }
-    if (st.step % o.log_every == 0 || last || validated || !apply) {
+    if (root && (st.step % o.log_every == 0 || last || validated || !apply)) {
       const auto now = std::chrono::steady_clock::now();
       const double window_s = std::chrono::duration<double>(now - window_start).count();
       const double tok_s = window_s > 0 ? double(window_tokens) / window_s : 0.0;
@@ -320,6 +396,9 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
       const double eta = elapsed / double(steps_this_run) * double(o.steps - st.step);
       window_start = now;
       window_tokens = 0;
+      const double exposed_ms = window_steps > 0 ? 1000.0 * comm_exposed_s / double(window_steps) : 0.0;
+      window_steps = 0;
+      comm_exposed_s = 0;
       char line[512];
       std::snprintf(line, sizeof line,
                     "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"loss_scale\": %g, "
@@ -327,6 +406,10 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
                     (long long)st.step, loss, lr, tok_s, scale_used, grad_norm, (long long)scaler.skipped_steps(),
                     (long long)st.tokens);
       std::string json = line;
+      if (comm.size() > 1) {
+        std::snprintf(line, sizeof line, ", \"ranks\": %d, \"comm_exposed_ms\": %.3f", comm.size(), exposed_ms);
+        json += line;
+      }
       if (validated) {
         std::snprintf(line, sizeof line, ", \"valid_loss\": %.9g, \"valid_ppl\": %.6g, \"valid_accuracy\": %.6f",
                       vr.loss, std::exp(vr.loss), vr.accuracy);
@@ -346,13 +429,13 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
       }
       std::fflush(stdout);
     }
-    if ((o.save_every > 0 && st.step % o.save_every == 0) || last) save();
+    if (root && ((o.save_every > 0 && st.step % o.save_every == 0) || last)) save();
   }
   if (tty) std::fprintf(stderr, "\n");
   if (result.final_checkpoint.empty()) result.final_checkpoint = latest_checkpoint(o.out_dir);
   result.final_step = st.step;
   // A weights-only model next to the checkpoints, for --init and finetuning.
-  if (steps_this_run > 0) save_checkpoint((out_dir / "model.safetensors").string(), model);
+  if (root && steps_this_run > 0) save_checkpoint((out_dir / "model.safetensors").string(), model);
   return result;
 }
 

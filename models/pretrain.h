@@ -46,6 +46,7 @@ struct PretrainOptions {
   int64_t keep_last = 3;
   std::string out_dir = "runs/pretrain";
   bool progress = true;          // a progress bar when stderr is a terminal
+  int64_t bucket_mb = 25;        // data parallelism: gradient all-reduce bucket size (MiB)
 
   // Reads the `train:` section (unknown keys are errors).
   static PretrainOptions from_config(const engine::ConfigSection& train);
@@ -60,6 +61,12 @@ struct PretrainResult {
 
 // Runs (or, with resume, continues) pretraining. `config_text` is stored in checkpoints for the
 // record. `on_step` (optional) sees (step, loss) after each step.
+//
+// Data parallel over engine::world() when the job has several ranks: every rank runs this with
+// the same options and a BatchSource serving its own shard of each global batch; parameters
+// start (and resume) from rank 0's; gradients are summed over the ranks in buckets during the
+// last micro-batch's backward, the loss is the mean over every masked token of the global batch;
+// validation batches are spread over the ranks; only rank 0 writes checkpoints, metrics and logs.
 PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const PretrainOptions& options,
                         const engine::AdamWOptions& adam, uint64_t seed, bool resume,
                         const std::string& config_text = "",

@@ -142,3 +142,36 @@ TEST_CASE("gradients through views match finite differences", "[autograd][gradch
   check("unsqueeze/squeeze/flatten", [&](const std::vector<Tensor>& in) { return in[0].unsqueeze(0).squeeze(0).flatten(1); });
   check("to(f32) and back", [&](const std::vector<Tensor>& in) { return in[0].to(DType::f64).clone() * w; });
 }
+
+TEST_CASE("the leaf hook reports each leaf once, when its gradient is complete", "[autograd]") {
+  engine::Generator gen(3);
+  Tensor w = Tensor::randn({4, 4}, gen), b = Tensor::randn({4}, gen), u = Tensor::randn({4, 4}, gen);
+  for (Tensor* t : {&w, &b, &u}) t->set_requires_grad(true);
+  Tensor x = Tensor::randn({3, 4}, gen);
+  std::vector<const engine::TensorImpl*> order;
+  std::vector<std::vector<float>> grad_at_report;
+  {
+    engine::LeafGradHookScope scope([&](const engine::TensorImpl* leaf) {
+      order.push_back(leaf);
+      const Tensor& g = leaf == w.impl() ? w.grad() : leaf == b.impl() ? b.grad() : u.grad();
+      grad_at_report.push_back(g.to_vector<float>());
+    });
+    // w is used twice (first and last), u once in between: w is complete only at the end.
+    Tensor h = engine::tanh(engine::linear(x, w, b));
+    Tensor y = engine::linear(engine::linear(h, u), w);
+    engine::sum(y * y).backward();
+  }
+  REQUIRE(order.size() == 3);
+  // Backward meets u's only use before w's first use (w is complete only after both uses),
+  // then w and b together in the first linear.
+  CHECK(order[0] == u.impl());
+  CHECK(((order[1] == w.impl() && order[2] == b.impl()) || (order[1] == b.impl() && order[2] == w.impl())));
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Tensor& g = order[k] == w.impl() ? w.grad() : order[k] == b.impl() ? b.grad() : u.grad();
+    CHECK(grad_at_report[k] == g.to_vector<float>());  // nothing was added after the report
+  }
+  // Outside the scope nothing is reported.
+  order.clear();
+  engine::sum(engine::linear(x, w, b)).backward();
+  CHECK(order.empty());
+}

@@ -22,6 +22,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tiny_corpus import make_corpus  # noqa: E402
+
 app, work = sys.argv[1], sys.argv[2]
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
@@ -43,18 +46,7 @@ def run(args, **kw):
 
 # ---- data: a vocabulary and text from it ------------------------------------------------------
 rng = random.Random(5)
-words = [f"w{i}" for i in range(300)]
-with open(P("vocab.txt"), "w") as f:
-    f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words + [".", ","]) + "\n")
-with open(P("corpus.txt"), "w") as f:
-    for d in range(400):
-        for _ in range(rng.randint(1, 4)):
-            # sentences with structure: a word tends to follow its predecessor + 1
-            start = rng.randrange(300)
-            f.write(" ".join(words[(start + k * rng.choice([1, 1, 1, 2])) % 300] for k in range(rng.randint(4, 20))) + " .\n")
-        f.write("\n")
-p = run(["prepare", "--tokenizer", P("vocab.txt"), "--input", P("corpus.txt"), "--out", P("corpus"),
-         "--valid-ratio", "19", "--quiet"])
+p = make_corpus(app, work)
 check(p.returncode == 0, "prepare a corpus", p.stdout + p.stderr)
 
 with open(P("cfg.yaml"), "w") as f:

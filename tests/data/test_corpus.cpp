@@ -758,6 +758,45 @@ TEST_CASE("same seed, same batches; seek resumes exactly; another seed differs",
   CHECK(c2.next_batch().labels.to_vector<int64_t>() != c1.next_batch().labels.to_vector<int64_t>());
 }
 
+TEST_CASE("shards of a global batch concatenate to the unsharded batch", "[batches]") {
+  TempDir dir;
+  TestTokenizer tok;
+  const data::Corpus corpus(random_corpus(dir, 40, 200, 17));
+  data::BatchOptions whole;
+  whole.batch_size = 6;
+  whole.max_len = 32;
+  whole.seed = 7;
+  data::BatchStream full(corpus, Split::train, tok, whole);
+  const int64_t n = full.num_sequences();
+  std::vector<data::BatchStream> shards;
+  for (int64_t r = 0; r < 3; ++r) {
+    data::BatchOptions o = whole;
+    o.batch_size = 2;
+    o.shard = r;
+    o.num_shards = 3;
+    shards.emplace_back(corpus, Split::train, tok, o);
+  }
+  // Across an epoch boundary; every shard stream keeps the global position.
+  for (int64_t step = 0; step < n / 6 + 3; ++step) {
+    const data::Batch b = full.next_batch();
+    std::vector<int64_t> ids, labels;
+    for (auto& s : shards) {
+      const data::Batch part = s.next_batch();
+      CHECK(part.input_ids.size(0) == 2);
+      for (int64_t v : part.input_ids.to_vector<int64_t>()) ids.push_back(v);
+      for (int64_t v : part.labels.to_vector<int64_t>()) labels.push_back(v);
+      CHECK(s.position() == full.position());
+    }
+    CHECK(ids == b.input_ids.to_vector<int64_t>());
+    CHECK(labels == b.labels.to_vector<int64_t>());
+  }
+  data::BatchOptions bad = whole;
+  bad.shard = 3;
+  bad.num_shards = 3;
+  CHECK_THROWS_WITH(data::BatchStream(corpus, Split::train, tok, bad),
+                    Catch::Contains("shard 3 of 3: expected 0 <= shard < num_shards"));
+}
+
 TEST_CASE("data positions: JSON round trip and bad input", "[batches]") {
   const data::DataPosition p{3, 17};
   CHECK(p.to_json() == R"({"epoch":3,"next_sequence":17})");
