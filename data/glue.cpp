@@ -107,8 +107,8 @@ std::vector<GlueTask> make_tasks() {
                    pair_test("sentence1", "sentence2")));
   // AX (the diagnostic set): diagnostic/diagnostic.tsv, index sentence1 sentence2, predicted with
   // an MNLI model (MNLI's labels); GLUE scores it by Matthews correlation.
-  GlueTask ax = task("AX", "diagnostic", nli3, "mcc", GlueLayout{},
-                     pair_test("sentence1", "sentence2"));
+  GlueTask ax =
+      task("AX", "diagnostic", nli3, "mcc", GlueLayout{}, pair_test("sentence1", "sentence2"));
   ax.test_only = true;
   ax.dev_splits = {};
   ax.test_splits = {"diagnostic"};
@@ -198,8 +198,8 @@ std::string glue_split_path(const GlueTask& task, const std::string& glue_dir,
   splits.insert(splits.end(), task.test_splits.begin(), task.test_splits.end());
   bool known = false;
   for (const std::string& s : splits) known = known || s == split;
-  ENGINE_CHECK(known, "[glue] ", task.name, " has no split '", split, "'; its splits: ",
-               join(splits));
+  ENGINE_CHECK(known, "[glue] ", task.name, " has no split '", split,
+               "'; its splits: ", join(splits));
   std::string dir = glue_dir;
   if (!dir.empty() && dir.back() != '/') dir += '/';
   return dir + task.dir + "/" + split + ".tsv";
@@ -210,8 +210,7 @@ std::vector<GlueExample> read_glue(const GlueTask& task, const std::string& path
   ENGINE_CHECK(test_split || !task.test_only, "[glue] ", path, ": ", task.name,
                " has test files only (unlabeled); read it with test_split = true");
   const GlueLayout& lay = test_split ? task.test : task.labeled;
-  const std::string what =
-      "a " + task.name + (test_split ? " test file" : " train/dev file");
+  const std::string what = "a " + task.name + (test_split ? " test file" : " train/dev file");
   std::ifstream in(path, std::ios::binary);
   ENGINE_CHECK(in, "[glue] ", path, ": cannot open (", std::strerror(errno), ") while reading ",
                what);
@@ -261,8 +260,8 @@ std::vector<GlueExample> read_glue(const GlueTask& task, const std::string& path
         continue;
       }
       ENGINE_FAIL("[glue] ", where, ": expected ", columns, " tab-separated columns",
-                  lay.header ? " (as the header)" : "", ", got ", cols.size(), " (reading ",
-                  what, ")");
+                  lay.header ? " (as the header)" : "", ", got ", cols.size(), " (reading ", what,
+                  ")");
     }
 
     GlueExample ex;
@@ -276,8 +275,7 @@ std::vector<GlueExample> read_glue(const GlueTask& task, const std::string& path
       const auto [end, ec] = std::from_chars(id.data(), id.data() + id.size(), index);
       ENGINE_CHECK(ec == std::errc() && end == id.data() + id.size() && index >= 0 && !id.empty(),
                    "[glue] ", where, ": test id '", shorten(id),
-                   "' is not a non-negative integer (column ", lay.id + 1, ", reading ", what,
-                   ")");
+                   "' is not a non-negative integer (column ", lay.id + 1, ", reading ", what, ")");
       ex.index = index;
     } else {
       const std::string_view label = cols[column_of(lay.label, cols.size())];
@@ -294,8 +292,8 @@ std::vector<GlueExample> read_glue(const GlueTask& task, const std::string& path
       } else {
         for (size_t k = 0; k < task.label_names.size(); ++k)
           if (label == task.label_names[k]) ex.label = static_cast<int64_t>(k);
-        ENGINE_CHECK(ex.label >= 0, "[glue] ", where, ": unknown label '", shorten(label),
-                     "' for ", task.name, ", expected one of: ", join(task.label_names));
+        ENGINE_CHECK(ex.label >= 0, "[glue] ", where, ": unknown label '", shorten(label), "' for ",
+                     task.name, ", expected one of: ", join(task.label_names));
       }
     }
     out.push_back(std::move(ex));
@@ -305,8 +303,7 @@ std::vector<GlueExample> read_glue(const GlueTask& task, const std::string& path
   ENGINE_CHECK(!out.empty(), "[glue] ", path, ": no examples (expected ", what, ")");
   if (!stats && st.skipped_rows > 0)
     std::cerr << "[glue] warning: " << path << ": skipped " << st.skipped_rows << " " << task.name
-              << " row(s) with missing columns (first at line " << st.first_skipped_line
-              << ")\n";
+              << " row(s) with missing columns (first at line " << st.first_skipped_line << ")\n";
   return out;
 }
 
@@ -326,8 +323,8 @@ std::vector<std::pair<std::string, double>> glue_metrics(const GlueTask& task,
     return {{"pearson", metrics::pearson(scores, gold)},
             {"spearman", metrics::spearman(scores, gold)}};
   }
-  ENGINE_CHECK(labels.size() == n && scores.empty(), "[glue] ", task.name, " metrics: expected ",
-               n, " labels and no scores, got ", labels.size(), " labels and ", scores.size(),
+  ENGINE_CHECK(labels.size() == n && scores.empty(), "[glue] ", task.name, " metrics: expected ", n,
+               " labels and no scores, got ", labels.size(), " labels and ", scores.size(),
                " scores");
   std::vector<int64_t> gold(n);
   for (size_t i = 0; i < n; ++i) {

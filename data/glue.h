@@ -27,12 +27,12 @@ struct GlueLayout {
 struct GlueTask {
   std::string name;  // "CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI", "QNLI", "RTE", "WNLI", "AX"
   std::string dir;   // its folder in the GLUE download ("diagnostic" for AX)
-  int num_labels = 2;    // 1 for STS-B
+  int num_labels = 2;       // 1 for STS-B
   bool regression = false;  // STS-B: a score in [0, 5] instead of a class
   // Class index → the label as the files spell it (HF's get_labels() order); empty for STS-B.
   std::vector<std::string> label_names;
-  GlueLayout labeled;  // train and dev files
-  GlueLayout test;     // test files
+  GlueLayout labeled;                    // train and dev files
+  GlueLayout test;                       // test files
   bool test_only = false;                // AX: a test file only
   std::vector<std::string> dev_splits;   // {"dev"}; MNLI {"dev_matched", "dev_mismatched"}; AX {}
   std::vector<std::string> test_splits;  // {"test"}; MNLI {"test_matched", "test_mismatched"};
@@ -54,7 +54,7 @@ std::string glue_split_path(const GlueTask& task, const std::string& glue_dir,
 bool glue_is_test_split(const GlueTask& task, const std::string& split);
 
 struct GlueExample {
-  std::string guid;    // the file's id column (index / id) when it has one, else the row number
+  std::string guid;  // the file's id column (index / id) when it has one, else the row number
   std::string text_a;
   std::string text_b;  // empty for single-sentence tasks (CoLA, SST-2)
   int64_t label = -1;  // class index into label_names; -1 unlabeled (test) and for STS-B
@@ -64,8 +64,8 @@ struct GlueExample {
 };
 
 struct GlueReadStats {
-  int64_t skipped_rows = 0;      // QQP train/dev rows with missing columns, skipped
-  int first_skipped_line = 0;    // 1-based; 0 when none
+  int64_t skipped_rows = 0;    // QQP train/dev rows with missing columns, skipped
+  int first_skipped_line = 0;  // 1-based; 0 when none
 };
 
 // Reads one GLUE .tsv: a train/dev file (test_split = false) or a test file (true). Fields are

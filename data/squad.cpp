@@ -97,8 +97,8 @@ std::string take_code_points(const std::string& s, size_t start, int64_t n) {
 // Python's str.isspace(), which str.split() splits on.
 bool is_python_space(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
 }
 
 // Python's re \w for str patterns: str.isalnum() (letters Lu/Ll/Lt/Lm/Lo, or any character with
@@ -240,16 +240,15 @@ std::vector<SquadExample> read_squad(const std::string& path) {
           const std::string wk = wq + ".answers[" + std::to_string(k) + "]";
           r.object(answers[k], wk);
           const std::string text = r.string(answers[k], wk, "text");
-          const json& start_j =
-              r.member(answers[k], wk, "answer_start", "a non-negative integer");
+          const json& start_j = r.member(answers[k], wk, "answer_start", "a non-negative integer");
           if (!start_j.is_number_integer() || start_j.get<int64_t>() < 0)
             r.fail_type(start_j, wk + ".answer_start", "a non-negative integer");
           const int64_t start = start_j.get<int64_t>();
           const int64_t len = code_points(text);
-          ENGINE_CHECK(start + len <= context_len, "[squad] ", path, ": question '", ex.id,
-                       "' (", wk, "): answer_start ", start, " + ", len,
-                       " characters of answer text runs past the end of the context (",
-                       context_len, " characters)");
+          ENGINE_CHECK(start + len <= context_len, "[squad] ", path, ": question '", ex.id, "' (",
+                       wk, "): answer_start ", start, " + ", len,
+                       " characters of answer text runs past the end of the context (", context_len,
+                       " characters)");
           const int64_t byte = byte_offset_of(context, start);
           const bool match = context.compare(static_cast<size_t>(byte), text.size(), text) == 0;
           ENGINE_CHECK(match, "[squad] ", path, ": question '", ex.id, "' (", wk,
@@ -340,8 +339,8 @@ SquadScores evaluate_squad(const std::vector<SquadExample>& examples,
     }
     if (na_probs) {
       const auto pit = na_probs->find(ex.id);
-      ENGINE_CHECK(pit != na_probs->end(), "[squad] evaluate_squad: no no-answer probability for "
-                                           "question '", ex.id, "'");
+      ENGINE_CHECK(pit != na_probs->end(),
+                   "[squad] evaluate_squad: no no-answer probability for question '", ex.id, "'");
       ENGINE_CHECK(std::isfinite(pit->second), "[squad] evaluate_squad: no-answer probability of '",
                    ex.id, "' is ", pit->second);
       na[i] = pit->second;

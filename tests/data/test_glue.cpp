@@ -13,8 +13,8 @@
 #include "engine/error.h"
 
 namespace fs = std::filesystem;
-using data::GlueExample;
 using data::glue_task;
+using data::GlueExample;
 using data::read_glue;
 
 namespace {
@@ -176,9 +176,9 @@ TEST_CASE("glue: SST-2, MRPC with a byte-order mark and CRLF, QNLI, RTE, WNLI, A
   REQUIRE(sst.size() == 2);
   check_example(sst[0], "0", "it 's a charming and often affecting journey . ", "", 1, -1, 2);
   check_example(sst[1], "1", "unflinchingly bleak and desperate ", "", 0, -1, 3);
-  const auto sst_test = read_glue(
-      glue_task("SST-2"), d.write("SST-2/test.tsv", "index\tsentence\n7\tuneasy mishmash .\n"),
-      true);
+  const auto sst_test =
+      read_glue(glue_task("SST-2"),
+                d.write("SST-2/test.tsv", "index\tsentence\n7\tuneasy mishmash .\n"), true);
   REQUIRE(sst_test.size() == 1);
   check_example(sst_test[0], "7", "uneasy mishmash .", "", -1, 7, 2);
 
@@ -225,29 +225,32 @@ TEST_CASE("glue: SST-2, MRPC with a byte-order mark and CRLF, QNLI, RTE, WNLI, A
   REQUIRE(rte.size() == 2);
   check_example(rte[0], "0", "Dana Reeve has died.", "Reeve had an accident.", 1, -1, 2);
   check_example(rte[1], "1", "Yet.", "Found.", 0, -1, 3);
-  const auto rte_test = read_glue(glue_task("RTE"),
-                                  d.write("RTE/test.tsv",
-                                          "index\tsentence1\tsentence2\n"
-                                          "0\tMangla was summoned.\tShukla is related to Mangla.\n"),
-                                  true);
+  const auto rte_test =
+      read_glue(glue_task("RTE"),
+                d.write("RTE/test.tsv",
+                        "index\tsentence1\tsentence2\n"
+                        "0\tMangla was summoned.\tShukla is related to Mangla.\n"),
+                true);
   REQUIRE(rte_test.size() == 1);
   check_example(rte_test[0], "0", "Mangla was summoned.", "Shukla is related to Mangla.", -1, 0, 2);
 
-  const auto wnli = read_glue(glue_task("WNLI"),
-                              d.write("WNLI/train.tsv",
-                                      "index\tsentence1\tsentence2\tlabel\n"
-                                      "0\tI stuck a pin through a carrot.\tThe carrot had a hole.\t1\n"
-                                      "1\tThe drain is clogged.\tThe hair is clogged.\t0\n"),
-                              false);
+  const auto wnli =
+      read_glue(glue_task("WNLI"),
+                d.write("WNLI/train.tsv",
+                        "index\tsentence1\tsentence2\tlabel\n"
+                        "0\tI stuck a pin through a carrot.\tThe carrot had a hole.\t1\n"
+                        "1\tThe drain is clogged.\tThe hair is clogged.\t0\n"),
+                false);
   REQUIRE(wnli.size() == 2);
   check_example(wnli[0], "0", "I stuck a pin through a carrot.", "The carrot had a hole.", 1, -1,
                 2);
   check_example(wnli[1], "1", "The drain is clogged.", "The hair is clogged.", 0, -1, 3);
 
-  const std::string ax_path = d.write("diagnostic/diagnostic.tsv",
-                                      "index\tsentence1\tsentence2\n"
-                                      "0\tThe cat sat on the mat.\tThe cat did not sit on the mat.\n"
-                                      "1\tA.\tB.\n");
+  const std::string ax_path =
+      d.write("diagnostic/diagnostic.tsv",
+              "index\tsentence1\tsentence2\n"
+              "0\tThe cat sat on the mat.\tThe cat did not sit on the mat.\n"
+              "1\tA.\tB.\n");
   const auto ax = read_glue(glue_task("AX"), ax_path, true);
   REQUIRE(ax.size() == 2);
   check_example(ax[0], "0", "The cat sat on the mat.", "The cat did not sit on the mat.", -1, 0, 2);
@@ -284,17 +287,17 @@ TEST_CASE("glue: STS-B scores", "[glue]") {
                 2);
 
   for (const char* bad : {"abc", "5.5", "-0.1", "nan", "", "3.0x"}) {
-    const std::string p =
-        d.write("STS-B/bad.tsv", kStsbHead + "\tscore\n" +
-                                     "0\tg\tf\ty\to\ts\ts\tA\tB\t1.0\n"
-                                     "1\tg\tf\ty\to\ts\ts\tA\tB\t" + bad + "\n");
+    const std::string p = d.write("STS-B/bad.tsv", kStsbHead + "\tscore\n" +
+                                                       "0\tg\tf\ty\to\ts\ts\tA\tB\t1.0\n"
+                                                       "1\tg\tf\ty\to\ts\ts\tA\tB\t" +
+                                                       bad + "\n");
     CHECK_THAT(error_of([&] { read_glue(glue_task("STS-B"), p, false); }),
                Catch::Contains(p + ":3: score") && Catch::Contains("[0, 5]"));
   }
   // The test file read as labeled: its header has no score column.
   CHECK_THAT(error_of([&] {
-               read_glue(glue_task("STS-B"), d.write("t.tsv", kStsbHead + "\n0\t\t\t\t\t\t\tA\tB\n"),
-                         false);
+               read_glue(glue_task("STS-B"),
+                         d.write("t.tsv", kStsbHead + "\n0\t\t\t\t\t\t\tA\tB\n"), false);
              }),
              Catch::Contains("t.tsv:1: the header has 9 columns, expected at least 10"));
 }
@@ -302,12 +305,12 @@ TEST_CASE("glue: STS-B scores", "[glue]") {
 TEST_CASE("glue: MNLI train, both dev files and a test file", "[glue]") {
   TempDir d;
   const std::string parse = "\t(a)\t(b)\t(ROOT a)\t(ROOT b)\t";
-  const auto train = read_glue(glue_task("MNLI"),
-                               d.write("MNLI/train.tsv",
-                                       kMnliHeadTrain + "0\t31193\t31193n\tgovernment" + parse +
-                                           "Conceptually cream skimming.\tProduct and geography."
-                                           "\tneutral\tneutral\n"),
-                               false);
+  const auto train =
+      read_glue(glue_task("MNLI"),
+                d.write("MNLI/train.tsv", kMnliHeadTrain + "0\t31193\t31193n\tgovernment" + parse +
+                                              "Conceptually cream skimming.\tProduct and geography."
+                                              "\tneutral\tneutral\n"),
+                false);
   REQUIRE(train.size() == 1);
   check_example(train[0], "0", "Conceptually cream skimming.", "Product and geography.", 2, -1, 2);
 
@@ -324,8 +327,8 @@ TEST_CASE("glue: MNLI train, both dev files and a test file", "[glue]") {
   REQUIRE(matched.size() == 2);
   check_example(matched[0], "0", "The new rights are nice enough",
                 "Everyone really likes the newest benefits", 2, -1, 2);
-  check_example(matched[1], "1", "This site includes a list.",
-                "The Government Executive articles.", 0, -1, 3);
+  check_example(matched[1], "1", "This site includes a list.", "The Government Executive articles.",
+                0, -1, 3);
   const auto mismatched =
       read_glue(glue_task("MNLI"),
                 d.write("MNLI/dev_mismatched.tsv",
@@ -339,11 +342,11 @@ TEST_CASE("glue: MNLI train, both dev files and a test file", "[glue]") {
   check_example(mismatched[0], "0", "Your contribution helped.", "Your contribution did nothing.",
                 1, -1, 2);
 
-  const auto test = read_glue(glue_task("MNLI"),
-                              d.write("MNLI/test_matched.tsv",
-                                      kMnliHeadTest + "0\t31493\t31493\ttravel" + parse +
-                                          "Hierbas, ans seco.\tThis is a list.\n"),
-                              true);
+  const auto test =
+      read_glue(glue_task("MNLI"),
+                d.write("MNLI/test_matched.tsv", kMnliHeadTest + "0\t31493\t31493\ttravel" + parse +
+                                                     "Hierbas, ans seco.\tThis is a list.\n"),
+                true);
   REQUIRE(test.size() == 1);
   check_example(test[0], "0", "Hierbas, ans seco.", "This is a list.", -1, 0, 2);
 
@@ -353,8 +356,8 @@ TEST_CASE("glue: MNLI train, both dev files and a test file", "[glue]") {
              }),
              Catch::Contains("dev_matched.tsv:1: the header has 16 columns, expected 10"));
   // SNLI/MNLI's "-" (no gold label) is not a label.
-  const std::string dash = d.write("MNLI/dash.tsv", kMnliHeadTrain + "0\t1\t1n\tg" + parse +
-                                                        "A\tB\tneutral\t-\n");
+  const std::string dash =
+      d.write("MNLI/dash.tsv", kMnliHeadTrain + "0\t1\t1n\tg" + parse + "A\tB\tneutral\t-\n");
   CHECK_THAT(error_of([&] { read_glue(glue_task("MNLI"), dash, false); }),
              Catch::Contains(dash + ":2: unknown label '-' for MNLI, expected one of: "
                                     "contradiction, entailment, neutral"));
@@ -364,13 +367,14 @@ TEST_CASE("glue: QQP skips train/dev rows with missing columns, counted", "[glue
   TempDir d;
   const std::string head = "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n";
   // Row 3 is a question broken across two lines: 5 columns, then 2.
-  const std::string p = d.write("QQP/train.tsv", head +
-                                                     "133273\t213221\t213222\tHow is it?\tWhat is "
-                                                     "it?\t0\n"
-                                                     "402555\t536040\t536041\tHow do I\tHow can "
-                                                     "I\n"
-                                                     "continue?\t1\n"
-                                                     "360472\t364011\t490273\tWhy \"so\"?\tWhy?\t1\n");
+  const std::string p =
+      d.write("QQP/train.tsv", head +
+                                   "133273\t213221\t213222\tHow is it?\tWhat is "
+                                   "it?\t0\n"
+                                   "402555\t536040\t536041\tHow do I\tHow can "
+                                   "I\n"
+                                   "continue?\t1\n"
+                                   "360472\t364011\t490273\tWhy \"so\"?\tWhy?\t1\n");
   data::GlueReadStats stats;
   const auto ex = read_glue(glue_task("QQP"), p, false, &stats);
   REQUIRE(ex.size() == 2);
@@ -388,13 +392,11 @@ TEST_CASE("glue: QQP skips train/dev rows with missing columns, counted", "[glue
              Catch::Contains(label + ":2: unknown label 'yes' for QQP, expected one of: 0, 1"));
 
   // Test files: no skipping (the row would be missing from the submission).
-  const std::string test =
-      d.write("QQP/test.tsv", "id\tquestion1\tquestion2\n0\tA?\tB?\n1\tC?\n");
+  const std::string test = d.write("QQP/test.tsv", "id\tquestion1\tquestion2\n0\tA?\tB?\n1\tC?\n");
   CHECK_THAT(error_of([&] { read_glue(glue_task("QQP"), test, true); }),
              Catch::Contains(test + ":3: expected 3 tab-separated columns (as the header), got 2"));
-  const auto t = read_glue(glue_task("QQP"), d.write("QQP/test2.tsv",
-                                                     "id\tquestion1\tquestion2\n0\tA?\tB?\n"),
-                           true);
+  const auto t = read_glue(glue_task("QQP"),
+                           d.write("QQP/test2.tsv", "id\tquestion1\tquestion2\n0\tA?\tB?\n"), true);
   REQUIRE(t.size() == 1);
   check_example(t[0], "0", "A?", "B?", -1, 0, 2);
 }
@@ -465,10 +467,14 @@ TEST_CASE("glue: metrics per task", "[glue]") {
   CHECK(r[1].first == "spearman");
   CHECK(r[1].second == Approx(0.5));
 
-  CHECK_THAT(error_of([&] { data::glue_metrics(glue_task("STS-B"), sts, {1, 2, 3}, {}); }),
+  CHECK_THAT(error_of([&] {
+               data::glue_metrics(glue_task("STS-B"), sts, {1, 2, 3}, {});
+             }),
              Catch::Contains("expected 3 scores and no labels, got 0 scores and 3 labels"));
   std::vector<GlueExample> unlabeled(2);
-  CHECK_THAT(error_of([&] { data::glue_metrics(glue_task("RTE"), unlabeled, {0, 1}, {}); }),
+  CHECK_THAT(error_of([&] {
+               data::glue_metrics(glue_task("RTE"), unlabeled, {0, 1}, {});
+             }),
              Catch::Contains("has no gold label"));
 }
 
@@ -495,8 +501,7 @@ TEST_CASE("glue: submission files", "[glue]") {
       const size_t tab = line.find('\t');
       CHECK(std::stoll(line.substr(0, tab)) == rte[i].index);
       const auto& names = glue_task("RTE").label_names;
-      CHECK(std::find(names.begin(), names.end(), line.substr(tab + 1)) - names.begin() ==
-            want[i]);
+      CHECK(std::find(names.begin(), names.end(), line.substr(tab + 1)) - names.begin() == want[i]);
     }
     CHECK_FALSE(std::getline(f, line));
   }
@@ -509,11 +514,11 @@ TEST_CASE("glue: submission files", "[glue]") {
 
   // STS-B: scores as the shortest decimal that reads back exactly.
   const std::string h = kStsbHead + "\n";
-  const auto sts =
-      read_glue(glue_task("STS-B"),
-                d.write("STS-B/test.tsv", h + "0\tg\tf\ty\to\ts\ts\tA\tB\n1\tg\tf\ty\to\ts\ts\tC\tD\n"
-                                              "2\tg\tf\ty\to\ts\ts\tE\tF\n"),
-                true);
+  const auto sts = read_glue(
+      glue_task("STS-B"),
+      d.write("STS-B/test.tsv", h + "0\tg\tf\ty\to\ts\ts\tA\tB\n1\tg\tf\ty\to\ts\ts\tC\tD\n"
+                                    "2\tg\tf\ty\to\ts\ts\tE\tF\n"),
+      true);
   const std::string sts_out = (d.path / "STS-B.tsv").string();
   data::write_glue_predictions(glue_task("STS-B"), sts, {}, {3.25, 0.1, 5.0}, sts_out);
   CHECK(slurp(sts_out) == "index\tprediction\n0\t3.25\n1\t0.1\n2\t5\n");
@@ -528,19 +533,27 @@ TEST_CASE("glue: submission files", "[glue]") {
   std::vector<GlueExample> dev(1);
   CHECK_THAT(error_of([&] { data::write_glue_predictions(glue_task("RTE"), dev, {0}, {}, out); }),
              Catch::Contains("has no test index"));
-  CHECK_THAT(error_of([&] { data::write_glue_predictions(glue_task("RTE"), rte, {0, 2, 1}, {}, out); }),
+  CHECK_THAT(error_of([&] {
+               data::write_glue_predictions(glue_task("RTE"), rte, {0, 2, 1}, {}, out);
+             }),
              Catch::Contains("label 2 of example 1 is outside [0, 2) for RTE"));
   CHECK_THAT(error_of([&] { data::write_glue_predictions(glue_task("RTE"), rte, {0}, {}, out); }),
              Catch::Contains("expected 3 labels and no scores, got 1 labels"));
-  CHECK_THAT(error_of([&] { data::write_glue_predictions(glue_task("STS-B"), sts, {0, 1, 2}, {}, out); }),
+  CHECK_THAT(error_of([&] {
+               data::write_glue_predictions(glue_task("STS-B"), sts, {0, 1, 2}, {}, out);
+             }),
              Catch::Contains("expected 3 scores and no labels"));
   std::vector<GlueExample> dup(2);
   dup[0].index = dup[1].index = 4;
-  CHECK_THAT(error_of([&] { data::write_glue_predictions(glue_task("RTE"), dup, {0, 0}, {}, out); }),
+  CHECK_THAT(error_of([&] {
+               data::write_glue_predictions(glue_task("RTE"), dup, {0, 0}, {}, out);
+             }),
              Catch::Contains("test index 4 appears twice"));
   // A failed write leaves the previous file as it was.
   CHECK(slurp(out) == "index\tprediction\n0\tcontradiction\n1\tentailment\n2\tneutral\n");
   const std::string no_dir = (d.path / "missing" / "RTE.tsv").string();
-  CHECK_THAT(error_of([&] { data::write_glue_predictions(glue_task("RTE"), rte, {0, 0, 0}, {}, no_dir); }),
+  CHECK_THAT(error_of([&] {
+               data::write_glue_predictions(glue_task("RTE"), rte, {0, 0, 0}, {}, no_dir);
+             }),
              Catch::Contains(no_dir + ".tmp: cannot create"));
 }

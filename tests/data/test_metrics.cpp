@@ -111,13 +111,19 @@ TEST_CASE("metrics: constant input to a correlation gives 0", "[metrics]") {
 }
 
 TEST_CASE("metrics: bad input fails clearly", "[metrics]") {
-  CHECK_THAT(error_of([] { m::accuracy(I{1, 0}, I{1}); }),
+  CHECK_THAT(error_of([] {
+               m::accuracy(I{1, 0}, I{1});
+             }),
              Catch::Contains("[metrics] accuracy: inputs differ in size (2 predictions vs 1"));
   CHECK_THAT(error_of([] { m::matthews_corrcoef(I{}, I{}); }),
              Catch::Contains("[metrics] matthews_corrcoef: empty input"));
   CHECK_THAT(error_of([] { m::f1_binary(I{}, I{1}); }), Catch::Contains("empty input"));
-  CHECK_THAT(error_of([] { m::spearman(D{1, 2}, D{1, 2, 3}); }),
+  CHECK_THAT(error_of([] {
+               m::spearman(D{1, 2}, D{1, 2, 3});
+             }),
              Catch::Contains("[metrics] spearman: inputs differ in size"));
-  CHECK_THAT(error_of([] { m::pearson(D{1, NAN}, D{1, 2}); }),
+  CHECK_THAT(error_of([] {
+               m::pearson(D{1, NAN}, D{1, 2});
+             }),
              Catch::Contains("[metrics] pearson: x[1] is nan, expected a finite value"));
 }

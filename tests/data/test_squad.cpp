@@ -68,22 +68,30 @@ TEST_CASE("squad: normalisation as the official scripts", "[squad]") {
   // lower → drop ASCII punctuation → articles to spaces → collapse whitespace.
   CHECK(squad_normalize("The  Cat!") == "cat");
   CHECK(squad_normalize("An apple, a day") == "apple day");
-  CHECK(squad_normalize("theory") == "theory");     // articles only as whole words
-  CHECK(squad_normalize("the_cat") == "thecat");    // '_' is punctuation, removed first
+  CHECK(squad_normalize("theory") == "theory");   // articles only as whole words
+  CHECK(squad_normalize("the_cat") == "thecat");  // '_' is punctuation, removed first
   CHECK(squad_normalize("A-team") == "ateam");
   CHECK(squad_normalize("a2 the3 the") == "a2 the3");  // digits are word characters
   CHECK(squad_normalize("  \t\n ") == "");
   CHECK(squad_normalize("the a an") == "");
   // Unicode: lower-casing, non-ASCII punctuation kept, Unicode whitespace splits (not U+200B).
   CHECK(squad_normalize("Théâtre, the ÉTÉ") == "théâtre été");
-  CHECK(squad_normalize("\xC2\xAB" "cat\xC2\xBB") == "\xC2\xAB" "cat\xC2\xBB");  // «cat»
-  CHECK(squad_normalize("a\xC2\xA0" "cat\xE3\x80\x80" "dog\xE2\x80\x8Bx") ==
+  CHECK(squad_normalize("\xC2\xAB"
+                        "cat\xC2\xBB") ==
+        "\xC2\xAB"
+        "cat\xC2\xBB");  // «cat»
+  CHECK(squad_normalize("a\xC2\xA0"
+                        "cat\xE3\x80\x80"
+                        "dog\xE2\x80\x8Bx") ==
         "cat dog\xE2\x80\x8Bx");  // NBSP and U+3000 split, U+200B does not
   CHECK(squad_normalize("\xC4\xB0stanbul") == "i\xCC\x87stanbul");  // İ → i + U+0307
   CHECK(squad_normalize("\xCE\xA3\xCE\x91\xCE\xA3") == "\xCF\x83\xCE\xB1\xCF\x82");  // ΣΑΣ → σας
   // A combining mark is not a word character: "the" + U+0301 loses its "the" (as in Python).
   CHECK(squad_normalize("the\xCC\x81 end") == "\xCC\x81 end");
-  CHECK(squad_normalize("the\xE2\x82\xAC" "cat") == "\xE2\x82\xAC" "cat");  // the€cat → €cat
+  CHECK(squad_normalize("the\xE2\x82\xAC"
+                        "cat") ==
+        "\xE2\x82\xAC"
+        "cat");  // the€cat → €cat
   // Invalid UTF-8 does not crash: U+FFFD.
   CHECK(squad_normalize("cat\xFF") == "cat\xEF\xBF\xBD");
 }
@@ -109,8 +117,7 @@ TEST_CASE("squad: exact match and token F1", "[squad]") {
 TEST_CASE("squad: evaluation takes the max over gold answers", "[squad]") {
   const std::vector<data::SquadExample> ex = {
       question("q1", {"Denver Broncos", "the Denver Broncos", "Broncos"}),
-      question("q2", {"Santa Clara, California", "Levi's Stadium"}),
-      question("q3", {"2016"})};
+      question("q2", {"Santa Clara, California", "Levi's Stadium"}), question("q3", {"2016"})};
   // q1: "broncos team" vs "denver broncos" F1 1/2, vs "broncos" P 1/2 R 1 → 2/3; EM 0.
   // q2: "levis stadium" matches the second gold exactly: EM 1, F1 1.
   // q3: no prediction → "" → EM 0, F1 0 (as evaluate-v1.1.py scores a missing answer).
@@ -133,8 +140,7 @@ TEST_CASE("squad: v2.0 no-answer threshold and best threshold", "[squad]") {
   // q2 unanswerable, predicted "dog" (EM = F1 = 0), probability 0.95.
   const std::vector<data::SquadExample> ex = {question("q1", {"cat"}), question("q2", {}),
                                               question("q3", {"big red dog"})};
-  const std::map<std::string, std::string> pred = {
-      {"q1", "cat"}, {"q2", "dog"}, {"q3", "red dog"}};
+  const std::map<std::string, std::string> pred = {{"q1", "cat"}, {"q2", "dog"}, {"q3", "red dog"}};
   const std::map<std::string, double> na = {{"q1", 0.2}, {"q2", 0.95}, {"q3", 0.9}};
 
   // Threshold 1.0: nothing switched to "no answer".
@@ -185,17 +191,17 @@ TEST_CASE("squad: v2.0 no-answer threshold and best threshold", "[squad]") {
 TEST_CASE("squad: reading v1.1 and v2.0 files", "[squad]") {
   TempDir d;
   const std::string context = "Super Bowl 50 was an American football game.";
-  const json v11 = squad_file(json::array(
-      {{{"context", context},
-        {"qas",
-         {{{"id", "q1"},
-           {"question", "Which game?"},
-           {"answers",
-            {{{"text", "Super Bowl 50"}, {"answer_start", 0}},
-             {{"text", "American football"}, {"answer_start", 21}}}}},
-          {{"id", "q2"},
-           {"question", "What kind?"},
-           {"answers", {{{"text", "football"}, {"answer_start", 30}}}}}}}}}));
+  const json v11 = squad_file(
+      json::array({{{"context", context},
+                    {"qas",
+                     {{{"id", "q1"},
+                       {"question", "Which game?"},
+                       {"answers",
+                        {{{"text", "Super Bowl 50"}, {"answer_start", 0}},
+                         {{"text", "American football"}, {"answer_start", 21}}}}},
+                      {{"id", "q2"},
+                       {"question", "What kind?"},
+                       {"answers", {{{"text", "football"}, {"answer_start", 30}}}}}}}}}));
   const auto ex = data::read_squad(d.write("v11.json", v11.dump()));
   REQUIRE(ex.size() == 2);
   CHECK(ex[0].id == "q1");
@@ -214,23 +220,23 @@ TEST_CASE("squad: reading v1.1 and v2.0 files", "[squad]") {
       "\xF0\x9F\x98\x80 Le caf\xC3\xA9 \xC3\xA0 Z\xC3\xBCrich \xE2\x80\x94 "
       "\xE6\x9D\xB1\xE4\xBA\xAC tower.";
   const std::string tokyo = "\xE6\x9D\xB1\xE4\xBA\xAC", zurich = "Z\xC3\xBCrich";
-  json v20 = {
-      {"version", "v2.0"},
-      {"data",
-       {{{"title", "Cities"},
-         {"paragraphs",
-          {{{"context", ctx},
-            {"qas",
-             {{{"id", "a1"},
-               {"question", "Where?"},
-               {"answers",
-                {{{"text", tokyo}, {"answer_start", 21}}, {{"text", zurich}, {"answer_start", 12}}}},
-               {"is_impossible", false}},
-              {{"id", "a2"},
-               {"question", "Why?"},
-               {"answers", json::array()},
-               {"plausible_answers", {{{"text", "tower"}, {"answer_start", 24}}}},
-               {"is_impossible", true}}}}}}}}}}};
+  json v20 = {{"version", "v2.0"},
+              {"data",
+               {{{"title", "Cities"},
+                 {"paragraphs",
+                  {{{"context", ctx},
+                    {"qas",
+                     {{{"id", "a1"},
+                       {"question", "Where?"},
+                       {"answers",
+                        {{{"text", tokyo}, {"answer_start", 21}},
+                         {{"text", zurich}, {"answer_start", 12}}}},
+                       {"is_impossible", false}},
+                      {{"id", "a2"},
+                       {"question", "Why?"},
+                       {"answers", json::array()},
+                       {"plausible_answers", {{{"text", "tower"}, {"answer_start", 24}}}},
+                       {"is_impossible", true}}}}}}}}}}};
   const std::string v20_path = d.write("v20.json", v20.dump());
   const auto ex2 = data::read_squad(v20_path);
   REQUIRE(ex2.size() == 2);
@@ -250,7 +256,8 @@ TEST_CASE("squad: reading v1.1 and v2.0 files", "[squad]") {
   wrong["data"][0]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] = 29;
   const std::string wrong_path = d.write("wrong.json", wrong.dump());
   CHECK_THAT(error_of([&] { data::read_squad(wrong_path); }),
-             Catch::Contains("[squad] " + wrong_path + ": question 'a1' "
+             Catch::Contains("[squad] " + wrong_path +
+                             ": question 'a1' "
                              "(data[0].paragraphs[0].qas[0].answers[0]): answer_start 29 + 2 "
                              "characters of answer text runs past the end of the context (30 "
                              "characters)"));
@@ -258,9 +265,11 @@ TEST_CASE("squad: reading v1.1 and v2.0 files", "[squad]") {
   wrong["data"][0]["paragraphs"][0]["qas"][0]["answers"][0]["answer_start"] = 27;
   d.write("wrong.json", wrong.dump());
   CHECK_THAT(error_of([&] { data::read_squad(wrong_path); }),
-             Catch::Contains("[squad] " + wrong_path + ": question 'a1' "
+             Catch::Contains("[squad] " + wrong_path +
+                             ": question 'a1' "
                              "(data[0].paragraphs[0].qas[0].answers[0]): the context at "
-                             "answer_start 27 reads 'er', not the answer text '" + tokyo + "'"));
+                             "answer_start 27 reads 'er', not the answer text '" +
+                             tokyo + "'"));
 }
 
 TEST_CASE("squad: malformed files fail with the JSON path and what was expected", "[squad]") {
