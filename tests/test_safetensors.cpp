@@ -12,29 +12,15 @@
 
 #include "engine/safetensors.h"
 #include "ops/ops.h"
+#include "test_support.h"
 
 using namespace engine;
 using Catch::Contains;
 namespace fs = std::filesystem;
 
-namespace {
+using engine::testing::TempDir;
 
-// A fresh directory under the system temp dir, removed with everything in it at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("engine_safetensors_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
+namespace {
 
 std::string read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

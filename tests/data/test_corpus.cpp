@@ -17,9 +17,13 @@
 #include "data/batches.h"
 #include "data/corpus.h"
 #include "engine/error.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using data::Split;
+
+using engine::testing::TempDir;
+using engine::testing::error_of;
 
 namespace {
 
@@ -83,23 +87,6 @@ class TestTokenizer : public data::Tokenizer {
   int64_t words_;
   std::string path_;
   data::SpecialIds special_;
-};
-
-// A fresh directory under the system temp dir, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("engine_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
 };
 
 using Doc = std::vector<std::string>;  // lines
@@ -184,16 +171,6 @@ data::PrepareOptions quiet_options(int64_t ratio = 199, uint64_t seed = 1) {
   o.seed = seed;
   o.quiet = true;
   return o;
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const engine::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 std::vector<int64_t> row(const engine::Tensor& t, int64_t r) {

@@ -11,45 +11,17 @@
 
 #include "data/glue.h"
 #include "engine/error.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using data::glue_task;
 using data::GlueExample;
 using data::read_glue;
 
+using engine::testing::TempDir;
+using engine::testing::error_of;
+
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("engine_glue_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  // Writes `text` byte for byte to <dir>/<name> and returns the path.
-  std::string write(const std::string& name, const std::string& text) const {
-    const fs::path p = path / name;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p, std::ios::binary) << text;
-    return p.string();
-  }
-};
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const engine::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -7,22 +7,13 @@
 
 #include "data/metrics.h"
 #include "engine/error.h"
+#include "test_support.h"
 
 namespace m = data::metrics;
 using I = std::vector<int64_t>;
 using D = std::vector<double>;
 
-namespace {
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const engine::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-}  // namespace
+using engine::testing::error_of;
 
 TEST_CASE("metrics: accuracy, F1 and MCC of a binary confusion matrix", "[metrics]") {
   // TP = 3 (rows 0-2), FN = 1 (row 3), FP = 2 (rows 4-5), TN = 4 (rows 6-9); n = 10.

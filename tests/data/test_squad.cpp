@@ -13,42 +13,16 @@
 
 #include "data/squad.h"
 #include "engine/error.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using data::squad_normalize;
 using json = nlohmann::json;
 
+using engine::testing::TempDir;
+using engine::testing::error_of;
+
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("engine_squad_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    const fs::path p = path / name;
-    std::ofstream(p, std::ios::binary) << text;
-    return p.string();
-  }
-};
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const engine::Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 data::SquadExample question(const std::string& id, std::vector<std::string> answers) {
   data::SquadExample ex;
