@@ -47,20 +47,21 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-void sync(engine::Communicator& comm, engine::Device device) {
+// Waits for the work queued on `device` (a copy back to the host follows it on the stream).
+void device_sync(engine::Device device) {
   if (device.is_cuda()) engine::Tensor::zeros({1}, engine::DType::f32, device).to(engine::Device::cpu());
-  comm.barrier();
 }
 
 // Median over ranks' slowest: each timing is reduced with max so every rank reports the same.
 double timed_ms(engine::Communicator& comm, engine::Device device, int iters, const std::function<void()>& f) {
   f();
-  sync(comm, device);
+  device_sync(device);
+  comm.barrier();
   std::vector<double> ms;
   for (int i = 0; i < iters; ++i) {
     const auto t0 = clock_type::now();
     f();
-    if (device.is_cuda()) engine::Tensor::zeros({1}, engine::DType::f32, device).to(engine::Device::cpu());
+    device_sync(device);
     ms.push_back(comm.all_reduce(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count(),
                                  engine::ReduceOp::max));
   }

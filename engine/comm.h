@@ -33,7 +33,7 @@ class CommWork {
  public:
   virtual ~CommWork() = default;
   virtual void wait() = 0;   // blocks until done (CUDA: makes the current stream wait for it)
-  virtual bool test() = 0;   // true once done; lets MPI progress
+  virtual bool test() = 0;   // true once done, without blocking
 };
 
 class Communicator {

@@ -30,7 +30,6 @@ GradReducer::GradReducer(const FlatParameters& flat, Communicator& comm, int64_t
       b.end = e.offset;
     }
   }
-  if (entries.empty() && total > 0) buckets_.push_back({0, total, 0, 0});
 }
 
 void GradReducer::begin() {
@@ -44,7 +43,6 @@ void GradReducer::on_leaf_ready(const TensorImpl* leaf) {
   if (it == bucket_of_.end()) return;  // not one of ours
   ++buckets_[size_t(it->second)].ready;
   start_ready_buckets(false);
-  for (auto& w : works_) w->test();  // lets MPI progress the ones in flight
 }
 
 void GradReducer::start_ready_buckets(bool all) {

@@ -5,8 +5,8 @@
 // Buckets are contiguous ranges of the flat gradient slab, taken from its end (the parameters
 // registered last, whose gradients backward produces first), each about `bucket_bytes`. The
 // autograd leaf hook (engine/autograd.h) tells when each parameter's gradient is complete; when a
-// bucket's parameters are all complete its all-reduce starts (non-blocking: MPI_Iallreduce, or
-// NCCL on its own stream), strictly in bucket order so every rank issues the same collectives in
+// bucket's parameters are all complete its all-reduce starts (non-blocking: MPI on the
+// communicator's thread, or NCCL on its own stream), strictly in bucket order so every rank issues the same collectives in
 // the same order. finish() starts what is left and waits; the time it waits is the
 // communication that backward did not hide.
 //
