@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -356,7 +357,11 @@ int run(const Args& args) {
                 comm.backend(engine::Device::cpu()).c_str());
     std::fflush(stdout);
   }
-  models::PretrainResult r = models::pretrain(model, source, train_opt, adam, seed, args.resume, cfg.dump());
+  // finetune_app finds the vocabulary through the checkpoints.
+  models::PretrainOptions run_opt = train_opt;
+  run_opt.checkpoint_metadata["engine.tokenizer"] = std::filesystem::absolute(tokenizer->path()).string();
+  run_opt.checkpoint_metadata["engine.tokenizer_lower_case"] = data_opt.lower_case ? "true" : "false";
+  models::PretrainResult r = models::pretrain(model, source, run_opt, adam, seed, args.resume, cfg.dump());
   if (comm.is_root())
     std::printf("done: step %lld, valid loss %.4f; checkpoint %s; model %s/model.safetensors; metrics %s/metrics.jsonl\n",
                 (long long)r.final_step, r.last_valid_loss, r.final_checkpoint.c_str(), train_opt.out_dir.c_str(),

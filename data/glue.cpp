@@ -416,4 +416,30 @@ void write_glue_predictions(const GlueTask& task, const std::vector<GlueExample>
   }
 }
 
+EncodedPair encode_pair(const Tokenizer& tok, const std::string& text_a, const std::string& text_b,
+                        int64_t max_len) {
+  std::vector<int32_t> a = tok.encode(text_a), b = tok.encode(text_b);
+  const bool pair = !text_b.empty();
+  const int64_t specials = pair ? 3 : 2;
+  const int64_t needed = specials + (a.empty() ? 0 : 1) + (pair && !b.empty() ? 1 : 0);
+  ENGINE_CHECK(max_len >= needed, "[glue] max_len ", max_len, " cannot hold [CLS], [SEP] and one token of each segment (",
+               needed, " positions)");
+  EncodedPair out;
+  while (int64_t(a.size() + b.size()) + specials > max_len) {
+    (a.size() >= b.size() ? a : b).pop_back();
+    out.truncated = true;
+  }
+  const SpecialIds& sp = tok.special();
+  out.ids.push_back(sp.cls);
+  out.ids.insert(out.ids.end(), a.begin(), a.end());
+  out.ids.push_back(sp.sep);
+  out.types.assign(out.ids.size(), 0);
+  if (pair) {
+    out.ids.insert(out.ids.end(), b.begin(), b.end());
+    out.ids.push_back(sp.sep);
+    out.types.resize(out.ids.size(), 1);
+  }
+  return out;
+}
+
 }  // namespace data

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "data/tokenizer.h"
+
 namespace data {
 
 // Where one kind of GLUE file (labeled train/dev, or unlabeled test) keeps its fields. Columns
@@ -111,5 +113,19 @@ std::string glue_submission_name(const GlueTask& task, const std::string& split)
 void write_glue_predictions(const GlueTask& task, const std::vector<GlueExample>& examples,
                             const std::vector<int64_t>& labels, const std::vector<double>& scores,
                             const std::string& path);
+
+// One example as the encoder's input, the way BERT pretraining lays out two segments:
+// [CLS] a [SEP] for one sentence, [CLS] a [SEP] b [SEP] for a pair (the pretraining corpus
+// separates documents with [SEP] too), token types 0 up to the first [SEP] and 1 after it.
+// Longer than max_len: BERT's _truncate_seq_pair, one token at a time from the end of the longer
+// segment (a on ties) until it fits.
+struct EncodedPair {
+  std::vector<int32_t> ids;
+  std::vector<int8_t> types;
+  bool truncated = false;
+};
+// Fails when max_len cannot hold the special tokens and one token of each non-empty segment.
+EncodedPair encode_pair(const Tokenizer& tok, const std::string& text_a, const std::string& text_b,
+                        int64_t max_len);
 
 }  // namespace data

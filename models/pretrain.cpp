@@ -101,7 +101,8 @@ struct TrainerState {
 void save_training_checkpoint(const fs::path& path, const BertForMaskedLM& model,
                               const engine::AdamW& opt, const engine::LossScaler& scaler,
                               const engine::Generator& gen, const TrainerState& st,
-                              const BatchSource& data, const std::string& config_text) {
+                              const BatchSource& data, const std::string& config_text,
+                              engine::SafetensorsMetadata meta) {
   engine::NamedTensors state = opt.state();
   for (auto& e : scaler.state()) state.push_back(e);
   const engine::PhiloxState rng = gen.state();
@@ -110,8 +111,9 @@ void save_training_checkpoint(const fs::path& path, const BertForMaskedLM& model
   state.emplace_back("trainer.rng_seed", i64_scalar(static_cast<int64_t>(rng.seed)));
   state.emplace_back("trainer.rng_offset", i64_scalar(static_cast<int64_t>(rng.offset)));
   // Weights + state, config in the metadata; temp file, fsync, rename.
-  save_checkpoint(path.string(), model,
-                  {{"engine.data_position", data.position()}, {"engine.run_config", config_text}}, state);
+  meta["engine.data_position"] = data.position();
+  meta["engine.run_config"] = config_text;
+  save_checkpoint(path.string(), model, meta, state);
 }
 
 // Restores everything from a training checkpoint (weights and state from one read); throws when
@@ -330,7 +332,7 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
 
   auto save = [&]() {
     const fs::path path = ckpt_dir / checkpoint_name(st.step);
-    save_training_checkpoint(path, model, opt, scaler, gen, st, data, config_text);
+    save_training_checkpoint(path, model, opt, scaler, gen, st, data, config_text, o.checkpoint_metadata);
     auto list = list_checkpoints(ckpt_dir);
     for (size_t i = 0; i + size_t(o.keep_last) < list.size(); ++i) fs::remove(list[i].second);
     result.final_checkpoint = path.string();
@@ -435,7 +437,7 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
   if (result.final_checkpoint.empty()) result.final_checkpoint = latest_checkpoint(o.out_dir);
   result.final_step = st.step;
   // A weights-only model next to the checkpoints, for --init and finetuning.
-  if (root && steps_this_run > 0) save_checkpoint((out_dir / "model.safetensors").string(), model);
+  if (root && steps_this_run > 0) save_checkpoint((out_dir / "model.safetensors").string(), model, o.checkpoint_metadata);
   return result;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,9 @@ struct PretrainOptions {
   std::string out_dir = "runs/pretrain";
   bool progress = true;          // a progress bar when stderr is a terminal
   int64_t bucket_mb = 25;        // data parallelism: gradient all-reduce bucket size (MiB)
+  // Extra metadata for every checkpoint and model.safetensors (not from the config): pretrain_app
+  // records the tokenizer ("engine.tokenizer", "engine.tokenizer_lower_case") for finetune_app.
+  std::map<std::string, std::string> checkpoint_metadata;
 
   // Reads the `train:` section (unknown keys are errors).
   static PretrainOptions from_config(const engine::ConfigSection& train);
