@@ -64,6 +64,7 @@ Protocol (defaults: the TUPE / BERT papers'):
   --clip-norm C        gradient clipping (default 1.0; 0 = off)
   --dropout P          encoder and head dropout (default: the checkpoint's hidden/attention)
   --evals-per-epoch N  dev evaluations per epoch (default 1); the best one is kept
+  --log-every N        training-loss lines (stdout, metrics.jsonl) every N steps (default 50)
   --n-best N           SQuAD candidates per question (20); --max-answer-len N (30 tokens)
   --null-threshold X   SQuAD v2.0: answer "" when null score - best span > X (default 0)
 
@@ -100,7 +101,7 @@ struct Args {
   std::vector<uint64_t> seeds = {1, 2, 3, 4, 5};
   int64_t epochs = -1, batch_size = 32, max_len = -1, doc_stride = 128, max_query_len = 64;
   double warmup_ratio = 0.06, weight_decay = 0.01, clip_norm = 1.0, dropout = -1, null_threshold = 0;
-  int64_t evals_per_epoch = 1, n_best = 20, max_answer_len = 30;
+  int64_t evals_per_epoch = 1, log_every = 50, n_best = 20, max_answer_len = 30;
   int64_t max_train = 0, max_eval = 0, max_steps = 0;
   bool cased = false, no_test = false, save_model = false;
 };
@@ -173,6 +174,7 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "--dropout") a.dropout = parse_double(arg, value(), 0, 0.99);
     else if (arg == "--null-threshold") a.null_threshold = parse_double(arg, value(), -1e9, 1e9);
     else if (arg == "--evals-per-epoch") a.evals_per_epoch = parse_int(arg, value(), 1);
+    else if (arg == "--log-every") a.log_every = parse_int(arg, value(), 1);
     else if (arg == "--n-best") a.n_best = parse_int(arg, value(), 1);
     else if (arg == "--max-answer-len") a.max_answer_len = parse_int(arg, value(), 1);
     else if (arg == "--max-train") a.max_train = parse_int(arg, value(), 1);
@@ -219,12 +221,12 @@ class GlueTaskRunner : public Task {
     // DIR is the GLUE download or the task's own folder.
     fs::path dir(dir_arg);
     if (!dir.has_filename()) dir = dir.parent_path();  // "glue/RTE/"
-    if (fs::exists(data::glue_split_path(task, dir.string(), "train"))) {
-      glue_dir_ = dir.string();
-      task_dir_ = (dir / task.dir).string();
-    } else {
+    if (fs::exists(dir / "train.tsv") && !fs::exists(data::glue_split_path(task, dir.string(), "train"))) {
       task_dir_ = dir.string();
       glue_dir_ = fs::absolute(dir).parent_path().string();
+    } else {
+      glue_dir_ = dir.string();
+      task_dir_ = (dir / task.dir).string();
     }
     const std::string train_path = path("train");
     ENGINE_CHECK(fs::exists(train_path), "[finetune_app] ", train_path, ": no such file (--data-dir ", dir_arg,
@@ -642,6 +644,7 @@ int run(Args args) {
       fo.weight_decay = args.weight_decay;
       fo.clip_norm = args.clip_norm;
       fo.evals_per_epoch = args.evals_per_epoch;
+      fo.log_every = args.log_every;
       fo.max_steps = args.max_steps;
       fo.seed = seed;
       fo.metrics_path = (dir / "metrics.jsonl").string();

@@ -182,6 +182,7 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
   if (root && !o.metrics_path.empty()) {
     metrics.open(o.metrics_path, std::ios::trunc);
     ENGINE_CHECK(metrics.good(), "[finetune] cannot write ", o.metrics_path);
+    metrics.precision(9);
   }
   FinetuneResult result;
   Tensor best_weights;  // a copy of the slab at the best evaluation
