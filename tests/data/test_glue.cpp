@@ -529,3 +529,25 @@ TEST_CASE("glue: submission files", "[glue]") {
              }),
              Catch::Contains(no_dir + ".tmp: cannot create"));
 }
+
+TEST_CASE("encode_pair: BERT's layout, segment ids and longest-first truncation", "[glue][encode]") {
+  engine::testing::TempDir dir;
+  // ids: [PAD]0 [UNK]1 [CLS]2 [SEP]3 [MASK]4 a5 b6 c7 d8 e9
+  auto tok = data::load_wordpiece(dir.write("vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\nb\nc\nd\ne\n"), true);
+  data::EncodedPair one = data::encode_pair(*tok, "a B c", "", 16);
+  CHECK(one.ids == std::vector<int32_t>{2, 5, 6, 7, 3});
+  CHECK(one.types == std::vector<int8_t>{0, 0, 0, 0, 0});
+  CHECK_FALSE(one.truncated);
+  data::EncodedPair two = data::encode_pair(*tok, "a b", "c d e", 16);
+  CHECK(two.ids == std::vector<int32_t>{2, 5, 6, 3, 7, 8, 9, 3});
+  CHECK(two.types == std::vector<int8_t>{0, 0, 0, 0, 1, 1, 1, 1});
+  // 4 + 2 tokens in 7 positions: 3 specials leave 4, taken from the longer side first (a on ties).
+  data::EncodedPair cut = data::encode_pair(*tok, "a b c d", "e a", 7);
+  CHECK(cut.ids == std::vector<int32_t>{2, 5, 6, 3, 9, 5, 3});
+  CHECK(cut.truncated);
+  cut = data::encode_pair(*tok, "a b c", "d e a", 7);  // tie: a loses first, then b, ...
+  CHECK(cut.ids == std::vector<int32_t>{2, 5, 6, 3, 8, 9, 3});
+  CHECK(data::encode_pair(*tok, "a b c d e", "", 4).ids == std::vector<int32_t>{2, 5, 6, 3});
+  CHECK_THAT(engine::testing::error_of([&] { data::encode_pair(*tok, "a", "b", 4); }),
+             Catch::Contains("max_len 4 cannot hold"));
+}
