@@ -2,14 +2,12 @@
 // and reports the official metrics; a learning-rate x seed sweep gives, per learning rate, the
 // median over seeds, as a markdown table and results.json. The loop is models::finetune; the
 // task readers and metrics are data/glue.h, data/squad.h, data/squad_features.h.
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -26,6 +24,7 @@
 #include "engine/autograd.h"
 #include "engine/comm.h"
 #include "engine/error.h"
+#include "engine/file_io.h"
 #include "engine/safetensors.h"
 #include "models/checkpoint.h"
 #include "models/finetune.h"
@@ -127,7 +126,6 @@ double parse_double(const std::string& flag, const std::string& v, double min, d
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  bool seeds_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::string {
@@ -159,10 +157,8 @@ Args parse_args(int argc, char** argv) {
       const int64_t n = parse_int(arg, value(), 1);
       a.seeds.clear();
       for (int64_t s = 1; s <= n; ++s) a.seeds.push_back(uint64_t(s));
-      seeds_given = true;
     } else if (arg == "--seed") {
       a.seeds = {uint64_t(parse_int(arg, value(), 0))};
-      seeds_given = true;
     } else if (arg == "--epochs") a.epochs = parse_int(arg, value(), 1);
     else if (arg == "--batch-size") a.batch_size = parse_int(arg, value(), 1);
     else if (arg == "--max-len") a.max_len = parse_int(arg, value(), 3);
@@ -182,7 +178,6 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "--max-steps") a.max_steps = parse_int(arg, value(), 1);
     else usage_error("unknown argument '" + arg + "'");
   }
-  (void)seeds_given;
   if (a.task.empty()) usage_error("TASK is required (glue/RTE, glue/MNLI, squad/v1.1, ...)");
   if (a.checkpoint.empty()) usage_error("--checkpoint is required");
   if (a.data_dir.empty()) usage_error("--data-dir is required");
@@ -283,13 +278,14 @@ class GlueTaskRunner : public Task {
       std::vector<int64_t> labels;
       std::vector<double> scores;
       decode(logits, &labels, &scores);
-      std::ofstream f(dir / (d.split + "_predictions.tsv"));
+      std::ostringstream f;
       f << "line\tprediction\tgold\n";
       for (size_t i = 0; i < d.examples.size(); ++i) {
         const auto& e = d.examples[i];
         if (task_.regression) f << e.line << "\t" << scores[i] << "\t" << e.score << "\n";
         else f << e.line << "\t" << task_.label_names[size_t(labels[i])] << "\t" << task_.label_names[size_t(e.label)] << "\n";
       }
+      engine::write_file_atomic((dir / (d.split + "_predictions.tsv")).string(), f.str(), "finetune_app");
     }
     if (!test) return;
     std::vector<std::pair<const data::GlueTask*, std::string>> tests;
@@ -423,9 +419,12 @@ class SquadTaskRunner : public Task {
                         {"end_logit", c.end_logit}});
       nbest[a.id] = list;
     }
-    std::ofstream(dir / "predictions.json") << preds.dump(1) << "\n";
-    std::ofstream(dir / "nbest_predictions.json") << nbest.dump(1) << "\n";
-    if (v2_) std::ofstream(dir / "null_odds.json") << na.dump(1) << "\n";
+    auto write = [&](const char* name, const json& j) {
+      engine::write_file_atomic((dir / name).string(), j.dump(1) + "\n", "finetune_app");
+    };
+    write("predictions.json", preds);
+    write("nbest_predictions.json", nbest);
+    if (v2_) write("null_odds.json", na);
   }
 
  private:
@@ -503,17 +502,6 @@ std::string sweep_markdown(const std::string& task, const std::vector<models::Sw
      << " seed" << (seeds == 1 ? "" : "s") << "); submission from its best run, seed " << best.seed << " (step "
      << best.result.best_step << ", epoch " << best.result.best_epoch << ").\n";
   return md.str();
-}
-
-// Writes atomically (temp + rename) so an interrupted run never leaves a half file.
-void write_text(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    ENGINE_CHECK(f.good(), "[finetune_app] cannot write ", tmp.string());
-  }
-  fs::rename(tmp, path);
 }
 
 // ---- the dump mode (the PyTorch reference check) --------------------------------------------
@@ -696,8 +684,8 @@ int run(Args args) {
       {"best_lr", summary.rows[summary.best_row].lr},
       {"best_run", {{"lr", best.lr}, {"seed", best.seed}, {"metrics", eval_json(best.result.best)}}}};
   if (squad) results["protocol"]["doc_stride"] = args.doc_stride;
-  write_text(out / "results.json", results.dump(2) + "\n");
-  write_text(out / "results.md", "# " + label + "\n\n" + table);
+  engine::write_file_atomic((out / "results.json").string(), results.dump(2) + "\n", "finetune_app");
+  engine::write_file_atomic((out / "results.md").string(), "# " + label + "\n\n" + table, "finetune_app");
   // The submission: the best run of the best learning rate.
   if (!squad && !args.no_test) {
     const fs::path sub = out / "submission";

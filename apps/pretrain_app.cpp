@@ -279,7 +279,7 @@ int run(const Args& args) {
   const uint64_t seed = static_cast<uint64_t>(root.get_int("seed", 1));
   const engine::AdamWOptions adam = read_optim(root.section("optim"));
   const DataOptions data_opt = read_data(root.section("data"));
-  const models::PretrainOptions train_opt = models::PretrainOptions::from_config(root.section("train"));
+  models::PretrainOptions train_opt = models::PretrainOptions::from_config(root.section("train"));
   engine::ConfigSection model_section = root.section("model");
   const bool corpus_mode = args.batch_file.empty() && !args.count_params;
 
@@ -358,10 +358,9 @@ int run(const Args& args) {
     std::fflush(stdout);
   }
   // finetune_app finds the vocabulary through the checkpoints.
-  models::PretrainOptions run_opt = train_opt;
-  run_opt.checkpoint_metadata["engine.tokenizer"] = std::filesystem::absolute(tokenizer->path()).string();
-  run_opt.checkpoint_metadata["engine.tokenizer_lower_case"] = data_opt.lower_case ? "true" : "false";
-  models::PretrainResult r = models::pretrain(model, source, run_opt, adam, seed, args.resume, cfg.dump());
+  train_opt.checkpoint_metadata["engine.tokenizer"] = std::filesystem::absolute(tokenizer->path()).string();
+  train_opt.checkpoint_metadata["engine.tokenizer_lower_case"] = data_opt.lower_case ? "true" : "false";
+  models::PretrainResult r = models::pretrain(model, source, train_opt, adam, seed, args.resume, cfg.dump());
   if (comm.is_root())
     std::printf("done: step %lld, valid loss %.4f; checkpoint %s; model %s/model.safetensors; metrics %s/metrics.jsonl\n",
                 (long long)r.final_step, r.last_valid_loss, r.final_checkpoint.c_str(), train_opt.out_dir.c_str(),

@@ -3,8 +3,6 @@
 // (transformers/data/processors/glue.py), which read the files of the GLUE download script.
 #include "data/glue.h"
 
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -20,6 +18,7 @@
 
 #include "data/metrics.h"
 #include "engine/error.h"
+#include "engine/file_io.h"
 
 namespace data {
 namespace {
@@ -386,34 +385,7 @@ void write_glue_predictions(const GlueTask& task, const std::vector<GlueExample>
     text += '\n';
   }
 
-  // Atomic: the full file under a temporary name, on disk, then renamed over `path`.
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  ENGINE_CHECK(fd >= 0, "[glue] ", tmp, ": cannot create (", std::strerror(errno), ")");
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const std::string err = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      ENGINE_FAIL("[glue] ", tmp, ": write failed (", err, ")");
-    }
-    done += static_cast<size_t>(w);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  const std::string sync_err = synced ? "" : std::strerror(errno);
-  ::close(fd);
-  if (!synced) {
-    ::unlink(tmp.c_str());
-    ENGINE_FAIL("[glue] ", tmp, ": fsync failed (", sync_err, ")");
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string err = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    ENGINE_FAIL("[glue] ", path, ": cannot rename '", tmp, "' over it (", err, ")");
-  }
+  engine::write_file_atomic(path, text, "glue");
 }
 
 EncodedPair encode_pair(const Tokenizer& tok, const std::string& text_a, const std::string& text_b,

@@ -16,6 +16,7 @@
 #include "engine/comm.h"
 #include "engine/data_parallel.h"
 #include "engine/error.h"
+#include "engine/file_io.h"
 #include "engine/safetensors.h"
 #include "ops/ops.h"
 
@@ -179,13 +180,7 @@ void truncate_metrics(const fs::path& file, int64_t step) {
     if (std::regex_search(line, m, re) && std::stoll(m[1]) <= step) kept << line << "\n";
   }
   in.close();
-  const fs::path tmp = file.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << kept.str();
-    ENGINE_CHECK(out.good(), "[pretrain] cannot write ", tmp.string());
-  }
-  fs::rename(tmp, file);
+  engine::write_file_atomic(file.string(), kept.str(), "pretrain");
 }
 
 std::string fmt_duration(double s) {
