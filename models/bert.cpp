@@ -268,22 +268,45 @@ BertLayer::BertLayer(const BertConfig& c, Generator& gen)
   register_module("ffn_norm", ffn_norm);
 }
 
-Tensor BertLayer::self_attention(const Tensor& x, const Tensor& key_mask,
-                                 const AttentionTerms& terms, Generator& gen) const {
+BertLayer::Projected BertLayer::project(const Tensor& x, const AttentionTerms& terms) const {
   const int64_t b = x.size(0), t = x.size(1), h = config_.num_heads, dh = config_.head_size();
   // (B, T, 3d) -> (3, B, H, T, d_h): views, no copies.
   Tensor qkv5 = qkv.forward(x).view({b, t, 3, h, dh}).permute({2, 0, 3, 1, 4});
-  Tensor q = qkv5.select(0, 0), k = qkv5.select(0, 1), v = qkv5.select(0, 2);
+  Projected pr{qkv5.select(0, 0), qkv5.select(0, 1), qkv5.select(0, 2), 1.0 / std::sqrt(double(dh))};
   const PositionConfig& p = config_.position;
-  double scale = 1.0 / std::sqrt(double(dh));
-  if (p.attention == AttentionPosition::untied) scale = 1.0 / std::sqrt(2.0 * double(dh));
+  if (p.attention == AttentionPosition::untied) pr.scale = 1.0 / std::sqrt(2.0 * double(dh));
   if (p.attention == AttentionPosition::decomposed) {
     // (q + pU^Q) . (k + pU^K) = q.k + q.pU^K + pU^Q.k + pU^Q.pU^K: the four terms in one
     // product of the usual width (the (1, H, T, d_h) terms broadcast over the batch).
-    q = q + terms.pos_query;
-    k = k + terms.pos_key;
-    scale = 1.0 / std::sqrt(4.0 * double(dh));
+    pr.q = pr.q + terms.pos_query;
+    pr.k = pr.k + terms.pos_key;
+    pr.scale = 1.0 / std::sqrt(4.0 * double(dh));
   }
+  return pr;
+}
+
+// Shaw: logits q_i.(k_j + a_c(j-i)) scale. The key term depends on q, so it is q A^T (B, H, T, R)
+// gathered per (i, j), never a (T, T, d_h) tensor. Without Shaw: q_i.k_j scale.
+Tensor BertLayer::scaled_scores(const Projected& pr, const AttentionTerms& terms) const {
+  Tensor scores = engine::matmul(pr.q, pr.k.transpose(2, 3));
+  if (terms.shaw_table.defined())
+    scores = scores + engine::relative_gather(engine::matmul(pr.q, terms.shaw_table.transpose(0, 1)),
+                                              terms.shaw_index);
+  return scores * pr.scale;
+}
+
+Tensor BertLayer::attention_logits(const Tensor& x, const AttentionTerms& terms) const {
+  Projected pr = project(config_.pre_layer_norm ? attention_norm.forward(x) : x, terms);
+  Tensor scores = scaled_scores(pr, terms);
+  return terms.bias.defined() ? scores + terms.bias : scores;
+}
+
+Tensor BertLayer::self_attention(const Tensor& x, const Tensor& key_mask,
+                                 const AttentionTerms& terms, Generator& gen) const {
+  const int64_t b = x.size(0), t = x.size(1), h = config_.num_heads, dh = config_.head_size();
+  Projected pr = project(x, terms);
+  const Tensor &q = pr.q, &k = pr.k, &v = pr.v;
+  const double scale = pr.scale;
   const bool training = this->training();
   const double p_drop = training ? config_.attention_dropout : 0.0;
   Tensor ctx;  // (B, H, T, d_h)
@@ -297,13 +320,10 @@ Tensor BertLayer::self_attention(const Tensor& x, const Tensor& key_mask,
     opt.generator = &gen;
     ctx = engine::attention(q, k, v, opt);
   } else {
-    // Shaw: logits q_i.(k_j + a_c(j-i)) scale, values v_j + a_c(j-i). The key term depends on
-    // q, so it is q A^T (B, H, T, R) gathered per (i, j), never a (T, T, d_h) tensor.
+    // Shaw: values v_j + a_c(j-i), scattered back per (i, j) like the key term is gathered.
     const Tensor& a = terms.shaw_table;  // (R, d_h)
     const int64_t r = a.size(0);
-    Tensor scores = engine::matmul(q, k.transpose(2, 3)) +
-                    engine::relative_gather(engine::matmul(q, a.transpose(0, 1)), terms.shaw_index);
-    scores = scores * scale;
+    Tensor scores = scaled_scores(pr, terms);
     Tensor mask4 = key_mask.defined() ? key_mask.view({b, 1, 1, t}) : Tensor();
     Tensor probs = engine::softmax(scores, terms.bias, mask4);
     probs = engine::dropout(probs, p_drop, training, gen);
@@ -358,7 +378,7 @@ BertModel::BertModel(const BertConfig& c, Generator& gen) : config_(c) {
   register_module("encoder", encoder);
 }
 
-Tensor BertModel::forward(const BertInputs& in, Generator& gen) const {
+Tensor BertModel::embed(const BertInputs& in, Generator& gen) const {
   const Tensor& ids = in.input_ids;
   ENGINE_CHECK(ids.defined() && ids.dim() == 2, "[bert] input_ids must be (B, T), got ",
                engine::describe(ids));
@@ -372,7 +392,6 @@ Tensor BertModel::forward(const BertInputs& in, Generator& gen) const {
     ENGINE_CHECK(in.token_type_ids.shape() == ids.shape(), "[bert] token_type_ids ",
                  engine::describe(in.token_type_ids), " does not match input_ids ", engine::describe(ids));
   }
-  const bool training = this->training();
   Tensor x = engine::embedding(token_embedding, ids);  // (B, T, d)
   if (segment_embedding.defined()) {
     Tensor types = in.token_type_ids.defined() ? in.token_type_ids
@@ -381,7 +400,13 @@ Tensor BertModel::forward(const BertInputs& in, Generator& gen) const {
   }
   Tensor pos = position->input_term(t);  // (T, d), broadcast over the batch
   if (pos.defined()) x = x + pos.to(x.device());
-  x = engine::dropout(embedding_norm->forward(x), config_.hidden_dropout, training, gen);
+  x = engine::dropout(embedding_norm->forward(x), config_.hidden_dropout, training(), gen);
+  return x;
+}
+
+Tensor BertModel::forward(const BertInputs& in, Generator& gen) const {
+  Tensor x = embed(in, gen);
+  const int64_t t = x.size(1);
 
   // Once per forward: every layer adds the same (1, H, T, T) term, so its gradient is summed
   // over layers and batch by the autograd graph, and it is never copied per example.

@@ -98,12 +98,22 @@ class BertLayer : public engine::Module {
   // x (B, T, d); key_mask (B, T) or undefined.
   Tensor forward(const Tensor& x, const Tensor& key_mask, const AttentionTerms& terms,
                  Generator& gen) const;
+  // The attention logits (B, H, T, T) this layer computes for input x (B, T, d), before the key
+  // mask and the softmax: scaled content (and Shaw key) scores plus the positional bias. For the
+  // positional dumps (identical-word probing).
+  Tensor attention_logits(const Tensor& x, const AttentionTerms& terms) const;
 
   engine::Module attention, ffn;  // name scopes: attention.{qkv,out}, ffn.{fc1,fc2}
   Linear qkv, out, fc1, fc2;
   LayerNorm attention_norm, ffn_norm;
 
  private:
+  struct Projected {
+    Tensor q, k, v;  // (B, H, T, d_h); q, k include bert_a_d's p U^Q, p U^K
+    double scale;    // of q.k: 1/sqrt(d_h), TUPE 1/sqrt(2 d_h), bert_a_d 1/sqrt(4 d_h)
+  };
+  Projected project(const Tensor& x, const AttentionTerms& terms) const;
+  Tensor scaled_scores(const Projected& pr, const AttentionTerms& terms) const;
   Tensor self_attention(const Tensor& x, const Tensor& key_mask, const AttentionTerms& terms,
                         Generator& gen) const;
   BertConfig config_;
@@ -122,6 +132,8 @@ class BertModel : public engine::Module {
   BertModel(const BertConfig& config, Generator& init);
   // -> (B, T, d), the last layer's output. Dropout follows training() and draws from `gen`.
   Tensor forward(const BertInputs& inputs, Generator& gen) const;
+  // The first layer's input x^0 = LN(token (+ segment) (+ position)), dropout as in forward.
+  Tensor embed(const BertInputs& inputs, Generator& gen) const;
   const BertConfig& config() const { return config_; }
 
   // How many times the positional attention terms were computed (once per forward) and those of

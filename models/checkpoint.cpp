@@ -64,6 +64,19 @@ void check_range(const Tensor& t, const std::string& path, const char* name, int
 
 }  // namespace
 
+engine::SafetensorsContents load_bert_encoder(const std::string& path, BertModel& bert) {
+  engine::NamedTensors encoder;
+  for (auto& [name, t] : bert.named_parameters()) encoder.emplace_back("bert." + name, t);
+  engine::SafetensorsContents rest = engine::load_safetensors_into(path, encoder, /*allow_extra=*/true);
+  // Heads and state may be there; an encoder tensor the model lacks means another architecture
+  // (e.g. TUPE's position tensors under a config that says bert_a).
+  for (const auto& [name, t] : rest.tensors)
+    ENGINE_CHECK(name.rfind("bert.", 0) != 0, "[checkpoint] ", path, ": tensor '", name,
+                 "' is not part of the model its config describes (preset ", bert.config().position.preset,
+                 "); the config and the weights disagree");
+  return rest;
+}
+
 MlmBatch load_mlm_batch(const std::string& path, const BertConfig& config) {
   engine::SafetensorsContents c = engine::load_safetensors(path);
   static const std::set<std::string> known = {"input_ids", "attention_mask", "labels", "token_type_ids"};

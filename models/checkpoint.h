@@ -27,6 +27,13 @@ BertConfig read_checkpoint_config(const std::string& path);
 engine::SafetensorsContents load_checkpoint(const std::string& path, BertForMaskedLM& model,
                                             bool with_state = false);
 
+// Loads the encoder (every bert.* tensor) of any checkpoint of this engine (pretraining, training
+// state, finetuned) into `bert`, checked like load_checkpoint; the heads (mlm.*, classifier.*,
+// qa.*) and training state are returned with the metadata rather than loaded; a bert.* tensor the
+// model lacks is an error. The caller checks the stored config (read_checkpoint_config) against
+// the model's.
+engine::SafetensorsContents load_bert_encoder(const std::string& path, BertModel& bert);
+
 struct MlmBatch {
   BertInputs inputs;
   Tensor labels;  // (B, T) i64, -100 = not predicted

@@ -85,12 +85,9 @@ int64_t load_encoder(const std::string& path, BertForFinetuning& model) {
   const std::string diff = stored.first_difference(model.config());
   ENGINE_CHECK(diff.empty(), "[finetune] ", path, ": the checkpoint's model differs at model.", diff,
                " (checkpoint vs the model being finetuned)");
-  engine::NamedTensors encoder;
-  for (auto& [name, t] : model.named_parameters())
-    if (name.rfind("bert.", 0) == 0) encoder.emplace_back(name, t);
   // The MLM head and any training state are allowed and left out.
-  engine::load_safetensors_into(path, encoder, /*allow_extra=*/true);
-  return static_cast<int64_t>(encoder.size());
+  load_bert_encoder(path, model.bert);
+  return static_cast<int64_t>(model.bert.named_parameters().size());
 }
 
 }  // namespace models

@@ -130,12 +130,11 @@ class Reference:
         return sinusoid(r, P["bert.position.shaw_freq"])
 
     # ---- the model -------------------------------------------------------------------------
-    def encode(self, ids, mask, types):
+    def embed(self, ids, types=None):
+        """The first layer's input x^0 = LN(token (+ segment) (+ position)): (B, T, d)."""
         P, cfg = self.P, self.cfg
-        B, T = ids.shape
-        d, H = cfg["hidden_size"], cfg["num_heads"]
-        dh = d // H
-        eps = cfg["layer_norm_eps"]
+        T = ids.shape[1]
+        d = cfg["hidden_size"]
         x = P["bert.embeddings.token"][ids]
         if cfg["type_vocab_size"] > 0:
             x = x + P["bert.embeddings.segment"][types if types is not None else torch.zeros_like(ids)]
@@ -145,42 +144,73 @@ class Reference:
             x = x + sinusoid(torch.arange(T, dtype=torch.float32), freqs_for(d))
         elif self.input == "learnable_sin":
             x = x + sinusoid(torch.arange(T, dtype=torch.float32), P["bert.position.freq"])
-        x = layer_norm(x, P, "bert.embeddings.norm", eps)
+        return layer_norm(x, P, "bert.embeddings.norm", cfg["layer_norm_eps"])
 
-        bias = None
+    def positional(self, T):
+        """The terms every layer shares: additive bias (H, T, T), Shaw vectors (T, T, d_h),
+        bert_a_d's p U^Q, p U^K (1, H, T, d_h); None where the preset has none."""
+        P, cfg = self.P, self.cfg
+        bias = shaw = pq = pk = None
         if self.absolute == "untied":
             bias = self._untied(T)
         elif self.relative == "t5":
             bias = self._t5_bias(T)
-        shaw = None
         if self.relative.startswith("shaw"):
             c = cfg["position"]["rpe_clip"]
             idx = torch.tensor([[max(-c, min(c, j - i)) + c for j in range(T)] for i in range(T)])
             shaw = self._shaw_table()[idx]  # (T, T, d_h)
-        pq = pk = None
         if self.absolute == "decomposed":
             p = P["bert.position.table"][:T]
             pq = self._heads(linear(p, P, "bert.position.query"))[None]
             pk = self._heads(linear(p, P, "bert.position.key"))[None]
+        return bias, shaw, pq, pk
+
+    def layer_logits(self, l, h, terms):
+        """Layer l's attention logits for attention input h (B, T, d), before the mask: (B, H, T, T);
+        and the values (B, H, T, d_h)."""
+        P, cfg = self.P, self.cfg
+        bias, shaw, pq, pk = terms
+        B, T, d = h.shape
+        H = cfg["num_heads"]
+        dh = d // H
+        pre = f"bert.encoder.layer.{l}."
+        qkv = linear(h, P, pre + "attention.qkv").view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        if self.absolute == "decomposed":
+            logits = (q @ k.transpose(-1, -2) + q @ pk.transpose(-1, -2) +
+                      pq @ k.transpose(-1, -2) + pq @ pk.transpose(-1, -2)) / math.sqrt(4 * dh)
+        elif self.absolute == "untied":
+            logits = q @ k.transpose(-1, -2) / math.sqrt(2 * dh)
+        else:
+            logits = q @ k.transpose(-1, -2) / math.sqrt(dh)
+        if shaw is not None:
+            logits = logits + torch.einsum("bhid,ijd->bhij", q, shaw) / math.sqrt(dh)
+        if bias is not None:
+            logits = logits + bias[None]
+        return logits, v
+
+    def first_layer_logits(self, ids):
+        """The first layer's logits (B, H, T, T) for ids (B, T): identical-word probing."""
+        x = self.embed(ids)
+        if self.cfg["pre_layer_norm"]:
+            x = layer_norm(x, self.P, "bert.encoder.layer.0.attention_norm", self.cfg["layer_norm_eps"])
+        return self.layer_logits(0, x, self.positional(ids.shape[1]))[0]
+
+    def encode(self, ids, mask, types):
+        P, cfg = self.P, self.cfg
+        B, T = ids.shape
+        d = cfg["hidden_size"]
+        eps = cfg["layer_norm_eps"]
+        x = self.embed(ids, types)
+        terms = self.positional(T)
+        shaw = terms[1]
 
         keep = mask[:, None, None, :] != 0
         for l in range(cfg["num_layers"]):
             pre = f"bert.encoder.layer.{l}."
 
             def attn(h):
-                qkv = linear(h, P, pre + "attention.qkv").view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)
-                q, k, v = qkv[0], qkv[1], qkv[2]
-                if self.absolute == "decomposed":
-                    logits = (q @ k.transpose(-1, -2) + q @ pk.transpose(-1, -2) +
-                              pq @ k.transpose(-1, -2) + pq @ pk.transpose(-1, -2)) / math.sqrt(4 * dh)
-                elif self.absolute == "untied":
-                    logits = q @ k.transpose(-1, -2) / math.sqrt(2 * dh)
-                else:
-                    logits = q @ k.transpose(-1, -2) / math.sqrt(dh)
-                if shaw is not None:
-                    logits = logits + torch.einsum("bhid,ijd->bhij", q, shaw) / math.sqrt(dh)
-                if bias is not None:
-                    logits = logits + bias[None]
+                logits, v = self.layer_logits(l, h, terms)
                 probs = torch.softmax(logits.masked_fill(~keep, float("-inf")), dim=-1)
                 out = probs @ v
                 if shaw is not None:
