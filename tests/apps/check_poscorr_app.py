@@ -193,7 +193,7 @@ for key, value, expect, what in (
         ("num_heads", 5, "num_heads", "invalid config")):
     bad = dict(cfg)
     if key == "preset":
-        bad["position"] = dict(cfg["position"], preset=value, cls_reset="none")
+        bad["position"] = dict(cfg["position"], preset=value)
     else:
         bad[key] = value
     write_safetensors(path("mismatch.safetensors"), tensors, dict(meta, **{"engine.model_config": json.dumps(bad)}))
