@@ -170,6 +170,7 @@ json measures(const CorrelationMatrix& m, int64_t k) {
   const models::Properties p = models::measure(v.data(), n, m.first);
   json j = {{"translation_invariance", p.translation_invariance},
             {"symmetry", p.symmetry},
+            {"profile_peak_offset", p.profile_peak},
             {"monotonic_window_forward", p.window_forward},
             {"monotonic_window_backward", p.window_backward},
             {"min", p.min},
@@ -198,8 +199,7 @@ void draw(const CorrelationMatrix& m, const std::string& path, int64_t columns, 
   o.columns = columns;
   const int64_t k = m.values.size(0), r = m.values.size(1), c = m.values.size(2);
   if (m.per_offset) {  // all heads in one panel: a row per head, a column per offset
-    plot::Panel p{"bias per head (rows) and offset j - i (columns)", k, c, m.values.contiguous().to_vector<float>(),
-                  0, m.col_start};
+    plot::Panel p{"heads 0-" + std::to_string(k - 1), k, c, m.values.contiguous().to_vector<float>(), 0, m.col_start};
     panels.push_back(p);
     o.panel_width = std::clamp<int64_t>(2 * c, 256, 1024);
     o.panel_height = std::max<int64_t>(96, 16 * k);

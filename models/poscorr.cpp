@@ -210,9 +210,17 @@ Properties measure(const float* m, int64_t n, int64_t first) {
   const bool flat = total <= 1e-20 * scale * scale * double(s * s);
   pr.translation_invariance = flat ? 1.0 : std::clamp(1.0 - within / total, 0.0, 1.0);
   pr.symmetry = flat ? 1.0 : std::clamp(sym / total, 0.0, 1.0);
+  // Walk outward from the profile's peak among offsets -1, 0, +1 while it keeps strictly falling.
   auto f = [&](int64_t r) { return diag[size_t(r + s - 1)]; };
-  while (pr.window_forward + 1 < s && f(pr.window_forward + 1) < f(pr.window_forward)) ++pr.window_forward;
-  while (pr.window_backward + 1 < s && f(-pr.window_backward - 1) < f(-pr.window_backward)) ++pr.window_backward;
+  int64_t peak = 0;
+  for (int64_t r : {-1, 1})
+    if (std::abs(r) < s && f(r) > f(peak)) peak = r;
+  pr.profile_peak = peak;
+  int64_t hi = peak, lo = peak;
+  while (hi + 1 < s && f(hi + 1) < f(hi)) ++hi;
+  while (lo - 1 > -s && f(lo - 1) < f(lo)) --lo;
+  pr.window_forward = std::max<int64_t>(hi, 0);
+  pr.window_backward = std::max<int64_t>(-lo, 0);
   return pr;
 }
 

@@ -52,8 +52,12 @@ std::vector<float> toeplitz_of_offsets(const float* offsets, int64_t t);
 struct Properties {
   double translation_invariance = 1;  // 1 - within-diagonal variance / total variance, in [0, 1]
   double symmetry = 1;                // |sym(m - mean)|^2 / |m - mean|^2, in [0, 1]
-  int64_t window_forward = 0;         // f(0) > f(1) > ... > f(w): f(r) the mean of diagonal r
-  int64_t window_backward = 0;        // f(0) > f(-1) > ... > f(-w)
+  // f(r) is the mean of diagonal r = j - i; from its peak p among r = -1, 0, 1, the windows are
+  // the farthest offsets the profile reaches while strictly falling: f(p) > f(p+1) > ... > f(w)
+  // forward (w >= 0), and likewise backward to -w.
+  int64_t profile_peak = 0;
+  int64_t window_forward = 0;
+  int64_t window_backward = 0;
   double min = 0, max = 0;
 };
 Properties measure(const float* m, int64_t n, int64_t first = 0);

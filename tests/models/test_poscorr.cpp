@@ -112,6 +112,7 @@ TEST_CASE("poscorr: a strictly decreasing band has the expected monotonic window
     const Properties p = measure(make(n, [&](int64_t i, int64_t j) {
                                    return std::max<double>(0.0, double(w - std::abs(j - i)));
                                  }).data(), n);
+    CHECK(p.profile_peak == 0);
     CHECK(p.window_forward == w);
     CHECK(p.window_backward == w);
     CHECK(p.symmetry == Approx(1.0).margin(1e-9));
@@ -125,10 +126,22 @@ TEST_CASE("poscorr: a strictly decreasing band has the expected monotonic window
   CHECK(p.window_forward == 4);
   CHECK(p.window_backward == 9);
   CHECK(p.symmetry < 0.95);
+  // Peaked at +1 (attend to next): forward from +1 to 5, backward from +1 down to -3.
+  const Properties next = measure(make(n, [](int64_t i, int64_t j) {
+                                    return std::max<double>(0.0, 4.0 - double(std::abs(j - i - 1)));
+                                  }).data(), n);
+  CHECK(next.profile_peak == 1);
+  CHECK(next.window_forward == 5);
+  CHECK(next.window_backward == 3);
   // Strictly falling over the whole matrix: the window is n - 1; a rise right away: 0.
   CHECK(measure(make(n, [](int64_t i, int64_t j) { return -double(std::abs(i - j)); }).data(), n).window_forward ==
         n - 1);
-  CHECK(measure(make(n, [](int64_t i, int64_t j) { return double(std::abs(i - j)); }).data(), n).window_backward == 0);
+  // f(r) = r: the peak among -1, 0, 1 is +1; from there it falls backward over the whole matrix
+  // and rises forward at once.
+  const Properties rising = measure(make(n, [](int64_t i, int64_t j) { return double(j - i); }).data(), n);
+  CHECK(rising.profile_peak == 1);
+  CHECK(rising.window_forward == 1);
+  CHECK(rising.window_backward == n - 1);
 }
 
 TEST_CASE("poscorr: measures skip the [CLS] row and column when asked", "[poscorr]") {

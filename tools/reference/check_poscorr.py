@@ -59,14 +59,18 @@ def properties(m, first):
     flat = total <= 1e-20 * max(1.0, abs(s.mean())) ** 2 * n * n
     ti = 1.0 if flat else min(max(1 - ((s - f) ** 2).sum() / total, 0.0), 1.0)
     sym = 1.0 if flat else min(max((((c + c.T) / 2) ** 2).sum() / total, 0.0), 1.0)
-    fwd = 0
-    while fwd + 1 < n and diag[fwd + 1] < diag[fwd]:
-        fwd += 1
-    bwd = 0
-    while bwd + 1 < n and diag[-bwd - 1] < diag[-bwd]:
-        bwd += 1
-    return {"translation_invariance": ti, "symmetry": sym, "monotonic_window_forward": fwd,
-            "monotonic_window_backward": bwd, "min": s.min(), "max": s.max()}
+    peak = 0
+    for k in (-1, 1):
+        if abs(k) < n and diag[k] > diag[peak]:
+            peak = k
+    hi = lo = peak
+    while hi + 1 < n and diag[hi + 1] < diag[hi]:
+        hi += 1
+    while lo - 1 > -n and diag[lo - 1] < diag[lo]:
+        lo -= 1
+    return {"translation_invariance": ti, "symmetry": sym, "profile_peak_offset": peak,
+            "monotonic_window_forward": max(hi, 0), "monotonic_window_backward": max(-lo, 0),
+            "min": s.min(), "max": s.max()}
 
 
 def pattern(m, first):
