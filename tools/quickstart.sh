@@ -39,9 +39,12 @@ if [ -n "${QUICKSTART_STEPS:-}" ]; then STEPS=(--set "train.steps=$QUICKSTART_ST
 "$APP" --config "$ROOT/configs/tiny_tupe_r.yaml" --set "data.corpus=$RUN/corpus" --out "$OUT" \
   "${STEPS[@]}" "${RESUME[@]}"
 /usr/bin/python3 "$ROOT/tools/plot_curves.py" "$RUN/curves.png" "$OUT=TUPE-R (tiny)" --train
+# The learned positional correlations (docs/poscorr.md).
+"$(dirname "$APP")/poscorr_app" --checkpoint "$OUT/model.safetensors" --out "$RUN/poscorr"
 
 echo
 echo "quickstart: done."
 echo "  checkpoints:  $OUT/checkpoints/ (resume with --resume), weights: $OUT/model.safetensors"
 echo "  metrics:      $OUT/metrics.jsonl"
 echo "  curves:       $RUN/curves.png"
+echo "  positions:    $RUN/poscorr/ (tupe_term.png: TUPE's positional term per head; summary.json)"
