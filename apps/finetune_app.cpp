@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/cli.h"
 #include "data/glue.h"
 #include "data/metrics.h"
 #include "data/squad.h"
@@ -89,10 +90,7 @@ Exit status: 0 on success, 1 on an error (one message naming the file, line or k
 command line.
 )";
 
-[[noreturn]] void usage_error(const std::string& msg) {
-  std::cerr << "finetune_app: " << msg << "\n(run finetune_app --help for the options)\n";
-  std::exit(2);
-}
+[[noreturn]] void usage_error(const std::string& msg) { cli::usage_error("finetune_app", msg); }
 
 struct Args {
   std::string task, checkpoint, data_dir, tokenizer, out, dump;
@@ -105,77 +103,52 @@ struct Args {
   bool cased = false, no_test = false, save_model = false;
 };
 
-int64_t parse_int(const std::string& flag, const std::string& v, int64_t min) {
-  char* end = nullptr;
-  const long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || n < min)
-    usage_error(flag + " expects an integer >= " + std::to_string(min) + ", got '" + v + "'");
-  return n;
-}
-
-double parse_double(const std::string& flag, const std::string& v, double min, double max) {
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0' || !std::isfinite(x) || x < min || x > max) {
-    std::ostringstream s;
-    s << flag << " expects a number in [" << min << ", " << max << "], got '" << v << "'";
-    usage_error(s.str());
-  }
-  return x;
-}
-
 Args parse_args(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "-h" || arg == "--help") {
-      std::cout << kUsage;
-      std::exit(0);
-    } else if (arg.rfind("--", 0) != 0) {
+  cli::ArgParser p("finetune_app", kUsage, argc, argv);
+  while (p.next()) {
+    const std::string& arg = p.arg();
+    if (!p.is_flag()) {
       if (!a.task.empty()) usage_error("one TASK only (got '" + a.task + "' and '" + arg + "')");
       a.task = arg;
-    } else if (arg == "--checkpoint") a.checkpoint = value();
-    else if (arg == "--data-dir") a.data_dir = value();
-    else if (arg == "--tokenizer") a.tokenizer = value();
-    else if (arg == "--out") a.out = value();
-    else if (arg == "--dump") a.dump = value();
+    } else if (arg == "--checkpoint") a.checkpoint = p.value();
+    else if (arg == "--data-dir") a.data_dir = p.value();
+    else if (arg == "--tokenizer") a.tokenizer = p.value();
+    else if (arg == "--out") a.out = p.value();
+    else if (arg == "--dump") a.dump = p.value();
     else if (arg == "--cased") a.cased = true;
     else if (arg == "--no-test") a.no_test = true;
     else if (arg == "--save-model") a.save_model = true;
     else if (arg == "--lr") {
-      const std::string v = value();
+      const std::string v = p.value();
       a.lrs.clear();
       std::stringstream ss(v);
       std::string item;
-      while (std::getline(ss, item, ',')) a.lrs.push_back(parse_double("--lr", item, 1e-12, 1.0));
+      while (std::getline(ss, item, ',')) a.lrs.push_back(p.to_double("--lr", item, 1e-12, 1.0));
       if (a.lrs.empty()) usage_error("--lr expects a comma-separated list of learning rates, got '" + v + "'");
     } else if (arg == "--seeds") {
-      const int64_t n = parse_int(arg, value(), 1);
+      const int64_t n = p.int_value(1);
       a.seeds.clear();
       for (int64_t s = 1; s <= n; ++s) a.seeds.push_back(uint64_t(s));
     } else if (arg == "--seed") {
-      a.seeds = {uint64_t(parse_int(arg, value(), 0))};
-    } else if (arg == "--epochs") a.epochs = parse_int(arg, value(), 1);
-    else if (arg == "--batch-size") a.batch_size = parse_int(arg, value(), 1);
-    else if (arg == "--max-len") a.max_len = parse_int(arg, value(), 3);
-    else if (arg == "--doc-stride") a.doc_stride = parse_int(arg, value(), 1);
-    else if (arg == "--max-query-len") a.max_query_len = parse_int(arg, value(), 1);
-    else if (arg == "--warmup-ratio") a.warmup_ratio = parse_double(arg, value(), 0, 1);
-    else if (arg == "--weight-decay") a.weight_decay = parse_double(arg, value(), 0, 1);
-    else if (arg == "--clip-norm") a.clip_norm = parse_double(arg, value(), 0, 1e9);
-    else if (arg == "--dropout") a.dropout = parse_double(arg, value(), 0, 0.99);
-    else if (arg == "--null-threshold") a.null_threshold = parse_double(arg, value(), -1e9, 1e9);
-    else if (arg == "--evals-per-epoch") a.evals_per_epoch = parse_int(arg, value(), 1);
-    else if (arg == "--log-every") a.log_every = parse_int(arg, value(), 1);
-    else if (arg == "--n-best") a.n_best = parse_int(arg, value(), 1);
-    else if (arg == "--max-answer-len") a.max_answer_len = parse_int(arg, value(), 1);
-    else if (arg == "--max-train") a.max_train = parse_int(arg, value(), 1);
-    else if (arg == "--max-eval") a.max_eval = parse_int(arg, value(), 1);
-    else if (arg == "--max-steps") a.max_steps = parse_int(arg, value(), 1);
+      a.seeds = {uint64_t(p.int_value(0))};
+    } else if (arg == "--epochs") a.epochs = p.int_value(1);
+    else if (arg == "--batch-size") a.batch_size = p.int_value(1);
+    else if (arg == "--max-len") a.max_len = p.int_value(3);
+    else if (arg == "--doc-stride") a.doc_stride = p.int_value(1);
+    else if (arg == "--max-query-len") a.max_query_len = p.int_value(1);
+    else if (arg == "--warmup-ratio") a.warmup_ratio = p.double_value(0, 1);
+    else if (arg == "--weight-decay") a.weight_decay = p.double_value(0, 1);
+    else if (arg == "--clip-norm") a.clip_norm = p.double_value(0, 1e9);
+    else if (arg == "--dropout") a.dropout = p.double_value(0, 0.99);
+    else if (arg == "--null-threshold") a.null_threshold = p.double_value(-1e9, 1e9);
+    else if (arg == "--evals-per-epoch") a.evals_per_epoch = p.int_value(1);
+    else if (arg == "--log-every") a.log_every = p.int_value(1);
+    else if (arg == "--n-best") a.n_best = p.int_value(1);
+    else if (arg == "--max-answer-len") a.max_answer_len = p.int_value(1);
+    else if (arg == "--max-train") a.max_train = p.int_value(1);
+    else if (arg == "--max-eval") a.max_eval = p.int_value(1);
+    else if (arg == "--max-steps") a.max_steps = p.int_value(1);
     else usage_error("unknown argument '" + arg + "'");
   }
   if (a.task.empty()) usage_error("TASK is required (glue/RTE, glue/MNLI, squad/v1.1, ...)");

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/cli.h"
 #include "apps/plot/heatmap.h"
 #include "engine/error.h"
 #include "engine/file_io.h"
@@ -59,64 +60,55 @@ options:
   --probe-seed S         their seed (default 1234)
   --probe-ids I,J,...    explicit probe token ids instead
   --columns N            panels per row in the head grids (default 4)
+  --range MIN,MAX        the colour scale of every picture (default: each picture's min and max),
+                         to draw runs on one scale
   -h, --help             this text
 )";
-
-[[noreturn]] void usage_error(const std::string& msg) {
-  std::cerr << "poscorr_app: " << msg << "\n(run poscorr_app --help for usage)\n";
-  std::exit(2);
-}
-
-int64_t parse_int(const std::string& flag, const std::string& v, int64_t min) {
-  char* end = nullptr;
-  const long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || n < min)
-    usage_error(flag + " expects an integer >= " + std::to_string(min) + ", got '" + v + "'");
-  return n;
-}
 
 struct Args {
   std::string checkpoint, out, matrix;
   std::vector<std::string> checkpoints;
   int64_t max_positions = -1, head = 0, columns = 4;
+  bool has_range = false;
+  double range_min = 0, range_max = 0;
   models::ProbeOptions probe;
 };
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "-h" || arg == "--help") {
-      std::cout << kUsage;
-      std::exit(0);
-    } else if (arg == "--checkpoint") a.checkpoint = value();
-    else if (arg == "--checkpoints") {
-      while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) a.checkpoints.push_back(argv[++i]);
-      if (a.checkpoints.empty()) usage_error("--checkpoints needs at least one checkpoint");
-    } else if (arg == "--out") a.out = value();
-    else if (arg == "--matrix") a.matrix = value();
-    else if (arg == "--max-positions") a.max_positions = parse_int(arg, value(), 2);
-    else if (arg == "--head") a.head = parse_int(arg, value(), 0);
-    else if (arg == "--columns") a.columns = parse_int(arg, value(), 1);
-    else if (arg == "--probe-tokens") a.probe.tokens = parse_int(arg, value(), 1);
-    else if (arg == "--probe-seed") a.probe.seed = uint64_t(parse_int(arg, value(), 0));
+  cli::ArgParser p("poscorr_app", kUsage, argc, argv);
+  while (p.next()) {
+    const std::string& arg = p.arg();
+    if (arg == "--checkpoint") a.checkpoint = p.value();
+    else if (arg == "--checkpoints") a.checkpoints = p.values_until_flag();
+    else if (arg == "--out") a.out = p.value();
+    else if (arg == "--matrix") a.matrix = p.value();
+    else if (arg == "--max-positions") a.max_positions = p.int_value(2);
+    else if (arg == "--head") a.head = p.int_value(0);
+    else if (arg == "--columns") a.columns = p.int_value(1);
+    else if (arg == "--probe-tokens") a.probe.tokens = p.int_value(1);
+    else if (arg == "--probe-seed") a.probe.seed = uint64_t(p.int_value(0));
     else if (arg == "--probe-ids") {
-      std::stringstream ss(value());
+      std::stringstream ss(p.value());
       std::string item;
-      while (std::getline(ss, item, ',')) a.probe.ids.push_back(parse_int("--probe-ids", item, 0));
-      if (a.probe.ids.empty()) usage_error("--probe-ids expects a comma-separated list of token ids");
-    } else usage_error("unknown argument '" + arg + "'");
+      while (std::getline(ss, item, ',')) a.probe.ids.push_back(p.to_int("--probe-ids", item, 0));
+      if (a.probe.ids.empty()) p.fail("--probe-ids expects a comma-separated list of token ids");
+    } else if (arg == "--range") {
+      const std::string v = p.value();
+      const size_t comma = v.find(',');
+      if (comma == std::string::npos) p.fail("--range expects MIN,MAX, got '" + v + "'");
+      a.range_min = p.to_double("--range", v.substr(0, comma), -1e30, 1e30);
+      a.range_max = p.to_double("--range", v.substr(comma + 1), -1e30, 1e30);
+      if (a.range_max <= a.range_min) p.fail("--range expects MIN < MAX, got '" + v + "'");
+      a.has_range = true;
+    } else p.unknown();
   }
   if (a.checkpoint.empty() == a.checkpoints.empty())
-    usage_error(a.checkpoint.empty() ? "--checkpoint or --checkpoints is required"
-                                     : "give --checkpoint or --checkpoints, not both");
-  if (a.out.empty()) usage_error("--out is required");
+    p.fail(a.checkpoint.empty() ? "--checkpoint or --checkpoints is required"
+                                : "give --checkpoint or --checkpoints, not both");
+  if (a.out.empty()) p.fail("--out is required");
   if (a.checkpoints.empty() && (!a.matrix.empty() || a.head != 0))
-    usage_error("--matrix and --head go with --checkpoints");
+    p.fail("--matrix and --head go with --checkpoints");
   return a;
 }
 
@@ -190,13 +182,21 @@ std::string axes_line(const CorrelationMatrix& m) {
 }
 
 // The picture of one matrix family: a panel per head (titled with its pattern), or one panel.
-void draw(const CorrelationMatrix& m, const std::string& path, int64_t columns, const json& per_head) {
-  std::vector<plot::Panel> panels;
+plot::GridOptions grid_options(const Args& a) {
   plot::GridOptions o;
+  o.columns = a.columns;
+  o.has_range = a.has_range;
+  o.range_min = a.range_min;
+  o.range_max = a.range_max;
+  return o;
+}
+
+void draw(const CorrelationMatrix& m, const std::string& path, const Args& a, const json& per_head) {
+  std::vector<plot::Panel> panels;
+  plot::GridOptions o = grid_options(a);
   o.title = m.title;
   o.subtitle = axes_line(m);
   o.colorbar_label = m.logits ? "logit" : "dot product";
-  o.columns = columns;
   const int64_t k = m.values.size(0), r = m.values.size(1), c = m.values.size(2);
   if (m.per_offset) {  // all heads in one panel: a row per head, a column per offset
     plot::Panel p{"heads 0-" + std::to_string(k - 1), k, c, m.values.contiguous().to_vector<float>(), 0, m.col_start};
@@ -248,7 +248,7 @@ int dump_one(const Args& a) {
     engine::save_npy((fs::path(a.out) / (m.name + ".npy")).string(), v);
     json heads = json::array();
     for (int64_t h = 0; h < k; ++h) heads.push_back(measures(m, h));
-    draw(m, (fs::path(a.out) / (m.name + ".png")).string(), a.columns, heads);
+    draw(m, (fs::path(a.out) / (m.name + ".png")).string(), a, heads);
     json entry = {{"npy", m.name + ".npy"},
                   {"png", m.name + ".png"},
                   {"shape", v.shape()},
@@ -323,11 +323,10 @@ int evolution(const Args& a) {
   const std::string stem = "evolution_" + name + "_head" + std::to_string(a.head);
   Tensor all = engine::concat(frames, 0);
   engine::save_npy((fs::path(a.out) / (stem + ".npy")).string(), all);
-  plot::GridOptions o;
+  plot::GridOptions o = grid_options(a);
   o.title = first_config.position.preset + ": " + name + ", head " + std::to_string(a.head) + " over training";
   o.subtitle = name == "relative_bias" ? "columns: offset j - i" : "rows: query position i, columns: key position j";
   o.colorbar_label = logits ? "logit" : "dot product";
-  o.columns = a.columns;
   if (panels[0].rows == 1) o.panel_height = 48, o.panel_width = std::clamp<int64_t>(2 * panels[0].cols, 256, 1024);
   plot::write_heatmap_grid((fs::path(a.out) / (stem + ".png")).string(), panels, o);
   json doc = {{"matrix", name}, {"head", a.head}, {"positions", t}, {"npy", stem + ".npy"}, {"png", stem + ".png"},

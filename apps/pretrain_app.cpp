@@ -21,6 +21,7 @@
 #include "models/bert.h"
 #include "models/checkpoint.h"
 #include "models/pretrain.h"
+#include "apps/cli.h"
 #include "data/batches.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
@@ -81,50 +82,26 @@ struct Args {
   bool steps_given = false, count_params = false, resume = false;
 };
 
-[[noreturn]] void usage_error(const std::string& msg) {
-  std::cerr << "pretrain_app: " << msg << "\n(run pretrain_app --help for the options)\n";
-  std::exit(2);
-}
+[[noreturn]] void usage_error(const std::string& msg) { cli::usage_error("pretrain_app", msg); }
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage_error(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "-h" || arg == "--help") {
-      std::cout << kUsage;
-      std::exit(0);
-    } else if (arg == "--config") {
-      a.config = value();
-    } else if (arg == "--init") {
-      a.init = value();
-    } else if (arg == "--batch-file") {
-      a.batch_file = value();
-    } else if (arg == "--save") {
-      a.save = value();
-    } else if (arg == "--dump") {
-      a.dump = value();
-    } else if (arg == "--set") {
-      a.sets.push_back(value());
-    } else if (arg == "--count-params") {
-      a.count_params = true;
-    } else if (arg == "--resume") {
-      a.resume = true;
-    } else if (arg == "--out") {
-      a.out = value();
-    } else if (arg == "--steps") {
-      const std::string v = value();
-      char* end = nullptr;
-      long long n = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < 0) usage_error("--steps expects a non-negative integer, got '" + v + "'");
-      a.steps = n;
+  cli::ArgParser p("pretrain_app", kUsage, argc, argv);
+  while (p.next()) {
+    const std::string& arg = p.arg();
+    if (arg == "--config") a.config = p.value();
+    else if (arg == "--init") a.init = p.value();
+    else if (arg == "--batch-file") a.batch_file = p.value();
+    else if (arg == "--save") a.save = p.value();
+    else if (arg == "--dump") a.dump = p.value();
+    else if (arg == "--set") a.sets.push_back(p.value());
+    else if (arg == "--count-params") a.count_params = true;
+    else if (arg == "--resume") a.resume = true;
+    else if (arg == "--out") a.out = p.value();
+    else if (arg == "--steps") {
+      a.steps = p.int_value(0);
       a.steps_given = true;
-    } else {
-      usage_error("unknown argument '" + arg + "'");
-    }
+    } else p.unknown();
   }
   if (a.config.empty() && a.init.empty()) usage_error("--config (or --init) is required");
   if (a.batch_file.empty() && (a.steps_given || !a.dump.empty() || !a.save.empty()))
@@ -380,22 +357,13 @@ SubArgs parse_sub(int argc, char** argv, const std::vector<std::string>& valued,
                   const std::vector<std::string>& flags) {
   SubArgs a;
   const std::string cmd = argv[1];
-  for (int i = 2; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "-h" || arg == "--help") {
-      std::cout << kUsage;
-      std::exit(0);
-    } else if (arg == "--input") {
-      while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) a.inputs.push_back(argv[++i]);
-      if (a.inputs.empty()) usage_error(cmd + ": --input needs at least one file");
-    } else if (std::find(valued.begin(), valued.end(), arg) != valued.end()) {
-      if (i + 1 >= argc) usage_error(cmd + ": " + arg + " needs a value");
-      a.values[arg] = argv[++i];
-    } else if (std::find(flags.begin(), flags.end(), arg) != flags.end()) {
-      a.flags.push_back(arg);
-    } else {
-      usage_error(cmd + ": unknown argument '" + arg + "'");
-    }
+  cli::ArgParser p("pretrain_app " + cmd, kUsage, argc, argv, 2);
+  while (p.next()) {
+    const std::string& arg = p.arg();
+    if (arg == "--input") a.inputs = p.values_until_flag();
+    else if (std::find(valued.begin(), valued.end(), arg) != valued.end()) a.values[arg] = p.value();
+    else if (std::find(flags.begin(), flags.end(), arg) != flags.end()) a.flags.push_back(arg);
+    else p.unknown();
   }
   if (a.inputs.empty()) usage_error(cmd + ": --input FILE [FILE ...] is required");
   if (!a.values.count("--out")) usage_error(cmd + ": --out is required");

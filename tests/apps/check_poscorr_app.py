@@ -159,6 +159,13 @@ check("properties" in sr["matrices"]["ape_dot"] and "pattern" not in sr["matrice
 check(sr["matrices"]["relative_bias"]["heads"][0]["translation_invariance"] > 0.999999,
       "the relative bias is translation invariant by construction")
 
+# One colour scale for every picture: the pictures change, the matrices do not.
+run(["--checkpoint", a, "--out", path("dump_range"), "--probe-tokens", "3", "--range", "-1,1"], 0, "wrote 2 matrices",
+    "fixed colour range")
+png_size(path("dump_range/tupe_term.png"))
+check(open(path("dump_range/tupe_term.npy"), "rb").read() == open(path("dump_a/tupe_term.npy"), "rb").read(),
+      "--range changes the picture only")
+
 # ---- evolution -------------------------------------------------------------------------------
 run(["--checkpoints", a, b, "--out", path("evo"), "--head", "2"], 0, "evolution_tupe_term_head2", "evolution")
 shape, frames = read_npy(path("evo/evolution_tupe_term_head2.npy"))
@@ -216,7 +223,10 @@ run(["--checkpoint", a, "--checkpoints", b, *out], 2, "not both", "both modes")
 run(["--checkpoint", a, "--head", "1", *out], 2, "--matrix and --head go with --checkpoints", "head without evolution")
 run(["--checkpoint", a, "--max-positions", "x", *out], 2, "--max-positions expects an integer >= 2, got 'x'", "bad int")
 run(["--checkpoint", a, "--bogus", *out], 2, "unknown argument '--bogus'", "unknown flag")
-run(["--checkpoints", "--out", path("x")], 2, "--checkpoints needs at least one checkpoint", "empty --checkpoints")
+run(["--checkpoints", "--out", path("x")], 2, "--checkpoints needs at least one value", "empty --checkpoints")
+run(["--checkpoint", a, "--range", "1,0", *out], 2, "--range expects MIN < MAX, got '1,0'", "empty range")
+run(["--checkpoint", a, "--range", "0.5", *out], 2, "--range expects MIN,MAX, got '0.5'", "one-sided range")
+run(["--checkpoint", a, "--range", "x,1", *out], 2, "--range expects a number", "range not a number")
 run(["--help"], 0, "identical-word probing", "help")
 
 print("ok" if not failures else f"{len(failures)} failures")

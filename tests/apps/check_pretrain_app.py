@@ -69,7 +69,7 @@ run(["--config", path("tiny.yaml"), "--set", "data.corpus=" + path("nocorpus")],
 run(["--config", path("tiny.yaml"), "--steps", "3"], 2, "belong to the single-batch mode", "--steps without --batch-file")
 run(["--config", path("tiny.yaml"), "--batch-file", path("batch.st"), "--resume"], 2, "belong to corpus pretraining",
     "--resume with --batch-file")
-run(["--config", path("tiny.yaml"), "--batch-file", path("batch.st"), "--steps", "x"], 2, "--steps expects a non-negative integer", "--steps x")
+run(["--config", path("tiny.yaml"), "--batch-file", path("batch.st"), "--steps", "x"], 2, "--steps expects an integer >= 0, got 'x'", "--steps x")
 run(["--config", path("tiny.yaml"), "--frobnicate"], 2, "unknown argument '--frobnicate'", "unknown flag")
 run(["--config"], 2, "--config needs a value", "flag without value")
 # Bad configs.

@@ -1,0 +1,60 @@
+#include "apps/cli.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <utility>
+
+namespace cli {
+
+void usage_error(const std::string& program, const std::string& msg) {
+  std::cerr << program << ": " << msg << "\n(run " << program << " --help for the options)\n";
+  std::exit(2);
+}
+
+ArgParser::ArgParser(std::string program, const char* usage, int argc, char** argv, int first)
+    : program_(std::move(program)), usage_(usage), argc_(argc), argv_(argv), i_(first - 1) {}
+
+bool ArgParser::next() {
+  if (++i_ >= argc_) return false;
+  arg_ = argv_[i_];
+  if (arg_ == "-h" || arg_ == "--help") {
+    std::cout << usage_;
+    std::exit(0);
+  }
+  return true;
+}
+
+std::string ArgParser::value() {
+  if (i_ + 1 >= argc_) fail(arg_ + " needs a value");
+  return argv_[++i_];
+}
+
+std::vector<std::string> ArgParser::values_until_flag() {
+  std::vector<std::string> out;
+  while (i_ + 1 < argc_ && std::string(argv_[i_ + 1]).rfind("--", 0) != 0) out.push_back(argv_[++i_]);
+  if (out.empty()) fail(arg_ + " needs at least one value");
+  return out;
+}
+
+int64_t ArgParser::to_int(const std::string& flag, const std::string& v, int64_t min) const {
+  char* end = nullptr;
+  const long long n = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || n < min)
+    fail(flag + " expects an integer >= " + std::to_string(min) + ", got '" + v + "'");
+  return n;
+}
+
+double ArgParser::to_double(const std::string& flag, const std::string& v, double min, double max) const {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || !std::isfinite(x) || x < min || x > max) {
+    std::ostringstream s;
+    s << flag << " expects a number in [" << min << ", " << max << "], got '" << v << "'";
+    fail(s.str());
+  }
+  return x;
+}
+
+}  // namespace cli
