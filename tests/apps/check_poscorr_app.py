@@ -159,6 +159,15 @@ check("properties" in sr["matrices"]["ape_dot"] and "pattern" not in sr["matrice
 check(sr["matrices"]["relative_bias"]["heads"][0]["translation_invariance"] > 0.999999,
       "the relative bias is translation invariant by construction")
 
+# A finetuned model (a classification head beside the encoder) dumps the same encoder matrices.
+tensors, meta = read_safetensors(a)
+tensors["classifier.out.weight"] = ("F32", [2, 32], struct.pack("<64f", *([0.5] * 64)))
+write_safetensors(path("finetuned.safetensors"), tensors, dict(meta, **{"engine.model": "bert_classification"}))
+run(["--checkpoint", path("finetuned.safetensors"), "--out", path("dump_ft"), "--probe-tokens", "3"], 0,
+    "wrote 2 matrices", "finetuned checkpoint")
+check(open(path("dump_ft/tupe_term.npy"), "rb").read() == open(path("dump_a/tupe_term.npy"), "rb").read(),
+      "the finetuned model's encoder gives the same term")
+
 # One colour scale for every picture: the pictures change, the matrices do not.
 run(["--checkpoint", a, "--out", path("dump_range"), "--probe-tokens", "3", "--range", "-1,1"], 0, "wrote 2 matrices",
     "fixed colour range")
