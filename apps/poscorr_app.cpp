@@ -181,7 +181,7 @@ std::string axes_line(const CorrelationMatrix& m) {
   return "rows: " + m.row_axis + ", columns: " + m.col_axis + (m.first ? "; [CLS] row and column = theta" : "");
 }
 
-// The picture of one matrix family: a panel per head (titled with its pattern), or one panel.
+// What every picture shares: panels per row and the colour range.
 plot::GridOptions grid_options(const Args& a) {
   plot::GridOptions o;
   o.columns = a.columns;
@@ -191,6 +191,7 @@ plot::GridOptions grid_options(const Args& a) {
   return o;
 }
 
+// The picture of one matrix family: a panel per head (titled with its pattern), or one panel.
 void draw(const CorrelationMatrix& m, const std::string& path, const Args& a, const json& per_head) {
   std::vector<plot::Panel> panels;
   plot::GridOptions o = grid_options(a);
