@@ -211,7 +211,8 @@ void draw(const CorrelationMatrix& m, const std::string& path, const Args& a, co
       if (m.logits && m.per_head) title += ": " + per_head[size_t(h)]["pattern"].get<std::string>();
       panels.push_back({title, r, c, slice(m, h), m.row_start, m.col_start});
     }
-    if (!m.per_head) o.panel_width = o.panel_height = 384;
+    // At least a pixel per cell up to 512 positions (a smaller box would skip rows and columns).
+    o.panel_width = o.panel_height = std::clamp<int64_t>(std::max(r, c), m.per_head ? 256 : 384, 512);
   }
   plot::write_heatmap_grid(path, panels, o);
 }
@@ -329,6 +330,7 @@ int evolution(const Args& a) {
   o.subtitle = name == "relative_bias" ? "columns: offset j - i" : "rows: query position i, columns: key position j";
   o.colorbar_label = logits ? "logit" : "dot product";
   if (panels[0].rows == 1) o.panel_height = 48, o.panel_width = std::clamp<int64_t>(2 * panels[0].cols, 256, 1024);
+  else o.panel_width = o.panel_height = std::clamp<int64_t>(std::max(panels[0].rows, panels[0].cols), 256, 512);
   plot::write_heatmap_grid((fs::path(a.out) / (stem + ".png")).string(), panels, o);
   json doc = {{"matrix", name}, {"head", a.head}, {"positions", t}, {"npy", stem + ".npy"}, {"png", stem + ".png"},
               {"checkpoints", entries}};
