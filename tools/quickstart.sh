@@ -40,7 +40,9 @@ if [ -n "${QUICKSTART_STEPS:-}" ]; then STEPS=(--set "train.steps=$QUICKSTART_ST
   "${STEPS[@]}" "${RESUME[@]}"
 /usr/bin/python3 "$ROOT/tools/plot_curves.py" "$RUN/curves.png" "$OUT=TUPE-R (tiny)" --train
 # The learned positional correlations (docs/poscorr.md).
-"$(dirname "$APP")/poscorr_app" --checkpoint "$OUT/model.safetensors" --out "$RUN/poscorr"
+CKPT="$OUT/model.safetensors"
+[ -s "$CKPT" ] || CKPT="$(ls "$OUT"/checkpoints/step_*.safetensors | tail -n 1)"
+"$(dirname "$APP")/poscorr_app" --checkpoint "$CKPT" --out "$RUN/poscorr"
 
 echo
 echo "quickstart: done."
