@@ -3,6 +3,7 @@
 // models::pretrain); the single-batch mode (a fixed batch from a file, dropout off, constant lr)
 // lets tests and the PyTorch reference (tools/reference/) check the model step by step.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -338,10 +339,14 @@ int run(const Args& args) {
   train_opt.checkpoint_metadata["engine.tokenizer"] = std::filesystem::absolute(tokenizer->path()).string();
   train_opt.checkpoint_metadata["engine.tokenizer_lower_case"] = data_opt.lower_case ? "true" : "false";
   models::PretrainResult r = models::pretrain(model, source, train_opt, adam, seed, args.resume, cfg.dump());
-  if (comm.is_root())
-    std::printf("done: step %lld, valid loss %.4f; checkpoint %s; model %s/model.safetensors; metrics %s/metrics.jsonl\n",
-                (long long)r.final_step, r.last_valid_loss, r.final_checkpoint.c_str(), train_opt.out_dir.c_str(),
+  if (comm.is_root()) {
+    // A run resumed at its last step validates nothing: say so rather than print a loss of 0.
+    char valid[64] = "no validation this run";
+    if (!std::isnan(r.last_valid_loss)) std::snprintf(valid, sizeof valid, "valid loss %.4f", r.last_valid_loss);
+    std::printf("done: step %lld, %s; checkpoint %s; model %s/model.safetensors; metrics %s/metrics.jsonl\n",
+                (long long)r.final_step, valid, r.final_checkpoint.c_str(), train_opt.out_dir.c_str(),
                 train_opt.out_dir.c_str());
+  }
   return 0;
 }
 

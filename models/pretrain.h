@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,7 @@ struct PretrainOptions {
 struct PretrainResult {
   int64_t start_step = 0, final_step = 0;
   std::vector<double> losses;        // per step run in this call
-  double last_valid_loss = 0;
+  double last_valid_loss = std::numeric_limits<double>::quiet_NaN();  // NaN: no validation in this call
   std::string final_checkpoint;
 };
 

@@ -35,7 +35,11 @@ OUT="$RUN/tiny_tupe_r"
 RESUME=()
 if compgen -G "$OUT/checkpoints/step_*.safetensors" > /dev/null; then RESUME=(--resume); fi
 STEPS=()
-if [ -n "${QUICKSTART_STEPS:-}" ]; then STEPS=(--set "train.steps=$QUICKSTART_STEPS"); fi
+if [ -n "${QUICKSTART_STEPS:-}" ]; then
+  # The config warms up for 50 steps; a shorter run warms up for a fifth of its steps.
+  WARMUP=$(( QUICKSTART_STEPS < 50 ? QUICKSTART_STEPS / 5 : 50 ))
+  STEPS=(--set "train.steps=$QUICKSTART_STEPS" --set "train.warmup_steps=$WARMUP")
+fi
 "$APP" --config "$ROOT/configs/tiny_tupe_r.yaml" --set "data.corpus=$RUN/corpus" --out "$OUT" \
   "${STEPS[@]}" "${RESUME[@]}"
 /usr/bin/python3 "$ROOT/tools/plot_curves.py" "$RUN/curves.png" "$OUT=TUPE-R (tiny)" --train
