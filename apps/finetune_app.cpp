@@ -677,17 +677,5 @@ int run(Args args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    engine::DistributedSession session;
-    try {
-      return run(parse_args(argc, argv));
-    } catch (const engine::Error& e) {
-      return engine::fail_job("finetune_app", e.what(), 1);
-    } catch (const std::exception& e) {
-      return engine::fail_job("finetune_app", std::string("unexpected error: ") + e.what(), 1);
-    }
-  } catch (const std::exception& e) {
-    std::cerr << "finetune_app: " << e.what() << "\n";
-    return 1;
-  }
+  return engine::run_job("finetune_app", [&] { return run(parse_args(argc, argv)); });
 }

@@ -68,9 +68,8 @@ options:
 struct Args {
   std::string checkpoint, out, matrix;
   std::vector<std::string> checkpoints;
-  int64_t max_positions = -1, head = 0, columns = 4;
-  bool has_range = false;
-  double range_min = 0, range_max = 0;
+  int64_t max_positions = -1, head = 0;
+  plot::GridOptions grid;  // what every picture shares: panels per row, the colour range
   models::ProbeOptions probe;
 };
 
@@ -85,7 +84,7 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "--matrix") a.matrix = p.value();
     else if (arg == "--max-positions") a.max_positions = p.int_value(2);
     else if (arg == "--head") a.head = p.int_value(0);
-    else if (arg == "--columns") a.columns = p.int_value(1);
+    else if (arg == "--columns") a.grid.columns = p.int_value(1);
     else if (arg == "--probe-tokens") a.probe.tokens = p.int_value(1);
     else if (arg == "--probe-seed") a.probe.seed = uint64_t(p.int_value(0));
     else if (arg == "--probe-ids") {
@@ -97,10 +96,10 @@ Args parse_args(int argc, char** argv) {
       const std::string v = p.value();
       const size_t comma = v.find(',');
       if (comma == std::string::npos) p.fail("--range expects MIN,MAX, got '" + v + "'");
-      a.range_min = p.to_double("--range", v.substr(0, comma), -1e30, 1e30);
-      a.range_max = p.to_double("--range", v.substr(comma + 1), -1e30, 1e30);
-      if (a.range_max <= a.range_min) p.fail("--range expects MIN < MAX, got '" + v + "'");
-      a.has_range = true;
+      a.grid.range_min = p.to_double("--range", v.substr(0, comma), -1e30, 1e30);
+      a.grid.range_max = p.to_double("--range", v.substr(comma + 1), -1e30, 1e30);
+      if (a.grid.range_max <= a.grid.range_min) p.fail("--range expects MIN < MAX, got '" + v + "'");
+      a.grid.has_range = true;
     } else p.unknown();
   }
   if (a.checkpoint.empty() == a.checkpoints.empty())
@@ -114,7 +113,6 @@ Args parse_args(int argc, char** argv) {
 
 // A checkpoint's encoder, loaded on the CPU, with its training step when it records one.
 struct Loaded {
-  models::BertConfig config;
   std::unique_ptr<models::BertModel> bert;
   int64_t step = -1;
 };
@@ -122,12 +120,15 @@ struct Loaded {
 Loaded load(const std::string& path) {
   ENGINE_CHECK(fs::is_regular_file(path), "[poscorr] ", path, ": no such checkpoint file");
   Loaded l;
-  l.config = models::read_checkpoint_config(path);
   engine::Generator init(0);
-  l.bert = std::make_unique<models::BertModel>(l.config, init);
+  l.bert = std::make_unique<models::BertModel>(models::read_checkpoint_config(path), init);
   const engine::SafetensorsContents rest = models::load_bert_encoder(path, *l.bert);
-  for (const auto& [name, t] : rest.tensors)
-    if (name == "trainer.step" && t.numel() == 1) l.step = int64_t(t.item());
+  // A training checkpoint records its step; read that scalar alone, not the optimizer state.
+  if (std::find(rest.skipped.begin(), rest.skipped.end(), "trainer.step") != rest.skipped.end()) {
+    Tensor step = Tensor::zeros({}, engine::DType::i64);
+    engine::load_safetensors_into(path, {{"trainer.step", step}}, engine::ExtraTensors::skip);
+    l.step = int64_t(step.item());
+  }
   return l;
 }
 
@@ -181,20 +182,10 @@ std::string axes_line(const CorrelationMatrix& m) {
   return "rows: " + m.row_axis + ", columns: " + m.col_axis + (m.first ? "; [CLS] row and column = theta" : "");
 }
 
-// What every picture shares: panels per row and the colour range.
-plot::GridOptions grid_options(const Args& a) {
-  plot::GridOptions o;
-  o.columns = a.columns;
-  o.has_range = a.has_range;
-  o.range_min = a.range_min;
-  o.range_max = a.range_max;
-  return o;
-}
-
 // The picture of one matrix family: a panel per head (titled with its pattern), or one panel.
 void draw(const CorrelationMatrix& m, const std::string& path, const Args& a, const json& per_head) {
   std::vector<plot::Panel> panels;
-  plot::GridOptions o = grid_options(a);
+  plot::GridOptions o = a.grid;
   o.title = m.title;
   o.subtitle = axes_line(m);
   o.colorbar_label = m.logits ? "logit" : "dot product";
@@ -219,16 +210,14 @@ void draw(const CorrelationMatrix& m, const std::string& path, const Args& a, co
 
 int dump_one(const Args& a) {
   Loaded l = load(a.checkpoint);
-  const models::BertConfig& c = l.config;
+  const models::BertConfig& c = l.bert->config();
   const int64_t t = positions_for(a, c);
   fs::create_directories(a.out);
   std::vector<int64_t> probe_ids;
   const std::vector<CorrelationMatrix> ms = models::extract_correlations(*l.bert, t, a.probe, &probe_ids);
   json summary = {{"checkpoint", a.checkpoint},
                   {"preset", c.position.preset},
-                  {"cls_reset", c.position.cls_reset == models::ClsReset::none    ? "none"
-                                : c.position.cls_reset == models::ClsReset::paper ? "paper"
-                                                                                  : "code"},
+                  {"cls_reset", models::cls_reset_name(c.position.cls_reset)},
                   {"num_layers", c.num_layers},
                   {"num_heads", c.num_heads},
                   {"hidden_size", c.hidden_size},
@@ -290,13 +279,14 @@ int evolution(const Args& a) {
   for (size_t i = 0; i < a.checkpoints.size(); ++i) {
     const std::string& path = a.checkpoints[i];
     Loaded l = load(path);
+    const models::BertConfig& config = l.bert->config();
     if (i == 0) {
-      first_config = l.config;
-      t = positions_for(a, l.config);
-      ENGINE_CHECK(a.head < l.config.num_heads, "[poscorr] --head ", a.head, " but the model has ", l.config.num_heads,
+      first_config = config;
+      t = positions_for(a, config);
+      ENGINE_CHECK(a.head < config.num_heads, "[poscorr] --head ", a.head, " but the model has ", config.num_heads,
                    " heads");
     } else {
-      const std::string diff = l.config.first_difference(first_config);
+      const std::string diff = config.first_difference(first_config);
       ENGINE_CHECK(diff.empty(), "[poscorr] ", path, ": another model than ", a.checkpoints[0], " at model.", diff,
                    " (all --checkpoints must be one run's)");
     }
@@ -308,7 +298,7 @@ int evolution(const Args& a) {
       if (x.name == name) m = &x;
       have += (have.empty() ? "" : ", ") + x.name;
     }
-    ENGINE_CHECK(m, "[poscorr] --matrix ", name, ": preset ", l.config.position.preset, " has ", have);
+    ENGINE_CHECK(m, "[poscorr] --matrix ", name, ": preset ", config.position.preset, " has ", have);
     const int64_t k = m->per_head ? a.head : 0;
     const Tensor frame = m->values.select(0, k).contiguous();  // (R, C); (1, 2T - 1) per offset
     frames.push_back(frame.unsqueeze(0));
@@ -325,7 +315,7 @@ int evolution(const Args& a) {
   const std::string stem = "evolution_" + name + "_head" + std::to_string(a.head);
   Tensor all = engine::concat(frames, 0);
   engine::save_npy((fs::path(a.out) / (stem + ".npy")).string(), all);
-  plot::GridOptions o = grid_options(a);
+  plot::GridOptions o = a.grid;
   o.title = first_config.position.preset + ": " + name + ", head " + std::to_string(a.head) + " over training";
   o.subtitle = name == "relative_bias" ? "columns: offset j - i" : "rows: query position i, columns: key position j";
   o.colorbar_label = logits ? "logit" : "dot product";

@@ -422,26 +422,14 @@ int prepare_cmd(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    // Under mpirun: MPI (NCCL for GPU tensors) for data parallelism; otherwise one process.
-    engine::DistributedSession session;
-    try {
-      const std::string cmd = argc > 1 ? argv[1] : "";
-      if (cmd == "train-tokenizer" || cmd == "prepare") {
-        ENGINE_CHECK(engine::world().size() == 1, "[pretrain_app] ", cmd,
-                     " runs in one process: start it without mpirun");
-        return cmd == "prepare" ? prepare_cmd(argc, argv) : train_tokenizer_cmd(argc, argv);
-      }
-      Args args = parse_args(argc, argv);
-      return run(args);
-    } catch (const engine::Error& e) {
-      // In a multi-rank job this ends every rank (the others may wait in a collective).
-      return engine::fail_job("pretrain_app", e.what(), 1);
-    } catch (const std::exception& e) {
-      return engine::fail_job("pretrain_app", std::string("unexpected error: ") + e.what(), 1);
+  // Under mpirun: MPI (NCCL for GPU tensors) for data parallelism; otherwise one process.
+  return engine::run_job("pretrain_app", [&] {
+    const std::string cmd = argc > 1 ? argv[1] : "";
+    if (cmd == "train-tokenizer" || cmd == "prepare") {
+      ENGINE_CHECK(engine::world().size() == 1, "[pretrain_app] ", cmd,
+                   " runs in one process: start it without mpirun");
+      return cmd == "prepare" ? prepare_cmd(argc, argv) : train_tokenizer_cmd(argc, argv);
     }
-  } catch (const std::exception& e) {  // MPI could not start
-    std::cerr << "pretrain_app: " << e.what() << "\n";
-    return 1;
-  }
+    return run(parse_args(argc, argv));
+  });
 }

@@ -454,4 +454,21 @@ int fail_job(const char* app, const std::string& message, int code) {
   return code;
 }
 
+int run_job(const char* app, const std::function<int()>& body) {
+  try {
+    DistributedSession session;
+    try {
+      return body();
+    } catch (const Error& e) {
+      // In a multi-rank job this ends every rank (the others may wait in a collective).
+      return fail_job(app, e.what(), 1);
+    } catch (const std::exception& e) {
+      return fail_job(app, std::string("unexpected error: ") + e.what(), 1);
+    }
+  } catch (const std::exception& e) {  // MPI could not start
+    std::fprintf(stderr, "%s: %s\n", app, e.what());
+    return 1;
+  }
+}
+
 }  // namespace engine

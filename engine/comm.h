@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -85,5 +86,11 @@ class DistributedSession {
 // "[rank r/n]" in a multi-process job) and returns `code`, for main to return. In a multi-process
 // job it aborts every rank instead (the others may be blocked in a collective) and never returns.
 int fail_job(const char* app, const std::string& message, int code);
+
+// The body of an app's main() that may run under mpirun: starts the DistributedSession, runs
+// `body`, and turns an exception into one message and exit status 1 through fail_job
+// ("unexpected error: " before anything that is not an engine::Error). A failure to start MPI is
+// reported on stderr and returns 1.
+int run_job(const char* app, const std::function<int()>& body);
 
 }  // namespace engine

@@ -426,7 +426,7 @@ SafetensorsMetadata read_safetensors_metadata(const std::string& path) {
 }
 
 SafetensorsContents load_safetensors_into(const std::string& path, const NamedTensors& dest,
-                                          bool allow_extra) {
+                                          ExtraTensors extra) {
   std::ifstream f;
   uint64_t size = open_for_read(path, f);
   Header h = read_header(path, f, size);
@@ -459,7 +459,7 @@ SafetensorsContents load_safetensors_into(const std::string& path, const NamedTe
                  " in the model (load_safetensors_into converts nothing)");
     sources.push_back(&e);
   }
-  if (!allow_extra)
+  if (extra == ExtraTensors::error)
     for (const Entry& e : h.entries)
       ENGINE_CHECK(wanted.count(e.name), "[safetensors] ", path, ": tensor '", e.name,
                    "' is in the file but not in the model (pass allow_extra to ignore it)");
@@ -469,8 +469,11 @@ SafetensorsContents load_safetensors_into(const std::string& path, const NamedTe
     dest[i].second.copy_(read_tensor(f, path, h, *sources[i]));
   SafetensorsContents rest;
   rest.metadata = std::move(h.metadata);
-  for (const Entry& e : h.entries)
-    if (!wanted.count(e.name)) rest.tensors.emplace_back(e.name, read_tensor(f, path, h, e));
+  for (const Entry& e : h.entries) {
+    if (wanted.count(e.name)) continue;
+    if (extra == ExtraTensors::read) rest.tensors.emplace_back(e.name, read_tensor(f, path, h, e));
+    else rest.skipped.push_back(e.name);
+  }
   return rest;
 }
 

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "engine/module.h"
 
@@ -13,8 +14,9 @@ namespace engine {
 using SafetensorsMetadata = std::map<std::string, std::string>;
 
 struct SafetensorsContents {
-  NamedTensors tensors;          // CPU tensors, in data-offset order, with their file dtypes
-  SafetensorsMetadata metadata;  // "__metadata__" (empty if absent)
+  NamedTensors tensors;               // CPU tensors, in data-offset order, with their file dtypes
+  SafetensorsMetadata metadata;       // "__metadata__" (empty if absent)
+  std::vector<std::string> skipped;   // tensors left unread (load_safetensors_into, ExtraTensors::skip)
 };
 
 // Writes atomically: to "<path>.tmp.<pid>", fsync, rename over `path`, fsync the directory, so a
@@ -31,14 +33,22 @@ SafetensorsContents load_safetensors(const std::string& path);
 // Reads and validates the header only (the data bytes are not read).
 SafetensorsMetadata read_safetensors_metadata(const std::string& path);
 
+// What load_safetensors_into does with tensors in the file that the destination does not name.
+enum class ExtraTensors {
+  error,  // the first one is an error (a model must match its file exactly)
+  skip,   // accepted and not read: their names come back in SafetensorsContents::skipped
+  read,   // read and returned in SafetensorsContents::tensors (a training checkpoint's state)
+};
+
 // Loads a checkpoint into existing tensors (e.g. a model's named_parameters()) under NoGrad,
-// converting nothing: every name in `dest` must be in the file with the same shape and dtype, and
-// tensors in the file that are not in `dest` are an error unless `allow_extra`. The error names
-// the first mismatch in `dest`'s order (extra file tensors are reported after that). The whole
-// header is checked before any tensor in `dest` is written. Copies with copy_ (dest may be CUDA).
-// Returns what the file holds besides `dest`: the metadata and, with allow_extra, the other
-// tensors (CPU) — so a training checkpoint's weights and optimizer state come from one read.
+// converting nothing: every name in `dest` must be in the file with the same shape and dtype;
+// tensors in the file that are not in `dest` follow `extra`. The error names the first mismatch
+// in `dest`'s order (extra file tensors are reported after that). The whole header is checked
+// before any tensor in `dest` is written. Copies with copy_ (dest may be CUDA). Returns what the
+// file holds besides `dest`: the metadata and the other tensors (read) or their names (skip) —
+// so a training checkpoint's weights and optimizer state come from one read, and an encoder can
+// be taken from a training checkpoint without reading its optimizer state.
 SafetensorsContents load_safetensors_into(const std::string& path, const NamedTensors& dest,
-                           bool allow_extra = false);
+                                          ExtraTensors extra = ExtraTensors::error);
 
 }  // namespace engine

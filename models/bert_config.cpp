@@ -185,6 +185,15 @@ BertConfig BertConfig::from_config(const engine::ConfigSection& m) {
   return c;
 }
 
+const char* cls_reset_name(ClsReset r) {
+  switch (r) {
+    case ClsReset::none: return "none";
+    case ClsReset::paper: return "paper";
+    case ClsReset::code: return "code";
+  }
+  return "";
+}
+
 std::string BertConfig::to_json() const {
   nlohmann::ordered_json j;
   j["vocab_size"] = vocab_size;

@@ -29,6 +29,7 @@ enum class AttentionPosition {
   decomposed,  // bert_a_d: the four-term expansion with p U^Q, p U^K, / sqrt(4 d_h)
 };
 enum class ClsReset { none, paper, code };
+const char* cls_reset_name(ClsReset r);  // "none", "paper", "code"
 
 struct PositionConfig {
   std::string preset = "bert_a";

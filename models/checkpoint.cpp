@@ -30,7 +30,8 @@ BertConfig read_checkpoint_config(const std::string& path) {
 
 engine::SafetensorsContents load_checkpoint(const std::string& path, BertForMaskedLM& model,
                                             bool with_state) {
-  return engine::load_safetensors_into(path, model.named_parameters(), with_state);
+  return engine::load_safetensors_into(path, model.named_parameters(),
+                                       with_state ? engine::ExtraTensors::read : engine::ExtraTensors::error);
 }
 
 namespace {
@@ -67,10 +68,10 @@ void check_range(const Tensor& t, const std::string& path, const char* name, int
 engine::SafetensorsContents load_bert_encoder(const std::string& path, BertModel& bert) {
   engine::NamedTensors encoder;
   for (auto& [name, t] : bert.named_parameters()) encoder.emplace_back("bert." + name, t);
-  engine::SafetensorsContents rest = engine::load_safetensors_into(path, encoder, /*allow_extra=*/true);
-  // Heads and state may be there; an encoder tensor the model lacks means another architecture
-  // (e.g. TUPE's position tensors under a config that says bert_a).
-  for (const auto& [name, t] : rest.tensors)
+  // Heads and optimizer state may be there and are not read; an encoder tensor the model lacks
+  // means another architecture (e.g. TUPE's position tensors under a config that says bert_a).
+  engine::SafetensorsContents rest = engine::load_safetensors_into(path, encoder, engine::ExtraTensors::skip);
+  for (const std::string& name : rest.skipped)
     ENGINE_CHECK(name.rfind("bert.", 0) != 0, "[checkpoint] ", path, ": tensor '", name,
                  "' is not part of the model its config describes (preset ", bert.config().position.preset,
                  "); the config and the weights disagree");

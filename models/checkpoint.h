@@ -28,10 +28,10 @@ engine::SafetensorsContents load_checkpoint(const std::string& path, BertForMask
                                             bool with_state = false);
 
 // Loads the encoder (every bert.* tensor) of any checkpoint of this engine (pretraining, training
-// state, finetuned) into `bert`, checked like load_checkpoint; the heads (mlm.*, classifier.*,
-// qa.*) and training state are returned with the metadata rather than loaded; a bert.* tensor the
-// model lacks is an error. The caller checks the stored config (read_checkpoint_config) against
-// the model's.
+// state, finetuned) into `bert`, checked like load_checkpoint. The heads (mlm.*, classifier.*,
+// qa.*) and training state are not read: their names come back in `skipped`, with the metadata.
+// A bert.* tensor the model lacks is an error. The caller checks the stored config
+// (read_checkpoint_config) against the model's.
 engine::SafetensorsContents load_bert_encoder(const std::string& path, BertModel& bert);
 
 struct MlmBatch {

@@ -47,8 +47,8 @@ std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t, 
               (p.relative == RelativePosition::t5_bias ? ", with the relative bias" : "");
     m.description = "the (H, T, T) term added to every layer's attention logits: (p^ U^Q)(p^ U^K)^T / sqrt(2 d_h)" +
                     std::string(p.relative == RelativePosition::t5_bias ? " + b[bucket(j - i)]" : "") +
-                    (reset ? ", row 0 = theta1 and column 0 = theta2 (cls_reset " +
-                                 std::string(p.cls_reset == ClsReset::code ? "code" : "paper") + ")"
+                    (reset ? std::string(", row 0 = theta1 and column 0 = theta2 (cls_reset ") +
+                                 cls_reset_name(p.cls_reset) + ")"
                            : "");
     m.values = cpu_f32(terms.bias.select(0, 0));
     m.logits = true;

@@ -340,7 +340,7 @@ TEST_CASE("load_safetensors_into fills a model's parameters and names the first 
   REQUIRE(dest[2].second.to_vector<float>() == b.to_vector<float>());
   REQUIRE(dest[1].second.requires_grad());
   REQUIRE(GradMode::is_enabled());
-  load_safetensors_into(path, {{"encoder.w", dw}}, /*allow_extra=*/true);
+  load_safetensors_into(path, {{"encoder.w", dw}}, ExtraTensors::read);
   REQUIRE(dw.to_vector<float>() == w.to_vector<float>());
 
   // Shape: the first mismatch in the destination's order is the one named; nothing is written.
@@ -357,7 +357,7 @@ TEST_CASE("load_safetensors_into fills a model's parameters and names the first 
       load_safetensors_into(path, wrong),
       Contains("tensor 'encoder.b' has shape (4) in the file but (5) in the model"));
   // Dtype: nothing is converted.
-  REQUIRE_THROWS_WITH(load_safetensors_into(path, params({{"head", Tensor::zeros({2})}}), true),
+  REQUIRE_THROWS_WITH(load_safetensors_into(path, params({{"head", Tensor::zeros({2})}}), ExtraTensors::read),
                       Contains("tensor 'head' has dtype f64 in the file but f32 in the model"));
   // Missing: the message lists what the file has.
   REQUIRE_THROWS_WITH(
@@ -372,7 +372,7 @@ TEST_CASE("load_safetensors_into fills a model's parameters and names the first 
                       Contains("tensor 'head' is in the file but not in the model (pass "
                                "allow_extra to ignore it)"));
   REQUIRE(partial[0].second.to_vector<float>() == std::vector<float>(12, 0.0f));
-  load_safetensors_into(path, partial, true);
+  load_safetensors_into(path, partial, ExtraTensors::read);
   REQUIRE(partial[0].second.to_vector<float>() == w.to_vector<float>());
 
   // A Module's parameters, end to end.
