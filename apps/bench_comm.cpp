@@ -155,13 +155,13 @@ int main(int argc, char** argv) {
         ids[k] = int64_t(5 + (k * 7919 + size_t(comm.rank()) * 104729) % size_t(cfg.vocab_size - 5));
         if (k % 7 == 3) labels[k] = ids[k];
       }
-      models::BertInputs in;
-      in.input_ids = engine::Tensor::from_vector<int64_t>(ids, {batch, seq});
-      const engine::Tensor lab = engine::Tensor::from_vector<int64_t>(labels, {batch, seq});
+      const data::MlmBatch mlm = data::make_mlm_batch(engine::Tensor::from_vector<int64_t>(ids, {batch, seq}), {},
+                                                      engine::Tensor::from_vector<int64_t>(labels, {batch, seq}), {},
+                                                      cfg.vocab_size, "bench_comm");
       std::vector<double> exposed;
       auto step = [&](int mode) {  // 0: local, 1: overlapped, 2: after backward
         flat.zero_grad();
-        models::MlmOutput out = model.forward(in, lab, gen);
+        models::MlmOutput out = model.forward(mlm, gen);
         if (mode == 1) reducer.begin();
         out.loss.backward();
         if (mode != 0) {

@@ -484,8 +484,7 @@ int dump_batch(const Args& args, Task& task, models::BertForFinetuning& model) {
   const auto& train = task.train();
   std::vector<int64_t> rows;
   for (int64_t i = 0; i < std::min<int64_t>(args.batch_size, int64_t(train.size())); ++i) rows.push_back(i);
-  models::FinetuneBatch batch =
-      models::make_batch(train, rows, model.kind(), model.config().type_vocab_size > 0, engine::Device::cpu());
+  const data::TaskBatch batch = data::make_task_batch(train, rows, model.kind(), model.config().type_vocab_size > 0);
   engine::Generator gen(0);
   models::FinetuneOutput out = model.forward(batch.inputs, batch.labels, gen);
   out.loss.backward();

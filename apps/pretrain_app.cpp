@@ -19,6 +19,7 @@
 #include "engine/error.h"
 #include "engine/optim.h"
 #include "engine/safetensors.h"
+#include "train/trainer.h"
 #include "models/bert.h"
 #include "models/checkpoint.h"
 #include "models/pretrain.h"
@@ -148,28 +149,21 @@ class CorpusSource : public models::BatchSource {
   CorpusSource(const data::Corpus& corpus, const data::Tokenizer& tok, const data::BatchOptions& opt)
       : train_(corpus, data::Split::train, tok, opt),
         valid_(corpus, data::Split::valid, tok, opt.batch_size, opt.max_len) {}
-  models::MlmBatch next_train() override { return convert(train_.next_batch()); }
+  data::MlmBatch next_train() override { return train_.next_batch(); }
   std::string position() const override { return train_.position().to_json(); }
   void seek(const std::string& p) override { train_.seek(data::DataPosition::from_json(p)); }
-  std::vector<models::MlmBatch> valid_batches(int64_t max_batches) override {
-    std::vector<models::MlmBatch> out;
+  std::vector<data::MlmBatch> valid_batches(int64_t max_batches) override {
+    std::vector<data::MlmBatch> out;
     valid_.rewind();
     while (int64_t(out.size()) < max_batches) {
-      std::optional<data::Batch> b = valid_.next();
+      std::optional<data::MlmBatch> b = valid_.next();
       if (!b) break;
-      out.push_back(convert(*b));
+      out.push_back(std::move(*b));
     }
     return out;
   }
 
  private:
-  static models::MlmBatch convert(const data::Batch& b) {
-    models::MlmBatch m;
-    m.inputs.input_ids = b.input_ids;
-    m.inputs.attention_mask = b.attention_mask;
-    m.labels = b.labels;
-    return m;
-  }
   data::BatchStream train_;
   data::EvalBatches valid_;
 };
@@ -208,20 +202,25 @@ DataOptions read_data(const engine::ConfigSection& d) {
 int single_batch(const Args& args, models::BertForMaskedLM& model, const engine::AdamWOptions& adam,
                  uint64_t seed) {
   const models::BertConfig& config = model.config();
-  models::MlmBatch batch = models::load_mlm_batch(args.batch_file, config);
+  engine::FlatParameters flat(model.named_parameters());
+  const data::MlmBatch batch = models::load_mlm_batch(args.batch_file, config).to(flat.data().device());
   model.train(false);  // single-batch mode: dropout off
   engine::Generator gen(seed);
 
-  engine::FlatParameters flat(model.named_parameters());
-  // No weight decay on biases and LayerNorm parameters (BERT's rule).
-  engine::AdamW opt(flat, adam, [](const std::string& n) { return !engine::default_no_decay(n); });
+  // The library's training step at a constant learning rate, without clipping (the PyTorch
+  // reference runs plain AdamW); no weight decay on biases and LayerNorm parameters (BERT's rule).
+  engine::TrainerOptions options;
+  options.clip_norm = 0;
+  engine::Trainer trainer(
+      flat, adam, [](const std::string& n) { return !engine::default_no_decay(n); }, engine::constant_lr(adam.lr),
+      options);
 
   if (!args.dump.empty()) {
-    models::MlmOutput out = model.forward(batch.inputs, batch.labels, gen);
+    models::MlmOutput out = model.forward(batch, gen);
     out.loss.backward();
     engine::NamedTensors dump = {{"loss", out.loss.detach()},
                                  {"logits", out.logits.detach()},
-                                 {"targets", out.targets}};
+                                 {"targets", batch.targets}};
     for (auto& [name, t] : model.named_parameters()) dump.emplace_back("grad." + name, t.grad());
     engine::save_safetensors(args.dump, dump);
     flat.zero_grad();
@@ -231,16 +230,15 @@ int single_batch(const Args& args, models::BertForMaskedLM& model, const engine:
   }
   if (args.steps == 0) {
     engine::NoGrad ng;
-    models::MlmOutput out = model.forward(batch.inputs, batch.labels, gen);
+    models::MlmOutput out = model.forward(batch, gen);
     std::printf("eval loss %.9g\n", out.loss.item());
   }
+  const double one = 1.0;
   for (int64_t k = 1; k <= args.steps; ++k) {
-    flat.zero_grad();
-    models::MlmOutput out = model.forward(batch.inputs, batch.labels, gen);
-    out.loss.backward();
-    std::printf("step %lld loss %.9g\n", (long long)k, out.loss.item());
+    // "step k loss v": the loss before step k's update.
+    const engine::StepStats s = trainer.step(1, [&](int64_t) { return model.forward(batch, gen).loss; }, {&one, 1});
+    std::printf("step %lld loss %.9g%s\n", (long long)k, s.loss, s.applied ? "" : " (skipped: inf/NaN gradients)");
     std::fflush(stdout);
-    opt.step(adam.lr);
   }
   if (!args.save.empty()) {
     models::save_checkpoint(args.save, model);

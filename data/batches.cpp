@@ -74,23 +74,37 @@ void check_shape(int64_t batch_size, int64_t max_len) {
                " (expected >= 3: [CLS], at least one token, [SEP])");
 }
 
-// Fills rows of a batch: row r is sequence seqs[r] of epochs[r].
-Batch build_batch(const SequencePacker& packer, const Masker& masker, uint64_t seed,
-                  const std::vector<int64_t>& seqs, const std::vector<int64_t>& epochs) {
+// Fills rows of a batch: row r is sequence seqs[r] of epochs[r]. The masker's labels are valid
+// by construction; the predicted positions and targets are collected in the same pass.
+MlmBatch build_batch(const SequencePacker& packer, const Masker& masker, uint64_t seed,
+                     const std::vector<int64_t>& seqs, const std::vector<int64_t>& epochs) {
   const int64_t rows = static_cast<int64_t>(seqs.size()), T = packer.max_len();
   std::vector<int64_t> ids(static_cast<size_t>(rows * T));
   std::vector<int64_t> attention(ids.size(), 0), labels(ids.size(), -100);
+  std::vector<int64_t> positions, targets;
+  int64_t tokens = 0;
   for (int64_t r = 0; r < rows; ++r) {
     int64_t* row = ids.data() + r * T;
+    int64_t* row_labels = labels.data() + r * T;
     const int64_t len = packer.fill(seqs[r], row);
     std::fill_n(attention.data() + r * T, len, 1);
-    masker.apply(row, labels.data() + r * T, len, seed, static_cast<uint64_t>(epochs[r]),
+    tokens += len;
+    masker.apply(row, row_labels, len, seed, static_cast<uint64_t>(epochs[r]),
                  static_cast<uint64_t>(seqs[r]));
+    for (int64_t t = 0; t < len; ++t) {
+      if (row_labels[t] == -100) continue;
+      positions.push_back(r * T + t);
+      targets.push_back(row_labels[t]);
+    }
   }
-  Batch b;
-  b.input_ids = engine::Tensor::from_vector(ids, {rows, T});
-  b.attention_mask = engine::Tensor::from_vector(attention, {rows, T});
+  MlmBatch b;
+  b.inputs.input_ids = engine::Tensor::from_vector(ids, {rows, T});
+  b.inputs.attention_mask = engine::Tensor::from_vector(attention, {rows, T});
   b.labels = engine::Tensor::from_vector(labels, {rows, T});
+  const int64_t m = static_cast<int64_t>(positions.size());
+  b.positions = engine::Tensor::from_vector(positions, {m});
+  b.targets = engine::Tensor::from_vector(targets, {m});
+  b.num_tokens = tokens;
   return b;
 }
 
@@ -279,7 +293,7 @@ void BatchStream::seek(const DataPosition& position) {
   pos_ = position;
 }
 
-Batch BatchStream::next_batch() {
+MlmBatch BatchStream::next_batch() {
   const int64_t n = num_sequences();
   std::vector<int64_t> seqs, epochs;
   const int64_t first = options_.shard * options_.batch_size, end = first + options_.batch_size;
@@ -313,7 +327,7 @@ int64_t EvalBatches::num_batches() const {
   return (packer_.num_sequences() + batch_size_ - 1) / batch_size_;
 }
 
-std::optional<Batch> EvalBatches::next() {
+std::optional<MlmBatch> EvalBatches::next() {
   const int64_t n = packer_.num_sequences();
   if (next_ >= n) return std::nullopt;
   std::vector<int64_t> seqs, epochs;

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "data/batch.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
 #include "engine/tensor.h"
@@ -53,13 +54,6 @@ struct BatchOptions {
   // of ranks 0..n-1 concatenated are the batch that one stream with n * batch_size would serve.
   int64_t shard = 0;
   int64_t num_shards = 1;
-};
-
-// (B, T) i64 CPU tensors.
-struct Batch {
-  engine::Tensor input_ids;
-  engine::Tensor attention_mask;  // 1 = token, 0 = [PAD]
-  engine::Tensor labels;          // the original id at masked positions, -100 elsewhere
 };
 
 // Where a training stream stands: the next batch starts with the sequence served at slot
@@ -122,7 +116,7 @@ uint64_t shuffled_index(uint64_t slot, uint64_t n, uint64_t seed, uint64_t epoch
 class BatchStream {
  public:
   BatchStream(const Corpus& corpus, Split split, const Tokenizer& tok, const BatchOptions& options);
-  Batch next_batch();
+  MlmBatch next_batch();
   DataPosition position() const { return pos_; }
   void seek(const DataPosition& position);  // errors when outside this stream
   int64_t num_sequences() const { return packer_.num_sequences(); }
@@ -143,7 +137,7 @@ class EvalBatches {
   static constexpr uint64_t kDefaultSeed = 0xE7A1;
   EvalBatches(const Corpus& corpus, Split split, const Tokenizer& tok, int64_t batch_size,
               int64_t max_len, uint64_t seed = kDefaultSeed, const MaskingOptions& masking = {});
-  std::optional<Batch> next();  // nullopt after the last batch
+  std::optional<MlmBatch> next();  // nullopt after the last batch
   void rewind() { next_ = 0; }
   int64_t num_sequences() const { return packer_.num_sequences(); }
   int64_t num_batches() const;

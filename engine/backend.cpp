@@ -1,12 +1,29 @@
 // The backend registry and the error for kernels a device does not have.
 #include "engine/backend.h"
 
+#include <atomic>
+
 #include "engine/error.h"
 #include "engine/kernel.h"
 
 namespace engine {
 namespace {
 Backend* g_backends[kNumDeviceTypes] = {};
+std::atomic<int64_t> g_to_host{0}, g_from_host{0};
+}  // namespace
+
+void Backend::copy_from_host(void* dst, const void* src, size_t nbytes, int device_index) {
+  g_from_host.fetch_add(1, std::memory_order_relaxed);
+  write_from_host(dst, src, nbytes, device_index);
+}
+
+void Backend::copy_to_host(void* dst, const void* src, size_t nbytes, int device_index) {
+  g_to_host.fetch_add(1, std::memory_order_relaxed);
+  read_to_host(dst, src, nbytes, device_index);
+}
+
+TransferCounts transfer_counts() {
+  return {g_to_host.load(std::memory_order_relaxed), g_from_host.load(std::memory_order_relaxed)};
 }
 
 void register_backend(DeviceType type, Backend* b) { g_backends[static_cast<int>(type)] = b; }

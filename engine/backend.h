@@ -30,10 +30,25 @@ class Backend {
   // dst (contiguous; its shape broadcastable to src's) = src summed over the broadcast dims.
   virtual void sum_to(const Tensor& src, const Tensor& dst) = 0;
 
-  // Contiguous byte transfers between host memory and this device.
-  virtual void copy_from_host(void* dst, const void* src, size_t nbytes, int device_index) = 0;
-  virtual void copy_to_host(void* dst, const void* src, size_t nbytes, int device_index) = 0;
+  // Contiguous byte transfers between host memory and this device, counted (transfer_counts()).
+  void copy_from_host(void* dst, const void* src, size_t nbytes, int device_index);
+  void copy_to_host(void* dst, const void* src, size_t nbytes, int device_index);
+
+ protected:
+  virtual void write_from_host(void* dst, const void* src, size_t nbytes, int device_index) = 0;
+  virtual void read_to_host(void* dst, const void* src, size_t nbytes, int device_index) = 0;
 };
+
+// Host <-> device transfers of tensor values, counted where every one of them passes: the
+// backends' copy_from_host / copy_to_host. On the CPU a "transfer" is the host reading a tensor's
+// values (item(), to_vector(), copy_to_host()) or building one from host values (from_vector(),
+// from_host()); on a GPU each is a copy that synchronises with the device. Tests use the counts
+// to hold the training step to its budget (no read per micro-batch, at most one per step).
+struct TransferCounts {
+  int64_t to_host = 0;    // tensor values read by the host (device-to-host copies)
+  int64_t from_host = 0;  // host values written into tensors (host-to-device copies)
+};
+TransferCounts transfer_counts();  // since the process started (all threads)
 
 void register_backend(DeviceType type, Backend* backend);
 bool has_backend(DeviceType type);

@@ -385,8 +385,9 @@ std::unique_ptr<MpiCommunicator> g_mpi;
 
 void Communicator::all_reduce(std::span<double> values, ReduceOp op) {
   if (size() == 1 || values.empty()) return;
-  Tensor t = Tensor::from_vector<double>(std::vector<double>(values.begin(), values.end()),
-                                         {static_cast<int64_t>(values.size())});
+  // Host values in a host tensor: no transfer of device data (transfer_counts() stays put).
+  Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::f64);
+  std::copy(values.begin(), values.end(), t.data<double>());
   all_reduce(t, op);
   const double* p = t.data<double>();
   for (size_t i = 0; i < values.size(); ++i) values[i] = p[i];

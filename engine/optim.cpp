@@ -1,5 +1,5 @@
-// AdamW, gradient-norm clipping and the linear warmup/decay schedule over FlatParameters: argument
-// checks and the host-side scalars; the per-element work is in the kernels (engine/cpu/optim_cpu.cpp).
+// AdamW and the linear warmup/decay schedule over FlatParameters: argument checks and the host-side
+// scalars; the per-element work is in the kernel (engine/cpu/optim_cpu.cpp).
 #include "engine/optim.h"
 
 #include <algorithm>
@@ -130,24 +130,6 @@ void AdamW::load_state(const NamedTensors& state) {
   exp_avg_.copy_(*found[0]);
   exp_avg_sq_.copy_(*found[1]);
   step_ = static_cast<int64_t>(step);
-}
-
-// ---- gradient clipping ------------------------------------------------------------------------
-
-double clip_grad_norm(FlatParameters& params, double max_norm) {
-  ENGINE_CHECK(std::isfinite(max_norm) && max_norm > 0,
-               "[clip_grad_norm] max_norm must be finite and > 0, got ", max_norm);
-  const Tensor& grad = params.grad();
-  const double norm = std::sqrt(sum_squares_kernel(grad.device(), grad));
-  if (!std::isfinite(norm)) return norm;
-  // torch clamps the coefficient to 1 and always multiplies; multiplying by 1 changes nothing,
-  // so we skip the pass instead.
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    NoGrad ng;
-    scale_kernel(grad.device(), grad, coef);
-  }
-  return norm;
 }
 
 // ---- learning-rate schedule -------------------------------------------------------------------

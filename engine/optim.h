@@ -1,7 +1,7 @@
-// Optimizer pieces over a FlatParameters: AdamW (torch.optim.AdamW's arithmetic, amsgrad off),
-// gradient-norm clipping (torch.nn.utils.clip_grad_norm_) and the linear warmup/decay learning
-// rate schedule (transformers' get_linear_schedule_with_warmup). Each update runs as one kernel
-// launch over the contiguous slabs, so the cost does not grow with the number of parameters.
+// Optimizer pieces over a FlatParameters: AdamW (torch.optim.AdamW's arithmetic, amsgrad off) and
+// the linear warmup/decay learning rate schedule (transformers' get_linear_schedule_with_warmup).
+// The update runs as one kernel launch over the contiguous slabs, so its cost does not grow with
+// the number of parameters. Clipping, unscaling and the whole step: train/trainer.h.
 #pragma once
 
 #include <cstdint>
@@ -70,15 +70,6 @@ struct AdamWStepScalars {
   double bias_correction2_sqrt = 1;  // sqrt(1 - beta2^t)
 };
 
-// ---- gradient clipping ------------------------------------------------------------------------
-
-// The L2 norm of the whole gradient slab (accumulated in double), returned as it was before
-// clipping. As torch.nn.utils.clip_grad_norm_: the slab is scaled by
-// max_norm / (norm + 1e-6) when that factor is below 1 (i.e. when norm > max_norm - 1e-6, in
-// practice norm > max_norm). A non-finite norm is returned and nothing is scaled: the caller
-// decides to skip the step. Padding in the slab is zero and adds nothing.
-double clip_grad_norm(FlatParameters& params, double max_norm);
-
 // ---- learning-rate schedule -------------------------------------------------------------------
 
 // Linear warmup from 0 to `peak_lr` over `warmup_steps`, then linear decay to 0 at `total_steps`.
@@ -119,9 +110,5 @@ class LinearSchedule {
 inline Kernel<void(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                    const Tensor& exp_avg_sq, const Tensor& decay_mask, const AdamWStepScalars& s)>
     adamw_kernel{"adamw"};
-// Sum of squares of a contiguous 1-D floating tensor, accumulated in double.
-inline Kernel<double(const Tensor& x)> sum_squares_kernel{"clip_grad_norm"};
-// x *= factor (a true multiply, rounded once) for a contiguous 1-D floating tensor.
-inline Kernel<void(const Tensor& x, double factor)> scale_kernel{"clip_grad_norm"};
 
 }  // namespace engine

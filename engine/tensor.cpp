@@ -204,13 +204,18 @@ const Tensor& Tensor::mul_(double factor) const {
 void Tensor::copy_to_host(void* dst, DType as) const {
   NoGrad ng;
   Tensor t = detach();
-  if (!t.device().is_cpu()) t = t.to(Device::cpu());
+  // One counted transfer either way (backend.h, transfer_counts): the device's copy to the host,
+  // or, for a CPU tensor, the host reading its values.
+  const bool on_host = t.device().is_cpu();
+  if (!on_host) t = t.to(Device::cpu());
   if (t.dtype() != as || !t.is_contiguous()) {
     Tensor c = Tensor::empty(t.shape(), as);
     backend(DeviceType::CPU).copy(t, c);
     t = c;
   }
-  if (t.nbytes()) std::memcpy(dst, t.raw_data(), t.nbytes());
+  if (!t.nbytes()) return;
+  if (on_host) backend(DeviceType::CPU).copy_to_host(dst, t.raw_data(), t.nbytes(), 0);
+  else std::memcpy(dst, t.raw_data(), t.nbytes());
 }
 
 double Tensor::item() const {

@@ -104,11 +104,72 @@ PositionEncoding::PositionEncoding(const BertConfig& c, Generator& gen) : config
     shaw_table = register_parameter("shaw_table", Tensor::randn({rows, dh}, gen, 0.0, c.init_std));
   if (p.relative == RelativePosition::shaw_learnable_sinusoid)
     shaw_freq = register_parameter("shaw_freq", sinusoid_freqs(dh));
-  if (p.relative == RelativePosition::shaw_sinusoid) {
-    NoGrad ng;
-    fixed_shaw_ = sinusoid(range_f32(-p.rpe_clip, p.rpe_clip + 1, engine::Device::cpu()),
-                           sinusoid_freqs(dh));
+}
+
+PositionEncoding::Constants PositionEncoding::build_constants(int64_t t, engine::Device dev) const {
+  const PositionConfig& p = config_.position;
+  NoGrad ng;
+  ++constant_builds_;
+  Constants k;
+  k.length = t;
+  k.device = dev;
+  auto upload_f32 = [&](const std::vector<float>& v, const Shape& shape) {
+    return Tensor::from_vector<float>(v, shape).to(dev);
+  };
+  if (p.relative == RelativePosition::t5_bias)
+    k.relative_index = Tensor::from_vector<int64_t>(relative_buckets(t), {t, t}).to(dev);
+  if (p.cls_reset != ClsReset::none) {
+    // reset_theta: row 0 (from [CLS], including itself) = theta1, column 0 below it = theta2.
+    std::vector<float> keep(size_t(t * t), 1.f), row0(size_t(t * t), 0.f), col0(size_t(t * t), 0.f);
+    for (int64_t j = 0; j < t; ++j) keep[size_t(j)] = 0.f, row0[size_t(j)] = 1.f;
+    for (int64_t i = 1; i < t; ++i) keep[size_t(i * t)] = 0.f, col0[size_t(i * t)] = 1.f;
+    k.keep = upload_f32(keep, {t, t});
+    k.row0 = upload_f32(row0, {t, t});
+    k.col0 = upload_f32(col0, {t, t});
   }
+  const bool shaw = p.relative == RelativePosition::shaw_learned || p.relative == RelativePosition::shaw_sinusoid ||
+                    p.relative == RelativePosition::shaw_learnable_sinusoid;
+  const int64_t c = p.rpe_clip;
+  if (shaw) {
+    std::vector<int64_t> idx(size_t(t * t));
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t j = 0; j < t; ++j) idx[size_t(i * t + j)] = std::clamp(j - i, -c, c) + c;
+    k.shaw_index = Tensor::from_vector<int64_t>(idx, {t, t}).to(dev);
+  }
+  if (p.input == InputPosition::learnable_sinusoid) k.positions = range_f32(0, t, dev);
+  if (p.input == InputPosition::sinusoid)
+    k.input_sinusoid = sinusoid(range_f32(0, t, engine::Device::cpu()), sinusoid_freqs(config_.hidden_size)).to(dev);
+  if (p.relative == RelativePosition::shaw_learnable_sinusoid) k.shaw_positions = range_f32(-c, c + 1, dev);
+  if (p.relative == RelativePosition::shaw_sinusoid)
+    k.fixed_shaw = sinusoid(range_f32(-c, c + 1, engine::Device::cpu()), sinusoid_freqs(config_.head_size())).to(dev);
+  return k;
+}
+
+const PositionEncoding::Constants& PositionEncoding::constants(int64_t t, engine::Device dev) const {
+  if (longest_.device != dev) longest_ = recent_ = Constants{};
+  if (longest_.length < t) longest_ = build_constants(t, dev);
+  if (t == longest_.length) return longest_;
+  if (recent_.length != t || recent_.device != dev) {
+    // The leading block of the longest length's tensors, copied on the device (no host work).
+    NoGrad ng;
+    auto lead = [&](const Tensor& x, int dims) {
+      if (!x.defined()) return x;
+      Tensor y = x.slice(0, 0, t);
+      if (dims == 2) y = y.slice(1, 0, t);
+      return y.contiguous();
+    };
+    Constants k = longest_;
+    k.length = t;
+    k.relative_index = lead(longest_.relative_index, 2);
+    k.keep = lead(longest_.keep, 2);
+    k.row0 = lead(longest_.row0, 2);
+    k.col0 = lead(longest_.col0, 2);
+    k.shaw_index = lead(longest_.shaw_index, 2);
+    k.positions = lead(longest_.positions, 1);
+    k.input_sinusoid = lead(longest_.input_sinusoid, 1);
+    recent_ = std::move(k);
+  }
+  return recent_;
 }
 
 void PositionEncoding::check_length(int64_t seq_len) const {
@@ -119,18 +180,13 @@ void PositionEncoding::check_length(int64_t seq_len) const {
                  config_.position.preset, ")");
 }
 
-Tensor PositionEncoding::input_term(int64_t seq_len) const {
+Tensor PositionEncoding::input_term(int64_t seq_len, engine::Device device) const {
   check_length(seq_len);
-  const int64_t d = config_.hidden_size;
   switch (config_.position.input) {
     case InputPosition::none: return Tensor();
     case InputPosition::learned: return table.slice(0, 0, seq_len);
-    case InputPosition::sinusoid: {
-      NoGrad ng;
-      return sinusoid(range_f32(0, seq_len, engine::Device::cpu()), sinusoid_freqs(d));
-    }
-    case InputPosition::learnable_sinusoid:
-      return sinusoid(range_f32(0, seq_len, freq.device()), freq);
+    case InputPosition::sinusoid: return constants(seq_len, device).input_sinusoid;
+    case InputPosition::learnable_sinusoid: return sinusoid(constants(seq_len, device).positions, freq);
   }
   return Tensor();
 }
@@ -196,19 +252,15 @@ std::pair<Tensor, Tensor> PositionEncoding::cls_thetas() const {
   return {cls_theta_of(pq, pk, 1, untied_scale()), cls_theta_of(pq, pk, 2, untied_scale())};
 }
 
-AttentionTerms PositionEncoding::attention_terms(int64_t t) const {
+AttentionTerms PositionEncoding::attention_terms(int64_t t, engine::Device device) const {
   check_length(t);
   const PositionConfig& p = config_.position;
   const int64_t h = config_.num_heads;
-  const engine::Device dev = table.defined() ? table.device()
-                             : relative_table.defined() ? relative_table.device()
-                                                        : engine::Device::cpu();
+  const Constants& k = constants(t, device);
   AttentionTerms out;
   Tensor relative;  // (H, T, T)
-  if (p.relative == RelativePosition::t5_bias) {
-    Tensor idx = Tensor::from_vector<int64_t>(relative_buckets(t), {t, t}).to(relative_table.device());
-    relative = engine::embedding(relative_table, idx).permute({2, 0, 1});  // (T, T, H) -> (H, T, T)
-  }
+  if (p.relative == RelativePosition::t5_bias)
+    relative = engine::embedding(relative_table, k.relative_index).permute({2, 0, 1});  // (T, T, H) -> (H, T, T)
   if (p.attention == AttentionPosition::untied) {
     Tensor pk;
     Tensor pq = projected_positions(t, &pk);  // (H, T[+2], d_h)
@@ -216,12 +268,8 @@ AttentionTerms PositionEncoding::attention_terms(int64_t t) const {
     if (relative.defined() && p.cls_reset != ClsReset::code) v = v + relative;  // paper: reset(v + b)
     if (p.cls_reset != ClsReset::none) {
       // reset_theta: row 0 (from [CLS], including itself) = theta1, column 0 below it = theta2.
-      auto theta = [&](int64_t k) { return cls_theta_of(pq, pk, t + k, untied_scale()).view({h, 1, 1}); };
-      std::vector<float> keep(size_t(t * t), 1.f), row0(size_t(t * t), 0.f), col0(size_t(t * t), 0.f);
-      for (int64_t j = 0; j < t; ++j) keep[size_t(j)] = 0.f, row0[size_t(j)] = 1.f;
-      for (int64_t i = 1; i < t; ++i) keep[size_t(i * t)] = 0.f, col0[size_t(i * t)] = 1.f;
-      auto mask = [&](const std::vector<float>& m) { return Tensor::from_vector<float>(m, {t, t}).to(dev); };
-      v = v * mask(keep) + theta(0) * mask(row0) + theta(1) * mask(col0);
+      auto theta = [&](int64_t r) { return cls_theta_of(pq, pk, t + r, untied_scale()).view({h, 1, 1}); };
+      v = v * k.keep + theta(0) * k.row0 + theta(1) * k.col0;
     }
     if (relative.defined() && p.cls_reset == ClsReset::code) v = v + relative;  // code: reset(v) + b'
     out.bias = v.unsqueeze(0);
@@ -234,16 +282,11 @@ AttentionTerms PositionEncoding::attention_terms(int64_t t) const {
     out.pos_query = pq.unsqueeze(0);
     out.pos_key = pk.unsqueeze(0);
   }
-  if (p.relative == RelativePosition::shaw_learned || p.relative == RelativePosition::shaw_sinusoid ||
-      p.relative == RelativePosition::shaw_learnable_sinusoid) {
-    const int64_t c = p.rpe_clip;
+  if (k.shaw_index.defined()) {
     if (p.relative == RelativePosition::shaw_learned) out.shaw_table = shaw_table;
-    else if (p.relative == RelativePosition::shaw_sinusoid) out.shaw_table = fixed_shaw_.to(dev);
-    else out.shaw_table = sinusoid(range_f32(-c, c + 1, dev), shaw_freq);
-    std::vector<int64_t> idx(size_t(t * t));
-    for (int64_t i = 0; i < t; ++i)
-      for (int64_t j = 0; j < t; ++j) idx[size_t(i * t + j)] = std::clamp(j - i, -c, c) + c;
-    out.shaw_index = Tensor::from_vector<int64_t>(idx, {t, t}).to(dev);
+    else if (p.relative == RelativePosition::shaw_sinusoid) out.shaw_table = k.fixed_shaw;
+    else out.shaw_table = sinusoid(k.shaw_positions, shaw_freq);
+    out.shaw_index = k.shaw_index;
   }
   return out;
 }
@@ -398,8 +441,8 @@ Tensor BertModel::embed(const BertInputs& in, Generator& gen) const {
                                                : Tensor::zeros({b, t}, DType::i64, ids.device());
     x = x + engine::embedding(segment_embedding, types);
   }
-  Tensor pos = position->input_term(t);  // (T, d), broadcast over the batch
-  if (pos.defined()) x = x + pos.to(x.device());
+  Tensor pos = position->input_term(t, x.device());  // (T, d), broadcast over the batch
+  if (pos.defined()) x = x + pos;
   x = engine::dropout(embedding_norm->forward(x), config_.hidden_dropout, training(), gen);
   return x;
 }
@@ -410,7 +453,7 @@ Tensor BertModel::forward(const BertInputs& in, Generator& gen) const {
 
   // Once per forward: every layer adds the same (1, H, T, T) term, so its gradient is summed
   // over layers and batch by the autograd graph, and it is never copied per example.
-  last_terms_ = position->attention_terms(t);
+  last_terms_ = position->attention_terms(t, x.device());
   ++terms_computed_;
   for (const auto& layer : layers) x = layer->forward(x, in.attention_mask, last_terms_, gen);
   if (final_norm) x = final_norm->forward(x);
@@ -429,31 +472,22 @@ BertForMaskedLM::BertForMaskedLM(const BertConfig& c, uint64_t seed)
   register_module("mlm", mlm);
 }
 
-MlmOutput BertForMaskedLM::forward(const BertInputs& in, const Tensor& labels, Generator& gen) const {
+MlmOutput BertForMaskedLM::forward(const data::MlmBatch& batch, Generator& gen) const {
   const BertConfig& c = config();
-  ENGINE_CHECK(labels.defined() && labels.shape() == in.input_ids.shape(), "[bert] labels ",
-               engine::describe(labels), " must match input_ids ", engine::describe(in.input_ids));
-  Tensor hidden = bert.forward(in, gen);  // (B, T, d)
-  // Gather the predicted positions first: the head and the (M, V) logits only for those.
-  std::vector<int64_t> lab = labels.to(engine::Device::cpu()).to(DType::i64).to_vector<int64_t>();
-  std::vector<int64_t> rows, targets;
-  for (size_t i = 0; i < lab.size(); ++i) {
-    if (lab[i] == -100) continue;
-    ENGINE_CHECK(lab[i] >= 0 && lab[i] < c.vocab_size, "[bert] label ", lab[i], " at flat position ", i,
-                 " is outside [0, vocab_size ", c.vocab_size, ") and is not -100");
-    rows.push_back(int64_t(i));
-    targets.push_back(lab[i]);
-  }
-  ENGINE_CHECK(!rows.empty(), "[bert] no position to predict: every label is -100");
-  const int64_t m = int64_t(rows.size());
-  const engine::Device dev = hidden.device();
+  const Tensor &positions = batch.positions, &targets = batch.targets;
+  ENGINE_CHECK(positions.defined() && targets.defined() && positions.dim() == 1 && targets.shape() == positions.shape(),
+               "[bert] the batch's positions and targets must be two (M) tensors, got ",
+               positions.defined() ? engine::describe(positions) : std::string("none"), " and ",
+               targets.defined() ? engine::describe(targets) : std::string("none"));
+  ENGINE_CHECK(positions.numel() > 0, "[bert] no position to predict: every label is -100");
+  Tensor hidden = bert.forward(batch.inputs, gen);  // (B, T, d)
+  // The head and the (M, V) logits only at the predicted positions, gathered first.
   Tensor flat = hidden.reshape({hidden.size(0) * hidden.size(1), c.hidden_size});
-  Tensor h = engine::index_select(flat, Tensor::from_vector<int64_t>(rows, {m}).to(dev));  // (M, d)
+  Tensor h = engine::index_select(flat, positions);  // (M, d)
   h = norm.forward(engine::gelu(dense.forward(h)));
   MlmOutput out;
   out.logits = engine::linear(h, bert.token_embedding, decoder_bias);  // (M, V), tied decoder
-  out.targets = Tensor::from_vector<int64_t>(targets, {m}).to(dev);
-  out.loss = engine::cross_entropy(out.logits, out.targets);
+  out.loss = engine::cross_entropy(out.logits, targets);
   return out;
 }
 

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "data/batch.h"
 #include "engine/module.h"
 #include "engine/rng.h"
 #include "engine/tensor.h"
@@ -70,26 +71,47 @@ struct AttentionTerms {
 class PositionEncoding : public engine::Module {
  public:
   PositionEncoding(const BertConfig& config, Generator& gen);
-  // (T, d) added to the token embeddings before the input LayerNorm, or undefined.
-  Tensor input_term(int64_t seq_len) const;
-  AttentionTerms attention_terms(int64_t seq_len) const;
+  // (T, d) added to the token embeddings before the input LayerNorm, or undefined. `device` is the
+  // model's (the token embedding's): where the constant tensors of length T are kept.
+  Tensor input_term(int64_t seq_len, engine::Device device) const;
+  AttentionTerms attention_terms(int64_t seq_len, engine::Device device) const;
   // TUPE's (1, H, T, T) term before adding the relative bias or the reset (for tests and dumps).
   Tensor untied_term(int64_t seq_len) const;
   // theta1, theta2 (each (H)) of TUPE's [CLS] reset.
   std::pair<Tensor, Tensor> cls_thetas() const;
   // The (T, T) bucket map used by the relative table (with [CLS] rows for cls_reset: code).
   std::vector<int64_t> relative_buckets(int64_t seq_len) const;
+  // How many times the constant position tensors were built on the host (tests: once per new
+  // longest length, not per forward).
+  int64_t constant_builds() const { return constant_builds_; }
 
   Tensor table, freq, cls_theta, relative_table, shaw_table, shaw_freq;
   std::unique_ptr<LayerNorm> norm;
   std::unique_ptr<Linear> query, key;
 
  private:
+  // The tensors of one length T that depend on T alone (never on the batch or the parameters):
+  // index maps and masks the attention terms apply, the positions fed to sinusoids. Built on the
+  // host once for the longest length so far and kept on the parameters' device; each depends
+  // only on i, j or j - i, so a shorter length's are the leading block, copied on the device.
+  struct Constants {
+    int64_t length = 0;
+    engine::Device device;
+    Tensor relative_index;             // (T, T) i64: relative_buckets(T)
+    Tensor keep, row0, col0;           // (T, T) f32 masks of TUPE's [CLS] reset
+    Tensor shaw_index;                 // (T, T) i64: clip(j - i, -c, c) + c
+    Tensor positions;                  // (T) f32: 0 .. T-1
+    Tensor input_sinusoid;             // (T, d) f32: sin_ape's fixed term
+    Tensor shaw_positions, fixed_shaw; // (2c+1) f32 -c .. c; (2c+1, d_h) sin_rpe's table
+  };
+  const Constants& constants(int64_t seq_len, engine::Device device) const;
+  Constants build_constants(int64_t seq_len, engine::Device device) const;
   void check_length(int64_t seq_len) const;
   double untied_scale() const;  // 1 / sqrt(2 d_h)
   Tensor projected_positions(int64_t seq_len, Tensor* pk) const;  // (H, T+2?, d_h) pairs
   BertConfig config_;
-  Tensor fixed_shaw_;  // sin_rpe's constant table
+  mutable Constants longest_, recent_;  // the longest length built; the last shorter one used
+  mutable int64_t constant_builds_ = 0;
 };
 
 class BertLayer : public engine::Module {
@@ -119,11 +141,9 @@ class BertLayer : public engine::Module {
   BertConfig config_;
 };
 
-struct BertInputs {
-  Tensor input_ids;       // (B, T) i64
-  Tensor attention_mask;  // (B, T): 1 = token, 0 = padding; undefined = all tokens
-  Tensor token_type_ids;  // (B, T) i64 or undefined (only with type_vocab_size > 0)
-};
+// input_ids (B, T) i64; attention_mask (B, T) 1 = token, 0 = padding (undefined: all tokens);
+// token_type_ids (B, T) i64 or undefined (only with type_vocab_size > 0).
+using BertInputs = data::EncoderInputs;
 
 class BertModel : public engine::Module {
  public:
@@ -155,20 +175,20 @@ class BertModel : public engine::Module {
 
 struct MlmOutput {
   Tensor loss;     // scalar f32: mean cross-entropy over the predicted positions
-  Tensor logits;   // (M, V) at the predicted positions, in row-major (b, t) order
-  Tensor targets;  // (M) i64
+  Tensor logits;   // (M, V) at the predicted positions, in the batch's order
 };
 
 // BERT + the masked-LM head: dense -> GELU -> LayerNorm -> decoder tied to the token embedding
-// + bias, evaluated only at the positions whose label is not -100 (gathered first).
+// + bias, evaluated only at the batch's predicted positions (gathered first).
 class BertForMaskedLM : public engine::Module {
  public:
   BertForMaskedLM(const BertConfig& config, uint64_t seed);
  private:
   Generator init_;  // declared first: the members below draw their initial values from it
  public:
-  // labels (B, T) i64: the token to predict, or -100.
-  MlmOutput forward(const BertInputs& inputs, const Tensor& labels, Generator& gen) const;
+  // The batch on the model's device (data::MlmBatch::to): the encoder runs on batch.inputs and
+  // the head on the rows batch.positions, scored against batch.targets. Nothing is read back.
+  MlmOutput forward(const data::MlmBatch& batch, Generator& gen) const;
   const BertConfig& config() const { return bert.config(); }
 
   BertModel bert;

@@ -78,39 +78,37 @@ engine::SafetensorsContents load_bert_encoder(const std::string& path, BertModel
   return rest;
 }
 
-MlmBatch load_mlm_batch(const std::string& path, const BertConfig& config) {
+data::MlmBatch load_mlm_batch(const std::string& path, const BertConfig& config) {
   engine::SafetensorsContents c = engine::load_safetensors(path);
   static const std::set<std::string> known = {"input_ids", "attention_mask", "labels", "token_type_ids"};
   for (auto& [n, t] : c.tensors)
     ENGINE_CHECK(known.count(n), "[batch] ", path, ": unexpected tensor '", n,
                  "' (a batch holds input_ids, attention_mask, labels and optionally token_type_ids)");
-  MlmBatch b;
-  b.inputs.input_ids = batch_tensor(c, path, "input_ids", true);
-  b.inputs.attention_mask = batch_tensor(c, path, "attention_mask", true);
-  b.labels = batch_tensor(c, path, "labels", true);
-  b.inputs.token_type_ids = batch_tensor(c, path, "token_type_ids", false);
-  const engine::Shape& shape = b.inputs.input_ids.shape();
+  const Tensor ids = batch_tensor(c, path, "input_ids", true);
+  const Tensor mask = batch_tensor(c, path, "attention_mask", true);
+  const Tensor labels = batch_tensor(c, path, "labels", true);
+  const Tensor types = batch_tensor(c, path, "token_type_ids", false);
+  const engine::Shape& shape = ids.shape();
   auto same = [&](const Tensor& t, const char* name) {
     if (t.defined())
       ENGINE_CHECK(t.shape() == shape, "[batch] ", path, ": '", name, "' has shape ",
                    engine::shape_str(t.shape()), " but input_ids has ", engine::shape_str(shape));
   };
-  same(b.inputs.attention_mask, "attention_mask");
-  same(b.labels, "labels");
-  same(b.inputs.token_type_ids, "token_type_ids");
+  same(mask, "attention_mask");
+  same(labels, "labels");
+  same(types, "token_type_ids");
   ENGINE_CHECK(shape[0] > 0 && shape[1] > 0, "[batch] ", path, ": empty batch ", engine::shape_str(shape));
-  check_range(b.inputs.input_ids, path, "input_ids", 0, config.vocab_size, 0,
+  check_range(ids, path, "input_ids", 0, config.vocab_size, 0,
               "a token id in [0, vocab_size " + std::to_string(config.vocab_size) + ")");
-  check_range(b.inputs.attention_mask, path, "attention_mask", 0, 2, 0, "0 or 1");
-  check_range(b.labels, path, "labels", 0, config.vocab_size, -100,
-              "-100 or a token id in [0, vocab_size " + std::to_string(config.vocab_size) + ")");
-  if (b.inputs.token_type_ids.defined()) {
+  check_range(mask, path, "attention_mask", 0, 2, 0, "0 or 1");
+  if (types.defined()) {
     ENGINE_CHECK(config.type_vocab_size > 0, "[batch] ", path,
                  ": has token_type_ids but the model has no segment embeddings (model.type_vocab_size 0)");
-    check_range(b.inputs.token_type_ids, path, "token_type_ids", 0, config.type_vocab_size, 0,
+    check_range(types, path, "token_type_ids", 0, config.type_vocab_size, 0,
                 "a segment id in [0, type_vocab_size " + std::to_string(config.type_vocab_size) + ")");
   }
-  return b;
+  // Labels are checked where the batch is made (data::make_mlm_batch).
+  return data::make_mlm_batch(ids, mask, labels, types, config.vocab_size, path);
 }
 
 }  // namespace models

@@ -34,14 +34,11 @@ engine::SafetensorsContents load_checkpoint(const std::string& path, BertForMask
 // (read_checkpoint_config) against the model's.
 engine::SafetensorsContents load_bert_encoder(const std::string& path, BertModel& bert);
 
-struct MlmBatch {
-  BertInputs inputs;
-  Tensor labels;  // (B, T) i64, -100 = not predicted
-};
-// A safetensors file with input_ids (B, T), attention_mask (B, T) of 0/1, labels (B, T) with -100
-// for unpredicted positions, and optionally token_type_ids (B, T); any integer dtype. Values are
-// checked against the config (ids < vocab_size, types < type_vocab_size) with errors naming the
-// file, the tensor and the first bad position.
-MlmBatch load_mlm_batch(const std::string& path, const BertConfig& config);
+// A batch file: a safetensors file with input_ids (B, T), attention_mask (B, T) of 0/1, labels
+// (B, T) with -100 for unpredicted positions, and optionally token_type_ids (B, T); any integer
+// dtype. Values are checked against the config (ids < vocab_size, types < type_vocab_size, labels
+// -100 or an id) with errors naming the file, the tensor and the first bad position. The batch
+// comes back on the host with its predicted positions and targets (data/batch.h).
+data::MlmBatch load_mlm_batch(const std::string& path, const BertConfig& config);
 
 }  // namespace models

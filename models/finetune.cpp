@@ -13,50 +13,11 @@
 #include "engine/data_parallel.h"
 #include "engine/error.h"
 #include "engine/rng.h"
-#include "ops/ops.h"
+#include "train/trainer.h"
 
 namespace models {
 
 using engine::DType;
-
-FinetuneBatch make_batch(const std::vector<EncodedExample>& examples, const std::vector<int64_t>& rows,
-                         HeadKind kind, bool with_types, engine::Device device) {
-  ENGINE_CHECK(!rows.empty(), "[finetune] empty batch");
-  size_t t = 0;
-  for (int64_t r : rows) t = std::max(t, examples[size_t(r)].ids.size());
-  ENGINE_CHECK(t > 0, "[finetune] an example has no tokens");
-  const int64_t b = int64_t(rows.size()), tt = int64_t(t);
-  std::vector<int64_t> ids(size_t(b) * t, 0), mask(size_t(b) * t, 0), types(size_t(b) * t, 0);
-  std::vector<int64_t> labels;
-  std::vector<float> scores;
-  for (int64_t i = 0; i < b; ++i) {
-    const EncodedExample& e = examples[size_t(rows[size_t(i)])];
-    for (size_t j = 0; j < e.ids.size(); ++j) {
-      ids[size_t(i) * t + j] = e.ids[j];
-      mask[size_t(i) * t + j] = 1;
-      if (j < e.types.size()) types[size_t(i) * t + j] = e.types[j];
-    }
-    switch (kind) {
-      case HeadKind::classification: labels.push_back(e.label); break;
-      case HeadKind::regression: scores.push_back(float(e.score)); break;
-      case HeadKind::span:
-        ENGINE_CHECK(e.label >= 0 && e.end >= e.label && e.end < int64_t(e.ids.size()),
-                     "[finetune] span target [", e.label, ", ", e.end, "] outside the example's ", e.ids.size(),
-                     " tokens");
-        labels.push_back(e.label);
-        labels.push_back(e.end);
-        break;
-    }
-  }
-  FinetuneBatch out;
-  out.inputs.input_ids = Tensor::from_vector<int64_t>(ids, {b, tt}).to(device);
-  out.inputs.attention_mask = Tensor::from_vector<int64_t>(mask, {b, tt}).to(device);
-  if (with_types) out.inputs.token_type_ids = Tensor::from_vector<int64_t>(types, {b, tt}).to(device);
-  if (kind == HeadKind::regression) out.labels = Tensor::from_vector<float>(scores, {b}).to(device);
-  else if (kind == HeadKind::span) out.labels = Tensor::from_vector<int64_t>(labels, {b, 2}).to(device);
-  else out.labels = Tensor::from_vector<int64_t>(labels, {b}).to(device);
-  return out;
-}
 
 std::vector<std::vector<float>> predict(BertForFinetuning& model, const std::vector<EncodedExample>& examples,
                                         int64_t batch_size) {
@@ -86,7 +47,7 @@ std::vector<std::vector<float>> predict(BertForFinetuning& model, const std::vec
     if (batch_index % comm.size() != comm.rank()) continue;
     std::vector<int64_t> rows(order.begin() + int64_t(start),
                               order.begin() + int64_t(std::min(order.size(), start + size_t(batch_size))));
-    FinetuneBatch batch = make_batch(examples, rows, kind, with_types, device);
+    const data::TaskBatch batch = data::make_task_batch(examples, rows, kind, with_types).to(device);
     FinetuneOutput out = model.forward(batch.inputs, Tensor(), unused);
     const std::vector<float> logits = out.logits.to(DType::f32).contiguous().to_vector<float>();
     const int64_t t = batch.inputs.input_ids.size(1);
@@ -161,9 +122,13 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
   adam.beta2 = o.beta2;
   adam.eps = o.eps;
   adam.weight_decay = o.weight_decay;
-  engine::AdamW opt(flat, adam, [](const std::string& name) { return !engine::default_no_decay(name); });
   const engine::LinearSchedule schedule = engine::LinearSchedule::with_warmup_ratio(o.lr, o.warmup_ratio, total);
-  engine::GradReducer reducer(flat, comm, o.bucket_mb << 20);
+  engine::TrainerOptions trainer_options;
+  trainer_options.clip_norm = o.clip_norm;
+  trainer_options.bucket_mb = o.bucket_mb;
+  engine::Trainer trainer(
+      flat, adam, [](const std::string& name) { return !engine::default_no_decay(name); },
+      [schedule](int64_t s) { return schedule.lr(s); }, trainer_options, comm);
   if (ranks > 1) engine::broadcast_parameters(flat, comm);
   // Each rank its own dropout stream; the batch order is the same on every rank.
   engine::Generator dropout_gen(o.seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull + uint64_t(comm.rank()));
@@ -208,19 +173,11 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
     const int64_t begin = in_epoch * o.batch_size, count = std::min(o.batch_size, n - begin);
     const int64_t lo = begin + count * comm.rank() / ranks, hi = begin + count * (comm.rank() + 1) / ranks;
     std::vector<int64_t> rows(order.begin() + lo, order.begin() + hi);
-    FinetuneBatch batch = make_batch(train, rows, model.kind(), with_types, device);
-
-    flat.zero_grad();
-    FinetuneOutput out = model.forward(batch.inputs, batch.labels, dropout_gen);
+    const data::TaskBatch batch = data::make_task_batch(train, rows, model.kind(), with_types).to(device);
     const double weight = double(hi - lo) / double(count);  // this rank's share of the global mean
-    reducer.begin();
-    (out.loss * weight).backward();
-    reducer.finish();
-    const double loss = comm.all_reduce(out.loss.item() * weight);
-    const double grad_norm = o.clip_norm > 0 ? engine::clip_grad_norm(flat, o.clip_norm)
-                                             : std::sqrt(engine::sum_squares_kernel(device, flat.grad()));
-    const double lr = schedule.lr(step);
-    opt.step(lr);
+    const engine::StepStats s = trainer.step(
+        1, [&](int64_t) { return model.forward(batch.inputs, batch.labels, dropout_gen).loss; }, {&weight, 1});
+    const double loss = s.loss, lr = s.lr, grad_norm = s.grad_norm;
     window_loss += loss;
     ++window;
     const int64_t done = step + 1;

@@ -14,19 +14,13 @@
 #include <utility>
 #include <vector>
 
+#include "data/batch.h"
 #include "engine/optim.h"
 #include "models/heads.h"
 
 namespace models {
 
-// One encoded input and its target.
-struct EncodedExample {
-  std::vector<int32_t> ids;    // [CLS] ... [SEP] (no padding)
-  std::vector<int8_t> types;   // segment of each token (ignored when the model has no segments)
-  int64_t label = -1;          // classification: the class; span: the start position
-  int64_t end = -1;            // span: the end position
-  double score = 0;            // regression target
-};
+using data::EncodedExample;
 
 struct FinetuneOptions {
   double lr = 2e-5;
@@ -35,7 +29,7 @@ struct FinetuneOptions {
   double warmup_ratio = 0.06;    // of the total steps, then linear decay to 0
   double weight_decay = 0.01;    // not on biases and LayerNorms
   double beta1 = 0.9, beta2 = 0.98, eps = 1e-6;
-  double clip_norm = 1.0;        // 0 = off
+  double clip_norm = 1.0;        // 0 = off; a step with inf/NaN gradients is skipped
   int64_t evals_per_epoch = 1;   // dev evaluations per epoch (at evenly spaced steps, the last at its end)
   int64_t max_steps = 0;         // > 0: stop after this many steps (smoke tests); the schedule still spans the epochs
   int64_t eval_batch_size = 64;
@@ -77,15 +71,6 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
 // ranks and the result gathered on every rank.
 std::vector<std::vector<float>> predict(BertForFinetuning& model, const std::vector<EncodedExample>& examples,
                                         int64_t batch_size);
-
-// Pads `rows` of `examples` into model inputs (ids 0 and attention 0 after each row's end;
-// token types only when the model has segments) and their labels for `kind`.
-struct FinetuneBatch {
-  BertInputs inputs;
-  Tensor labels;
-};
-FinetuneBatch make_batch(const std::vector<EncodedExample>& examples, const std::vector<int64_t>& rows,
-                         HeadKind kind, bool with_types, engine::Device device);
 
 // A sweep: one run per (learning rate, seed) and its best dev evaluation.
 struct SweepRun {

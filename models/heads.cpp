@@ -11,15 +11,6 @@
 
 namespace models {
 
-const char* head_kind_name(HeadKind kind) {
-  switch (kind) {
-    case HeadKind::classification: return "classification";
-    case HeadKind::regression: return "regression";
-    case HeadKind::span: return "span";
-  }
-  return "?";
-}
-
 BertForFinetuning::BertForFinetuning(const BertConfig& c, HeadKind kind, int64_t num_labels, uint64_t seed)
     : init_(seed), bert(c, init_), kind_(kind), num_labels_(num_labels) {
   register_module("bert", bert);

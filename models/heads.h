@@ -21,8 +21,9 @@
 
 namespace models {
 
-enum class HeadKind { classification, regression, span };
-const char* head_kind_name(HeadKind kind);
+// What the head predicts: a class, a score or a span; the batches' label layout follows it.
+using HeadKind = data::TaskKind;
+inline const char* head_kind_name(HeadKind kind) { return data::task_kind_name(kind); }
 
 struct FinetuneOutput {
   Tensor loss;    // scalar f32, undefined when no labels were given

@@ -35,7 +35,7 @@ std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t, 
   const PositionEncoding& pos = *bert.position;
   const int64_t h = c.num_heads, d = c.hidden_size, dh = c.head_size();
   const bool reset = p.cls_reset != ClsReset::none;
-  const AttentionTerms terms = pos.attention_terms(t);  // checks t against learned tables
+  const AttentionTerms terms = pos.attention_terms(t, bert.token_embedding.device());  // checks t against learned tables
   std::vector<CorrelationMatrix> out;
   auto add = [&](CorrelationMatrix m) { out.push_back(std::move(m)); };
   const std::string preset = p.preset + ": ";
@@ -65,7 +65,7 @@ std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t, 
     m.logits = true;
     add(m);
   }
-  const Tensor input = pos.input_term(t);
+  const Tensor input = pos.input_term(t, bert.token_embedding.device());
   // bert_a_d's positions enter through U^Q, U^K only; their P P^T is drawn all the same.
   Tensor positions = input;
   if (!positions.defined() && p.attention == AttentionPosition::decomposed) positions = pos.table.slice(0, 0, t);

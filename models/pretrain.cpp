@@ -14,11 +14,10 @@
 
 #include "engine/autograd.h"
 #include "engine/comm.h"
-#include "engine/data_parallel.h"
 #include "engine/error.h"
 #include "engine/file_io.h"
 #include "engine/safetensors.h"
-#include "ops/ops.h"
+#include "train/trainer.h"
 
 namespace models {
 
@@ -94,20 +93,18 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
 Tensor i64_scalar(int64_t v) { return Tensor::from_vector<int64_t>({v}, {}); }
 int64_t read_i64(const Tensor& t) { return t.to(DType::i64).to_vector<int64_t>().at(0); }
 
+// Training state beyond the Trainer's: tokens seen (the step count is the Trainer's).
 struct TrainerState {
-  int64_t step = 0;    // optimizer steps done (including skipped ones)
   int64_t tokens = 0;  // non-padding tokens seen
 };
 
-void save_training_checkpoint(const fs::path& path, const BertForMaskedLM& model,
-                              const engine::AdamW& opt, const engine::LossScaler& scaler,
-                              const engine::Generator& gen, const TrainerState& st,
-                              const BatchSource& data, const std::string& config_text,
-                              engine::SafetensorsMetadata meta) {
-  engine::NamedTensors state = opt.state();
-  for (auto& e : scaler.state()) state.push_back(e);
+void save_training_checkpoint(const fs::path& path, const BertForMaskedLM& model, const engine::Trainer& trainer,
+                              const engine::Generator& gen, const TrainerState& st, const BatchSource& data,
+                              const std::string& config_text, engine::SafetensorsMetadata meta) {
+  engine::NamedTensors state = trainer.optimizer().state();
+  for (auto& e : trainer.scaler().state()) state.push_back(e);
   const engine::PhiloxState rng = gen.state();
-  state.emplace_back("trainer.step", i64_scalar(st.step));
+  state.emplace_back("trainer.step", i64_scalar(trainer.steps_taken()));
   state.emplace_back("trainer.tokens", i64_scalar(st.tokens));
   state.emplace_back("trainer.rng_seed", i64_scalar(static_cast<int64_t>(rng.seed)));
   state.emplace_back("trainer.rng_offset", i64_scalar(static_cast<int64_t>(rng.offset)));
@@ -119,23 +116,22 @@ void save_training_checkpoint(const fs::path& path, const BertForMaskedLM& model
 
 // Restores everything from a training checkpoint (weights and state from one read); throws when
 // the file cannot be used, so the caller can fall back to an older one.
-void load_training_checkpoint(const fs::path& path, BertForMaskedLM& model, engine::AdamW& opt,
-                              engine::LossScaler& scaler, engine::Generator& gen, TrainerState& st,
-                              BatchSource& data) {
+void load_training_checkpoint(const fs::path& path, BertForMaskedLM& model, engine::Trainer& trainer,
+                              engine::Generator& gen, TrainerState& st, BatchSource& data) {
   const BertConfig stored = read_checkpoint_config(path.string());
   const std::string diff = stored.first_difference(model.config());
   ENGINE_CHECK(diff.empty(), "[pretrain] ", path.string(), ": the checkpoint's model differs from the config at model.",
                diff, " (checkpoint vs config)");
   const engine::SafetensorsContents c = load_checkpoint(path.string(), model, /*with_state=*/true);
-  opt.load_state(c.tensors);
-  scaler.load_state(c.tensors);
+  trainer.optimizer().load_state(c.tensors);
+  trainer.scaler().load_state(c.tensors);
   auto need = [&](const char* name) {
     for (auto& [n, t] : c.tensors)
       if (n == name) return read_i64(t);
     ENGINE_FAIL("[pretrain] ", path.string(), ": '", name,
                 "' is missing: not a training checkpoint (a weights-only model? use --init)");
   };
-  st.step = need("trainer.step");
+  trainer.set_steps_taken(need("trainer.step"));
   st.tokens = need("trainer.tokens");
   gen.set_state({static_cast<uint64_t>(need("trainer.rng_seed")), static_cast<uint64_t>(need("trainer.rng_offset"))});
   auto pos = c.metadata.find("engine.data_position");
@@ -146,22 +142,22 @@ void load_training_checkpoint(const fs::path& path, BertForMaskedLM& model, engi
 // Every rank continues from rank 0's state: weights, optimizer moments, scaler, schedule and data
 // position (rank 0 alone reads the checkpoint, so the ranks need no shared filesystem). Each
 // rank keeps its own dropout stream (its seed), at rank 0's offset.
-void sync_from_root(engine::Communicator& comm, const engine::FlatParameters& flat, engine::AdamW& opt,
-                    engine::LossScaler& scaler, engine::Generator& gen, TrainerState& st, BatchSource& data) {
-  engine::broadcast_parameters(flat, comm);
+void sync_from_root(engine::Communicator& comm, engine::Trainer& trainer, engine::Generator& gen, TrainerState& st,
+                    BatchSource& data) {
+  engine::broadcast_parameters(trainer.parameters(), comm);
   for (bool optimizer : {true, false}) {
-    engine::NamedTensors state = optimizer ? opt.state() : scaler.state();
+    engine::NamedTensors state = optimizer ? trainer.optimizer().state() : trainer.scaler().state();
     for (auto& [name, t] : state) {
       t = t.contiguous();
       comm.broadcast(t);
     }
-    if (!comm.is_root()) optimizer ? opt.load_state(state) : scaler.load_state(state);
+    if (!comm.is_root()) optimizer ? trainer.optimizer().load_state(state) : trainer.scaler().load_state(state);
   }
   Tensor counters = Tensor::from_vector<int64_t>(
-      {st.step, st.tokens, static_cast<int64_t>(gen.state().offset)}, {3});
+      {trainer.steps_taken(), st.tokens, static_cast<int64_t>(gen.state().offset)}, {3});
   comm.broadcast(counters);
   const std::vector<int64_t> c = counters.to_vector<int64_t>();
-  st.step = c[0];
+  trainer.set_steps_taken(c[0]);
   st.tokens = c[1];
   gen.set_state({gen.state().seed, static_cast<uint64_t>(c[2])});
   const std::string position = comm.broadcast(comm.is_root() ? data.position() : std::string());
@@ -192,19 +188,6 @@ std::string fmt_duration(double s) {
   return buf;
 }
 
-int64_t count_predicted(const MlmBatch& b) {
-  int64_t n = 0;
-  for (int64_t v : b.labels.to(DType::i64).to_vector<int64_t>()) n += v != -100;
-  return n;
-}
-
-int64_t count_tokens(const MlmBatch& b) {
-  if (!b.inputs.attention_mask.defined()) return b.inputs.input_ids.numel();
-  int64_t n = 0;
-  for (int64_t v : b.inputs.attention_mask.to(DType::i64).to_vector<int64_t>()) n += v != 0;
-  return n;
-}
-
 struct ValidResult {
   double loss = 0, accuracy = 0;
   int64_t predicted = 0;
@@ -219,14 +202,16 @@ ValidResult validate(BertForMaskedLM& model, BatchSource& data, int64_t max_batc
   ValidResult r;
   double loss_sum = 0;
   int64_t correct = 0;
-  const std::vector<MlmBatch> batches = data.valid_batches(max_batches);
+  const std::vector<data::MlmBatch> batches = data.valid_batches(max_batches);
+  const engine::Device device = model.bert.token_embedding.device();
   for (size_t i = size_t(comm.rank()); i < batches.size(); i += size_t(comm.size())) {
-    const MlmBatch& b = batches[i];
-    MlmOutput out = model.forward(b.inputs, b.labels, unused);
+    const data::MlmBatch b = batches[i].to(device);
+    MlmOutput out = model.forward(b, unused);
     const int64_t m = out.logits.size(0), v = out.logits.size(1);
     loss_sum += out.loss.item() * double(m);
+    // Accuracy on the host: validation runs every valid_every steps, not in the step.
     std::vector<float> logits = out.logits.to(DType::f32).to_vector<float>();
-    std::vector<int64_t> targets = out.targets.to_vector<int64_t>();
+    std::vector<int64_t> targets = batches[i].targets.to_vector<int64_t>();
     for (int64_t i = 0; i < m; ++i) {
       const float* row = logits.data() + i * v;
       correct += (std::max_element(row, row + v) - row) == targets[size_t(i)];
@@ -264,15 +249,20 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
   if (root) fs::create_directories(ckpt_dir);
 
   engine::FlatParameters flat(model.named_parameters());
+  const engine::Device device = flat.data().device();
   const bool decay_all = o.decay_bias_and_norm;
-  engine::AdamW opt(flat, adam, [decay_all](const std::string& n) { return decay_all || !engine::default_no_decay(n); });
-  engine::LossScaler scaler(o.loss_scale);
-  // Dropout stream (the init used `seed`); each rank its own.
-  engine::Generator gen(seed ^ 0x9E3779B97F4A7C15ull ^ (uint64_t(comm.rank()) * 0xD1B54A32D192ED03ull));
-  engine::GradReducer reducer(flat, comm, o.bucket_mb << 20);
   const int64_t warmup = o.warmup_steps >= 0 ? o.warmup_steps
                                              : static_cast<int64_t>(std::ceil(o.warmup_ratio * double(o.steps)));
-  engine::LinearSchedule schedule(adam.lr, warmup, o.steps);
+  const engine::LinearSchedule schedule(adam.lr, warmup, o.steps);
+  engine::TrainerOptions trainer_options;
+  trainer_options.clip_norm = o.clip_norm;
+  trainer_options.loss_scale = o.loss_scale;
+  trainer_options.bucket_mb = o.bucket_mb;
+  engine::Trainer trainer(
+      flat, adam, [decay_all](const std::string& n) { return decay_all || !engine::default_no_decay(n); },
+      [schedule](int64_t s) { return schedule.lr(s); }, trainer_options, comm);
+  // Dropout stream (the init used `seed`); each rank its own.
+  engine::Generator gen(seed ^ 0x9E3779B97F4A7C15ull ^ (uint64_t(comm.rank()) * 0xD1B54A32D192ED03ull));
   TrainerState st;
 
   // Temporary files of checkpoint writes that a kill interrupted: never complete, never used.
@@ -292,8 +282,8 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
     bool loaded = false;
     for (auto it = list.rbegin(); it != list.rend() && !loaded; ++it) {
       try {
-        load_training_checkpoint(it->second, model, opt, scaler, gen, st, data);
-        std::printf("resumed from %s (step %lld)\n", it->second.string().c_str(), (long long)st.step);
+        load_training_checkpoint(it->second, model, trainer, gen, st, data);
+        std::printf("resumed from %s (step %lld)\n", it->second.string().c_str(), (long long)trainer.steps_taken());
         loaded = true;
       } catch (const engine::Error& e) {
         std::fprintf(stderr, "warning: cannot resume from %s: %s\n", it->second.string().c_str(), e.what());
@@ -301,17 +291,17 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
       }
     }
     ENGINE_CHECK(loaded, "[pretrain] --resume: no usable checkpoint in ", ckpt_dir.string(), ":", errors);
-    truncate_metrics(metrics_path, st.step);
+    truncate_metrics(metrics_path, trainer.steps_taken());
   } else {
     ENGINE_CHECK(list_checkpoints(ckpt_dir).empty(), "[pretrain] ", ckpt_dir.string(),
                  " already holds checkpoints: pass --resume to continue that run, or choose another train.out_dir");
     std::ofstream(metrics_path, std::ios::trunc);
   }
   if (comm.size() > 1) {
-    if (resume) sync_from_root(comm, flat, opt, scaler, gen, st, data);
+    if (resume) sync_from_root(comm, trainer, gen, st, data);
     else engine::broadcast_parameters(flat, comm);
   }
-  result.start_step = st.step;
+  result.start_step = trainer.steps_taken();
 
   std::ofstream metrics;
   if (root) {
@@ -326,71 +316,56 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
   double comm_exposed_s = 0;  // in the log window: gradient all-reduce time backward did not hide
 
   auto save = [&]() {
-    const fs::path path = ckpt_dir / checkpoint_name(st.step);
-    save_training_checkpoint(path, model, opt, scaler, gen, st, data, config_text, o.checkpoint_metadata);
+    const fs::path path = ckpt_dir / checkpoint_name(trainer.steps_taken());
+    save_training_checkpoint(path, model, trainer, gen, st, data, config_text, o.checkpoint_metadata);
     auto list = list_checkpoints(ckpt_dir);
     for (size_t i = 0; i + size_t(o.keep_last) < list.size(); ++i) fs::remove(list[i].second);
     result.final_checkpoint = path.string();
   };
 
-  while (st.step < o.steps) {
-    const double lr = schedule.lr(st.step);
-    flat.zero_grad();
+  while (trainer.steps_taken() < o.steps) {
     // The step's loss is the mean over every masked token of every micro-batch on every rank:
     // each micro-batch's mean loss is weighted by its share of the global count, and the
     // gradients are summed over the ranks. So n ranks with batch b, or accumulation n, train
-    // exactly like one rank with batch n * b.
-    std::vector<MlmBatch> micro(size_t(o.accumulation));
-    std::vector<double> predicted(micro.size());
+    // exactly like one rank with batch n * b. The counts come with the batches (no device read).
+    std::vector<data::MlmBatch> micro(size_t(o.accumulation));
     double counts[2] = {0, 0};  // masked tokens, tokens
-    for (size_t m = 0; m < micro.size(); ++m) {
-      micro[m] = data.next_train();
-      predicted[m] = double(count_predicted(micro[m]));
-      counts[0] += predicted[m];
-      counts[1] += double(count_tokens(micro[m]));
+    for (auto& b : micro) {
+      b = data.next_train().to(device);
+      counts[0] += double(b.num_predicted());
+      counts[1] += double(b.num_tokens);
     }
     comm.all_reduce(counts);
     const int64_t tokens = static_cast<int64_t>(counts[1]);
-    double loss = 0;
-    for (size_t m = 0; m < micro.size(); ++m) {
-      MlmOutput out = model.forward(micro[m].inputs, micro[m].labels, gen);
-      const double weight = counts[0] > 0 ? predicted[m] / counts[0] : 0.0;
-      loss += out.loss.item() * weight;
-      if (m + 1 == micro.size()) reducer.begin();  // only the last backward reduces
-      // Scaled for fp16 (1 otherwise).
-      (out.loss * (scaler.scale() * weight)).backward();
-    }
-    reducer.finish();
-    loss = comm.all_reduce(loss);
-    comm_exposed_s += reducer.last_exposed_s();
-    if (scaler.scale() != 1.0) engine::scale_kernel(flat.grad().device(), flat.grad(), 1.0 / scaler.scale());
-    const double grad_norm = o.clip_norm > 0 ? engine::clip_grad_norm(flat, o.clip_norm)
-                                             : std::sqrt(engine::sum_squares_kernel(flat.grad().device(), flat.grad()));
-    const double scale_used = scaler.scale();
-    const bool apply = scaler.update(!std::isfinite(grad_norm));
-    if (apply) opt.step(lr);
-    ++st.step;
+    std::vector<double> weights;
+    for (const auto& b : micro) weights.push_back(counts[0] > 0 ? double(b.num_predicted()) / counts[0] : 0.0);
+    const engine::StepStats s = trainer.step(
+        o.accumulation, [&](int64_t m) { return model.forward(micro[size_t(m)], gen).loss; }, weights);
+    const int64_t step = trainer.steps_taken();
+    const double loss = s.loss, lr = s.lr, grad_norm = s.grad_norm;
+    const bool apply = s.applied;
+    comm_exposed_s += s.comm_exposed_s;
     st.tokens += tokens;
     window_tokens += tokens;
     ++steps_this_run;
     ++window_steps;
     result.losses.push_back(loss);
-    if (on_step) on_step(st.step, loss);
+    if (on_step) on_step(step, loss);
 
-    const bool last = st.step == o.steps;
+    const bool last = step == o.steps;
     bool validated = false;
     ValidResult vr;
-    if ((o.valid_every > 0 && st.step % o.valid_every == 0) || last) {
+    if ((o.valid_every > 0 && step % o.valid_every == 0) || last) {
       vr = validate(model, data, o.valid_batches, comm);
       validated = true;
       result.last_valid_loss = vr.loss;
     }
-    if (root && (st.step % o.log_every == 0 || last || validated || !apply)) {
+    if (root && (step % o.log_every == 0 || last || validated || !apply)) {
       const auto now = std::chrono::steady_clock::now();
       const double window_s = std::chrono::duration<double>(now - window_start).count();
       const double tok_s = window_s > 0 ? double(window_tokens) / window_s : 0.0;
       const double elapsed = std::chrono::duration<double>(now - t_start).count();
-      const double eta = elapsed / double(steps_this_run) * double(o.steps - st.step);
+      const double eta = elapsed / double(steps_this_run) * double(o.steps - step);
       window_start = now;
       window_tokens = 0;
       const double exposed_ms = window_steps > 0 ? 1000.0 * comm_exposed_s / double(window_steps) : 0.0;
@@ -400,8 +375,8 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
       std::snprintf(line, sizeof line,
                     "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"loss_scale\": %g, "
                     "\"grad_norm\": %.9g, \"skipped_steps\": %lld, \"tokens\": %lld",
-                    (long long)st.step, loss, lr, tok_s, scale_used, grad_norm, (long long)scaler.skipped_steps(),
-                    (long long)st.tokens);
+                    (long long)step, loss, lr, tok_s, s.loss_scale, grad_norm,
+                    (long long)trainer.scaler().skipped_steps(), (long long)st.tokens);
       std::string json = line;
       if (comm.size() > 1) {
         std::snprintf(line, sizeof line, ", \"ranks\": %d, \"comm_exposed_ms\": %.3f", comm.size(), exposed_ms);
@@ -415,22 +390,22 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
       metrics << json << "}\n";
       metrics.flush();
       std::snprintf(line, sizeof line, "step %lld/%lld loss %.4f lr %.3e %.0f tok/s grad_norm %.3f%s ETA %s",
-                    (long long)st.step, (long long)o.steps, loss, lr, tok_s, grad_norm,
+                    (long long)step, (long long)o.steps, loss, lr, tok_s, grad_norm,
                     apply ? "" : " (skipped: inf/NaN gradients)", fmt_duration(eta).c_str());
       if (tty) std::fprintf(stderr, "\r\033[K%s", line);
       else std::printf("%s\n", line);
       if (validated) {
         if (tty) std::fprintf(stderr, "\n");
-        std::printf("valid step %lld loss %.4f ppl %.2f accuracy %.4f\n", (long long)st.step, vr.loss,
+        std::printf("valid step %lld loss %.4f ppl %.2f accuracy %.4f\n", (long long)step, vr.loss,
                     std::exp(vr.loss), vr.accuracy);
       }
       std::fflush(stdout);
     }
-    if (root && ((o.save_every > 0 && st.step % o.save_every == 0) || last)) save();
+    if (root && ((o.save_every > 0 && step % o.save_every == 0) || last)) save();
   }
   if (tty) std::fprintf(stderr, "\n");
   if (result.final_checkpoint.empty()) result.final_checkpoint = latest_checkpoint(o.out_dir);
-  result.final_step = st.step;
+  result.final_step = trainer.steps_taken();
   // A weights-only model next to the checkpoints, for --init and finetuning.
   if (root && steps_this_run > 0) save_checkpoint((out_dir / "model.safetensors").string(), model, o.checkpoint_metadata);
   return result;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "data/batch.h"
 #include "engine/config.h"
 #include "engine/loss_scaler.h"
 #include "engine/optim.h"
@@ -21,15 +22,16 @@
 namespace models {
 
 // Where batches come from (the app adapts data::BatchStream to it; tests use synthetic ones).
+// Batches come on the host; the loop moves each to the model's device once.
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
-  virtual MlmBatch next_train() = 0;
+  virtual data::MlmBatch next_train() = 0;
   // The position of the next training batch, as text (stored in checkpoints) and back.
   virtual std::string position() const = 0;
   virtual void seek(const std::string& position) = 0;
   // The validation batches, the same ones every time (fixed masking); at most `max_batches`.
-  virtual std::vector<MlmBatch> valid_batches(int64_t max_batches) = 0;
+  virtual std::vector<data::MlmBatch> valid_batches(int64_t max_batches) = 0;
 };
 
 struct PretrainOptions {

@@ -7,6 +7,7 @@
 #include "ops/cross_entropy.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
+#include "ops/gradients.h"
 #include "ops/embedding.h"
 #include "ops/layer_norm.h"
 #include "ops/matmul.h"

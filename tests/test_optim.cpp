@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "engine/optim.h"
+#include "train/trainer.h"
 #include "ops/ops.h"
 
 using namespace engine;

@@ -118,12 +118,10 @@ class CpuBackend final : public Backend {
     });
   }
 
-  void copy_from_host(void* dst, const void* src, size_t n, int) override {
-    std::memcpy(dst, src, n);
-  }
-  void copy_to_host(void* dst, const void* src, size_t n, int) override {
-    std::memcpy(dst, src, n);
-  }
+
+ protected:
+  void write_from_host(void* dst, const void* src, size_t n, int) override { std::memcpy(dst, src, n); }
+  void read_to_host(void* dst, const void* src, size_t n, int) override { std::memcpy(dst, src, n); }
 };
 
 CpuBackend g_cpu_backend;

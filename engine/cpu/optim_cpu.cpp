@@ -1,6 +1,4 @@
-// CPU kernels of the optimizer pieces (engine/optim.h): the AdamW step, the gradient sum of
-// squares and the in-place scaling used by clipping. Each is one OpenMP pass over a contiguous
-// slab.
+// The CPU kernel of the AdamW step (engine/optim.h): one OpenMP pass over the contiguous slabs.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -58,51 +56,9 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
   }
 }
 
-double sum_squares(const Tensor& x) {
-  ENGINE_ASSERT(x.is_contiguous());
-  return dispatch_floating(x.dtype(), "clip_grad_norm", [&]<class T>() {
-    const T* px = x.data<T>();
-    const int64_t n = x.numel();
-    // Fixed chunks summed in order: the result does not depend on the thread count, so a rerun
-    // (or a resumed run) clips identically.
-    constexpr int64_t kChunk = 1 << 15;
-    const int64_t chunks = (n + kChunk - 1) / kChunk;
-    std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t begin = c * kChunk, end = std::min(n, begin + kChunk);
-      double acc[4] = {0, 0, 0, 0};  // four chains hide the add latency
-      int64_t i = begin;
-      for (; i + 4 <= end; i += 4)
-        for (int k = 0; k < 4; ++k) {
-          const double xv = static_cast<double>(px[i + k]);
-          acc[k] += xv * xv;
-        }
-      for (; i < end; ++i) acc[0] += static_cast<double>(px[i]) * static_cast<double>(px[i]);
-      partial[static_cast<size_t>(c)] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    }
-    double total = 0;
-    for (double p : partial) total += p;
-    return total;
-  });
-}
-
-void scale(const Tensor& x, double factor) {
-  ENGINE_ASSERT(x.is_contiguous());
-  dispatch_floating(x.dtype(), "clip_grad_norm", [&]<class T>() {
-    T* px = x.data<T>();
-    const int64_t n = x.numel();
-    const T f = static_cast<T>(factor);  // torch multiplies by the coefficient in the grad dtype
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) px[i] *= f;
-  });
-}
-
 }  // namespace cpu
 
 ENGINE_REGISTER_KERNEL(adamw_kernel, DeviceType::CPU, cpu::adamw);
-ENGINE_REGISTER_KERNEL(sum_squares_kernel, DeviceType::CPU, cpu::sum_squares);
-ENGINE_REGISTER_KERNEL(scale_kernel, DeviceType::CPU, cpu::scale);
 
 }  // namespace
 }  // namespace engine

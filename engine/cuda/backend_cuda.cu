@@ -233,11 +233,13 @@ class CudaBackend final : public Backend {
     ENGINE_CUDA_CHECK_LAUNCH();
   }
 
-  void copy_from_host(void* dst, const void* src, size_t n, int index) override {
+
+ protected:
+  void write_from_host(void* dst, const void* src, size_t n, int index) override {
     ENGINE_CUDA_CHECK(cudaSetDevice(index));
     ENGINE_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
   }
-  void copy_to_host(void* dst, const void* src, size_t n, int index) override {
+  void read_to_host(void* dst, const void* src, size_t n, int index) override {
     ENGINE_CUDA_CHECK(cudaSetDevice(index));
     ENGINE_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
   }

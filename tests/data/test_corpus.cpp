@@ -553,15 +553,15 @@ TEST_CASE("the unshuffled, unmasked stream yields the packed sequences in order"
   std::vector<int64_t> ids(40);
   int64_t seq = 0;
   for (int step = 0; step < 2 * stream.num_sequences() / 3 + 2; ++step) {
-    const data::Batch b = stream.next_batch();
-    REQUIRE(b.input_ids.shape() == engine::Shape{3, 40});
-    CHECK(b.input_ids.dtype() == engine::DType::i64);
-    CHECK(b.attention_mask.dtype() == engine::DType::i64);
+    const data::MlmBatch b = stream.next_batch();
+    REQUIRE(b.inputs.input_ids.shape() == engine::Shape{3, 40});
+    CHECK(b.inputs.input_ids.dtype() == engine::DType::i64);
+    CHECK(b.inputs.attention_mask.dtype() == engine::DType::i64);
     CHECK(b.labels.dtype() == engine::DType::i64);
     for (int64_t r = 0; r < 3; ++r, seq = (seq + 1) % stream.num_sequences()) {
       const int64_t len = packer.fill(seq, ids.data());
-      CHECK(row(b.input_ids, r) == ids);
-      const std::vector<int64_t> mask = row(b.attention_mask, r);
+      CHECK(row(b.inputs.input_ids, r) == ids);
+      const std::vector<int64_t> mask = row(b.inputs.attention_mask, r);
       for (int64_t p = 0; p < 40; ++p) CHECK(mask[p] == (p < len ? 1 : 0));
       for (int64_t l : row(b.labels, r)) CHECK(l == -100);
     }
@@ -610,12 +610,12 @@ TEST_CASE("masking rates are 15% / 80% / 10% / 10% and labels mark the chosen", 
 
   int64_t eligible = 0, chosen = 0, masked = 0, random = 0, kept = 0;
   while (eligible < 300'000) {
-    const data::Batch b = stream.next_batch(), u = original.next_batch();
-    const std::vector<int64_t> ids = b.input_ids.to_vector<int64_t>(),
-                               orig = u.input_ids.to_vector<int64_t>(),
+    const data::MlmBatch b = stream.next_batch(), u = original.next_batch();
+    const std::vector<int64_t> ids = b.inputs.input_ids.to_vector<int64_t>(),
+                               orig = u.inputs.input_ids.to_vector<int64_t>(),
                                labels = b.labels.to_vector<int64_t>(),
-                               att = b.attention_mask.to_vector<int64_t>();
-    REQUIRE(att == u.attention_mask.to_vector<int64_t>());
+                               att = b.inputs.attention_mask.to_vector<int64_t>();
+    REQUIRE(att == u.inputs.attention_mask.to_vector<int64_t>());
     for (size_t i = 0; i < ids.size(); ++i) {
       const bool special = tok.is_special(static_cast<int32_t>(orig[i]));
       eligible += !special;
@@ -686,13 +686,13 @@ TEST_CASE("same seed, same batches; seek resumes exactly; another seed differs",
   REQUIRE(n > 10);
   // Enough steps to cross two epoch boundaries.
   const int steps = static_cast<int>(3 * n / 5 + 3);
-  std::vector<data::Batch> run;
+  std::vector<data::MlmBatch> run;
   std::vector<data::DataPosition> before;
   for (int k = 0; k < steps; ++k) {
     before.push_back(a.position());
     run.push_back(a.next_batch());
-    const data::Batch other = b.next_batch();
-    CHECK(run.back().input_ids.to_vector<int64_t>() == other.input_ids.to_vector<int64_t>());
+    const data::MlmBatch other = b.next_batch();
+    CHECK(run.back().inputs.input_ids.to_vector<int64_t>() == other.inputs.input_ids.to_vector<int64_t>());
     CHECK(run.back().labels.to_vector<int64_t>() == other.labels.to_vector<int64_t>());
   }
   CHECK(a.position().epoch >= 2);
@@ -706,9 +706,9 @@ TEST_CASE("same seed, same batches; seek resumes exactly; another seed differs",
     CHECK(before[k].epoch == k * o.batch_size / n);
     CHECK(before[k].next_sequence == k * o.batch_size % n);
     for (int j = k; j < std::min(steps, k + 3); ++j) {
-      const data::Batch r = resumed.next_batch();
-      CHECK(r.input_ids.to_vector<int64_t>() == run[j].input_ids.to_vector<int64_t>());
-      CHECK(r.attention_mask.to_vector<int64_t>() == run[j].attention_mask.to_vector<int64_t>());
+      const data::MlmBatch r = resumed.next_batch();
+      CHECK(r.inputs.input_ids.to_vector<int64_t>() == run[j].inputs.input_ids.to_vector<int64_t>());
+      CHECK(r.inputs.attention_mask.to_vector<int64_t>() == run[j].inputs.attention_mask.to_vector<int64_t>());
       CHECK(r.labels.to_vector<int64_t>() == run[j].labels.to_vector<int64_t>());
     }
   }
@@ -718,17 +718,17 @@ TEST_CASE("same seed, same batches; seek resumes exactly; another seed differs",
   no_shuffle.shuffle = false;
   data::BatchStream e0(corpus, Split::train, tok, no_shuffle), e1(corpus, Split::train, tok, no_shuffle);
   e1.seek({1, 0});
-  const data::Batch x0 = e0.next_batch(), x1 = e1.next_batch();
-  CHECK(x0.attention_mask.to_vector<int64_t>() == x1.attention_mask.to_vector<int64_t>());
+  const data::MlmBatch x0 = e0.next_batch(), x1 = e1.next_batch();
+  CHECK(x0.inputs.attention_mask.to_vector<int64_t>() == x1.inputs.attention_mask.to_vector<int64_t>());
   CHECK(x0.labels.to_vector<int64_t>() != x1.labels.to_vector<int64_t>());
 
   // Another seed: other order and other masks.
   data::BatchOptions other = o;
   other.seed = 43;
   data::BatchStream c(corpus, Split::train, tok, other);
-  const data::Batch first = c.next_batch();
+  const data::MlmBatch first = c.next_batch();
   CHECK(first.labels.to_vector<int64_t>() != run[0].labels.to_vector<int64_t>());
-  CHECK(first.input_ids.to_vector<int64_t>() != run[0].input_ids.to_vector<int64_t>());
+  CHECK(first.inputs.input_ids.to_vector<int64_t>() != run[0].inputs.input_ids.to_vector<int64_t>());
   data::BatchOptions other_unshuffled = no_shuffle;
   other_unshuffled.seed = 43;
   data::BatchStream c2(corpus, Split::train, tok, other_unshuffled), c1(corpus, Split::train, tok, no_shuffle);
@@ -755,16 +755,16 @@ TEST_CASE("shards of a global batch concatenate to the unsharded batch", "[batch
   }
   // Across an epoch boundary; every shard stream keeps the global position.
   for (int64_t step = 0; step < n / 6 + 3; ++step) {
-    const data::Batch b = full.next_batch();
+    const data::MlmBatch b = full.next_batch();
     std::vector<int64_t> ids, labels;
     for (auto& s : shards) {
-      const data::Batch part = s.next_batch();
-      CHECK(part.input_ids.size(0) == 2);
-      for (int64_t v : part.input_ids.to_vector<int64_t>()) ids.push_back(v);
+      const data::MlmBatch part = s.next_batch();
+      CHECK(part.inputs.input_ids.size(0) == 2);
+      for (int64_t v : part.inputs.input_ids.to_vector<int64_t>()) ids.push_back(v);
       for (int64_t v : part.labels.to_vector<int64_t>()) labels.push_back(v);
       CHECK(s.position() == full.position());
     }
-    CHECK(ids == b.input_ids.to_vector<int64_t>());
+    CHECK(ids == b.inputs.input_ids.to_vector<int64_t>());
     CHECK(labels == b.labels.to_vector<int64_t>());
   }
   data::BatchOptions bad = whole;
@@ -806,14 +806,14 @@ TEST_CASE("evaluation batches cover the valid split once, identically each time"
     ++batches;
     const auto other = again.next();
     REQUIRE(other.has_value());
-    CHECK(b->input_ids.to_vector<int64_t>() == other->input_ids.to_vector<int64_t>());
+    CHECK(b->inputs.input_ids.to_vector<int64_t>() == other->inputs.input_ids.to_vector<int64_t>());
     CHECK(b->labels.to_vector<int64_t>() == other->labels.to_vector<int64_t>());
     first_pass.push_back(b->labels.to_vector<int64_t>());
     // Every row is its packed sequence with the labelled positions restored.
     std::vector<int64_t> ids(64);
-    for (int64_t r = 0; r < b->input_ids.size(0); ++r, ++rows) {
+    for (int64_t r = 0; r < b->inputs.input_ids.size(0); ++r, ++rows) {
       packer.fill(rows, ids.data());
-      std::vector<int64_t> restored = row(b->input_ids, r);
+      std::vector<int64_t> restored = row(b->inputs.input_ids, r);
       const std::vector<int64_t> labels = row(b->labels, r);
       for (int p = 0; p < 64; ++p)
         if (labels[p] != -100) restored[p] = labels[p];

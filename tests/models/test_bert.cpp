@@ -46,6 +46,13 @@ BertInputs random_inputs(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
   return in;
 }
 
+// The MLM head on inputs and (B, T) labels (-100 = not predicted), as a batch the pipeline makes.
+MlmOutput mlm_forward(const BertForMaskedLM& m, const BertInputs& in, const Tensor& labels, engine::Generator& g) {
+  return m.forward(data::make_mlm_batch(in.input_ids, in.attention_mask, labels, in.token_type_ids,
+                                        m.config().vocab_size, "test"),
+                   g);
+}
+
 // A generator for a constructor argument (BertModel draws its initial weights from it).
 engine::Generator& seeded(uint64_t seed) {
   static engine::Generator g;
@@ -181,7 +188,7 @@ TEST_CASE("every TUPE-R parameter receives a gradient through the shared term", 
   lab[3] = 7;
   lab[12] = 9;
   engine::Generator g(1);
-  MlmOutput out = m.forward(in, Tensor::from_vector<int64_t>(lab, {2, 8}), g);
+  MlmOutput out = mlm_forward(m, in, Tensor::from_vector<int64_t>(lab, {2, 8}), g);
   out.loss.backward();
   for (auto& [name, p] : m.named_parameters()) {
     INFO(name);
@@ -211,7 +218,7 @@ TEST_CASE("every preset runs forward and backward with a finite loss", "[bert]")
       for (int64_t j = 5; j < 10; ++j) types[size_t(j)] = 1;
       in.token_type_ids = Tensor::from_vector<int64_t>(types, {3, 10});
       engine::Generator g(9);
-      MlmOutput out = m.forward(in, Tensor::from_vector<int64_t>(lab, {3, 10}), g);
+      MlmOutput out = mlm_forward(m, in, Tensor::from_vector<int64_t>(lab, {3, 10}), g);
       REQUIRE(out.logits.shape() == engine::Shape{3, 50});
       const float loss = out.loss.item();
       REQUIRE(std::isfinite(loss));
@@ -333,9 +340,18 @@ TEST_CASE("MLM batch files are validated", "[bert][batch]") {
   auto mask = Tensor::from_vector<int64_t>({1, 1, 1, 1, 1, 0}, {2, 3});
   auto labels = Tensor::from_vector<int64_t>({-100, 5, -100, -100, 9, -100}, {2, 3});
   engine::save_safetensors(path, {{"input_ids", ids}, {"attention_mask", mask}, {"labels", labels}});
-  MlmBatch b = load_mlm_batch(path, c);
+  data::MlmBatch b = load_mlm_batch(path, c);
   REQUIRE(b.inputs.input_ids.shape() == engine::Shape{2, 3});
   REQUIRE_FALSE(b.inputs.token_type_ids.defined());
+  // The predicted positions (flat b * T + t) and their targets, and the token count, come with it.
+  REQUIRE(b.positions.to_vector<int64_t>() == std::vector<int64_t>{1, 4});
+  REQUIRE(b.targets.to_vector<int64_t>() == std::vector<int64_t>{5, 9});
+  REQUIRE(b.num_predicted() == 2);
+  REQUIRE(b.num_tokens == 5);
+  engine::save_safetensors(path, {{"input_ids", ids}, {"attention_mask", mask},
+                                  {"labels", Tensor::from_vector<int64_t>({-100, 5, -100, -100, 50, -100}, {2, 3})}});
+  REQUIRE_THROWS_WITH(load_mlm_batch(path, c),
+                      Contains("labels[1, 1] = 50 is not -100 or a token id in [0, vocab_size 50)"));
 
   auto bad_ids = Tensor::from_vector<int64_t>({1, 5, 70, 1, 9, 0}, {2, 3});
   engine::save_safetensors(path, {{"input_ids", bad_ids}, {"attention_mask", mask}, {"labels", labels}});

@@ -85,7 +85,7 @@ TEST_CASE("heads: parameter names and shapes, outputs and losses", "[finetune][h
   ex[2].label = 0, ex[2].end = 0;
   for (auto& e : ex) e.label = std::min<int64_t>(e.label, 2);
   engine::Generator gen(0);
-  FinetuneBatch b = make_batch(ex, {0, 1, 2}, HeadKind::span, true, engine::Device::cpu());
+  data::TaskBatch b = data::make_task_batch(ex, {0, 1, 2}, HeadKind::span, true);
   FinetuneOutput o = span.forward(b.inputs, b.labels, gen);
   REQUIRE(o.logits.shape() == engine::Shape{3, b.inputs.input_ids.size(1), 2});
   // The span loss is the mean of the start and end cross-entropies.
@@ -103,7 +103,7 @@ TEST_CASE("heads: parameter names and shapes, outputs and losses", "[finetune][h
   CHECK(o.loss.item() == Approx(expect).epsilon(1e-5));
 
   BertForFinetuning reg(c, HeadKind::regression, 1, 1);
-  FinetuneBatch rb = make_batch(ex, {0, 1, 2}, HeadKind::regression, true, engine::Device::cpu());
+  data::TaskBatch rb = data::make_task_batch(ex, {0, 1, 2}, HeadKind::regression, true);
   FinetuneOutput ro = reg.forward(rb.inputs, rb.labels, gen);
   REQUIRE(ro.logits.shape() == engine::Shape{3});
   std::vector<float> pred = ro.logits.to_vector<float>();
@@ -115,7 +115,7 @@ TEST_CASE("heads: parameter names and shapes, outputs and losses", "[finetune][h
   CHECK_THAT(error_of([&] { BertForFinetuning bad(c, HeadKind::classification, 1, 1); }), Contains("at least 2"));
 }
 
-TEST_CASE("make_batch pads to the longest row with attention 0 and keeps labels", "[finetune]") {
+TEST_CASE("make_task_batch pads to the longest row with attention 0 and keeps labels", "[finetune]") {
   std::vector<EncodedExample> ex(2);
   ex[0].ids = {1, 5, 6, 2};
   ex[0].types = {0, 0, 0, 0};
@@ -123,14 +123,14 @@ TEST_CASE("make_batch pads to the longest row with attention 0 and keeps labels"
   ex[1].ids = {1, 9, 2, 10, 11, 2};
   ex[1].types = {0, 0, 0, 1, 1, 1};
   ex[1].label = 0;
-  FinetuneBatch b = make_batch(ex, {1, 0}, HeadKind::classification, true, engine::Device::cpu());
+  data::TaskBatch b = data::make_task_batch(ex, {1, 0}, HeadKind::classification, true);
   CHECK(b.inputs.input_ids.to_vector<int64_t>() == std::vector<int64_t>{1, 9, 2, 10, 11, 2, 1, 5, 6, 2, 0, 0});
   CHECK(b.inputs.attention_mask.to_vector<int64_t>() == std::vector<int64_t>{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0});
   CHECK(b.inputs.token_type_ids.to_vector<int64_t>() == std::vector<int64_t>{0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0});
   CHECK(b.labels.to_vector<int64_t>() == std::vector<int64_t>{0, 1});
-  CHECK_FALSE(make_batch(ex, {0}, HeadKind::classification, false, engine::Device::cpu()).inputs.token_type_ids.defined());
+  CHECK_FALSE(data::make_task_batch(ex, {0}, HeadKind::classification, false).inputs.token_type_ids.defined());
   ex[0].label = 2, ex[0].end = 9;  // beyond the row
-  CHECK_THAT(error_of([&] { make_batch(ex, {0}, HeadKind::span, true, engine::Device::cpu()); }), Contains("outside"));
+  CHECK_THAT(error_of([&] { data::make_task_batch(ex, {0}, HeadKind::span, true); }), Contains("outside"));
 }
 
 TEST_CASE("load_encoder takes bert.* from a pretraining checkpoint and checks the config", "[finetune][checkpoint]") {

@@ -223,7 +223,7 @@ TEST_CASE("poscorr: the matrices of each kind of preset", "[poscorr]") {
       Tensor want;
       {
         engine::NoGrad ng;
-        want = bert.position->attention_terms(t).bias.select(0, 0).contiguous();
+        want = bert.position->attention_terms(t, bert.token_embedding.device()).bias.select(0, 0).contiguous();
       }
       CHECK(term.values.to_vector<float>() == want.to_vector<float>());
       // x^0 = LN(w) is the same at every position, so the content logits are one constant.

@@ -34,7 +34,7 @@ BertConfig tiny() {
 // positions that depend on k.
 class Synthetic : public BatchSource {
  public:
-  MlmBatch make(int64_t k) const {
+  data::MlmBatch make(int64_t k) const {
     const int64_t b = 4, t = 12;
     std::vector<int64_t> ids(b * t), mask(b * t, 1), labels(b * t, -100);
     for (int64_t i = 0; i < b; ++i)
@@ -45,17 +45,14 @@ class Synthetic : public BatchSource {
         ids[i * t + j] = 29;  // [MASK]
       }
     mask[b * t - 1] = 0;
-    MlmBatch out;
-    out.inputs.input_ids = Tensor::from_vector<int64_t>(ids, {b, t});
-    out.inputs.attention_mask = Tensor::from_vector<int64_t>(mask, {b, t});
-    out.labels = Tensor::from_vector<int64_t>(labels, {b, t});
-    return out;
+    return data::make_mlm_batch(Tensor::from_vector<int64_t>(ids, {b, t}), Tensor::from_vector<int64_t>(mask, {b, t}),
+                                Tensor::from_vector<int64_t>(labels, {b, t}), {}, 30, "synthetic");
   }
-  MlmBatch next_train() override { return make(next_++); }
+  data::MlmBatch next_train() override { return make(next_++); }
   std::string position() const override { return std::to_string(next_); }
   void seek(const std::string& p) override { next_ = std::stoll(p); }
-  std::vector<MlmBatch> valid_batches(int64_t n) override {
-    std::vector<MlmBatch> v;
+  std::vector<data::MlmBatch> valid_batches(int64_t n) override {
+    std::vector<data::MlmBatch> v;
     for (int64_t i = 0; i < std::min<int64_t>(n, 2); ++i) v.push_back(make(1000 + i));
     return v;
   }

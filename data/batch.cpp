@@ -1,0 +1,119 @@
+// Batch construction and moves (see batch.h).
+#include "data/batch.h"
+
+#include <algorithm>
+
+#include "engine/dtype.h"
+#include "engine/error.h"
+
+namespace data {
+
+using engine::DType;
+using engine::Tensor;
+
+namespace {
+
+Tensor moved(const Tensor& t, engine::Device device) { return t.defined() ? t.to(device) : t; }
+
+}  // namespace
+
+EncoderInputs EncoderInputs::to(engine::Device device) const {
+  return {moved(input_ids, device), moved(attention_mask, device), moved(token_type_ids, device)};
+}
+
+MlmBatch MlmBatch::to(engine::Device device) const {
+  MlmBatch b = *this;
+  b.inputs = inputs.to(device);
+  b.positions = moved(positions, device);
+  b.targets = moved(targets, device);
+  return b;
+}
+
+MlmBatch make_mlm_batch(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& labels,
+                        const Tensor& token_type_ids, int64_t vocab_size, const std::string& source) {
+  ENGINE_CHECK(input_ids.defined() && input_ids.dim() == 2, "[batch] ", source, ": input_ids must be (B, T), got ",
+               input_ids.defined() ? engine::describe(input_ids) : std::string("nothing"));
+  ENGINE_CHECK(labels.defined() && labels.shape() == input_ids.shape(), "[batch] ", source, ": labels ",
+               labels.defined() ? engine::describe(labels) : std::string("(none)"), " must match input_ids ",
+               engine::describe(input_ids));
+  MlmBatch b;
+  const engine::Device host = engine::Device::cpu();
+  b.inputs.input_ids = input_ids.to(host).to(DType::i64).contiguous();
+  if (attention_mask.defined()) b.inputs.attention_mask = attention_mask.to(host).to(DType::i64).contiguous();
+  if (token_type_ids.defined()) b.inputs.token_type_ids = token_type_ids.to(host).to(DType::i64).contiguous();
+  b.labels = labels.to(host).to(DType::i64).contiguous();
+  const int64_t n = b.labels.numel();
+  const int64_t* lab = b.labels.data<int64_t>();
+  std::vector<int64_t> positions, targets;
+  for (int64_t i = 0; i < n; ++i) {
+    if (lab[i] == -100) continue;
+    ENGINE_CHECK(lab[i] >= 0 && lab[i] < vocab_size, "[batch] ", source, ": labels[", i / labels.size(1), ", ",
+                 i % labels.size(1), "] = ", lab[i], " is not -100 or a token id in [0, vocab_size ", vocab_size, ")");
+    positions.push_back(i);
+    targets.push_back(lab[i]);
+  }
+  const int64_t m = int64_t(positions.size());
+  b.positions = Tensor::from_vector(positions, {m});
+  b.targets = Tensor::from_vector(targets, {m});
+  if (b.inputs.attention_mask.defined()) {
+    const int64_t* mask = b.inputs.attention_mask.data<int64_t>();
+    b.num_tokens = int64_t(std::count_if(mask, mask + n, [](int64_t v) { return v != 0; }));
+  } else {
+    b.num_tokens = n;
+  }
+  return b;
+}
+
+// ---- finetuning --------------------------------------------------------------------------------
+
+const char* task_kind_name(TaskKind kind) {
+  switch (kind) {
+    case TaskKind::classification: return "classification";
+    case TaskKind::regression: return "regression";
+    case TaskKind::span: return "span";
+  }
+  return "?";
+}
+
+TaskBatch TaskBatch::to(engine::Device device) const { return {inputs.to(device), moved(labels, device)}; }
+
+TaskBatch make_task_batch(const std::vector<EncodedExample>& examples, const std::vector<int64_t>& rows,
+                          TaskKind kind, bool with_types) {
+  ENGINE_CHECK(!rows.empty(), "[finetune] empty batch");
+  size_t t = 0;
+  for (int64_t r : rows) t = std::max(t, examples[size_t(r)].ids.size());
+  ENGINE_CHECK(t > 0, "[finetune] an example has no tokens");
+  const int64_t b = int64_t(rows.size()), tt = int64_t(t);
+  std::vector<int64_t> ids(size_t(b) * t, 0), mask(size_t(b) * t, 0), types(size_t(b) * t, 0);
+  std::vector<int64_t> labels;
+  std::vector<float> scores;
+  for (int64_t i = 0; i < b; ++i) {
+    const EncodedExample& e = examples[size_t(rows[size_t(i)])];
+    for (size_t j = 0; j < e.ids.size(); ++j) {
+      ids[size_t(i) * t + j] = e.ids[j];
+      mask[size_t(i) * t + j] = 1;
+      if (j < e.types.size()) types[size_t(i) * t + j] = e.types[j];
+    }
+    switch (kind) {
+      case TaskKind::classification: labels.push_back(e.label); break;
+      case TaskKind::regression: scores.push_back(float(e.score)); break;
+      case TaskKind::span:
+        ENGINE_CHECK(e.label >= 0 && e.end >= e.label && e.end < int64_t(e.ids.size()),
+                     "[finetune] span target [", e.label, ", ", e.end, "] outside the example's ", e.ids.size(),
+                     " tokens");
+        labels.push_back(e.label);
+        labels.push_back(e.end);
+        break;
+    }
+  }
+  TaskBatch out;
+  out.inputs.input_ids = Tensor::from_vector<int64_t>(ids, {b, tt});
+  out.inputs.attention_mask = Tensor::from_vector<int64_t>(mask, {b, tt});
+  if (with_types) out.inputs.token_type_ids = Tensor::from_vector<int64_t>(types, {b, tt});
+  if (kind == TaskKind::regression) out.labels = Tensor::from_vector<float>(scores, {b});
+  else if (kind == TaskKind::span) out.labels = Tensor::from_vector<int64_t>(labels, {b, 2});
+  else out.labels = Tensor::from_vector<int64_t>(labels, {b});
+  return out;
+}
+
+}  // namespace data

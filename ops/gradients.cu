@@ -1,0 +1,117 @@
+// CUDA kernels of the gradient-slab ops (see gradients.h). The statistics are reduced in two
+// fixed-shape passes (a grid of kBlocks blocks writes one partial per block, one block adds the
+// partials in a fixed tree order), so a rerun gives the same bits whatever the GPU.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "engine/cuda/check.h"
+#include "engine/error.h"
+#include "ops/gradients.h"
+
+namespace engine::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // a power of two: the shared-memory trees below halve it
+constexpr int kBlocks = 1024;  // partials; also the threads of the final pass
+
+template <class T>
+__global__ void unscale_check_partials(T* x, int64_t n, T factor, bool unscale, double* sums,
+                                       double* bad) {
+  __shared__ double s_sum[kThreads];
+  __shared__ double s_bad[kThreads];
+  double acc = 0, nonfinite = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    T v = x[i];
+    if (unscale) {
+      v = v * factor;
+      x[i] = v;
+    }
+    const double d = static_cast<double>(v);
+    acc += d * d;
+    nonfinite += isfinite(d) ? 0.0 : 1.0;
+  }
+  s_sum[threadIdx.x] = acc;
+  s_bad[threadIdx.x] = nonfinite;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      s_sum[threadIdx.x] += s_sum[threadIdx.x + half];
+      s_bad[threadIdx.x] += s_bad[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    sums[blockIdx.x] = s_sum[0];
+    bad[blockIdx.x] = s_bad[0];
+  }
+}
+
+// One block of kBlocks threads: stats = (sum of sums, sum of bad).
+__global__ void unscale_check_finish(const double* sums, const double* bad, double* stats) {
+  __shared__ double s_sum[kBlocks];
+  __shared__ double s_bad[kBlocks];
+  s_sum[threadIdx.x] = sums[threadIdx.x];
+  s_bad[threadIdx.x] = bad[threadIdx.x];
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      s_sum[threadIdx.x] += s_sum[threadIdx.x + half];
+      s_bad[threadIdx.x] += s_bad[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    stats[0] = s_sum[0];
+    stats[1] = s_bad[0];
+  }
+}
+
+template <class T>
+__global__ void scale_kernel_impl(T* x, int64_t n, T factor) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = x[i] * factor;
+}
+
+template <class F>
+void dispatch_f32_f64(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::f32: return f.template operator()<float>();
+    case DType::f64: return f.template operator()<double>();
+    default: ENGINE_FAIL("[", op, "] the CUDA kernel takes f32 or f64 gradient slabs, got ", dtype_name(t));
+  }
+}
+
+void unscale_check(const Tensor& x, double inv_scale, const Tensor& stats) {
+  ENGINE_CUDA_CHECK(cudaSetDevice(x.device().index));
+  Tensor partials = Tensor::empty({2, kBlocks}, DType::f64, x.device());
+  double* sums = partials.data<double>();
+  dispatch_f32_f64(x.dtype(), "unscale_and_check_", [&]<class T>() {
+    unscale_check_partials<T><<<kBlocks, kThreads>>>(static_cast<T*>(x.raw_data()), x.numel(),
+                                                      static_cast<T>(inv_scale), inv_scale != 1.0,
+                                                      sums, sums + kBlocks);
+  });
+  ENGINE_CUDA_CHECK_LAUNCH();
+  unscale_check_finish<<<1, kBlocks>>>(sums, sums + kBlocks, stats.data<double>());
+  ENGINE_CUDA_CHECK_LAUNCH();
+}
+
+void scale(const Tensor& x, double factor) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  ENGINE_CUDA_CHECK(cudaSetDevice(x.device().index));
+  const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
+  dispatch_f32_f64(x.dtype(), "scale_", [&]<class T>() {
+    scale_kernel_impl<T><<<blocks, kThreads>>>(static_cast<T*>(x.raw_data()), n, static_cast<T>(factor));
+  });
+  ENGINE_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+ENGINE_REGISTER_KERNEL(unscale_check_kernel, DeviceType::CUDA, unscale_check);
+ENGINE_REGISTER_KERNEL(scale_kernel, DeviceType::CUDA, scale);
+
+}  // namespace engine::cuda
