@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <numeric>
 #include <set>
 #include <sstream>
 
@@ -595,6 +596,20 @@ TEST_CASE("shuffled_index is a permutation per epoch", "[batches]") {
 
 // ---- masking -----------------------------------------------------------------------------------
 
+// A batch's predicted positions (flat b * T + t, ascending) and targets are its labels that are
+// not -100, and its token count is the attention mask's sum: what the training step reads.
+void check_predicted(const data::MlmBatch& b) {
+  const std::vector<int64_t> labels = b.labels.to_vector<int64_t>(), att = b.inputs.attention_mask.to_vector<int64_t>();
+  std::vector<int64_t> positions, targets;
+  for (size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] != -100) positions.push_back(int64_t(i)), targets.push_back(labels[i]);
+  REQUIRE(b.positions.dtype() == engine::DType::i64);
+  REQUIRE(b.positions.to_vector<int64_t>() == positions);
+  REQUIRE(b.targets.to_vector<int64_t>() == targets);
+  REQUIRE(b.num_predicted() == int64_t(positions.size()));
+  REQUIRE(b.num_tokens == std::accumulate(att.begin(), att.end(), int64_t(0)));
+}
+
 TEST_CASE("masking rates are 15% / 80% / 10% / 10% and labels mark the chosen", "[batches]") {
   TempDir dir;
   TestTokenizer tok;
@@ -616,6 +631,7 @@ TEST_CASE("masking rates are 15% / 80% / 10% / 10% and labels mark the chosen", 
                                labels = b.labels.to_vector<int64_t>(),
                                att = b.inputs.attention_mask.to_vector<int64_t>();
     REQUIRE(att == u.inputs.attention_mask.to_vector<int64_t>());
+    check_predicted(b);
     for (size_t i = 0; i < ids.size(); ++i) {
       const bool special = tok.is_special(static_cast<int32_t>(orig[i]));
       eligible += !special;
@@ -808,6 +824,7 @@ TEST_CASE("evaluation batches cover the valid split once, identically each time"
     REQUIRE(other.has_value());
     CHECK(b->inputs.input_ids.to_vector<int64_t>() == other->inputs.input_ids.to_vector<int64_t>());
     CHECK(b->labels.to_vector<int64_t>() == other->labels.to_vector<int64_t>());
+    check_predicted(*b);
     first_pass.push_back(b->labels.to_vector<int64_t>());
     // Every row is its packed sequence with the labelled positions restored.
     std::vector<int64_t> ids(64);

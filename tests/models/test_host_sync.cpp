@@ -1,0 +1,144 @@
+// What a training step costs the host: for every positional preset, the forward, the backward and
+// the optimizer read no tensor back and build no tensor from host values (batches arrive made,
+// position constants are cached), and the trainer reads one small tensor per optimizer step —
+// counted in the backends' transfer path (engine/backend.h, transfer_counts). Also: the position
+// constants are built once per new longest length, and a shorter length computes bit for bit what
+// a fresh model computes.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "models/bert.h"
+#include "models/pretrain.h"
+#include "test_support.h"
+#include "train/trainer.h"
+
+using namespace models;
+using engine::DType;
+using engine::Tensor;
+namespace fs = std::filesystem;
+
+namespace {
+
+BertConfig tiny(const std::string& preset, const std::string& reset = "paper") {
+  BertConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = 16;
+  c.num_layers = 2;
+  c.num_heads = 2;
+  c.ffn_size = 32;
+  c.max_positions = 24;
+  c.type_vocab_size = 2;
+  c.hidden_dropout = c.attention_dropout = 0.1;  // dropout on: its stream must not cost reads either
+  apply_position_preset(c.position, preset, reset);
+  c.position.rpe_clip = 5;
+  c.validate();
+  return c;
+}
+
+// A host batch of B x T with padding in the last row, segment ids and a few predicted positions.
+data::MlmBatch host_batch(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
+  std::vector<int64_t> ids(size_t(b * t)), mask(ids.size(), 1), labels(ids.size(), -100), types(ids.size(), 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = 1 + int64_t((i * 7 + seed * 13) % size_t(vocab - 1));
+    if (i % 5 == uint64_t(seed % 5)) labels[i] = int64_t((i * 3 + seed) % size_t(vocab));
+    types[i] = int64_t(i % size_t(t)) >= t / 2;
+  }
+  for (int64_t j = t - 3; j < t; ++j) mask[size_t((b - 1) * t + j)] = 0, labels[size_t((b - 1) * t + j)] = -100;
+  return data::make_mlm_batch(Tensor::from_vector(ids, {b, t}), Tensor::from_vector(mask, {b, t}),
+                              Tensor::from_vector(labels, {b, t}), Tensor::from_vector(types, {b, t}), vocab, "test");
+}
+
+std::vector<std::pair<std::string, std::string>> presets() {
+  std::vector<std::pair<std::string, std::string>> v;
+  for (const std::string& p : position_presets()) v.emplace_back(p, "paper");
+  v.emplace_back("tupe_r", "code");
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("host_sync: a step with 3 micro-batches reads back one tensor and uploads none, every preset",
+          "[host_sync]") {
+  for (const auto& [preset, reset] : presets()) {
+    INFO(preset << " cls_reset " << reset);
+    BertForMaskedLM model(tiny(preset, reset), 3);
+    model.train(true);
+    engine::FlatParameters flat(model.named_parameters());
+    engine::AdamWOptions adam;
+    engine::Trainer trainer(flat, adam, {}, engine::constant_lr(1e-3));
+    engine::Generator gen(5);
+    std::vector<data::MlmBatch> micro;
+    for (uint64_t m = 0; m < 3; ++m) micro.push_back(host_batch(3, 12, 40, m).to(flat.data().device()));
+    const std::vector<double> weights = {0.3, 0.3, 0.4};
+    auto loss_of = [&](int64_t m) { return model.forward(micro[size_t(m)], gen).loss; };
+    trainer.step(3, loss_of, weights);  // the first step builds the position constants
+    const engine::TransferCounts before = engine::transfer_counts();
+    const int steps = 3;
+    for (int s = 0; s < steps; ++s) REQUIRE(trainer.step(3, loss_of, weights).applied);
+    const engine::TransferCounts after = engine::transfer_counts();
+    CHECK(after.to_host - before.to_host == steps);  // one read per optimizer step
+    CHECK(after.from_host - before.from_host == 0);  // nothing built from host values
+  }
+}
+
+TEST_CASE("host_sync: the pretraining loop reads back one tensor per step", "[host_sync][pretrain]") {
+  // Batches made by the source, accumulation 3; no validation or checkpoint before the last step.
+  class Source : public BatchSource {
+   public:
+    data::MlmBatch next_train() override { return host_batch(2, 10, 40, uint64_t(next_++)); }
+    std::string position() const override { return std::to_string(next_); }
+    void seek(const std::string& p) override { next_ = std::stoll(p); }
+    std::vector<data::MlmBatch> valid_batches(int64_t) override { return {host_batch(2, 10, 40, 99)}; }
+    int64_t next_ = 0;
+  };
+  engine::testing::TempDir dir;
+  PretrainOptions o;
+  o.steps = 6;
+  o.warmup_steps = 1;
+  o.accumulation = 3;
+  o.valid_every = 0;
+  o.save_every = 0;
+  o.log_every = 1000;
+  o.progress = false;
+  o.out_dir = dir / "run";
+  BertForMaskedLM model(tiny("tupe_r"), 1);
+  Source source;
+  std::vector<int64_t> reads;
+  pretrain(model, source, o, engine::AdamWOptions{}, 1, false, "",
+           [&](int64_t, double) { reads.push_back(engine::transfer_counts().to_host); });
+  REQUIRE(reads.size() == 6);
+  for (size_t s = 2; s + 1 < reads.size(); ++s) {
+    INFO("step " << s + 1);
+    CHECK(reads[s] - reads[s - 1] == 1);
+  }
+}
+
+TEST_CASE("position constants: built once per longest length; shorter lengths match a fresh model bit for bit",
+          "[bert][host_sync]") {
+  for (const auto& [preset, reset] : presets()) {
+    INFO(preset << " cls_reset " << reset);
+    BertConfig c = tiny(preset, reset);
+    c.hidden_dropout = c.attention_dropout = 0.0;
+    engine::Generator init_a(4), init_b(4), gen(1);
+    BertModel a(c, init_a), b(c, init_b);
+    a.train(false);
+    b.train(false);
+    engine::NoGrad ng;
+    auto inputs = [&](int64_t t) { return host_batch(2, t, c.vocab_size, 1).inputs; };
+    a.forward(inputs(12), gen);
+    a.forward(inputs(12), gen);
+    a.forward(inputs(20), gen);
+    CHECK(a.position->constant_builds() == 2);
+    const Tensor ya = a.forward(inputs(7), gen), ya2 = a.forward(inputs(7), gen);
+    CHECK(a.position->constant_builds() == 2);  // 7 is the leading block of 20
+    const Tensor yb = b.forward(inputs(7), gen);
+    CHECK(b.position->constant_builds() == 1);
+    CHECK(ya.to_vector<float>() == yb.to_vector<float>());
+    CHECK(ya2.to_vector<float>() == yb.to_vector<float>());
+  }
+}
