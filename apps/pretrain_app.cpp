@@ -23,6 +23,7 @@
 #include "models/bert.h"
 #include "models/checkpoint.h"
 #include "models/pretrain.h"
+#include "models/pretrain_config.h"
 #include "apps/cli.h"
 #include "data/batches.h"
 #include "data/corpus.h"
@@ -168,37 +169,6 @@ class CorpusSource : public models::BatchSource {
   data::EvalBatches valid_;
 };
 
-engine::AdamWOptions read_optim(const engine::ConfigSection& optim) {
-  engine::AdamWOptions adam;
-  adam.lr = optim.get_double("lr", 1e-4);
-  adam.beta1 = optim.get_double("beta1", adam.beta1);
-  adam.beta2 = optim.get_double("beta2", adam.beta2);
-  adam.eps = optim.get_double("eps", adam.eps);
-  adam.weight_decay = optim.get_double("weight_decay", adam.weight_decay);
-  optim.finish();
-  return adam;
-}
-
-struct DataOptions {
-  std::string corpus, tokenizer;
-  int64_t seq_len = 128, batch_size = 32;
-  bool shuffle = true, lower_case = true;
-};
-
-DataOptions read_data(const engine::ConfigSection& d) {
-  DataOptions o;
-  o.corpus = d.get_string("corpus", "");
-  o.tokenizer = d.get_string("tokenizer", "");
-  o.seq_len = d.get_int("seq_len", o.seq_len);
-  o.batch_size = d.get_int("batch_size", o.batch_size);
-  o.shuffle = d.get_bool("shuffle", o.shuffle);
-  o.lower_case = d.get_bool("lower_case", o.lower_case);
-  d.finish();
-  ENGINE_CHECK(o.seq_len >= 3, "[config] ", d.where("seq_len"), ": must be at least 3 ([CLS] x [SEP])");
-  ENGINE_CHECK(o.batch_size >= 1, "[config] ", d.where("batch_size"), ": must be at least 1");
-  return o;
-}
-
 int single_batch(const Args& args, models::BertForMaskedLM& model, const engine::AdamWOptions& adam,
                  uint64_t seed) {
   const models::BertConfig& config = model.config();
@@ -251,15 +221,14 @@ int run(const Args& args) {
   engine::Config cfg = args.config.empty() ? engine::Config() : engine::Config::load_file(args.config);
   for (const auto& s : args.sets) cfg.set_assignment(s);
   if (!args.out.empty()) cfg.set("train.out_dir", args.out);
-  engine::ConfigSection root = cfg.root();
-  const uint64_t seed = static_cast<uint64_t>(root.get_int("seed", 1));
-  const engine::AdamWOptions adam = read_optim(root.section("optim"));
-  const DataOptions data_opt = read_data(root.section("data"));
-  models::PretrainOptions train_opt = models::PretrainOptions::from_config(root.section("train"));
-  engine::ConfigSection model_section = root.section("model");
+  const models::PretrainConfig pc = models::PretrainConfig::read(cfg);  // every section, checked
+  const models::DataOptions& data_opt = pc.data;
+  const uint64_t seed = pc.seed;
+  const engine::AdamWOptions& adam = pc.optim;
+  models::PretrainOptions train_opt = pc.train;
   const bool corpus_mode = args.batch_file.empty() && !args.count_params;
 
-  // The corpus (and its tokenizer) first: the vocabulary size comes from it.
+  // The corpus (and its tokenizer): the vocabulary size comes from it.
   std::unique_ptr<data::Corpus> corpus;
   std::unique_ptr<data::Tokenizer> tokenizer;
   if (corpus_mode && !data_opt.corpus.empty()) {
@@ -275,35 +244,25 @@ int run(const Args& args) {
     ENGINE_CHECK(tokenizer->vocab_size() == corpus->meta().vocab_size, "[pretrain_app] tokenizer ", tok_path,
                  " has ", tokenizer->vocab_size(), " tokens but the corpus ", data_opt.corpus, " was prepared with ",
                  corpus->meta().vocab_size);
-    if (!model_section.has("vocab_size")) cfg.set("model.vocab_size", std::to_string(tokenizer->vocab_size()));
   }
 
-  models::BertConfig config;
+  models::BertConfig config = pc.model;
+  if (tokenizer && !pc.has_vocab_size) config.vocab_size = tokenizer->vocab_size();
   if (!args.init.empty()) {
-    config = models::read_checkpoint_config(args.init);
-    if (cfg.root().has("model")) {
-      models::BertConfig asked = models::BertConfig::from_config(model_section);
-      const std::string diff = config.first_difference(asked);
+    const models::BertConfig stored = models::read_checkpoint_config(args.init);
+    if (pc.has_model) {
+      const std::string diff = stored.first_difference(config);
       if (!diff.empty())
         ENGINE_FAIL("[pretrain_app] ", args.init, ": the checkpoint's model config differs from ",
                     args.config, " at model.", diff, " (checkpoint vs config); drop the model "
                     "section from the config to use the checkpoint's");
-    } else {
-      model_section.finish();
     }
-  } else {
-    config = models::BertConfig::from_config(model_section);
+    config = stored;
   }
-  root.finish();
   if (corpus_mode) {
     ENGINE_CHECK(corpus, "[pretrain_app] ", cfg.source(),
                  ": data.corpus is not set (a directory made by `pretrain_app prepare`), and no --batch-file was given");
-    ENGINE_CHECK(config.vocab_size == tokenizer->vocab_size(), "[pretrain_app] model.vocab_size ",
-                 config.vocab_size, " does not match the tokenizer ", tokenizer->path(), " (",
-                 tokenizer->vocab_size(), " tokens); leave model.vocab_size out to take the tokenizer's");
-    if (config.position.has_position_table())
-      ENGINE_CHECK(data_opt.seq_len <= config.max_positions, "[pretrain_app] data.seq_len ", data_opt.seq_len,
-                   " exceeds model.max_positions ", config.max_positions, " of the learned position table");
+    pc.check_for_corpus(config, tokenizer->vocab_size(), tokenizer->path());
   }
 
   models::BertForMaskedLM model(config, seed);

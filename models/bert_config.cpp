@@ -156,10 +156,10 @@ void BertConfig::validate() const {
   ENGINE_CHECK(p.rpe_clip >= 1, "[bert] model.position.rpe_clip must be at least 1, got ", p.rpe_clip);
 }
 
-BertConfig BertConfig::from_config(const engine::ConfigSection& m) {
+BertConfig BertConfig::from_config(const engine::ConfigSection& m, int64_t default_vocab_size) {
   const std::string size = m.get_choice("size", "custom", {"base", "large", "custom"});
   BertConfig c = size == "large" ? bert_large() : bert_base();
-  c.vocab_size = m.get_int("vocab_size", c.vocab_size);
+  c.vocab_size = m.get_int("vocab_size", default_vocab_size > 0 ? default_vocab_size : c.vocab_size);
   c.hidden_size = m.get_int("hidden_size", c.hidden_size);
   c.num_layers = m.get_int("num_layers", c.num_layers);
   c.num_heads = m.get_int("num_heads", c.num_heads);

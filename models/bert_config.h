@@ -70,8 +70,9 @@ struct BertConfig {
   int64_t head_size() const { return hidden_size / num_heads; }
   void validate() const;  // sizes positive, heads divide width, preset consistent; clear errors
 
-  // `size: base | large | custom` sets the sizes, and explicit keys override them.
-  static BertConfig from_config(const engine::ConfigSection& model);
+  // `size: base | large | custom` sets the sizes, and explicit keys override them; a missing
+  // vocab_size is `default_vocab_size` when that is positive (e.g. the corpus tokenizer's).
+  static BertConfig from_config(const engine::ConfigSection& model, int64_t default_vocab_size = 0);
   std::string to_json() const;
   static BertConfig from_json(const std::string& json, const std::string& source);
   bool operator==(const BertConfig& o) const { return to_json() == o.to_json(); }

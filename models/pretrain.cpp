@@ -25,49 +25,6 @@ namespace fs = std::filesystem;
 using engine::DType;
 using engine::Tensor;
 
-PretrainOptions PretrainOptions::from_config(const engine::ConfigSection& t) {
-  PretrainOptions o;
-  o.steps = t.get_int("steps", o.steps);
-  o.warmup_steps = t.get_int("warmup_steps", o.warmup_steps);
-  o.warmup_ratio = t.get_double("warmup_ratio", o.warmup_ratio);
-  o.accumulation = t.get_int("accumulation", o.accumulation);
-  o.clip_norm = t.get_double("clip_norm", o.clip_norm);
-  o.precision = t.get_choice("precision", o.precision, {"f32", "bf16", "fp16"});
-  engine::ConfigSection ls = t.section("loss_scale");
-  o.loss_scale.enabled = ls.get_bool("enabled", o.precision == "fp16");
-  o.loss_scale.init_scale = ls.get_double("init", o.loss_scale.init_scale);
-  o.loss_scale.growth_interval = ls.get_int("growth_interval", o.loss_scale.growth_interval);
-  o.loss_scale.growth_factor = ls.get_double("growth_factor", o.loss_scale.growth_factor);
-  o.loss_scale.backoff_factor = ls.get_double("backoff_factor", o.loss_scale.backoff_factor);
-  o.loss_scale.min_scale = ls.get_double("min", o.loss_scale.min_scale);
-  ls.finish();
-  o.decay_bias_and_norm = t.get_bool("decay_bias_and_norm", o.decay_bias_and_norm);
-  o.log_every = t.get_int("log_every", o.log_every);
-  o.valid_every = t.get_int("valid_every", o.valid_every);
-  o.valid_batches = t.get_int("valid_batches", o.valid_batches);
-  o.save_every = t.get_int("save_every", o.save_every);
-  o.keep_last = t.get_int("keep_last", o.keep_last);
-  o.out_dir = t.get_string("out_dir", o.out_dir);
-  o.progress = t.get_bool("progress", o.progress);
-  o.bucket_mb = t.get_int("bucket_mb", o.bucket_mb);
-  t.finish();
-  auto check = [&](bool ok, const char* key, const std::string& what) {
-    ENGINE_CHECK(ok, "[config] ", t.where(key), ": ", what);
-  };
-  check(o.steps > 0, "steps", "must be positive");
-  check(o.warmup_steps >= -1 && o.warmup_steps <= o.steps, "warmup_steps", "must be in [0, steps]");
-  check(o.warmup_ratio >= 0 && o.warmup_ratio <= 1, "warmup_ratio", "must be in [0, 1]");
-  check(o.accumulation >= 1, "accumulation", "must be at least 1");
-  check(o.clip_norm >= 0, "clip_norm", "must be 0 (off) or positive");
-  check(o.log_every >= 1, "log_every", "must be at least 1");
-  check(o.valid_every >= 0 && o.save_every >= 0, "valid_every", "valid_every and save_every must be >= 0");
-  check(o.valid_batches >= 1, "valid_batches", "must be at least 1");
-  check(o.keep_last >= 1, "keep_last", "must be at least 1");
-  check(!o.out_dir.empty(), "out_dir", "must not be empty");
-  check(o.bucket_mb >= 1, "bucket_mb", "must be at least 1");
-  return o;
-}
-
 namespace {
 
 std::string checkpoint_name(int64_t step) {

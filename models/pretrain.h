@@ -54,9 +54,7 @@ struct PretrainOptions {
   // Extra metadata for every checkpoint and model.safetensors (not from the config): pretrain_app
   // records the tokenizer ("engine.tokenizer", "engine.tokenizer_lower_case") for finetune_app.
   std::map<std::string, std::string> checkpoint_metadata;
-
-  // Reads the `train:` section (unknown keys are errors).
-  static PretrainOptions from_config(const engine::ConfigSection& train);
+  // Read from a config's `train:` section by models/pretrain_config.h.
 };
 
 struct PretrainResult {

@@ -10,6 +10,7 @@
 #include "engine/config.h"
 #include "engine/error.h"
 #include "models/pretrain.h"
+#include "models/pretrain_config.h"
 
 using namespace models;
 using engine::Tensor;
@@ -161,7 +162,7 @@ TEST_CASE("pretraining refuses to overwrite a run and to resume nothing", "[pret
 TEST_CASE("train options from YAML are checked", "[pretrain][config]") {
   auto parse = [](const std::string& yaml) {
     engine::Config c = engine::Config::parse(yaml, "t.yaml");
-    return PretrainOptions::from_config(c.root().section("train"));
+    return read_train_options(c.root().section("train"));
   };
   PretrainOptions o = parse("train:\n  steps: 50\n  precision: fp16\n  loss_scale:\n    init: 1024\n");
   REQUIRE(o.steps == 50);
@@ -172,4 +173,48 @@ TEST_CASE("train options from YAML are checked", "[pretrain][config]") {
   REQUIRE_THROWS_WITH(parse("train:\n  steps: 0\n"), Contains("t.yaml:2: train.steps: must be positive"));
   REQUIRE_THROWS_WITH(parse("train:\n  precision: fp8\n"), Contains("'fp8' is not one of: f32, bf16, fp16"));
   REQUIRE_THROWS_WITH(parse("train:\n  loss_scale:\n    grow: 3\n"), Contains("unknown key 'train.loss_scale.grow'"));
+}
+
+TEST_CASE("a pretraining config: every section read and checked in one place, errors at the key", "[pretrain][config]") {
+  auto read = [](const std::string& yaml) {
+    return PretrainConfig::read(engine::Config::parse(yaml, "p.yaml"));
+  };
+  const PretrainConfig c = read(
+      "seed: 9\nmodel:\n  hidden_size: 32\n  num_layers: 1\n  num_heads: 2\n  ffn_size: 64\n  max_positions: 16\n"
+      "optim:\n  lr: 0.002\n  beta2: 0.98\ndata:\n  corpus: somewhere\n  seq_len: 16\ntrain:\n  steps: 7\n");
+  CHECK(c.seed == 9);
+  CHECK(c.has_model);
+  CHECK_FALSE(c.has_vocab_size);
+  CHECK(c.model.hidden_size == 32);
+  CHECK(c.optim.lr == 0.002);
+  CHECK(c.optim.beta2 == 0.98);
+  CHECK(c.data.corpus == "somewhere");
+  CHECK(c.train.steps == 7);
+  CHECK_FALSE(read("train:\n  steps: 3\n").has_model);
+
+  REQUIRE_THROWS_WITH(read("optim:\n  lr: -1\n"), Contains("p.yaml:2: optim.lr: must be a finite value >= 0"));
+  REQUIRE_THROWS_WITH(read("optim:\n  beta1: 1.0\n"), Contains("p.yaml:2: optim.beta1: must be in [0, 1)"));
+  REQUIRE_THROWS_WITH(read("optim:\n  weight_decay: -0.1\n"), Contains("optim.weight_decay"));
+  REQUIRE_THROWS_WITH(read("optim:\n  momentum: 0.9\n"), Contains("unknown key 'optim.momentum'"));
+  REQUIRE_THROWS_WITH(read("data:\n  seq_len: 2\n"), Contains("p.yaml:2: data.seq_len: must be at least 3"));
+  REQUIRE_THROWS_WITH(read("data:\n  batch_size: 0\n"), Contains("data.batch_size: must be at least 1"));
+  REQUIRE_THROWS_WITH(read("train:\n  loss_scale:\n    backoff_factor: 1.5\n"),
+                      Contains("p.yaml:3: train.loss_scale.backoff_factor: must be in (0, 1)"));
+  REQUIRE_THROWS_WITH(read("train:\n  loss_scale:\n    growth_factor: 1\n"), Contains("growth_factor: must be > 1"));
+  REQUIRE_THROWS_WITH(read("train:\n  loss_scale:\n    init: 4\n    min: 8\n"), Contains("train.loss_scale.min"));
+  REQUIRE_THROWS_WITH(read("seed: -2\n"), Contains("p.yaml:1: seed: must be >= 0"));
+  REQUIRE_THROWS_WITH(read("sead: 2\n"), Contains("unknown key 'sead'"));
+
+  // Corpus pretraining: the sequence length against a learned table, the vocabulary against the
+  // tokenizer's.
+  const PretrainConfig long_seq = read("model:\n  max_positions: 64\ndata:\n  seq_len: 128\n");
+  BertConfig m = long_seq.model;
+  m.vocab_size = 100;
+  REQUIRE_THROWS_WITH(long_seq.check_for_corpus(m, 100, "vocab.txt"),
+                      Contains("p.yaml:4: data.seq_len: 128 exceeds model.max_positions 64"));
+  REQUIRE_THROWS_WITH(long_seq.check_for_corpus(m, 99, "vocab.txt"),
+                      Contains("model.vocab_size: 100 does not match the tokenizer vocab.txt (99 tokens)"));
+  m.position.input = InputPosition::sinusoid;  // no table: any length
+  apply_position_preset(m.position, "sin_ape");
+  long_seq.check_for_corpus(m, 100, "vocab.txt");
 }

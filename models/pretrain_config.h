@@ -1,0 +1,51 @@
+// A pretraining config file (configs/README.md lists every key): each section — seed, model,
+// optim, data, train — read and validated in this one place, every error naming the file, the
+// line and the key path; the cross-section rules (sequence length against the position table)
+// are checked here too. pretrain_app parses its config through it; so can a program of yours.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/config.h"
+#include "engine/optim.h"
+#include "models/bert_config.h"
+#include "models/pretrain.h"
+
+namespace models {
+
+// The `data:` section.
+struct DataOptions {
+  std::string corpus;     // a directory made by `pretrain_app prepare` ("" = none given)
+  std::string tokenizer;  // "" = the one the corpus was prepared with
+  int64_t seq_len = 128;  // tokens per sequence, [CLS] and [SEP] included
+  int64_t batch_size = 32;
+  bool shuffle = true;
+  bool lower_case = true;
+};
+
+struct PretrainConfig {
+  uint64_t seed = 1;
+  bool has_model = false;       // a `model:` section was given (else a checkpoint's may be used)
+  bool has_vocab_size = false;  // model.vocab_size was given (else the corpus tokenizer's applies)
+  BertConfig model;             // the model section (the defaults when absent)
+  engine::AdamWOptions optim;
+  DataOptions data;
+  PretrainOptions train;
+
+  // Reads every section of `cfg` and refuses a key nobody reads.
+  static PretrainConfig read(const engine::Config& cfg);
+  // Corpus pretraining with `model`: data.seq_len must fit a learned position table; `vocab` (the
+  // tokenizer's size) must equal model.vocab_size. Errors name the config key.
+  void check_for_corpus(const BertConfig& model, int64_t vocab, const std::string& tokenizer) const;
+
+ private:
+  std::string seq_len_where_, vocab_where_;  // "file.yaml:7: data.seq_len" for the errors
+};
+
+// The sections on their own (each is what read() uses).
+engine::AdamWOptions read_optim_options(const engine::ConfigSection& optim);
+DataOptions read_data_options(const engine::ConfigSection& data);
+PretrainOptions read_train_options(const engine::ConfigSection& train);
+
+}  // namespace models
