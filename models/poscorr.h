@@ -1,5 +1,5 @@
 // The learned positional correlations of a BERT encoder, as the two papers draw and measure them
-// (docs/poscorr.md, ../shared/docs/positional-encodings.md "What to show"):
+// (docs/poscorr.md, docs/positional-encodings.md "What `poscorr_app` shows"):
 //   extract_correlations  the matrices of the model's preset: TUPE's term after the [CLS] reset,
 //                         P P^T and the first layer's per-head (p W^Q)(p W^K), the relative bias per
 //                         offset, Shaw's a_r . a_s, and the identical-word probe for every preset;
