@@ -61,12 +61,6 @@ Tensor add_grads(const Tensor& a, const Tensor& b) {
 bool GradMode::is_enabled() { return t_grad_enabled; }
 void GradMode::set_enabled(bool on) { t_grad_enabled = on; }
 
-Tensor Node::grad_output_or_zeros(const std::vector<Tensor>& grads, size_t i) const {
-  if (i < grads.size() && grads[i].defined()) return grads[i];
-  const TensorMeta& m = outputs.at(i);
-  return Tensor::zeros(m.shape, m.dtype, m.device);
-}
-
 bool needs_grad(std::initializer_list<const Tensor*> ts) {
   if (!t_grad_enabled) return false;
   for (const Tensor* t : ts)

@@ -54,15 +54,13 @@ class Node {
  public:
   virtual ~Node() = default;
   virtual const char* name() const = 0;
-  // grad_outputs[i] is the gradient of output i, undefined if none reached it (use
-  // grad_output_or_zeros for multi-output nodes). Returns one entry per input: the gradient,
-  // or an undefined Tensor where needs_input_grad(i) is false.
+  // grad_outputs[i] is the gradient of output i, undefined if none reached it. Returns one entry
+  // per input: the gradient, or an undefined Tensor where needs_input_grad(i) is false.
   virtual std::vector<Tensor> backward(const std::vector<Tensor>& grad_outputs) = 0;
   // Drops saved tensors once a backward without retain_graph has used them.
   virtual void release_saved() {}
 
   bool needs_input_grad(size_t i) const { return i < next.size() && next[i].valid(); }
-  Tensor grad_output_or_zeros(const std::vector<Tensor>& grads, size_t i) const;
 
   uint64_t sequence_nr = 0;
   std::vector<Edge> next;           // one per input
@@ -83,13 +81,6 @@ inline bool needs_grad(const Tensor& a, const Tensor& b, const Tensor& c) {
 // produced by it, node appended to the tape.
 void record(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
             const std::vector<Tensor>& outputs);
-
-// Convenience for ops: records `node` when needed and returns the output.
-template <class N>
-Tensor record_unary(std::shared_ptr<N> node, const std::vector<Tensor>& inputs, Tensor out) {
-  record(node, inputs, {out});
-  return out;
-}
 
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph);
 

@@ -29,7 +29,6 @@ class Kernel<R(Args...)> {
   constexpr explicit Kernel(const char* op) : op_(op) {}
 
   void set(DeviceType type, Fn fn) { fns_[static_cast<int>(type)] = fn; }
-  bool has(DeviceType type) const { return fns_[static_cast<int>(type)] != nullptr; }
   Fn get(DeviceType type) const {
     Fn fn = fns_[static_cast<int>(type)];
     if (!fn) missing_kernel(op_, type);
