@@ -6,7 +6,6 @@
 
 #include "engine/autograd.h"
 #include "engine/error.h"
-#include "ops/concat.h"
 #include "ops/elementwise.h"
 #include "ops/gradients.h"
 
@@ -67,11 +66,13 @@ StepStats Trainer::step(int64_t micro_batches, const std::function<Tensor(int64_
   reducer_->finish();
   s.comm_exposed_s = reducer_->last_exposed_s();
 
-  // The one read-back of the step: [weighted loss, sum of squares, non-finite count].
-  Tensor stats;
+  // The one read-back of the step: [weighted loss, sum of squares, non-finite count], gathered on
+  // the device with the backend's copies.
+  Tensor stats = Tensor::empty({3}, DType::f64, grad.device());
   {
     NoGrad ng;
-    stats = concat({loss_sum, unscale_and_check_(grad, 1.0 / s.loss_scale)}, 0);
+    stats.slice(0, 0, 1).copy_(loss_sum);
+    stats.slice(0, 1, 3).copy_(unscale_and_check_(grad, 1.0 / s.loss_scale));
   }
   const std::vector<double> v = stats.to_vector<double>();
   s.loss = comm_.all_reduce(v[0]);  // the gradients are summed already; the loss on the host

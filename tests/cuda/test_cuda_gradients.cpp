@@ -1,0 +1,37 @@
+// [cuda] The gradient-slab ops of the training step on the device against the CPU: the statistics
+// (sum of squares within rounding of the CPU's double sum, the non-finite count exactly),
+// unscaling and clipping element for element.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+
+#include "engine/backend.h"
+#include "ops/ops.h"
+
+using namespace engine;
+
+namespace {
+const Device kGpu = Device::cuda(0);
+}
+
+TEST_CASE("unscale_and_check_ and scale_ on the device agree with the CPU", "[cuda]") {
+  Generator g(8);
+  // Sizes below a block, not a multiple of the warp, and above the grid's reach.
+  for (int64_t n : {int64_t(1), int64_t(31), int64_t(1000), int64_t(300001), int64_t(3000017)}) {
+    INFO("n = " << n);
+    Tensor h = Tensor::randn({n}, g, 0, 0.1);
+    Tensor d = h.to(kGpu);
+    const std::vector<double> hs = unscale_and_check_(h, 0.25).to_vector<double>();
+    const std::vector<double> ds = unscale_and_check_(d, 0.25).to_vector<double>();
+    REQUIRE(ds[0] == Approx(hs[0]).epsilon(1e-12));  // double sums in another order
+    REQUIRE(ds[1] == 0.0);
+    REQUIRE(d.to_vector<float>() == h.to_vector<float>());  // the same f32 multiply
+    scale_(h, 0.3);
+    scale_(d, 0.3);
+    REQUIRE(d.to_vector<float>() == h.to_vector<float>());
+  }
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor bad = Tensor::from_vector<float>({1, inf, nan, 2, -inf}, {5}).to(kGpu);
+  REQUIRE(unscale_and_check_(bad).to_vector<double>()[1] == 3.0);
+}
