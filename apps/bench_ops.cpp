@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend.h"
 #include "ops/ops.h"
 
 using namespace engine;
@@ -39,6 +40,14 @@ void report(const char* name, double ms, double work, const char* unit) {
   std::fflush(stdout);
 }
 
+// --only SUBSTRING: the cases whose name contains it (all when empty).
+std::string g_only;
+
+void bench(const char* name, const std::function<void()>& f, double work, const char* unit) {
+  if (!g_only.empty() && std::string(name).find(g_only) == std::string::npos) return;
+  report(name, time_ms(f), work, unit);
+}
+
 Tensor param(const Shape& s, Generator& g) {
   return Tensor::randn(s, g, 0.0, 0.02).set_requires_grad();
 }
@@ -47,21 +56,22 @@ void run(bool quick) {
   Generator g(0);
   const int64_t B = quick ? 2 : 8, T = 128, D = 768, H = 12, F = 3072, V = 30522;
   const int64_t rows = B * T;
-  std::printf("# bench_ops: f32, CPU, B=%lld T=%lld D=%lld H=%lld\n", (long long)B,
-              (long long)T, (long long)D, (long long)H);
+  const int64_t SB = quick ? 2 : 32;  // the sum_to cases' batch
+  std::printf("# bench_ops: f32, CPU, B=%lld T=%lld D=%lld H=%lld (sum_to cases: B=%lld)\n",
+              (long long)B, (long long)T, (long long)D, (long long)H, (long long)SB);
   std::printf("case\tms\trate\tunit\n");
 
   Tensor x = Tensor::randn({B, T, D}, g).set_requires_grad();
   Tensor w = param({F, D}, g), bias = param({F}, g);
   double flops = 2.0 * rows * D * F * 1e-9;
-  report("linear_fwd (BT,768)x(768,3072)", time_ms([&] {
-           NoGrad ng;
-           linear(x, w, bias);
-         }), flops, "GFLOP/s");
-  report("linear_fwd_bwd", time_ms([&] {
-           Tensor y = linear(x, w, bias);
-           y.backward(Tensor::ones(y.shape()));
-         }), 3 * flops, "GFLOP/s");
+  bench("linear_fwd (BT,768)x(768,3072)", [&] {
+    NoGrad ng;
+    linear(x, w, bias);
+  }, flops, "GFLOP/s");
+  bench("linear_fwd_bwd", [&] {
+    Tensor y = linear(x, w, bias);
+    y.backward(Tensor::ones(y.shape()));
+  }, 3 * flops, "GFLOP/s");
 
   Tensor q = Tensor::randn({B, H, T, D / H}, g).set_requires_grad();
   Tensor k = Tensor::randn({B, H, T, D / H}, g).set_requires_grad();
@@ -70,36 +80,36 @@ void run(bool quick) {
   AttentionOptions opt;
   opt.bias = pos;
   double aflops = 4.0 * B * H * T * T * (D / H) * 1e-9;
-  report("attention_fwd (bias 1,H,T,T)", time_ms([&] {
-           NoGrad ng;
-           attention(q, k, v, opt);
-         }), aflops, "GFLOP/s");
-  report("attention_fwd_bwd", time_ms([&] {
-           Tensor y = attention(q, k, v, opt);
-           y.backward(Tensor::ones(y.shape()));
-         }), 3 * aflops, "GFLOP/s");
+  bench("attention_fwd (bias 1,H,T,T)", [&] {
+    NoGrad ng;
+    attention(q, k, v, opt);
+  }, aflops, "GFLOP/s");
+  bench("attention_fwd_bwd", [&] {
+    Tensor y = attention(q, k, v, opt);
+    y.backward(Tensor::ones(y.shape()));
+  }, 3 * aflops, "GFLOP/s");
 
   Tensor lw = Tensor::ones({D}).set_requires_grad(), lb = Tensor::zeros({D}).set_requires_grad();
   double lbytes = 2.0 * rows * D * 4 * 1e-9;  // read x, write y
-  report("layer_norm_fwd", time_ms([&] {
-           NoGrad ng;
-           layer_norm(x, lw, lb, 1e-12);
-         }), lbytes, "GB/s");
-  report("layer_norm_fwd_bwd", time_ms([&] {
-           Tensor y = layer_norm(x, lw, lb, 1e-12);
-           y.backward(Tensor::ones(y.shape()));
-         }), 3 * lbytes, "GB/s");
+  bench("layer_norm_fwd", [&] {
+    NoGrad ng;
+    layer_norm(x, lw, lb, 1e-12);
+  }, lbytes, "GB/s");
+  bench("layer_norm_fwd_bwd", [&] {
+    Tensor y = layer_norm(x, lw, lb, 1e-12);
+    y.backward(Tensor::ones(y.shape()));
+  }, 3 * lbytes, "GB/s");
 
   Tensor s = Tensor::randn({B, H, T, T}, g);
-  report("softmax_fwd (B,H,T,T)", time_ms([&] {
-           NoGrad ng;
-           softmax(s);
-         }), 2.0 * s.numel() * 4 * 1e-9, "GB/s");
+  bench("softmax_fwd (B,H,T,T)", [&] {
+    NoGrad ng;
+    softmax(s);
+  }, 2.0 * s.numel() * 4 * 1e-9, "GB/s");
   Tensor big = Tensor::randn({rows, F}, g).set_requires_grad();
-  report("gelu_fwd_bwd (BT,3072)", time_ms([&] {
-           Tensor y = gelu(big);
-           y.backward(Tensor::ones(y.shape()));
-         }), 4.0 * big.numel() * 4 * 1e-9, "GB/s");
+  bench("gelu_fwd_bwd (BT,3072)", [&] {
+    Tensor y = gelu(big);
+    y.backward(Tensor::ones(y.shape()));
+  }, 4.0 * big.numel() * 4 * 1e-9, "GB/s");
 
   // MLM-style loss over 15% of the rows.
   const int64_t n = std::max<int64_t>(1, rows * 15 / 100);
@@ -107,10 +117,30 @@ void run(bool quick) {
   std::vector<int64_t> tv(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) tv[i] = (i * 7919) % V;
   Tensor targets = Tensor::from_vector(tv, {n});
-  report("cross_entropy_fwd_bwd (0.15BT,30522)", time_ms([&] {
-           Tensor l = cross_entropy(logits, targets);
-           l.backward();
-         }), 3.0 * logits.numel() * 4 * 1e-9, "GB/s");
+  bench("cross_entropy_fwd_bwd (0.15BT,30522)", [&] {
+    Tensor l = cross_entropy(logits, targets);
+    l.backward();
+  }, 3.0 * logits.numel() * 4 * 1e-9, "GB/s");
+
+  // sum_to, the reduction behind every broadcast backward, at a BERT-Base pretraining batch
+  // (B=32; --quick: 2): bias gradients (also from a transposed gradient), a full sum (one output:
+  // serial by construction), and positional biases shared by the heads or by the batch.
+  const int64_t srows = SB * T;
+  auto bench_sum_to = [&](const char* name, const Tensor& src, const Shape& to) {
+    bench(name, [&] { sum_to_shape(src, to); }, src.numel() * 4.0 * 1e-9, "GB/s");
+  };
+  {
+    Tensor g768 = Tensor::randn({srows, D}, g);
+    bench_sum_to("sum_to_bias768 (B*T,768)->(768)", g768, {D});
+    bench_sum_to("sum_to_all (B*T,768)->()", g768, {});
+    Tensor g768t = Tensor::randn({D, srows}, g).transpose(0, 1);
+    bench_sum_to("sum_to_bias768_t (768,B*T)^T->(768)", g768t, {D});
+    Tensor g3072 = Tensor::randn({srows, F}, g);
+    bench_sum_to("sum_to_bias3072 (B*T,3072)->(3072)", g3072, {F});
+  }
+  bench_sum_to("sum_to_heads (12,128,128)->(1,128,128)", Tensor::randn({H, T, T}, g), {1, T, T});
+  Tensor sb = Tensor::randn({SB, H, T, T}, g);
+  bench_sum_to("sum_to_batch (B,12,128,128)->(1,12,128,128)", sb, {1, H, T, T});
 }
 
 }  // namespace
@@ -121,9 +151,13 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
       if (!std::strcmp(argv[i], "--quick")) {
         quick = true;
+      } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
+        g_only = argv[++i];
       } else if (!std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "--help")) {
-        std::puts("usage: bench_ops [--quick]\nTimes the CPU ops at BERT-Base shapes (B=8, T=128; "
-                  "--quick: B=2) and prints tab-separated: case, median ms, rate, unit.");
+        std::puts("usage: bench_ops [--quick] [--only SUBSTRING]\nTimes the CPU ops at BERT-Base "
+                  "shapes (B=8, T=128; --quick: B=2; the sum_to cases at B=32, --quick: 2) and "
+                  "prints tab-separated: case, median ms, rate, unit. --only: the cases whose name "
+                  "contains SUBSTRING.");
         return 0;
       } else {
         std::fprintf(stderr, "bench_ops: error: unknown argument '%s' (try --help)\n", argv[i]);

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <lzma.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/error.h"
+#include "engine/file_io.h"
 #include "engine/rng.h"
 
 namespace data {
@@ -174,70 +176,38 @@ bool is_blank(std::string_view s) {
   return true;
 }
 
-// ---- output: buffered POSIX writes, fsynced on close -----------------------------------------
+// ---- output: engine::FileWriter (buffered, fsynced on close) into a temporary directory --------
 
-class OutputFile {
- public:
-  explicit OutputFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    ENGINE_CHECK(fd_ >= 0, "[corpus] cannot create ", path_, ": ", errno_text());
-    buf_.reserve(kCapacity);
-  }
-  ~OutputFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  OutputFile(const OutputFile&) = delete;
-  OutputFile& operator=(const OutputFile&) = delete;
+// A little-endian value (the host's order: see the static_assert above) into a shard file.
+template <class T>
+void put(engine::FileWriter& f, T v) {
+  f.write(&v, sizeof(v));
+}
 
-  void write(const void* data, size_t n) {
-    const char* p = static_cast<const char*>(data);
-    if (buf_.size() + n > kCapacity) flush();
-    if (n >= kCapacity) {
-      write_all(p, n);
-      return;
-    }
-    buf_.insert(buf_.end(), p, p + n);
-  }
-  void write_u32(uint32_t v) { write(&v, sizeof(v)); }
-  void write_u64(uint64_t v) { write(&v, sizeof(v)); }
-
-  // Flushes, fsyncs and closes: after this returns the bytes are on disk.
-  void close() {
-    flush();
-    ENGINE_CHECK(::fsync(fd_) == 0, "[corpus] fsync of ", path_, " failed: ", errno_text());
-    const int fd = fd_;
-    fd_ = -1;
-    ENGINE_CHECK(::close(fd) == 0, "[corpus] closing ", path_, " failed: ", errno_text());
-  }
-
- private:
-  static constexpr size_t kCapacity = 1 << 20;
-
-  void flush() {
-    write_all(buf_.data(), buf_.size());
-    buf_.clear();
-  }
-  void write_all(const char* p, size_t n) {
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      ENGINE_CHECK(w > 0, "[corpus] writing ", path_, " failed: ", errno_text(),
-                   " (is the disk full?)");
-      p += w;
-      n -= static_cast<size_t>(w);
+// Removes the temporary directories of earlier preparations of `out` that were killed:
+// "<out>.tmp.<pid>" whose process is gone (or whose pid is this process's, reused), and
+// "<out>.tmp" left by builds before the pid suffix. A running preparation's directory is left
+// alone.
+void remove_stale_temporaries(const fs::path& out) {
+  const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  const std::string prefix = out.filename().string() + ".tmp";
+  std::vector<fs::path> stale;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string rest = name.substr(prefix.size());
+    if (rest.empty()) {
+      stale.push_back(e.path());
+    } else if (rest.size() > 1 && rest.size() <= 11 && rest[0] == '.' &&
+               std::all_of(rest.begin() + 1, rest.end(),
+                           [](char c) { return c >= '0' && c <= '9'; })) {
+      const long long pid = std::stoll(rest.substr(1));
+      if (pid == ::getpid() || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH))
+        stale.push_back(e.path());
     }
   }
-
-  std::string path_;
-  int fd_ = -1;
-  std::vector<char> buf_;
-};
-
-void fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;  // best effort: some file systems do not allow opening directories
-  ::fsync(fd);
-  ::close(fd);
+  for (const fs::path& p : stale) fs::remove_all(p);
 }
 
 // ---- progress: a bar on a terminal, periodic lines in a log, nothing when quiet ---------------
@@ -432,7 +402,7 @@ CorpusStats prepare_corpus(const std::vector<std::string>& inputs, const Tokeniz
   if (!out.has_filename()) out = out.parent_path();
   ENGINE_CHECK(!out.empty() && out.filename() != "." && out.filename() != "..",
                "[corpus] output directory '", out_dir, "' is not a usable directory name");
-  const fs::path tmp = fs::path(out.string() + ".tmp");
+  const fs::path tmp = engine::temporary_path(out.string());  // "<out>.tmp.<pid>"
   {
     std::error_code ec;
     if (fs::exists(out, ec)) {
@@ -447,17 +417,17 @@ CorpusStats prepare_corpus(const std::vector<std::string>& inputs, const Tokeniz
       }
     }
   }
-  fs::remove_all(tmp);  // left by a killed run
+  remove_stale_temporaries(out);
   fs::create_directories(tmp);
 
   CorpusStats stats;
   try {
-    OutputFile bin[2] = {OutputFile((tmp / "train.bin").string()),
-                         OutputFile((tmp / "valid.bin").string())};
-    OutputFile idx[2] = {OutputFile((tmp / "train.idx").string()),
-                         OutputFile((tmp / "valid.idx").string())};
-    idx[0].write_u64(0);
-    idx[1].write_u64(0);
+    engine::FileWriter bin[2] = {engine::FileWriter((tmp / "train.bin").string(), "corpus"),
+                                 engine::FileWriter((tmp / "valid.bin").string(), "corpus")};
+    engine::FileWriter idx[2] = {engine::FileWriter((tmp / "train.idx").string(), "corpus"),
+                                 engine::FileWriter((tmp / "valid.idx").string(), "corpus")};
+    put<uint64_t>(idx[0], 0);
+    put<uint64_t>(idx[1], 0);
     SplitCounts* counts[2] = {&stats.train, &stats.valid};
 
     Progress progress(options.quiet, total_bytes);
@@ -477,7 +447,7 @@ CorpusStats prepare_corpus(const std::vector<std::string>& inputs, const Tokeniz
       SplitCounts& c = *counts[cur];
       ++c.documents;
       c.lines += doc_lines;
-      idx[cur].write_u64(static_cast<uint64_t>(c.tokens));
+      put<uint64_t>(idx[cur], static_cast<uint64_t>(c.tokens));
     };
 
     std::string raw, clean;
@@ -501,7 +471,7 @@ CorpusStats prepare_corpus(const std::vector<std::string>& inputs, const Tokeniz
         for (int32_t id : ids) {
           ENGINE_CHECK(id >= 0 && id < vocab, "[corpus] tokenizer ", tok.path(), " returned id ",
                        id, " for a line of ", path, " (expected 0 .. ", vocab - 1, ")");
-          bin[cur].write_u32(static_cast<uint32_t>(id));
+          put<uint32_t>(bin[cur], static_cast<uint32_t>(id));
         }
         doc_tokens += static_cast<int64_t>(ids.size());
         counts[cur]->tokens += static_cast<int64_t>(ids.size());
@@ -555,17 +525,15 @@ CorpusStats prepare_corpus(const std::vector<std::string>& inputs, const Tokeniz
            "included) goes to valid iff word 0 of Philox4x32-10(counter = (i mod 2^32, i div "
            "2^32, 0x53504c54, 0), key = seed) mod (valid_ratio + 1) == 0; valid_ratio 0: none"}}},
     };
-    OutputFile meta_file((tmp / "meta.json").string());
-    const std::string text = meta.dump(2) + "\n";
-    meta_file.write(text.data(), text.size());
+    engine::FileWriter meta_file((tmp / "meta.json").string(), "corpus");
+    meta_file.write(meta.dump(2) + "\n");
     meta_file.close();
-    fsync_dir(tmp);
+    engine::fsync_directory(tmp.string(), "corpus");  // the five names before the rename
 
     // The complete directory replaces the old one (checked above: absent, empty, or a corpus
-    // with overwrite) in one rename.
+    // with overwrite) in one rename, made durable by fsyncing the directory that holds it.
     if (fs::exists(out)) fs::remove_all(out);
-    fs::rename(tmp, out);
-    fsync_dir(out.has_parent_path() ? out.parent_path() : fs::path("."));
+    engine::rename_durably(tmp.string(), out.string(), "corpus");
   } catch (...) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
@@ -591,7 +559,7 @@ CorpusStats prepare_corpus(const std::vector<std::string>& inputs, const Tokeniz
 CorpusMeta read_corpus_meta(const std::string& dir) {
   const std::string path = (fs::path(dir) / "meta.json").string();
   ENGINE_CHECK(fs::exists(path), "[corpus] ", path, " not found (expected a corpus directory "
-               "written by prepare_corpus; an interrupted preparation leaves only <dir>.tmp)");
+               "written by prepare_corpus; an interrupted preparation leaves only <dir>.tmp.<pid>)");
   json root;
   {
     std::ifstream f(path);

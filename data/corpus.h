@@ -53,8 +53,9 @@ struct CorpusStats {
 // written through buffers, so memory does not grow with the corpus. Files that start with the xz
 // magic bytes are decompressed on the fly.
 //
-// Atomic: everything is written into "<out_dir>.tmp" (removed first if a killed run left it),
-// meta.json last, files fsynced, then the directory is renamed to out_dir; a failure removes the
+// Atomic: everything is written into "<out_dir>.tmp.<pid>" (those of killed runs, and a
+// "<out_dir>.tmp" of older builds, are removed first), meta.json last, files and directory
+// fsynced, then the directory is renamed to out_dir and its parent fsynced; a failure removes the
 // temporary directory. Errors (engine::Error, "[corpus] ..."): a missing input, no tokens in the
 // whole input, out_dir existing and non-empty without `overwrite` (with `overwrite`, out_dir must
 // itself be a prepared corpus: a directory holding meta.json).

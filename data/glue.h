@@ -109,7 +109,8 @@ std::string glue_submission_name(const GlueTask& task, const std::string& split)
 // empty) and write label_names[label] (so "entailment" for MNLI/QNLI/RTE/AX, "0"/"1" for CoLA,
 // SST-2, MRPC, QQP, WNLI); STS-B takes `scores` (`labels` empty) and writes each as the shortest
 // decimal that reads back to the same double (not clipped to [0, 5]). Examples must come from a
-// test file (index ≥ 0, unique). Atomic: written to "<path>.tmp", fsynced, renamed over `path`.
+// test file (index ≥ 0, unique). Atomic (engine/file_io.h): written to "<path>.tmp.<pid>",
+// fsynced, renamed over `path`.
 void write_glue_predictions(const GlueTask& task, const std::vector<GlueExample>& examples,
                             const std::vector<int64_t>& labels, const std::vector<double>& scores,
                             const std::string& path);

@@ -4,9 +4,6 @@
 // path and the problem, never a crash or an allocation the file cannot back.
 #include "engine/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cerrno>
@@ -22,6 +19,7 @@
 
 #include "engine/autograd.h"
 #include "engine/error.h"
+#include "engine/file_io.h"
 
 namespace engine {
 
@@ -279,41 +277,6 @@ Tensor read_tensor(std::ifstream& f, const std::string& path, const Header& h, c
 
 // ---- writing --------------------------------------------------------------------------------
 
-// Buffers small writes to a file descriptor; large blocks go straight through.
-class FdWriter {
- public:
-  FdWriter(int fd, const std::string& tmp) : fd_(fd), tmp_(tmp) { buf_.reserve(kBuffer); }
-  void write(const void* p, size_t n) {
-    if (buf_.size() + n > kBuffer) flush();
-    if (n >= kBuffer) {
-      write_all(p, n);
-    } else {
-      const char* c = static_cast<const char*>(p);
-      buf_.insert(buf_.end(), c, c + n);
-    }
-  }
-  void flush() {
-    write_all(buf_.data(), buf_.size());
-    buf_.clear();
-  }
-
- private:
-  static constexpr size_t kBuffer = 4 << 20;
-  void write_all(const void* p, size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      ssize_t w = ::write(fd_, c, std::min<size_t>(n, size_t(1) << 30));
-      if (w < 0 && errno == EINTR) continue;
-      ENGINE_CHECK(w > 0, "[safetensors] ", tmp_, ": write failed (", os_error(), ")");
-      c += w;
-      n -= static_cast<size_t>(w);
-    }
-  }
-  int fd_;
-  const std::string& tmp_;
-  std::vector<char> buf_;
-};
-
 // The bytes of the header: length field, JSON, spaces up to an 8-byte boundary.
 std::string build_header(const std::string& path, const NamedTensors& tensors,
                          const SafetensorsMetadata& metadata) {
@@ -364,48 +327,22 @@ std::string build_header(const std::string& path, const NamedTensors& tensors,
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const SafetensorsMetadata& metadata) {
   const std::string header = build_header(path, tensors, metadata);
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  ENGINE_CHECK(fd >= 0, "[safetensors] ", path, ": cannot create the temporary file '", tmp, "' (",
-               os_error(), ")");
-  try {
-    FdWriter w(fd, tmp);
-    w.write(header.data(), header.size());
-    std::vector<char> scratch;
-    for (const auto& [name, t] : tensors) {
-      if (t.nbytes() == 0) continue;
-      if (t.device().is_cpu() && t.is_contiguous()) {
-        w.write(t.raw_data(), t.nbytes());
-      } else {  // another device or a strided view: gather to host, row-major
-        scratch.resize(t.nbytes());
-        t.copy_to_host(scratch.data(), t.dtype());
-        w.write(scratch.data(), scratch.size());
-      }
+  // "<path>.tmp.<pid>", fsync, rename over path, fsync the directory (file_io.h); an error on the
+  // way removes the temporary and leaves the previous checkpoint as it was.
+  AtomicFile file(path, "safetensors");
+  file.write(header.data(), header.size());
+  std::vector<char> scratch;
+  for (const auto& [name, t] : tensors) {
+    if (t.nbytes() == 0) continue;
+    if (t.device().is_cpu() && t.is_contiguous()) {
+      file.write(t.raw_data(), t.nbytes());
+    } else {  // another device or a strided view: gather to host, row-major
+      scratch.resize(t.nbytes());
+      t.copy_to_host(scratch.data(), t.dtype());
+      file.write(scratch.data(), scratch.size());
     }
-    w.flush();
-    ENGINE_CHECK(::fsync(fd) == 0, "[safetensors] ", tmp, ": fsync failed (", os_error(), ")");
-    int rc = ::close(fd);
-    fd = -1;
-    ENGINE_CHECK(rc == 0, "[safetensors] ", tmp, ": close failed (", os_error(), ")");
-    ENGINE_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "[safetensors] ", path,
-                 ": cannot rename '", tmp, "' over it (", os_error(), ")");
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
   }
-  // The rename is durable only once the directory entry is on disk.
-  fs::path dir = fs::path(path).parent_path();
-  if (dir.empty()) dir = ".";
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  ENGINE_CHECK(dfd >= 0, "[safetensors] ", path, ": cannot open its directory to fsync it (",
-               os_error(), ")");
-  int rc = ::fsync(dfd);
-  int err = errno;
-  ::close(dfd);
-  errno = err;
-  ENGINE_CHECK(rc == 0, "[safetensors] ", path, ": fsync of its directory failed (", os_error(),
-               ")");
+  file.commit();
 }
 
 SafetensorsContents load_safetensors(const std::string& path) {

@@ -1,11 +1,18 @@
-// Helpers shared by the Catch2 test files: a scratch directory and the text of an expected error.
+// Helpers shared by the Catch2 test files: a scratch directory, the text of an expected error,
+// the names a write left behind, and errors raised with a file size limit (a full disk).
 #pragma once
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "engine/error.h"
 
@@ -47,6 +54,61 @@ std::string error_of(F&& f) {
     return e.what();
   }
   return "(no error)";
+}
+
+// The names in `dir` that start with `prefix`, sorted: with prefix "ckpt.safetensors.tmp" the
+// temporaries a write left behind.
+inline std::vector<std::string> names_starting_with(const std::filesystem::path& dir,
+                                                    const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) == 0) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Runs f() in a forked child that may not write files beyond `max_file_bytes` (RLIMIT_FSIZE,
+// with SIGXFSZ ignored so that write() fails with EFBIG instead of killing the process): a full
+// disk that also stops root, whom permission bits do not. Returns the message of the
+// engine::Error f() threw, "(no error)", or "(child died: ...)". f must not use Catch2.
+template <class F>
+std::string error_with_file_size_limit(rlim_t max_file_bytes, F&& f) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "(pipe failed)";
+  const pid_t pid = ::fork();
+  if (pid < 0) return "(fork failed)";
+  if (pid == 0) {
+    ::close(fds[0]);
+    ::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{max_file_bytes, max_file_bytes};
+    std::string message = "(setrlimit failed)";
+    if (::setrlimit(RLIMIT_FSIZE, &limit) == 0) message = error_of(f);
+    for (size_t done = 0; done < message.size();) {
+      const ssize_t w = ::write(fds[1], message.data() + done, message.size() - done);
+      if (w <= 0) break;
+      done += static_cast<size_t>(w);
+    }
+    ::_exit(0);  // no atexit handlers, no Catch2 reporting from the child
+  }
+  ::close(fds[1]);
+  std::string message;
+  char buf[4096];
+  for (ssize_t r; (r = ::read(fds[0], buf, sizeof buf)) != 0;) {
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    message.append(buf, static_cast<size_t>(r));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return "(child died: status " + std::to_string(status) + ")";
+  return message;
 }
 
 }  // namespace engine::testing

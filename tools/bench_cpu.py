@@ -45,6 +45,12 @@ def torch_cases(torch, quick):
     n = max(1, rows * 15 // 100)
     logits = torch.randn(n, V, generator=g, requires_grad=True)
     targets = torch.tensor([(i * 7919) % V for i in range(n)])
+    SB = 2 if quick else 32
+    g768 = torch.randn(SB * T, D, generator=g)
+    g768t = torch.randn(D, SB * T, generator=g).t()
+    g3072 = torch.randn(SB * T, FF, generator=g)
+    heads = torch.randn(H, T, T, generator=g)
+    sb = torch.randn(SB, H, T, T, generator=g)
 
     def attn():
         sc = q @ k.transpose(-1, -2) / (D // H) ** 0.5 + pos
@@ -72,6 +78,13 @@ def torch_cases(torch, quick):
         "softmax_fwd": fwd(lambda: torch.softmax(s, -1)),
         "gelu_fwd_bwd": fwd_bwd(lambda: F.gelu(big)),
         "cross_entropy_fwd_bwd": fwd_bwd(lambda: F.cross_entropy(logits, targets)),
+        # bench_ops' sum_to cases: the reductions of broadcast backwards, at B=32 (--quick: 2).
+        "sum_to_bias768": fwd(lambda: g768.sum(0)),
+        "sum_to_all": fwd(lambda: g768.sum()),
+        "sum_to_bias768_t": fwd(lambda: g768t.sum(0)),
+        "sum_to_bias3072": fwd(lambda: g3072.sum(0)),
+        "sum_to_heads": fwd(lambda: heads.sum(0, keepdim=True)),
+        "sum_to_batch": fwd(lambda: sb.sum(0, keepdim=True)),
     }
 
 

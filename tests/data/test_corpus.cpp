@@ -25,6 +25,8 @@ using data::Split;
 
 using engine::testing::TempDir;
 using engine::testing::error_of;
+using engine::testing::error_with_file_size_limit;
+using engine::testing::names_starting_with;
 
 namespace {
 
@@ -237,7 +239,7 @@ TEST_CASE("prepare_corpus writes shards that read back as the input's tokens", "
       data::prepare_corpus({dir / "a.txt", dir / "b.txt"}, tok, out, quiet_options(ratio, 7));
   const Expected e = expected_of({docs_a, docs_b}, tok, 7, ratio);
 
-  CHECK_FALSE(fs::exists(out + ".tmp"));
+  CHECK(names_starting_with(dir.path, "corpus.tmp").empty());
   for (const char* f : {"train.bin", "train.idx", "valid.bin", "valid.idx", "meta.json"})
     CHECK(fs::exists(fs::path(out) / f));
 
@@ -351,7 +353,7 @@ TEST_CASE("prepare_corpus reads .xz input like plain text", "[corpus]") {
       [&] { data::prepare_corpus({dir / "in.txt.xz"}, tok, dir / "y", quiet_options()); });
   CHECK_THAT(err, Catch::Contains("[corpus]") && Catch::Contains("in.txt.xz"));
   CHECK_FALSE(fs::exists(dir / "y"));
-  CHECK_FALSE(fs::exists(dir / "y.tmp"));
+  CHECK(names_starting_with(dir.path, "y.tmp").empty());
 }
 
 TEST_CASE("prepare_corpus errors: missing input, no tokens, non-empty output", "[corpus]") {
@@ -377,7 +379,7 @@ TEST_CASE("prepare_corpus errors: missing input, no tokens, non-empty output", "
              }),
              Catch::Contains("[corpus] no tokens") && Catch::Contains("empty.txt"));
   CHECK_FALSE(fs::exists(dir / "c"));
-  CHECK_FALSE(fs::exists(dir / "c.tmp"));
+  CHECK(names_starting_with(dir.path, "c.tmp").empty());
 
   // An existing, non-empty output directory.
   fs::create_directories(dir / "busy");
@@ -400,13 +402,36 @@ TEST_CASE("prepare_corpus errors: missing input, no tokens, non-empty output", "
                data::prepare_corpus({dir / "in.txt"}, tok, dir / "fresh", quiet_options());
              }),
              Catch::Contains("exists and is not empty"));
-  // A stale .tmp from a killed run is cleared.
-  fs::create_directories(dir / "fresh.tmp");
-  std::ofstream(dir / "fresh.tmp/train.bin") << "junk";
+  // Stale temporaries are cleared: a killed run's (its pid is no process: above any pid_max) and
+  // an older build's "<dir>.tmp"; a running process's (pid 1 always runs) is left alone.
+  for (const char* stale : {"fresh.tmp.99999999", "fresh.tmp", "fresh.tmp.1"}) {
+    fs::create_directories(dir.path / stale);
+    std::ofstream(dir.path / stale / "train.bin") << "junk";
+  }
   const data::CorpusStats s = data::prepare_corpus({dir / "in.txt"}, tok, dir / "fresh", over);
   CHECK(s.train.tokens > 0);
-  CHECK_FALSE(fs::exists(dir / "fresh.tmp"));
+  CHECK(names_starting_with(dir.path, "fresh.tmp") == std::vector<std::string>{"fresh.tmp.1"});
   CHECK(data::Corpus(dir / "fresh").train().num_tokens() == s.train.tokens);
+}
+
+TEST_CASE("prepare_corpus on a full disk keeps the old corpus and leaves no temporary",
+          "[corpus]") {
+  TempDir dir;
+  TestTokenizer tok;
+  write_docs(dir / "small.txt", make_docs(30, 1));
+  write_docs(dir / "large.txt", make_docs(2000, 2));
+  const std::string out = dir / "corpus";
+  const data::CorpusStats old = data::prepare_corpus({dir / "small.txt"}, tok, out, quiet_options());
+  data::PrepareOptions over = quiet_options();
+  over.overwrite = true;
+  // A file size limit in a forked child stands in for the full disk (see test_support.h).
+  const std::string err = error_with_file_size_limit(
+      4096, [&] { data::prepare_corpus({dir / "large.txt"}, tok, out, over); });
+  CHECK_THAT(err, Catch::Contains("[corpus] " + out + ".tmp.") &&
+                      Catch::Contains(": write failed (File too large)"));
+  CHECK(names_starting_with(dir.path, "corpus.tmp").empty());
+  const data::Corpus c(out);
+  CHECK(c.train().num_tokens() == old.train.tokens);
 }
 
 TEST_CASE("the shard reader names the file on truncation and bad ids", "[corpus]") {
