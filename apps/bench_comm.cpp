@@ -27,7 +27,8 @@
 
 namespace {
 
-const char* kUsage = R"(usage: [mpirun -np N] bench_comm [--device cpu|cuda] [--max-mb M] [--iters K]
+const char* kUsage =
+    R"(usage: [mpirun -np N] bench_comm [--device cpu|cuda] [--max-mb M] [--iters K]
                       [--layers L] [--hidden H] [--heads A] [--seq T] [--batch B] [--vocab V]
                       [--bucket-mb MB] [--skip-model]
 
@@ -49,11 +50,13 @@ double median(std::vector<double> v) {
 
 // Waits for the work queued on `device` (a copy back to the host follows it on the stream).
 void device_sync(engine::Device device) {
-  if (device.is_cuda()) engine::Tensor::zeros({1}, engine::DType::f32, device).to(engine::Device::cpu());
+  if (device.is_cuda())
+    engine::Tensor::zeros({1}, engine::DType::f32, device).to(engine::Device::cpu());
 }
 
 // Median over ranks' slowest: each timing is reduced with max so every rank reports the same.
-double timed_ms(engine::Communicator& comm, engine::Device device, int iters, const std::function<void()>& f) {
+double timed_ms(engine::Communicator& comm, engine::Device device, int iters,
+                const std::function<void()>& f) {
   f();
   device_sync(device);
   comm.barrier();
@@ -62,8 +65,9 @@ double timed_ms(engine::Communicator& comm, engine::Device device, int iters, co
     const auto t0 = clock_type::now();
     f();
     device_sync(device);
-    ms.push_back(comm.all_reduce(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count(),
-                                 engine::ReduceOp::max));
+    ms.push_back(
+        comm.all_reduce(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count(),
+                        engine::ReduceOp::max));
   }
   return median(ms);
 }
@@ -99,24 +103,37 @@ int main(int argc, char** argv) {
         if (a == "-h" || a == "--help") {
           std::printf("%s", kUsage);
           return 0;
-        } else if (a == "--device") device_name = value();
-        else if (a == "--max-mb") max_mb = std::stod(value());
-        else if (a == "--iters") iters = std::stoi(value());
-        else if (a == "--layers") cfg.num_layers = std::stoll(value());
-        else if (a == "--hidden") cfg.hidden_size = std::stoll(value());
-        else if (a == "--heads") cfg.num_heads = std::stoll(value());
-        else if (a == "--seq") seq = std::stoll(value());
-        else if (a == "--batch") batch = std::stoll(value());
-        else if (a == "--vocab") cfg.vocab_size = std::stoll(value());
-        else if (a == "--bucket-mb") bucket_mb = std::stod(value());
-        else if (a == "--skip-model") skip_model = true;
+        } else if (a == "--device")
+          device_name = value();
+        else if (a == "--max-mb")
+          max_mb = std::stod(value());
+        else if (a == "--iters")
+          iters = std::stoi(value());
+        else if (a == "--layers")
+          cfg.num_layers = std::stoll(value());
+        else if (a == "--hidden")
+          cfg.hidden_size = std::stoll(value());
+        else if (a == "--heads")
+          cfg.num_heads = std::stoll(value());
+        else if (a == "--seq")
+          seq = std::stoll(value());
+        else if (a == "--batch")
+          batch = std::stoll(value());
+        else if (a == "--vocab")
+          cfg.vocab_size = std::stoll(value());
+        else if (a == "--bucket-mb")
+          bucket_mb = std::stod(value());
+        else if (a == "--skip-model")
+          skip_model = true;
         else {
           std::fprintf(stderr, "bench_comm: unknown option '%s'\n%s", a.c_str(), kUsage);
           return 2;
         }
       }
-      ENGINE_CHECK(device_name == "cpu" || device_name == "cuda", "[bench_comm] --device cpu|cuda, got ", device_name);
-      ENGINE_CHECK(iters >= 1 && max_mb > 0 && bucket_mb > 0, "[bench_comm] --iters, --max-mb and --bucket-mb must be positive");
+      ENGINE_CHECK(device_name == "cpu" || device_name == "cuda",
+                   "[bench_comm] --device cpu|cuda, got ", device_name);
+      ENGINE_CHECK(iters >= 1 && max_mb > 0 && bucket_mb > 0,
+                   "[bench_comm] --iters, --max-mb and --bucket-mb must be positive");
       const engine::Device device =
           device_name == "cuda" ? engine::Device::cuda(comm.local_rank()) : engine::Device::cpu();
       const bool root = comm.is_root();
@@ -126,18 +143,23 @@ int main(int argc, char** argv) {
                     device.str().c_str(), comm.backend(device).c_str());
 
       // ---- 1. all-reduce sweep ----
-      if (root) std::printf("%12s %10s %12s %12s\n", "bytes", "time_ms", "algbw_GB/s", "busbw_GB/s");
+      if (root)
+        std::printf("%12s %10s %12s %12s\n", "bytes", "time_ms", "algbw_GB/s", "busbw_GB/s");
       for (int64_t bytes = 4096; bytes <= int64_t(max_mb * 1048576.0); bytes *= 4) {
         engine::Tensor t = engine::Tensor::ones({bytes / 4}, engine::DType::f32, device);
         const double ms = timed_ms(comm, device, iters, [&] { comm.all_reduce(t); });
         const double algbw = double(bytes) / (ms * 1e-3) / 1e9;
-        if (root) std::printf("%12lld %10.3f %12.3f %12.3f\n", (long long)bytes, ms, algbw,
-                              algbw * 2.0 * (n - 1) / std::max(n, 1));
+        if (root)
+          std::printf("%12lld %10.3f %12.3f %12.3f\n", (long long)bytes, ms, algbw,
+                      algbw * 2.0 * (n - 1) / std::max(n, 1));
       }
       if (skip_model) return 0;
       if (device.is_cuda()) {
         // The BERT model runs where its parameters are; its CUDA ops come with the CUDA issue.
-        if (root) std::printf("\n(the training-step measurement runs on the CPU model only; skipped for --device cuda)\n");
+        if (root)
+          std::printf(
+              "\n(the training-step measurement runs on the CPU model only; skipped for --device "
+              "cuda)\n");
         return 0;
       }
 
@@ -152,12 +174,14 @@ int main(int argc, char** argv) {
       engine::Generator gen(7 + uint64_t(comm.rank()));
       std::vector<int64_t> ids(size_t(batch * seq)), labels(size_t(batch * seq), -100);
       for (size_t k = 0; k < ids.size(); ++k) {
-        ids[k] = int64_t(5 + (k * 7919 + size_t(comm.rank()) * 104729) % size_t(cfg.vocab_size - 5));
+        ids[k] =
+            int64_t(5 + (k * 7919 + size_t(comm.rank()) * 104729) % size_t(cfg.vocab_size - 5));
         if (k % 7 == 3) labels[k] = ids[k];
       }
-      const data::MlmBatch mlm = data::make_mlm_batch(engine::Tensor::from_vector<int64_t>(ids, {batch, seq}), {},
-                                                      engine::Tensor::from_vector<int64_t>(labels, {batch, seq}), {},
-                                                      cfg.vocab_size, "bench_comm");
+      const data::MlmBatch mlm =
+          data::make_mlm_batch(engine::Tensor::from_vector<int64_t>(ids, {batch, seq}), {},
+                               engine::Tensor::from_vector<int64_t>(labels, {batch, seq}), {},
+                               cfg.vocab_size, "bench_comm");
       std::vector<double> exposed;
       auto step = [&](int mode) {  // 0: local, 1: overlapped, 2: after backward
         flat.zero_grad();
@@ -177,17 +201,20 @@ int main(int argc, char** argv) {
       const double after = timed_ms(comm, device, iters, [&] { step(2); });
       const double exp_after = comm.all_reduce(median(exposed), engine::ReduceOp::max);
       if (root) {
-        std::printf("\nBERT step: %lld layers, hidden %lld, %lld heads, batch %lld x %lld tokens, %lld parameters "
-                    "(%.1f MiB of f32 gradients), %lld bucket%s of %.0f MiB\n",
-                    (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.num_heads, (long long)batch,
-                    (long long)seq, (long long)flat.numel(), double(flat.numel()) * 4 / 1048576.0,
-                    (long long)reducer.num_buckets(), reducer.num_buckets() == 1 ? "" : "s", bucket_mb);
+        std::printf(
+            "\nBERT step: %lld layers, hidden %lld, %lld heads, batch %lld x %lld tokens, %lld "
+            "parameters "
+            "(%.1f MiB of f32 gradients), %lld bucket%s of %.0f MiB\n",
+            (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.num_heads,
+            (long long)batch, (long long)seq, (long long)flat.numel(),
+            double(flat.numel()) * 4 / 1048576.0, (long long)reducer.num_buckets(),
+            reducer.num_buckets() == 1 ? "" : "s", bucket_mb);
         std::printf("%-34s %10s %12s %10s\n", "mode", "step_ms", "exposed_ms", "exposed");
         std::printf("%-34s %10.2f %12s %10s\n", "no communication", local, "-", "-");
-        std::printf("%-34s %10.2f %12.2f %9.1f%%\n", "all-reduce in buckets, overlapped", overlapped, exp_overlapped,
-                    100.0 * exp_overlapped / overlapped);
-        std::printf("%-34s %10.2f %12.2f %9.1f%%\n", "one all-reduce after backward", after, exp_after,
-                    100.0 * exp_after / after);
+        std::printf("%-34s %10.2f %12.2f %9.1f%%\n", "all-reduce in buckets, overlapped",
+                    overlapped, exp_overlapped, 100.0 * exp_overlapped / overlapped);
+        std::printf("%-34s %10.2f %12.2f %9.1f%%\n", "one all-reduce after backward", after,
+                    exp_after, 100.0 * exp_after / after);
       }
       return 0;
     } catch (const std::exception& e) {

@@ -24,8 +24,8 @@ double time_ms(const std::function<void()>& f) {
   f();
   std::vector<double> ms;
   auto start = clock::now();
-  while (ms.size() < 3 || (std::chrono::duration<double>(clock::now() - start).count() < 0.3 &&
-                           ms.size() < 200)) {
+  while (ms.size() < 3 ||
+         (std::chrono::duration<double>(clock::now() - start).count() < 0.3 && ms.size() < 200)) {
     auto t0 = clock::now();
     f();
     ms.push_back(std::chrono::duration<double, std::milli>(clock::now() - t0).count());
@@ -64,14 +64,20 @@ void run(bool quick) {
   Tensor x = Tensor::randn({B, T, D}, g).set_requires_grad();
   Tensor w = param({F, D}, g), bias = param({F}, g);
   double flops = 2.0 * rows * D * F * 1e-9;
-  bench("linear_fwd (BT,768)x(768,3072)", [&] {
-    NoGrad ng;
-    linear(x, w, bias);
-  }, flops, "GFLOP/s");
-  bench("linear_fwd_bwd", [&] {
-    Tensor y = linear(x, w, bias);
-    y.backward(Tensor::ones(y.shape()));
-  }, 3 * flops, "GFLOP/s");
+  bench(
+      "linear_fwd (BT,768)x(768,3072)",
+      [&] {
+        NoGrad ng;
+        linear(x, w, bias);
+      },
+      flops, "GFLOP/s");
+  bench(
+      "linear_fwd_bwd",
+      [&] {
+        Tensor y = linear(x, w, bias);
+        y.backward(Tensor::ones(y.shape()));
+      },
+      3 * flops, "GFLOP/s");
 
   Tensor q = Tensor::randn({B, H, T, D / H}, g).set_requires_grad();
   Tensor k = Tensor::randn({B, H, T, D / H}, g).set_requires_grad();
@@ -80,36 +86,54 @@ void run(bool quick) {
   AttentionOptions opt;
   opt.bias = pos;
   double aflops = 4.0 * B * H * T * T * (D / H) * 1e-9;
-  bench("attention_fwd (bias 1,H,T,T)", [&] {
-    NoGrad ng;
-    attention(q, k, v, opt);
-  }, aflops, "GFLOP/s");
-  bench("attention_fwd_bwd", [&] {
-    Tensor y = attention(q, k, v, opt);
-    y.backward(Tensor::ones(y.shape()));
-  }, 3 * aflops, "GFLOP/s");
+  bench(
+      "attention_fwd (bias 1,H,T,T)",
+      [&] {
+        NoGrad ng;
+        attention(q, k, v, opt);
+      },
+      aflops, "GFLOP/s");
+  bench(
+      "attention_fwd_bwd",
+      [&] {
+        Tensor y = attention(q, k, v, opt);
+        y.backward(Tensor::ones(y.shape()));
+      },
+      3 * aflops, "GFLOP/s");
 
   Tensor lw = Tensor::ones({D}).set_requires_grad(), lb = Tensor::zeros({D}).set_requires_grad();
   double lbytes = 2.0 * rows * D * 4 * 1e-9;  // read x, write y
-  bench("layer_norm_fwd", [&] {
-    NoGrad ng;
-    layer_norm(x, lw, lb, 1e-12);
-  }, lbytes, "GB/s");
-  bench("layer_norm_fwd_bwd", [&] {
-    Tensor y = layer_norm(x, lw, lb, 1e-12);
-    y.backward(Tensor::ones(y.shape()));
-  }, 3 * lbytes, "GB/s");
+  bench(
+      "layer_norm_fwd",
+      [&] {
+        NoGrad ng;
+        layer_norm(x, lw, lb, 1e-12);
+      },
+      lbytes, "GB/s");
+  bench(
+      "layer_norm_fwd_bwd",
+      [&] {
+        Tensor y = layer_norm(x, lw, lb, 1e-12);
+        y.backward(Tensor::ones(y.shape()));
+      },
+      3 * lbytes, "GB/s");
 
   Tensor s = Tensor::randn({B, H, T, T}, g);
-  bench("softmax_fwd (B,H,T,T)", [&] {
-    NoGrad ng;
-    softmax(s);
-  }, 2.0 * s.numel() * 4 * 1e-9, "GB/s");
+  bench(
+      "softmax_fwd (B,H,T,T)",
+      [&] {
+        NoGrad ng;
+        softmax(s);
+      },
+      2.0 * s.numel() * 4 * 1e-9, "GB/s");
   Tensor big = Tensor::randn({rows, F}, g).set_requires_grad();
-  bench("gelu_fwd_bwd (BT,3072)", [&] {
-    Tensor y = gelu(big);
-    y.backward(Tensor::ones(y.shape()));
-  }, 4.0 * big.numel() * 4 * 1e-9, "GB/s");
+  bench(
+      "gelu_fwd_bwd (BT,3072)",
+      [&] {
+        Tensor y = gelu(big);
+        y.backward(Tensor::ones(y.shape()));
+      },
+      4.0 * big.numel() * 4 * 1e-9, "GB/s");
 
   // MLM-style loss over 15% of the rows.
   const int64_t n = std::max<int64_t>(1, rows * 15 / 100);
@@ -117,17 +141,21 @@ void run(bool quick) {
   std::vector<int64_t> tv(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) tv[i] = (i * 7919) % V;
   Tensor targets = Tensor::from_vector(tv, {n});
-  bench("cross_entropy_fwd_bwd (0.15BT,30522)", [&] {
-    Tensor l = cross_entropy(logits, targets);
-    l.backward();
-  }, 3.0 * logits.numel() * 4 * 1e-9, "GB/s");
+  bench(
+      "cross_entropy_fwd_bwd (0.15BT,30522)",
+      [&] {
+        Tensor l = cross_entropy(logits, targets);
+        l.backward();
+      },
+      3.0 * logits.numel() * 4 * 1e-9, "GB/s");
 
   // sum_to, the reduction behind every broadcast backward, at a BERT-Base pretraining batch
   // (B=32; --quick: 2): bias gradients (also from a transposed gradient), a full sum (one output:
   // serial by construction), and positional biases shared by the heads or by the batch.
   const int64_t srows = SB * T;
   auto bench_sum_to = [&](const char* name, const Tensor& src, const Shape& to) {
-    bench(name, [&] { sum_to_shape(src, to); }, src.numel() * 4.0 * 1e-9, "GB/s");
+    bench(
+        name, [&] { sum_to_shape(src, to); }, src.numel() * 4.0 * 1e-9, "GB/s");
   };
   {
     Tensor g768 = Tensor::randn({srows, D}, g);
@@ -154,10 +182,11 @@ int main(int argc, char** argv) {
       } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
         g_only = argv[++i];
       } else if (!std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "--help")) {
-        std::puts("usage: bench_ops [--quick] [--only SUBSTRING]\nTimes the CPU ops at BERT-Base "
-                  "shapes (B=8, T=128; --quick: B=2; the sum_to cases at B=32, --quick: 2) and "
-                  "prints tab-separated: case, median ms, rate, unit. --only: the cases whose name "
-                  "contains SUBSTRING.");
+        std::puts(
+            "usage: bench_ops [--quick] [--only SUBSTRING]\nTimes the CPU ops at BERT-Base "
+            "shapes (B=8, T=128; --quick: B=2; the sum_to cases at B=32, --quick: 2) and "
+            "prints tab-separated: case, median ms, rate, unit. --only: the cases whose name "
+            "contains SUBSTRING.");
         return 0;
       } else {
         std::fprintf(stderr, "bench_ops: error: unknown argument '%s' (try --help)\n", argv[i]);

@@ -33,7 +33,8 @@ std::string ArgParser::value() {
 
 std::vector<std::string> ArgParser::values_until_flag() {
   std::vector<std::string> out;
-  while (i_ + 1 < argc_ && std::string(argv_[i_ + 1]).rfind("--", 0) != 0) out.push_back(argv_[++i_]);
+  while (i_ + 1 < argc_ && std::string(argv_[i_ + 1]).rfind("--", 0) != 0)
+    out.push_back(argv_[++i_]);
   if (out.empty()) fail(arg_ + " needs at least one value");
   return out;
 }
@@ -46,7 +47,8 @@ int64_t ArgParser::to_int(const std::string& flag, const std::string& v, int64_t
   return n;
 }
 
-double ArgParser::to_double(const std::string& flag, const std::string& v, double min, double max) const {
+double ArgParser::to_double(const std::string& flag, const std::string& v, double min,
+                            double max) const {
   char* end = nullptr;
   const double x = std::strtod(v.c_str(), &end);
   if (v.empty() || *end != '\0' || !std::isfinite(x) || x < min || x > max) {

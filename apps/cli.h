@@ -11,7 +11,8 @@ namespace cli {
 
 [[noreturn]] void usage_error(const std::string& program, const std::string& msg);
 
-// Walks argv: `while (p.next()) { if (p.arg() == "--steps") n = p.int_value(0); ... else p.unknown(); }`
+// Walks argv: `while (p.next()) { if (p.arg() == "--steps") n = p.int_value(0); ... else
+// p.unknown(); }`
 class ArgParser {
  public:
   ArgParser(std::string program, const char* usage, int argc, char** argv, int first = 1);

@@ -83,7 +83,8 @@ struct Args {
   std::vector<double> lrs = {2e-5, 3e-5, 4e-5, 5e-5};
   std::vector<uint64_t> seeds = {1, 2, 3, 4, 5};
   int64_t epochs = -1, batch_size = 32, max_len = -1, doc_stride = 128, max_query_len = 64;
-  double warmup_ratio = 0.06, weight_decay = 0.01, clip_norm = 1.0, dropout = -1, null_threshold = 0;
+  double warmup_ratio = 0.06, weight_decay = 0.01, clip_norm = 1.0, dropout = -1,
+         null_threshold = 0;
   int64_t evals_per_epoch = 1, log_every = 50, n_best = 20, max_answer_len = 30;
   int64_t max_train = 0, max_eval = 0, max_steps = 0;
   bool cased = false, no_test = false, save_model = false;
@@ -97,45 +98,72 @@ Args parse_args(int argc, char** argv) {
     if (!p.is_flag()) {
       if (!a.task.empty()) usage_error("one TASK only (got '" + a.task + "' and '" + arg + "')");
       a.task = arg;
-    } else if (arg == "--checkpoint") a.checkpoint = p.value();
-    else if (arg == "--data-dir") a.data_dir = p.value();
-    else if (arg == "--tokenizer") a.tokenizer = p.value();
-    else if (arg == "--out") a.out = p.value();
-    else if (arg == "--dump") a.dump = p.value();
-    else if (arg == "--cased") a.cased = true;
-    else if (arg == "--no-test") a.no_test = true;
-    else if (arg == "--save-model") a.save_model = true;
+    } else if (arg == "--checkpoint")
+      a.checkpoint = p.value();
+    else if (arg == "--data-dir")
+      a.data_dir = p.value();
+    else if (arg == "--tokenizer")
+      a.tokenizer = p.value();
+    else if (arg == "--out")
+      a.out = p.value();
+    else if (arg == "--dump")
+      a.dump = p.value();
+    else if (arg == "--cased")
+      a.cased = true;
+    else if (arg == "--no-test")
+      a.no_test = true;
+    else if (arg == "--save-model")
+      a.save_model = true;
     else if (arg == "--lr") {
       const std::string v = p.value();
       a.lrs.clear();
       std::stringstream ss(v);
       std::string item;
       while (std::getline(ss, item, ',')) a.lrs.push_back(p.to_double("--lr", item, 1e-12, 1.0));
-      if (a.lrs.empty()) usage_error("--lr expects a comma-separated list of learning rates, got '" + v + "'");
+      if (a.lrs.empty())
+        usage_error("--lr expects a comma-separated list of learning rates, got '" + v + "'");
     } else if (arg == "--seeds") {
       const int64_t n = p.int_value(1);
       a.seeds.clear();
       for (int64_t s = 1; s <= n; ++s) a.seeds.push_back(uint64_t(s));
     } else if (arg == "--seed") {
       a.seeds = {uint64_t(p.int_value(0))};
-    } else if (arg == "--epochs") a.epochs = p.int_value(1);
-    else if (arg == "--batch-size") a.batch_size = p.int_value(1);
-    else if (arg == "--max-len") a.max_len = p.int_value(3);
-    else if (arg == "--doc-stride") a.doc_stride = p.int_value(1);
-    else if (arg == "--max-query-len") a.max_query_len = p.int_value(1);
-    else if (arg == "--warmup-ratio") a.warmup_ratio = p.double_value(0, 1);
-    else if (arg == "--weight-decay") a.weight_decay = p.double_value(0, 1);
-    else if (arg == "--clip-norm") a.clip_norm = p.double_value(0, 1e9);
-    else if (arg == "--dropout") a.dropout = p.double_value(0, 0.99);
-    else if (arg == "--null-threshold") a.null_threshold = p.double_value(-1e9, 1e9);
-    else if (arg == "--evals-per-epoch") a.evals_per_epoch = p.int_value(1);
-    else if (arg == "--log-every") a.log_every = p.int_value(1);
-    else if (arg == "--n-best") a.n_best = p.int_value(1);
-    else if (arg == "--max-answer-len") a.max_answer_len = p.int_value(1);
-    else if (arg == "--max-train") a.max_train = p.int_value(1);
-    else if (arg == "--max-eval") a.max_eval = p.int_value(1);
-    else if (arg == "--max-steps") a.max_steps = p.int_value(1);
-    else usage_error("unknown argument '" + arg + "'");
+    } else if (arg == "--epochs")
+      a.epochs = p.int_value(1);
+    else if (arg == "--batch-size")
+      a.batch_size = p.int_value(1);
+    else if (arg == "--max-len")
+      a.max_len = p.int_value(3);
+    else if (arg == "--doc-stride")
+      a.doc_stride = p.int_value(1);
+    else if (arg == "--max-query-len")
+      a.max_query_len = p.int_value(1);
+    else if (arg == "--warmup-ratio")
+      a.warmup_ratio = p.double_value(0, 1);
+    else if (arg == "--weight-decay")
+      a.weight_decay = p.double_value(0, 1);
+    else if (arg == "--clip-norm")
+      a.clip_norm = p.double_value(0, 1e9);
+    else if (arg == "--dropout")
+      a.dropout = p.double_value(0, 0.99);
+    else if (arg == "--null-threshold")
+      a.null_threshold = p.double_value(-1e9, 1e9);
+    else if (arg == "--evals-per-epoch")
+      a.evals_per_epoch = p.int_value(1);
+    else if (arg == "--log-every")
+      a.log_every = p.int_value(1);
+    else if (arg == "--n-best")
+      a.n_best = p.int_value(1);
+    else if (arg == "--max-answer-len")
+      a.max_answer_len = p.int_value(1);
+    else if (arg == "--max-train")
+      a.max_train = p.int_value(1);
+    else if (arg == "--max-eval")
+      a.max_eval = p.int_value(1);
+    else if (arg == "--max-steps")
+      a.max_steps = p.int_value(1);
+    else
+      usage_error("unknown argument '" + arg + "'");
   }
   if (a.task.empty()) usage_error("TASK is required (glue/RTE, glue/MNLI, squad/v1.1, ...)");
   if (a.checkpoint.empty()) usage_error("--checkpoint is required");
@@ -160,7 +188,9 @@ int run(Args args) {
 
   // The papers' defaults per task.
   if (args.epochs < 0)
-    args.epochs = squad ? 2 : (glue->name == "MNLI" || glue->name == "QNLI" || glue->name == "QQP") ? 5 : 10;
+    args.epochs = squad                                                                   ? 2
+                  : (glue->name == "MNLI" || glue->name == "QNLI" || glue->name == "QQP") ? 5
+                                                                                          : 10;
   if (args.max_len < 0) args.max_len = squad ? 384 : 128;
   if (args.out.empty()) args.out = "runs/finetune/" + (squad ? task_name.substr(6) : glue->name);
 
@@ -168,8 +198,9 @@ int run(Args args) {
   models::BertConfig config = models::read_checkpoint_config(args.checkpoint);
   if (args.dropout >= 0) config.hidden_dropout = config.attention_dropout = args.dropout;
   if (config.position.has_position_table() && args.max_len > config.max_positions)
-    ENGINE_FAIL("[finetune_app] --max-len ", args.max_len, " exceeds the checkpoint's max_positions ",
-                config.max_positions, " (its learned position table)");
+    ENGINE_FAIL("[finetune_app] --max-len ", args.max_len,
+                " exceeds the checkpoint's max_positions ", config.max_positions,
+                " (its learned position table)");
 
   // The tokenizer: given, or the one the checkpoint records.
   std::string tok_path = args.tokenizer;
@@ -178,15 +209,17 @@ int run(Args args) {
     const auto meta = engine::read_safetensors_metadata(args.checkpoint);
     auto it = meta.find("engine.tokenizer");
     ENGINE_CHECK(it != meta.end(), "[finetune_app] ", args.checkpoint,
-                 ": records no tokenizer (engine.tokenizer); pass the pretraining vocabulary with --tokenizer");
+                 ": records no tokenizer (engine.tokenizer); pass the pretraining vocabulary with "
+                 "--tokenizer");
     tok_path = it->second;
     auto lc = meta.find("engine.tokenizer_lower_case");
     if (lc != meta.end() && !args.cased) lower_case = lc->second != "false";
   }
   std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(tok_path, lower_case);
-  ENGINE_CHECK(tok->vocab_size() == config.vocab_size, "[finetune_app] the tokenizer ", tok_path, " has ",
-               tok->vocab_size(), " tokens but the checkpoint ", args.checkpoint, " has vocab_size ",
-               config.vocab_size, ": pass the vocabulary it was pretrained with (--tokenizer)");
+  ENGINE_CHECK(tok->vocab_size() == config.vocab_size, "[finetune_app] the tokenizer ", tok_path,
+               " has ", tok->vocab_size(), " tokens but the checkpoint ", args.checkpoint,
+               " has vocab_size ", config.vocab_size,
+               ": pass the vocabulary it was pretrained with (--tokenizer)");
 
   models::TaskDataOptions data_options;
   data_options.max_len = args.max_len;
@@ -216,12 +249,13 @@ int run(Args args) {
   }
 
   if (root)
-    std::printf("%s: %zu learning rate%s x %zu seed%s, %lld epochs, batch %lld (%d rank%s), max_len %lld, "
-                "warmup %.0f%%, preset %s\n",
-                label.c_str(), args.lrs.size(), args.lrs.size() == 1 ? "" : "s", args.seeds.size(),
-                args.seeds.size() == 1 ? "" : "s", (long long)args.epochs, (long long)args.batch_size, comm.size(),
-                comm.size() == 1 ? "" : "s", (long long)args.max_len, 100 * args.warmup_ratio,
-                config.position.preset.c_str());
+    std::printf(
+        "%s: %zu learning rate%s x %zu seed%s, %lld epochs, batch %lld (%d rank%s), max_len %lld, "
+        "warmup %.0f%%, preset %s\n",
+        label.c_str(), args.lrs.size(), args.lrs.size() == 1 ? "" : "s", args.seeds.size(),
+        args.seeds.size() == 1 ? "" : "s", (long long)args.epochs, (long long)args.batch_size,
+        comm.size(), comm.size() == 1 ? "" : "s", (long long)args.max_len, 100 * args.warmup_ratio,
+        config.position.preset.c_str());
   models::SweepOptions s;
   s.lrs = args.lrs;
   s.seeds = args.seeds;
@@ -243,8 +277,8 @@ int run(Args args) {
   s.max_eval = args.max_eval;
   const models::SweepReport report = models::run_sweep(*task, config, args.checkpoint, s);
   if (root)
-    std::printf("\n%s\nresults: %s/results.md, %s/results.json\n", report.table.c_str(), args.out.c_str(),
-                args.out.c_str());
+    std::printf("\n%s\nresults: %s/results.md, %s/results.json\n", report.table.c_str(),
+                args.out.c_str(), args.out.c_str());
   return 0;
 }
 

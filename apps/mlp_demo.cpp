@@ -33,7 +33,8 @@ const char* kUsage =
 int64_t parse_int(const std::string& flag, const char* v) {
   char* end = nullptr;
   long long x = std::strtoll(v, &end, 10);
-  ENGINE_CHECK(end && *end == '\0' && x > 0, "[mlp_demo] ", flag, " expects a positive integer, got '", v, "'");
+  ENGINE_CHECK(end && *end == '\0' && x > 0, "[mlp_demo] ", flag,
+               " expects a positive integer, got '", v, "'");
   return x;
 }
 double parse_double(const std::string& flag, const char* v, double lo, double hi) {
@@ -54,21 +55,30 @@ Options parse(int argc, char** argv) {
     }
     ENGINE_CHECK(i + 1 < argc, "[mlp_demo] ", a, " needs a value (or unknown argument)\n", kUsage);
     const char* v = argv[++i];
-    if (a == "--steps") o.steps = parse_int(a, v);
-    else if (a == "--hidden") o.hidden = parse_int(a, v);
-    else if (a == "--batch") o.batch = parse_int(a, v);
-    else if (a == "--log-every") o.log_every = parse_int(a, v);
-    else if (a == "--seed") o.seed = static_cast<uint64_t>(parse_int(a, v));
-    else if (a == "--lr") o.lr = parse_double(a, v, 1e-9, 10.0);
-    else if (a == "--dropout") o.dropout = parse_double(a, v, 0.0, 1.0);
-    else ENGINE_FAIL("[mlp_demo] unknown argument '", a, "'\n", kUsage);
+    if (a == "--steps")
+      o.steps = parse_int(a, v);
+    else if (a == "--hidden")
+      o.hidden = parse_int(a, v);
+    else if (a == "--batch")
+      o.batch = parse_int(a, v);
+    else if (a == "--log-every")
+      o.log_every = parse_int(a, v);
+    else if (a == "--seed")
+      o.seed = static_cast<uint64_t>(parse_int(a, v));
+    else if (a == "--lr")
+      o.lr = parse_double(a, v, 1e-9, 10.0);
+    else if (a == "--dropout")
+      o.dropout = parse_double(a, v, 0.0, 1.0);
+    else
+      ENGINE_FAIL("[mlp_demo] unknown argument '", a, "'\n", kUsage);
   }
   return o;
 }
 
 // n points per class on three interleaved spiral arms, with noise: (3n, 2) inputs, (3n) labels.
 void spiral(int64_t n, Generator& g, Tensor& x, Tensor& y) {
-  std::vector<double> noise = Tensor::randn({3 * n, 2}, g, 0.0, 0.15, DType::f64).to_vector<double>();
+  std::vector<double> noise =
+      Tensor::randn({3 * n, 2}, g, 0.0, 0.15, DType::f64).to_vector<double>();
   std::vector<double> u = Tensor::rand({3 * n}, g, DType::f64).to_vector<double>();
   std::vector<float> xs(static_cast<size_t>(6 * n));
   std::vector<int64_t> ys(static_cast<size_t>(3 * n));

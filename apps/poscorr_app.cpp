@@ -78,15 +78,24 @@ Args parse_args(int argc, char** argv) {
   cli::ArgParser p("poscorr_app", kUsage, argc, argv);
   while (p.next()) {
     const std::string& arg = p.arg();
-    if (arg == "--checkpoint") a.checkpoint = p.value();
-    else if (arg == "--checkpoints") a.checkpoints = p.values_until_flag();
-    else if (arg == "--out") a.out = p.value();
-    else if (arg == "--matrix") a.matrix = p.value();
-    else if (arg == "--max-positions") a.max_positions = p.int_value(2);
-    else if (arg == "--head") a.head = p.int_value(0);
-    else if (arg == "--columns") a.grid.columns = p.int_value(1);
-    else if (arg == "--probe-tokens") a.probe.tokens = p.int_value(1);
-    else if (arg == "--probe-seed") a.probe.seed = uint64_t(p.int_value(0));
+    if (arg == "--checkpoint")
+      a.checkpoint = p.value();
+    else if (arg == "--checkpoints")
+      a.checkpoints = p.values_until_flag();
+    else if (arg == "--out")
+      a.out = p.value();
+    else if (arg == "--matrix")
+      a.matrix = p.value();
+    else if (arg == "--max-positions")
+      a.max_positions = p.int_value(2);
+    else if (arg == "--head")
+      a.head = p.int_value(0);
+    else if (arg == "--columns")
+      a.grid.columns = p.int_value(1);
+    else if (arg == "--probe-tokens")
+      a.probe.tokens = p.int_value(1);
+    else if (arg == "--probe-seed")
+      a.probe.seed = uint64_t(p.int_value(0));
     else if (arg == "--probe-ids") {
       std::stringstream ss(p.value());
       std::string item;
@@ -98,9 +107,11 @@ Args parse_args(int argc, char** argv) {
       if (comma == std::string::npos) p.fail("--range expects MIN,MAX, got '" + v + "'");
       a.grid.range_min = p.to_double("--range", v.substr(0, comma), -1e30, 1e30);
       a.grid.range_max = p.to_double("--range", v.substr(comma + 1), -1e30, 1e30);
-      if (a.grid.range_max <= a.grid.range_min) p.fail("--range expects MIN < MAX, got '" + v + "'");
+      if (a.grid.range_max <= a.grid.range_min)
+        p.fail("--range expects MIN < MAX, got '" + v + "'");
       a.grid.has_range = true;
-    } else p.unknown();
+    } else
+      p.unknown();
   }
   if (a.checkpoint.empty() == a.checkpoints.empty())
     p.fail(a.checkpoint.empty() ? "--checkpoint or --checkpoints is required"
@@ -134,8 +145,9 @@ Loaded load(const std::string& path) {
 
 int64_t positions_for(const Args& a, const models::BertConfig& c) {
   if (a.max_positions > 0) {
-    ENGINE_CHECK(!c.position.has_position_table() || a.max_positions <= c.max_positions, "[poscorr] --max-positions ",
-                 a.max_positions, " exceeds the checkpoint's max_positions ", c.max_positions, " (preset ",
+    ENGINE_CHECK(!c.position.has_position_table() || a.max_positions <= c.max_positions,
+                 "[poscorr] --max-positions ", a.max_positions,
+                 " exceeds the checkpoint's max_positions ", c.max_positions, " (preset ",
                  c.position.preset, " has a learned position table)");
     return a.max_positions;
   }
@@ -179,11 +191,13 @@ json measures(const CorrelationMatrix& m, int64_t k) {
 }
 
 std::string axes_line(const CorrelationMatrix& m) {
-  return "rows: " + m.row_axis + ", columns: " + m.col_axis + (m.first ? "; [CLS] row and column = theta" : "");
+  return "rows: " + m.row_axis + ", columns: " + m.col_axis +
+         (m.first ? "; [CLS] row and column = theta" : "");
 }
 
 // The picture of one matrix family: a panel per head (titled with its pattern), or one panel.
-void draw(const CorrelationMatrix& m, const std::string& path, const Args& a, const json& per_head) {
+void draw(const CorrelationMatrix& m, const std::string& path, const Args& a,
+          const json& per_head) {
   std::vector<plot::Panel> panels;
   plot::GridOptions o = a.grid;
   o.title = m.title;
@@ -191,7 +205,8 @@ void draw(const CorrelationMatrix& m, const std::string& path, const Args& a, co
   o.colorbar_label = m.logits ? "logit" : "dot product";
   const int64_t k = m.values.size(0), r = m.values.size(1), c = m.values.size(2);
   if (m.per_offset) {  // all heads in one panel: a row per head, a column per offset
-    plot::Panel p{"heads 0-" + std::to_string(k - 1), k, c, m.values.contiguous().to_vector<float>(), 0, m.col_start};
+    plot::Panel p{"heads 0-" + std::to_string(k - 1),       k, c,
+                  m.values.contiguous().to_vector<float>(), 0, m.col_start};
     panels.push_back(p);
     o.panel_width = std::clamp<int64_t>(2 * c, 256, 1024);
     o.panel_height = std::max<int64_t>(96, 16 * k);
@@ -203,7 +218,8 @@ void draw(const CorrelationMatrix& m, const std::string& path, const Args& a, co
       panels.push_back({title, r, c, slice(m, h), m.row_start, m.col_start});
     }
     // At least a pixel per cell up to 512 positions (a smaller box would skip rows and columns).
-    o.panel_width = o.panel_height = std::clamp<int64_t>(std::max(r, c), m.per_head ? 256 : 384, 512);
+    o.panel_width = o.panel_height =
+        std::clamp<int64_t>(std::max(r, c), m.per_head ? 256 : 384, 512);
   }
   plot::write_heatmap_grid(path, panels, o);
 }
@@ -214,7 +230,8 @@ int dump_one(const Args& a) {
   const int64_t t = positions_for(a, c);
   fs::create_directories(a.out);
   std::vector<int64_t> probe_ids;
-  const std::vector<CorrelationMatrix> ms = models::extract_correlations(*l.bert, t, a.probe, &probe_ids);
+  const std::vector<CorrelationMatrix> ms =
+      models::extract_correlations(*l.bert, t, a.probe, &probe_ids);
   json summary = {{"checkpoint", a.checkpoint},
                   {"preset", c.position.preset},
                   {"cls_reset", models::cls_reset_name(c.position.cls_reset)},
@@ -235,7 +252,9 @@ int dump_one(const Args& a) {
   for (const CorrelationMatrix& m : ms) {
     const int64_t k = m.values.size(0);
     // .npy shapes: (H, T, T) per head, (H, 2T - 1) per offset, (R, C) single.
-    Tensor v = m.per_offset ? m.values.view({k, m.values.size(2)}) : m.per_head ? m.values : m.values.select(0, 0);
+    Tensor v = m.per_offset ? m.values.view({k, m.values.size(2)})
+               : m.per_head ? m.values
+                            : m.values.select(0, 0);
     engine::save_npy((fs::path(a.out) / (m.name + ".npy")).string(), v);
     json heads = json::array();
     for (int64_t h = 0; h < k; ++h) heads.push_back(measures(m, h));
@@ -247,15 +266,19 @@ int dump_one(const Args& a) {
                   {"measured_from_position", m.first},
                   {"row_start", m.row_start},
                   {"col_start", m.col_start}};
-    if (m.per_head || m.per_offset) entry["heads"] = heads;
-    else entry["properties"] = heads[0];
+    if (m.per_head || m.per_offset)
+      entry["heads"] = heads;
+    else
+      entry["properties"] = heads[0];
     out[m.name] = entry;
     std::printf("%-16s %-14s", m.name.c_str(), engine::shape_str(v.shape()).c_str());
     if (m.logits)
-      for (int64_t h = 0; h < k; ++h) std::printf(" %s", heads[size_t(h)]["pattern"].get<std::string>().c_str());
+      for (int64_t h = 0; h < k; ++h)
+        std::printf(" %s", heads[size_t(h)]["pattern"].get<std::string>().c_str());
     std::printf("\n");
   }
-  engine::write_file_atomic((fs::path(a.out) / "summary.json").string(), summary.dump(2) + "\n", "poscorr");
+  engine::write_file_atomic((fs::path(a.out) / "summary.json").string(), summary.dump(2) + "\n",
+                            "poscorr");
   std::printf("wrote %zu matrices (.npy, .png) and summary.json to %s\n", ms.size(), a.out.c_str());
   return 0;
 }
@@ -283,12 +306,12 @@ int evolution(const Args& a) {
     if (i == 0) {
       first_config = config;
       t = positions_for(a, config);
-      ENGINE_CHECK(a.head < config.num_heads, "[poscorr] --head ", a.head, " but the model has ", config.num_heads,
-                   " heads");
+      ENGINE_CHECK(a.head < config.num_heads, "[poscorr] --head ", a.head, " but the model has ",
+                   config.num_heads, " heads");
     } else {
       const std::string diff = config.first_difference(first_config);
-      ENGINE_CHECK(diff.empty(), "[poscorr] ", path, ": another model than ", a.checkpoints[0], " at model.", diff,
-                   " (all --checkpoints must be one run's)");
+      ENGINE_CHECK(diff.empty(), "[poscorr] ", path, ": another model than ", a.checkpoints[0],
+                   " at model.", diff, " (all --checkpoints must be one run's)");
     }
     const std::vector<CorrelationMatrix> ms = models::extract_correlations(*l.bert, t, a.probe);
     if (i == 0) name = a.matrix.empty() ? default_matrix(ms) : a.matrix;
@@ -298,17 +321,20 @@ int evolution(const Args& a) {
       if (x.name == name) m = &x;
       have += (have.empty() ? "" : ", ") + x.name;
     }
-    ENGINE_CHECK(m, "[poscorr] --matrix ", name, ": preset ", config.position.preset, " has ", have);
+    ENGINE_CHECK(m, "[poscorr] --matrix ", name, ": preset ", config.position.preset, " has ",
+                 have);
     const int64_t k = m->per_head ? a.head : 0;
     const Tensor frame = m->values.select(0, k).contiguous();  // (R, C); (1, 2T - 1) per offset
     frames.push_back(frame.unsqueeze(0));
     logits = m->logits;
     json e = {{"checkpoint", path}, {"properties", measures(*m, k)}};
     if (l.step >= 0) e["step"] = l.step;
-    const std::string label = l.step >= 0 ? "step " + std::to_string(l.step) : fs::path(path).stem().string();
+    const std::string label =
+        l.step >= 0 ? "step " + std::to_string(l.step) : fs::path(path).stem().string();
     std::string title = label;
     if (m->logits && !m->per_offset) title += ": " + e["properties"]["pattern"].get<std::string>();
-    panels.push_back({title, frame.size(0), frame.size(1), frame.to_vector<float>(), m->row_start, m->col_start});
+    panels.push_back({title, frame.size(0), frame.size(1), frame.to_vector<float>(), m->row_start,
+                      m->col_start});
     entries.push_back(e);
     std::printf("%s %s\n", path.c_str(), e["properties"].dump().c_str());
   }
@@ -316,15 +342,21 @@ int evolution(const Args& a) {
   Tensor all = engine::concat(frames, 0);
   engine::save_npy((fs::path(a.out) / (stem + ".npy")).string(), all);
   plot::GridOptions o = a.grid;
-  o.title = first_config.position.preset + ": " + name + ", head " + std::to_string(a.head) + " over training";
-  o.subtitle = name == "relative_bias" ? "columns: offset j - i" : "rows: query position i, columns: key position j";
+  o.title = first_config.position.preset + ": " + name + ", head " + std::to_string(a.head) +
+            " over training";
+  o.subtitle = name == "relative_bias" ? "columns: offset j - i"
+                                       : "rows: query position i, columns: key position j";
   o.colorbar_label = logits ? "logit" : "dot product";
-  if (panels[0].rows == 1) o.panel_height = 48, o.panel_width = std::clamp<int64_t>(2 * panels[0].cols, 256, 1024);
-  else o.panel_width = o.panel_height = std::clamp<int64_t>(std::max(panels[0].rows, panels[0].cols), 256, 512);
+  if (panels[0].rows == 1)
+    o.panel_height = 48, o.panel_width = std::clamp<int64_t>(2 * panels[0].cols, 256, 1024);
+  else
+    o.panel_width = o.panel_height =
+        std::clamp<int64_t>(std::max(panels[0].rows, panels[0].cols), 256, 512);
   plot::write_heatmap_grid((fs::path(a.out) / (stem + ".png")).string(), panels, o);
-  json doc = {{"matrix", name}, {"head", a.head}, {"positions", t}, {"npy", stem + ".npy"}, {"png", stem + ".png"},
-              {"checkpoints", entries}};
-  engine::write_file_atomic((fs::path(a.out) / "evolution.json").string(), doc.dump(2) + "\n", "poscorr");
+  json doc = {{"matrix", name},       {"head", a.head},       {"positions", t},
+              {"npy", stem + ".npy"}, {"png", stem + ".png"}, {"checkpoints", entries}};
+  engine::write_file_atomic((fs::path(a.out) / "evolution.json").string(), doc.dump(2) + "\n",
+                            "poscorr");
   std::printf("wrote %s.{npy,png} and evolution.json to %s\n", stem.c_str(), a.out.c_str());
   return 0;
 }

@@ -13,21 +13,21 @@
 #include <string>
 #include <vector>
 
+#include "apps/cli.h"
+#include "data/batches.h"
+#include "data/corpus.h"
+#include "data/tokenizer.h"
 #include "engine/autograd.h"
 #include "engine/comm.h"
 #include "engine/config.h"
 #include "engine/error.h"
 #include "engine/optim.h"
 #include "engine/safetensors.h"
-#include "train/trainer.h"
 #include "models/bert.h"
 #include "models/checkpoint.h"
 #include "models/pretrain.h"
 #include "models/pretrain_config.h"
-#include "apps/cli.h"
-#include "data/batches.h"
-#include "data/corpus.h"
-#include "data/tokenizer.h"
+#include "train/trainer.h"
 
 namespace {
 
@@ -92,19 +92,29 @@ Args parse_args(int argc, char** argv) {
   cli::ArgParser p("pretrain_app", kUsage, argc, argv);
   while (p.next()) {
     const std::string& arg = p.arg();
-    if (arg == "--config") a.config = p.value();
-    else if (arg == "--init") a.init = p.value();
-    else if (arg == "--batch-file") a.batch_file = p.value();
-    else if (arg == "--save") a.save = p.value();
-    else if (arg == "--dump") a.dump = p.value();
-    else if (arg == "--set") a.sets.push_back(p.value());
-    else if (arg == "--count-params") a.count_params = true;
-    else if (arg == "--resume") a.resume = true;
-    else if (arg == "--out") a.out = p.value();
+    if (arg == "--config")
+      a.config = p.value();
+    else if (arg == "--init")
+      a.init = p.value();
+    else if (arg == "--batch-file")
+      a.batch_file = p.value();
+    else if (arg == "--save")
+      a.save = p.value();
+    else if (arg == "--dump")
+      a.dump = p.value();
+    else if (arg == "--set")
+      a.sets.push_back(p.value());
+    else if (arg == "--count-params")
+      a.count_params = true;
+    else if (arg == "--resume")
+      a.resume = true;
+    else if (arg == "--out")
+      a.out = p.value();
     else if (arg == "--steps") {
       a.steps = p.int_value(0);
       a.steps_given = true;
-    } else p.unknown();
+    } else
+      p.unknown();
   }
   if (a.config.empty() && a.init.empty()) usage_error("--config (or --init) is required");
   if (a.batch_file.empty() && (a.steps_given || !a.dump.empty() || !a.save.empty()))
@@ -147,7 +157,8 @@ void print_parameter_counts(const models::BertForMaskedLM& model) {
 // data::BatchStream / EvalBatches as the loop's batch source.
 class CorpusSource : public models::BatchSource {
  public:
-  CorpusSource(const data::Corpus& corpus, const data::Tokenizer& tok, const data::BatchOptions& opt)
+  CorpusSource(const data::Corpus& corpus, const data::Tokenizer& tok,
+               const data::BatchOptions& opt)
       : train_(corpus, data::Split::train, tok, opt),
         valid_(corpus, data::Split::valid, tok, opt.batch_size, opt.max_len) {}
   data::MlmBatch next_train() override { return train_.next_batch(); }
@@ -173,7 +184,8 @@ int single_batch(const Args& args, models::BertForMaskedLM& model, const engine:
                  uint64_t seed) {
   const models::BertConfig& config = model.config();
   engine::FlatParameters flat(model.named_parameters());
-  const data::MlmBatch batch = models::load_mlm_batch(args.batch_file, config).to(flat.data().device());
+  const data::MlmBatch batch =
+      models::load_mlm_batch(args.batch_file, config).to(flat.data().device());
   model.train(false);  // single-batch mode: dropout off
   engine::Generator gen(seed);
 
@@ -182,15 +194,14 @@ int single_batch(const Args& args, models::BertForMaskedLM& model, const engine:
   engine::TrainerOptions options;
   options.clip_norm = 0;
   engine::Trainer trainer(
-      flat, adam, [](const std::string& n) { return !engine::default_no_decay(n); }, engine::constant_lr(adam.lr),
-      options);
+      flat, adam, [](const std::string& n) { return !engine::default_no_decay(n); },
+      engine::constant_lr(adam.lr), options);
 
   if (!args.dump.empty()) {
     models::MlmOutput out = model.forward(batch, gen);
     out.loss.backward();
-    engine::NamedTensors dump = {{"loss", out.loss.detach()},
-                                 {"logits", out.logits.detach()},
-                                 {"targets", batch.targets}};
+    engine::NamedTensors dump = {
+        {"loss", out.loss.detach()}, {"logits", out.logits.detach()}, {"targets", batch.targets}};
     for (auto& [name, t] : model.named_parameters()) dump.emplace_back("grad." + name, t.grad());
     engine::save_safetensors(args.dump, dump);
     flat.zero_grad();
@@ -206,8 +217,10 @@ int single_batch(const Args& args, models::BertForMaskedLM& model, const engine:
   const double one = 1.0;
   for (int64_t k = 1; k <= args.steps; ++k) {
     // "step k loss v": the loss before step k's update.
-    const engine::StepStats s = trainer.step(1, [&](int64_t) { return model.forward(batch, gen).loss; }, {&one, 1});
-    std::printf("step %lld loss %.9g%s\n", (long long)k, s.loss, s.applied ? "" : " (skipped: inf/NaN gradients)");
+    const engine::StepStats s =
+        trainer.step(1, [&](int64_t) { return model.forward(batch, gen).loss; }, {&one, 1});
+    std::printf("step %lld loss %.9g%s\n", (long long)k, s.loss,
+                s.applied ? "" : " (skipped: inf/NaN gradients)");
     std::fflush(stdout);
   }
   if (!args.save.empty()) {
@@ -218,7 +231,8 @@ int single_batch(const Args& args, models::BertForMaskedLM& model, const engine:
 }
 
 int run(const Args& args) {
-  engine::Config cfg = args.config.empty() ? engine::Config() : engine::Config::load_file(args.config);
+  engine::Config cfg =
+      args.config.empty() ? engine::Config() : engine::Config::load_file(args.config);
   for (const auto& s : args.sets) cfg.set_assignment(s);
   if (!args.out.empty()) cfg.set("train.out_dir", args.out);
   const models::PretrainConfig pc = models::PretrainConfig::read(cfg);  // every section, checked
@@ -233,17 +247,19 @@ int run(const Args& args) {
   std::unique_ptr<data::Tokenizer> tokenizer;
   if (corpus_mode && !data_opt.corpus.empty()) {
     corpus = std::make_unique<data::Corpus>(data_opt.corpus);
-    const std::string tok_path = data_opt.tokenizer.empty() ? corpus->meta().tokenizer_path : data_opt.tokenizer;
+    const std::string tok_path =
+        data_opt.tokenizer.empty() ? corpus->meta().tokenizer_path : data_opt.tokenizer;
     try {
       tokenizer = data::load_tokenizer(tok_path, data_opt.lower_case);
     } catch (const engine::Error& e) {
-      ENGINE_FAIL(e.what(), data_opt.tokenizer.empty() ? " (the tokenizer recorded in " + data_opt.corpus +
-                                                           "/meta.json; set data.tokenizer to use another path)"
-                                                     : std::string(" (data.tokenizer)"));
+      ENGINE_FAIL(e.what(), data_opt.tokenizer.empty()
+                                ? " (the tokenizer recorded in " + data_opt.corpus +
+                                      "/meta.json; set data.tokenizer to use another path)"
+                                : std::string(" (data.tokenizer)"));
     }
-    ENGINE_CHECK(tokenizer->vocab_size() == corpus->meta().vocab_size, "[pretrain_app] tokenizer ", tok_path,
-                 " has ", tokenizer->vocab_size(), " tokens but the corpus ", data_opt.corpus, " was prepared with ",
-                 corpus->meta().vocab_size);
+    ENGINE_CHECK(tokenizer->vocab_size() == corpus->meta().vocab_size, "[pretrain_app] tokenizer ",
+                 tok_path, " has ", tokenizer->vocab_size(), " tokens but the corpus ",
+                 data_opt.corpus, " was prepared with ", corpus->meta().vocab_size);
   }
 
   models::BertConfig config = pc.model;
@@ -254,14 +270,16 @@ int run(const Args& args) {
       const std::string diff = stored.first_difference(config);
       if (!diff.empty())
         ENGINE_FAIL("[pretrain_app] ", args.init, ": the checkpoint's model config differs from ",
-                    args.config, " at model.", diff, " (checkpoint vs config); drop the model "
+                    args.config, " at model.", diff,
+                    " (checkpoint vs config); drop the model "
                     "section from the config to use the checkpoint's");
     }
     config = stored;
   }
   if (corpus_mode) {
     ENGINE_CHECK(corpus, "[pretrain_app] ", cfg.source(),
-                 ": data.corpus is not set (a directory made by `pretrain_app prepare`), and no --batch-file was given");
+                 ": data.corpus is not set (a directory made by `pretrain_app prepare`), and no "
+                 "--batch-file was given");
     pc.check_for_corpus(config, tokenizer->vocab_size(), tokenizer->path());
   }
 
@@ -283,26 +301,36 @@ int run(const Args& args) {
   bo.num_shards = comm.size();
   CorpusSource source(*corpus, *tokenizer, bo);
   if (comm.is_root()) {
-    std::printf("corpus %s: %lld train / %lld valid tokens; batches of %lld x %lld\n", data_opt.corpus.c_str(),
-                (long long)corpus->train().num_tokens(), (long long)corpus->valid().num_tokens(),
-                (long long)bo.batch_size, (long long)bo.max_len);
-    std::printf("global batch: %d rank%s x %lld sequences x %lld accumulation = %lld sequences of %lld tokens (%s)\n",
-                comm.size(), comm.size() == 1 ? "" : "s", (long long)bo.batch_size, (long long)train_opt.accumulation,
-                (long long)(comm.size() * bo.batch_size * train_opt.accumulation), (long long)bo.max_len,
-                comm.backend(engine::Device::cpu()).c_str());
+    std::printf("corpus %s: %lld train / %lld valid tokens; batches of %lld x %lld\n",
+                data_opt.corpus.c_str(), (long long)corpus->train().num_tokens(),
+                (long long)corpus->valid().num_tokens(), (long long)bo.batch_size,
+                (long long)bo.max_len);
+    std::printf(
+        "global batch: %d rank%s x %lld sequences x %lld accumulation = %lld sequences of %lld "
+        "tokens (%s)\n",
+        comm.size(), comm.size() == 1 ? "" : "s", (long long)bo.batch_size,
+        (long long)train_opt.accumulation,
+        (long long)(comm.size() * bo.batch_size * train_opt.accumulation), (long long)bo.max_len,
+        comm.backend(engine::Device::cpu()).c_str());
     std::fflush(stdout);
   }
   // finetune_app finds the vocabulary through the checkpoints.
-  train_opt.checkpoint_metadata["engine.tokenizer"] = std::filesystem::absolute(tokenizer->path()).string();
-  train_opt.checkpoint_metadata["engine.tokenizer_lower_case"] = data_opt.lower_case ? "true" : "false";
-  models::PretrainResult r = models::pretrain(model, source, train_opt, adam, seed, args.resume, cfg.dump());
+  train_opt.checkpoint_metadata["engine.tokenizer"] =
+      std::filesystem::absolute(tokenizer->path()).string();
+  train_opt.checkpoint_metadata["engine.tokenizer_lower_case"] =
+      data_opt.lower_case ? "true" : "false";
+  models::PretrainResult r =
+      models::pretrain(model, source, train_opt, adam, seed, args.resume, cfg.dump());
   if (comm.is_root()) {
     // A run resumed at its last step validates nothing: say so rather than print a loss of 0.
     char valid[64] = "no validation this run";
-    if (!std::isnan(r.last_valid_loss)) std::snprintf(valid, sizeof valid, "valid loss %.4f", r.last_valid_loss);
-    std::printf("done: step %lld, %s; checkpoint %s; model %s/model.safetensors; metrics %s/metrics.jsonl\n",
-                (long long)r.final_step, valid, r.final_checkpoint.c_str(), train_opt.out_dir.c_str(),
-                train_opt.out_dir.c_str());
+    if (!std::isnan(r.last_valid_loss))
+      std::snprintf(valid, sizeof valid, "valid loss %.4f", r.last_valid_loss);
+    std::printf(
+        "done: step %lld, %s; checkpoint %s; model %s/model.safetensors; metrics "
+        "%s/metrics.jsonl\n",
+        (long long)r.final_step, valid, r.final_checkpoint.c_str(), train_opt.out_dir.c_str(),
+        train_opt.out_dir.c_str());
   }
   return 0;
 }
@@ -322,10 +350,14 @@ SubArgs parse_sub(int argc, char** argv, const std::vector<std::string>& valued,
   cli::ArgParser p("pretrain_app " + cmd, kUsage, argc, argv, 2);
   while (p.next()) {
     const std::string& arg = p.arg();
-    if (arg == "--input") a.inputs = p.values_until_flag();
-    else if (std::find(valued.begin(), valued.end(), arg) != valued.end()) a.values[arg] = p.value();
-    else if (std::find(flags.begin(), flags.end(), arg) != flags.end()) a.flags.push_back(arg);
-    else p.unknown();
+    if (arg == "--input")
+      a.inputs = p.values_until_flag();
+    else if (std::find(valued.begin(), valued.end(), arg) != valued.end())
+      a.values[arg] = p.value();
+    else if (std::find(flags.begin(), flags.end(), arg) != flags.end())
+      a.flags.push_back(arg);
+    else
+      p.unknown();
   }
   if (a.inputs.empty()) usage_error(cmd + ": --input FILE [FILE ...] is required");
   if (!a.values.count("--out")) usage_error(cmd + ": --out is required");
@@ -337,7 +369,8 @@ int64_t int_value(const SubArgs& a, const std::string& key, int64_t fallback) {
   if (it == a.values.end()) return fallback;
   char* end = nullptr;
   const long long v = std::strtoll(it->second.c_str(), &end, 10);
-  if (it->second.empty() || *end != '\0' || v < 0) usage_error(key + " expects a non-negative integer, got '" + it->second + "'");
+  if (it->second.empty() || *end != '\0' || v < 0)
+    usage_error(key + " expects a non-negative integer, got '" + it->second + "'");
   return v;
 }
 
@@ -346,21 +379,24 @@ bool has_flag(const SubArgs& a, const std::string& f) {
 }
 
 int train_tokenizer_cmd(int argc, char** argv) {
-  SubArgs a = parse_sub(argc, argv, {"--out", "--vocab-size", "--max-lines", "--seed"}, {"--verbose"});
+  SubArgs a =
+      parse_sub(argc, argv, {"--out", "--vocab-size", "--max-lines", "--seed"}, {"--verbose"});
   data::SentencePieceTrainOptions o;
   o.vocab_size = int_value(a, "--vocab-size", o.vocab_size);
   o.input_sentence_size = int_value(a, "--max-lines", o.input_sentence_size);
   o.seed = static_cast<uint64_t>(int_value(a, "--seed", 1));
   o.verbose = has_flag(a, "--verbose");
   data::train_sentencepiece(a.inputs, a.values["--out"], o);
-  std::printf("tokenizer: %s.model (%lld pieces)\n", a.values["--out"].c_str(), (long long)o.vocab_size);
+  std::printf("tokenizer: %s.model (%lld pieces)\n", a.values["--out"].c_str(),
+              (long long)o.vocab_size);
   return 0;
 }
 
 int prepare_cmd(int argc, char** argv) {
   SubArgs a = parse_sub(argc, argv, {"--out", "--tokenizer", "--valid-ratio", "--seed"},
                         {"--overwrite", "--quiet", "--cased"});
-  if (!a.values.count("--tokenizer")) usage_error("prepare: --tokenizer (a .model or vocab.txt) is required");
+  if (!a.values.count("--tokenizer"))
+    usage_error("prepare: --tokenizer (a .model or vocab.txt) is required");
   auto tok = data::load_tokenizer(a.values["--tokenizer"], !has_flag(a, "--cased"));
   data::PrepareOptions o;
   o.valid_ratio = int_value(a, "--valid-ratio", o.valid_ratio);
@@ -368,11 +404,12 @@ int prepare_cmd(int argc, char** argv) {
   o.overwrite = has_flag(a, "--overwrite");
   o.quiet = has_flag(a, "--quiet");
   data::CorpusStats st = data::prepare_corpus(a.inputs, *tok, a.values["--out"], o);
-  std::printf("corpus %s: train %lld documents / %lld tokens, valid %lld documents / %lld tokens; "
-              "%lld invalid UTF-8 sequences replaced, %lld empty documents skipped\n",
-              a.values["--out"].c_str(), (long long)st.train.documents, (long long)st.train.tokens,
-              (long long)st.valid.documents, (long long)st.valid.tokens, (long long)st.invalid_utf8,
-              (long long)st.empty_documents);
+  std::printf(
+      "corpus %s: train %lld documents / %lld tokens, valid %lld documents / %lld tokens; "
+      "%lld invalid UTF-8 sequences replaced, %lld empty documents skipped\n",
+      a.values["--out"].c_str(), (long long)st.train.documents, (long long)st.train.tokens,
+      (long long)st.valid.documents, (long long)st.valid.tokens, (long long)st.invalid_utf8,
+      (long long)st.empty_documents);
   return 0;
 }
 

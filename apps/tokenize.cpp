@@ -13,7 +13,8 @@
 
 namespace {
 
-const char* kUsage = R"(usage: tokenize (--vocab VOCAB.txt [--cased] [--max-word-chars N] | --model M.model) [--ids]
+const char* kUsage =
+    R"(usage: tokenize (--vocab VOCAB.txt [--cased] [--max-word-chars N] | --model M.model) [--ids]
 
 Reads lines from stdin and prints each line's tokens, separated by single spaces.
   --vocab FILE          WordPiece vocab (BERT vocab.txt); lower-cases and strips accents
@@ -41,15 +42,20 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) usage_error(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--vocab") vocab = value();
-    else if (a == "--model") model = value();
-    else if (a == "--cased") cased = true;
-    else if (a == "--ids") ids = true;
+    if (a == "--vocab")
+      vocab = value();
+    else if (a == "--model")
+      model = value();
+    else if (a == "--cased")
+      cased = true;
+    else if (a == "--ids")
+      ids = true;
     else if (a == "--max-word-chars") {
       const std::string v = value();
       char* end = nullptr;
       const long n = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n <= 0 || n > 1000000) usage_error("--max-word-chars expects a positive integer, got '" + v + "'");
+      if (v.empty() || *end != '\0' || n <= 0 || n > 1000000)
+        usage_error("--max-word-chars expects a positive integer, got '" + v + "'");
       max_word_chars = int(n);
     } else if (a == "-h" || a == "--help") {
       std::cout << kUsage;
@@ -63,7 +69,8 @@ int main(int argc, char** argv) {
 
   try {
     std::unique_ptr<data::Tokenizer> tok =
-        vocab.empty() ? data::load_sentencepiece(model) : data::load_wordpiece(vocab, !cased, max_word_chars);
+        vocab.empty() ? data::load_sentencepiece(model)
+                      : data::load_wordpiece(vocab, !cased, max_word_chars);
     std::ios::sync_with_stdio(false);
     std::string line, out;
     while (std::getline(std::cin, line)) {

@@ -30,25 +30,30 @@ MlmBatch MlmBatch::to(engine::Device device) const {
 }
 
 MlmBatch make_mlm_batch(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& labels,
-                        const Tensor& token_type_ids, int64_t vocab_size, const std::string& source) {
-  ENGINE_CHECK(input_ids.defined() && input_ids.dim() == 2, "[batch] ", source, ": input_ids must be (B, T), got ",
+                        const Tensor& token_type_ids, int64_t vocab_size,
+                        const std::string& source) {
+  ENGINE_CHECK(input_ids.defined() && input_ids.dim() == 2, "[batch] ", source,
+               ": input_ids must be (B, T), got ",
                input_ids.defined() ? engine::describe(input_ids) : std::string("nothing"));
-  ENGINE_CHECK(labels.defined() && labels.shape() == input_ids.shape(), "[batch] ", source, ": labels ",
-               labels.defined() ? engine::describe(labels) : std::string("(none)"), " must match input_ids ",
-               engine::describe(input_ids));
+  ENGINE_CHECK(labels.defined() && labels.shape() == input_ids.shape(), "[batch] ", source,
+               ": labels ", labels.defined() ? engine::describe(labels) : std::string("(none)"),
+               " must match input_ids ", engine::describe(input_ids));
   MlmBatch b;
   const engine::Device host = engine::Device::cpu();
   b.inputs.input_ids = input_ids.to(host).to(DType::i64).contiguous();
-  if (attention_mask.defined()) b.inputs.attention_mask = attention_mask.to(host).to(DType::i64).contiguous();
-  if (token_type_ids.defined()) b.inputs.token_type_ids = token_type_ids.to(host).to(DType::i64).contiguous();
+  if (attention_mask.defined())
+    b.inputs.attention_mask = attention_mask.to(host).to(DType::i64).contiguous();
+  if (token_type_ids.defined())
+    b.inputs.token_type_ids = token_type_ids.to(host).to(DType::i64).contiguous();
   b.labels = labels.to(host).to(DType::i64).contiguous();
   const int64_t n = b.labels.numel();
   const int64_t* lab = b.labels.data<int64_t>();
   std::vector<int64_t> positions, targets;
   for (int64_t i = 0; i < n; ++i) {
     if (lab[i] == -100) continue;
-    ENGINE_CHECK(lab[i] >= 0 && lab[i] < vocab_size, "[batch] ", source, ": labels[", i / labels.size(1), ", ",
-                 i % labels.size(1), "] = ", lab[i], " is not -100 or a token id in [0, vocab_size ", vocab_size, ")");
+    ENGINE_CHECK(lab[i] >= 0 && lab[i] < vocab_size, "[batch] ", source, ": labels[",
+                 i / labels.size(1), ", ", i % labels.size(1), "] = ", lab[i],
+                 " is not -100 or a token id in [0, vocab_size ", vocab_size, ")");
     positions.push_back(i);
     targets.push_back(lab[i]);
   }
@@ -68,17 +73,22 @@ MlmBatch make_mlm_batch(const Tensor& input_ids, const Tensor& attention_mask, c
 
 const char* task_kind_name(TaskKind kind) {
   switch (kind) {
-    case TaskKind::classification: return "classification";
-    case TaskKind::regression: return "regression";
-    case TaskKind::span: return "span";
+    case TaskKind::classification:
+      return "classification";
+    case TaskKind::regression:
+      return "regression";
+    case TaskKind::span:
+      return "span";
   }
   return "?";
 }
 
-TaskBatch TaskBatch::to(engine::Device device) const { return {inputs.to(device), moved(labels, device)}; }
+TaskBatch TaskBatch::to(engine::Device device) const {
+  return {inputs.to(device), moved(labels, device)};
+}
 
-TaskBatch make_task_batch(const std::vector<EncodedExample>& examples, const std::vector<int64_t>& rows,
-                          TaskKind kind, bool with_types) {
+TaskBatch make_task_batch(const std::vector<EncodedExample>& examples,
+                          const std::vector<int64_t>& rows, TaskKind kind, bool with_types) {
   ENGINE_CHECK(!rows.empty(), "[finetune] empty batch");
   size_t t = 0;
   for (int64_t r : rows) t = std::max(t, examples[size_t(r)].ids.size());
@@ -95,12 +105,16 @@ TaskBatch make_task_batch(const std::vector<EncodedExample>& examples, const std
       if (j < e.types.size()) types[size_t(i) * t + j] = e.types[j];
     }
     switch (kind) {
-      case TaskKind::classification: labels.push_back(e.label); break;
-      case TaskKind::regression: scores.push_back(float(e.score)); break;
+      case TaskKind::classification:
+        labels.push_back(e.label);
+        break;
+      case TaskKind::regression:
+        scores.push_back(float(e.score));
+        break;
       case TaskKind::span:
         ENGINE_CHECK(e.label >= 0 && e.end >= e.label && e.end < int64_t(e.ids.size()),
-                     "[finetune] span target [", e.label, ", ", e.end, "] outside the example's ", e.ids.size(),
-                     " tokens");
+                     "[finetune] span target [", e.label, ", ", e.end, "] outside the example's ",
+                     e.ids.size(), " tokens");
         labels.push_back(e.label);
         labels.push_back(e.end);
         break;
@@ -110,9 +124,12 @@ TaskBatch make_task_batch(const std::vector<EncodedExample>& examples, const std
   out.inputs.input_ids = Tensor::from_vector<int64_t>(ids, {b, tt});
   out.inputs.attention_mask = Tensor::from_vector<int64_t>(mask, {b, tt});
   if (with_types) out.inputs.token_type_ids = Tensor::from_vector<int64_t>(types, {b, tt});
-  if (kind == TaskKind::regression) out.labels = Tensor::from_vector<float>(scores, {b});
-  else if (kind == TaskKind::span) out.labels = Tensor::from_vector<int64_t>(labels, {b, 2});
-  else out.labels = Tensor::from_vector<int64_t>(labels, {b});
+  if (kind == TaskKind::regression)
+    out.labels = Tensor::from_vector<float>(scores, {b});
+  else if (kind == TaskKind::span)
+    out.labels = Tensor::from_vector<int64_t>(labels, {b, 2});
+  else
+    out.labels = Tensor::from_vector<int64_t>(labels, {b});
   return out;
 }
 

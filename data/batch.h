@@ -29,7 +29,7 @@ struct MlmBatch {
   // (B, T) i64 on the host: the target at each predicted position, -100 elsewhere. For batch
   // files, tests and inspection; the model reads positions and targets.
   engine::Tensor labels;
-  int64_t num_tokens = 0;    // non-padding tokens
+  int64_t num_tokens = 0;  // non-padding tokens
 
   int64_t num_predicted() const { return positions.numel(); }
   // inputs, positions and targets on `device` (labels stays on the host).
@@ -52,11 +52,11 @@ const char* task_kind_name(TaskKind kind);  // "classification", "regression", "
 
 // One encoded input and its target.
 struct EncodedExample {
-  std::vector<int32_t> ids;    // [CLS] ... [SEP] (no padding)
-  std::vector<int8_t> types;   // segment of each token (ignored when the model has no segments)
-  int64_t label = -1;          // classification: the class; span: the start position
-  int64_t end = -1;            // span: the end position
-  double score = 0;            // regression target
+  std::vector<int32_t> ids;   // [CLS] ... [SEP] (no padding)
+  std::vector<int8_t> types;  // segment of each token (ignored when the model has no segments)
+  int64_t label = -1;         // classification: the class; span: the start position
+  int64_t end = -1;           // span: the end position
+  double score = 0;           // regression target
 };
 
 // A finetuning batch: rows padded to the longest (ids 0, attention 0 after each row's end; segment
@@ -67,7 +67,7 @@ struct TaskBatch {
   engine::Tensor labels;
   TaskBatch to(engine::Device device) const;
 };
-TaskBatch make_task_batch(const std::vector<EncodedExample>& examples, const std::vector<int64_t>& rows,
-                          TaskKind kind, bool with_types);
+TaskBatch make_task_batch(const std::vector<EncodedExample>& examples,
+                          const std::vector<int64_t>& rows, TaskKind kind, bool with_types);
 
 }  // namespace data

@@ -61,11 +61,10 @@ void check_tokenizer(const Corpus& corpus, const Tokenizer& tok) {
   const bool same = tok.vocab_size() == m.vocab_size && s.cls == m.special.cls &&
                     s.sep == m.special.sep && s.pad == m.special.pad && s.mask == m.special.mask;
   ENGINE_CHECK(same, "[batch] tokenizer ", tok.path(), " (", tok.kind(), ", vocabulary ",
-               tok.vocab_size(), ", [CLS] ", s.cls, " [SEP] ", s.sep, " [PAD] ", s.pad,
-               " [MASK] ", s.mask, ") is not the one corpus ", m.dir, " was prepared with (",
-               m.tokenizer_path, ": ", m.tokenizer_kind, ", vocabulary ", m.vocab_size,
-               ", [CLS] ", m.special.cls, " [SEP] ", m.special.sep, " [PAD] ", m.special.pad,
-               " [MASK] ", m.special.mask, ")");
+               tok.vocab_size(), ", [CLS] ", s.cls, " [SEP] ", s.sep, " [PAD] ", s.pad, " [MASK] ",
+               s.mask, ") is not the one corpus ", m.dir, " was prepared with (", m.tokenizer_path,
+               ": ", m.tokenizer_kind, ", vocabulary ", m.vocab_size, ", [CLS] ", m.special.cls,
+               " [SEP] ", m.special.sep, " [PAD] ", m.special.pad, " [MASK] ", m.special.mask, ")");
 }
 
 void check_shape(int64_t batch_size, int64_t max_len) {
@@ -147,8 +146,7 @@ SequencePacker::SequencePacker(const ShardReader& shard, int64_t max_len, const 
 
 int64_t SequencePacker::fill(int64_t i, int64_t* ids) const {
   ENGINE_CHECK(i >= 0 && i < num_sequences_, "[batch] sequence ", i, " is out of range (",
-               shard_->bin_path(), " packs into ", num_sequences_, " sequences of ", max_len_,
-               ")");
+               shard_->bin_path(), " packs into ", num_sequences_, " sequences of ", max_len_, ")");
   const std::span<const uint64_t> off = shard_->offsets();
   const int64_t docs = shard_->num_documents();
   const int64_t begin = i * content_, end = std::min(stream_length_, begin + content_);
@@ -157,8 +155,10 @@ int64_t SequencePacker::fill(int64_t i, int64_t* ids) const {
   int64_t lo = 0, hi = docs - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (static_cast<int64_t>(off[mid]) + mid <= begin) lo = mid;
-    else hi = mid - 1;
+    if (static_cast<int64_t>(off[mid]) + mid <= begin)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   int64_t d = lo;
   const uint32_t* tokens = shard_->tokens().data();
@@ -206,8 +206,8 @@ Masker::Masker(const Tokenizer& tok, const MaskingOptions& options)
                " has no non-special ids to draw random replacements from");
 }
 
-int64_t Masker::apply(int64_t* ids, int64_t* labels, int64_t length, uint64_t seed,
-                      uint64_t epoch, uint64_t sequence) const {
+int64_t Masker::apply(int64_t* ids, int64_t* labels, int64_t length, uint64_t seed, uint64_t epoch,
+                      uint64_t sequence) const {
   std::fill_n(labels, length, -100);
   std::vector<int32_t> eligible;
   eligible.reserve(static_cast<size_t>(length));
@@ -223,8 +223,8 @@ int64_t Masker::apply(int64_t* ids, int64_t* labels, int64_t length, uint64_t se
   PhiloxStream rng(tagged_key(seed, kMaskTag), sequence, epoch);
   // Stochastic rounding: exactly k per sequence, E[k] = mask_prob * m.
   const uint64_t k = std::min<uint64_t>(
-      m, static_cast<uint64_t>(std::floor(options_.mask_prob * static_cast<double>(m) +
-                                          rng.uniform())));
+      m, static_cast<uint64_t>(
+             std::floor(options_.mask_prob * static_cast<double>(m) + rng.uniform())));
   for (uint64_t j = 0; j < k; ++j) std::swap(eligible[j], eligible[j + rng.below(m - j)]);
   const double replace_below = options_.mask_token_prob + options_.random_token_prob;
   for (uint64_t j = 0; j < k; ++j) {
@@ -287,9 +287,8 @@ BatchStream::BatchStream(const Corpus& corpus, Split split, const Tokenizer& tok
 void BatchStream::seek(const DataPosition& position) {
   ENGINE_CHECK(position.epoch >= 0 && position.next_sequence >= 0 &&
                    position.next_sequence < num_sequences(),
-               "[batch] cannot seek to ", position.to_json(), ": the stream has ",
-               num_sequences(), " sequences per epoch (expected 0 <= next_sequence < ",
-               num_sequences(), ")");
+               "[batch] cannot seek to ", position.to_json(), ": the stream has ", num_sequences(),
+               " sequences per epoch (expected 0 <= next_sequence < ", num_sequences(), ")");
   pos_ = position;
 }
 

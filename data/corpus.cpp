@@ -38,7 +38,8 @@ namespace {
 
 constexpr int kFormatVersion = 1;
 constexpr const char* kFormatName = "engine-corpus";
-constexpr uint32_t kSplitTag = 0x53504c54u;  // "SPLT": keeps the split hash apart from other streams
+constexpr uint32_t kSplitTag =
+    0x53504c54u;  // "SPLT": keeps the split hash apart from other streams
 
 std::string errno_text() { return std::strerror(errno); }
 
@@ -215,8 +216,11 @@ void remove_stale_temporaries(const fs::path& out) {
 class Progress {
  public:
   Progress(bool quiet, uint64_t total_bytes)
-      : quiet_(quiet), tty_(::isatty(::fileno(stderr)) == 1), total_(total_bytes),
-        start_(Clock::now()), last_(start_) {}
+      : quiet_(quiet),
+        tty_(::isatty(::fileno(stderr)) == 1),
+        total_(total_bytes),
+        start_(Clock::now()),
+        last_(start_) {}
 
   void update(uint64_t bytes, int64_t tokens) {
     if (quiet_) return;
@@ -265,8 +269,11 @@ class Progress {
 // ---- meta.json --------------------------------------------------------------------------------
 
 json split_json(const SplitCounts& c, Split s) {
-  return {{"documents", c.documents}, {"lines", c.lines}, {"tokens", c.tokens},
-          {"bin", std::string(split_name(s)) + ".bin"}, {"idx", std::string(split_name(s)) + ".idx"}};
+  return {{"documents", c.documents},
+          {"lines", c.lines},
+          {"tokens", c.tokens},
+          {"bin", std::string(split_name(s)) + ".bin"},
+          {"idx", std::string(split_name(s)) + ".idx"}};
 }
 
 // meta.json lookups by key path, with errors that name the file and the key.
@@ -281,8 +288,8 @@ class MetaReader {
       const size_t dot = key_path.find('.', start);
       const std::string key =
           key_path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-      ENGINE_CHECK(node->is_object() && node->contains(key), "[corpus] ", path_,
-                   ": missing key '", key_path, "' (expected a meta.json written by prepare_corpus)");
+      ENGINE_CHECK(node->is_object() && node->contains(key), "[corpus] ", path_, ": missing key '",
+                   key_path, "' (expected a meta.json written by prepare_corpus)");
       node = &(*node)[key];
       if (dot == std::string::npos) break;
       start = dot + 1;
@@ -380,7 +387,8 @@ int64_t sanitize_utf8(std::string_view in, std::string& out) {
 
 CorpusStats prepare_corpus(const std::vector<std::string>& inputs, const Tokenizer& tok,
                            const std::string& out_dir, const PrepareOptions& options) {
-  ENGINE_CHECK(!inputs.empty(), "[corpus] no input files given (expected text files, one "
+  ENGINE_CHECK(!inputs.empty(),
+               "[corpus] no input files given (expected text files, one "
                "sentence or paragraph per line, blank lines between documents)");
   ENGINE_CHECK(options.valid_ratio >= 0, "[corpus] valid_ratio is ", options.valid_ratio,
                " (expected >= 0: one document in valid_ratio + 1 goes to valid; 0 = none)");
@@ -412,8 +420,8 @@ CorpusStats prepare_corpus(const std::vector<std::string>& inputs, const Tokeniz
         ENGINE_CHECK(options.overwrite, "[corpus] output directory ", out.string(),
                      " exists and is not empty (pass overwrite to replace it)");
         // Overwriting deletes the directory: only do that to something that is a corpus.
-        ENGINE_CHECK(fs::exists(out / "meta.json"), "[corpus] refusing to overwrite ",
-                     out.string(), ": it is not a prepared corpus (no meta.json)");
+        ENGINE_CHECK(fs::exists(out / "meta.json"), "[corpus] refusing to overwrite ", out.string(),
+                     ": it is not a prepared corpus (no meta.json)");
       }
     }
   }
@@ -503,15 +511,21 @@ CorpusStats prepare_corpus(const std::vector<std::string>& inputs, const Tokeniz
         {"version", kFormatVersion},
         {"tokenizer",
          {{"kind", tok.kind()},
-          {"path", fs::absolute(tok.path()).lexically_normal().string()},  // usable from any directory
+          {"path",
+           fs::absolute(tok.path()).lexically_normal().string()},  // usable from any directory
           {"vocab_size", vocab},
           {"special",
-           {{"pad", sp.pad}, {"unk", sp.unk}, {"cls", sp.cls}, {"sep", sp.sep}, {"mask", sp.mask}}}}},
+           {{"pad", sp.pad},
+            {"unk", sp.unk},
+            {"cls", sp.cls},
+            {"sep", sp.sep},
+            {"mask", sp.mask}}}}},
         {"token_dtype", "uint32"},
         {"index_dtype", "uint64"},
         {"byte_order", "little"},
-        {"splits", {{"train", split_json(stats.train, Split::train)},
-                    {"valid", split_json(stats.valid, Split::valid)}}},
+        {"splits",
+         {{"train", split_json(stats.train, Split::train)},
+          {"valid", split_json(stats.valid, Split::valid)}}},
         {"lines", stats.lines},
         {"invalid_utf8_replaced", stats.invalid_utf8},
         {"empty_documents_skipped", stats.empty_documents},
@@ -540,16 +554,15 @@ CorpusStats prepare_corpus(const std::vector<std::string>& inputs, const Tokeniz
     throw;
   }
   if (!options.quiet) {
-    std::fprintf(stderr,
-                 "[corpus] wrote %s: train %lld documents / %lld tokens, valid %lld documents / "
-                 "%lld tokens; %lld invalid UTF-8 sequences replaced, %lld empty documents "
-                 "skipped\n",
-                 out.c_str(), static_cast<long long>(stats.train.documents),
-                 static_cast<long long>(stats.train.tokens),
-                 static_cast<long long>(stats.valid.documents),
-                 static_cast<long long>(stats.valid.tokens),
-                 static_cast<long long>(stats.invalid_utf8),
-                 static_cast<long long>(stats.empty_documents));
+    std::fprintf(
+        stderr,
+        "[corpus] wrote %s: train %lld documents / %lld tokens, valid %lld documents / "
+        "%lld tokens; %lld invalid UTF-8 sequences replaced, %lld empty documents "
+        "skipped\n",
+        out.c_str(), static_cast<long long>(stats.train.documents),
+        static_cast<long long>(stats.train.tokens), static_cast<long long>(stats.valid.documents),
+        static_cast<long long>(stats.valid.tokens), static_cast<long long>(stats.invalid_utf8),
+        static_cast<long long>(stats.empty_documents));
   }
   return stats;
 }
@@ -558,8 +571,10 @@ CorpusStats prepare_corpus(const std::vector<std::string>& inputs, const Tokeniz
 
 CorpusMeta read_corpus_meta(const std::string& dir) {
   const std::string path = (fs::path(dir) / "meta.json").string();
-  ENGINE_CHECK(fs::exists(path), "[corpus] ", path, " not found (expected a corpus directory "
-               "written by prepare_corpus; an interrupted preparation leaves only <dir>.tmp.<pid>)");
+  ENGINE_CHECK(
+      fs::exists(path), "[corpus] ", path,
+      " not found (expected a corpus directory "
+      "written by prepare_corpus; an interrupted preparation leaves only <dir>.tmp.<pid>)");
   json root;
   {
     std::ifstream f(path);
@@ -578,8 +593,8 @@ CorpusMeta read_corpus_meta(const std::string& dir) {
   CorpusMeta meta;
   meta.dir = dir;
   meta.token_dtype = m.string("token_dtype");
-  ENGINE_CHECK(meta.token_dtype == "uint32", "[corpus] ", path, ": token_dtype '",
-               meta.token_dtype, "' (expected 'uint32')");
+  ENGINE_CHECK(meta.token_dtype == "uint32", "[corpus] ", path, ": token_dtype '", meta.token_dtype,
+               "' (expected 'uint32')");
   meta.tokenizer_kind = m.string("tokenizer.kind");
   meta.tokenizer_path = m.string("tokenizer.path");
   meta.vocab_size = m.integer("tokenizer.vocab_size", 1);
@@ -626,7 +641,8 @@ ShardReader::Mapping ShardReader::map_file(const std::string& path, size_t expec
   if (static_cast<uint64_t>(st.st_size) != expected_bytes) {
     ::close(fd);
     ENGINE_FAIL("[corpus] ", path, " has ", st.st_size, " bytes but meta.json implies ",
-                expected_bytes, " (", what, "): the file is truncated or belongs to another "
+                expected_bytes, " (", what,
+                "): the file is truncated or belongs to another "
                 "preparation");
   }
   Mapping m;

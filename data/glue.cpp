@@ -3,7 +3,6 @@
 // (transformers/data/processors/glue.py), which read the files of the GLUE download script.
 #include "data/glue.h"
 
-
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -394,8 +393,8 @@ EncodedPair encode_pair(const Tokenizer& tok, const std::string& text_a, const s
   const bool pair = !text_b.empty();
   const int64_t specials = pair ? 3 : 2;
   const int64_t needed = specials + (a.empty() ? 0 : 1) + (pair && !b.empty() ? 1 : 0);
-  ENGINE_CHECK(max_len >= needed, "[glue] max_len ", max_len, " cannot hold [CLS], [SEP] and one token of each segment (",
-               needed, " positions)");
+  ENGINE_CHECK(max_len >= needed, "[glue] max_len ", max_len,
+               " cannot hold [CLS], [SEP] and one token of each segment (", needed, " positions)");
   EncodedPair out;
   while (int64_t(a.size() + b.size()) + specials > max_len) {
     (a.size() >= b.size() ? a : b).pop_back();

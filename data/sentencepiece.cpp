@@ -49,9 +49,16 @@ std::optional<std::vector<int>> piece_types(std::string_view proto) {
       number = uint32_t(key >> 3);
       wire = int(key & 7);
       switch (wire) {
-        case 0: return varint(value);
-        case 1: if (s.size() - pos < 8) return false; pos += 8; return true;
-        case 5: if (s.size() - pos < 4) return false; pos += 4; return true;
+        case 0:
+          return varint(value);
+        case 1:
+          if (s.size() - pos < 8) return false;
+          pos += 8;
+          return true;
+        case 5:
+          if (s.size() - pos < 4) return false;
+          pos += 4;
+          return true;
         case 2: {
           uint64_t len;
           if (!varint(len) || len > s.size() - pos) return false;
@@ -59,7 +66,8 @@ std::optional<std::vector<int>> piece_types(std::string_view proto) {
           pos += size_t(len);
           return true;
         }
-        default: return false;  // groups are not used by the model proto
+        default:
+          return false;  // groups are not used by the model proto
       }
     }
   };
@@ -235,7 +243,8 @@ class SampledLines final : public sentencepiece::SentenceIterator {
 // SentencePiece 0.1.97 samples with a fixed seed of its own (SetRandomGeneratorSeed, which its
 // spm_train --random_seed calls, does not change which lines it keeps), so the sampling and
 // shuffling are done here, where SentencePieceTrainOptions::seed decides them.
-std::vector<std::string> sample_lines(const std::vector<std::string>& files, size_t k, uint64_t seed) {
+std::vector<std::string> sample_lines(const std::vector<std::string>& files, size_t k,
+                                      uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<std::string> sample;
   sample.reserve(std::min<size_t>(k, size_t(1) << 20));
@@ -282,7 +291,8 @@ void train_sentencepiece(const std::vector<std::string>& inputs, const std::stri
                  ": no such file (expected a text file, one sentence or paragraph per line)");
   ENGINE_CHECK(!model_prefix.empty(), "[tokenizer] train_sentencepiece: empty model prefix");
   const auto dir = std::filesystem::path(model_prefix).parent_path();
-  ENGINE_CHECK(dir.empty() || std::filesystem::is_directory(dir), what, "no directory ", dir.string());
+  ENGINE_CHECK(dir.empty() || std::filesystem::is_directory(dir), what, "no directory ",
+               dir.string());
   ENGINE_CHECK(options.vocab_size > 5, what, "vocab_size must exceed the 5 special pieces, got ",
                options.vocab_size);
   ENGINE_CHECK(options.character_coverage > 0 && options.character_coverage <= 1, what,
@@ -291,9 +301,11 @@ void train_sentencepiece(const std::vector<std::string>& inputs, const std::stri
   ENGINE_CHECK(options.input_sentence_size == 0 || options.input_sentence_size > 100, what,
                "input_sentence_size must be 0 (all lines) or more than 100, got ",
                options.input_sentence_size);
-  ENGINE_CHECK(options.num_threads >= 0, what, "num_threads must be >= 0, got ", options.num_threads);
-  const int threads =
-      options.num_threads > 0 ? options.num_threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  ENGINE_CHECK(options.num_threads >= 0, what, "num_threads must be >= 0, got ",
+               options.num_threads);
+  const int threads = options.num_threads > 0
+                          ? options.num_threads
+                          : int(std::max(1u, std::thread::hardware_concurrency()));
 
   const std::unordered_map<std::string, std::string> args = {
       {"model_prefix", model_prefix},
@@ -318,7 +330,8 @@ void train_sentencepiece(const std::vector<std::string>& inputs, const std::stri
   sentencepiece::SetRandomGeneratorSeed(static_cast<unsigned int>(options.seed));
   sentencepiece::util::Status status;
   if (options.input_sentence_size > 0) {
-    std::vector<std::string> sample = sample_lines(inputs, size_t(options.input_sentence_size), options.seed);
+    std::vector<std::string> sample =
+        sample_lines(inputs, size_t(options.input_sentence_size), options.seed);
     ENGINE_CHECK(!sample.empty(), what, "the input files have no non-empty lines");
     SampledLines lines(sample);  // no more lines than input_sentence_size: the trainer keeps all
     std::thread worker([&] { status = sentencepiece::SentencePieceTrainer::Train(args, &lines); });

@@ -33,8 +33,8 @@ class Tokenizer {
   // True for [CLS], [SEP], [MASK], [PAD], [UNK] and any other control/reserved token ("[unused3]",
   // SentencePiece control symbols): the masker never draws these as random replacements.
   virtual bool is_special(int32_t id) const = 0;  // throws for ids outside the vocab
-  virtual std::string kind() const = 0;  // "wordpiece" or "sentencepiece"
-  virtual std::string path() const = 0;  // the file it was loaded from
+  virtual std::string kind() const = 0;           // "wordpiece" or "sentencepiece"
+  virtual std::string path() const = 0;           // the file it was loaded from
 };
 
 // Loads by file: a SentencePiece model (*.model) or a WordPiece vocab (one token per line,
@@ -58,7 +58,7 @@ struct SentencePieceTrainOptions {
   double character_coverage = 0.9999;
   int64_t input_sentence_size = 2000000;  // sampled lines; 0 = all
   uint64_t seed = 1;     // sentence sampling/shuffling (SentencePiece keeps the low 32 bits)
-  int num_threads = 0;  // 0 = hardware concurrency
+  int num_threads = 0;   // 0 = hardware concurrency
   bool verbose = false;  // SentencePiece's INFO log on stderr (off: warnings and errors only)
 };
 // Trains a BPE model from text files (one sentence/paragraph per line) and writes

@@ -58,7 +58,8 @@ bool decode_utf8(std::string_view s, std::u32string& out) {
       // E0 needs A0..BF next (no overlongs), ED needs 80..9F (no surrogates).
       const unsigned char lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
       if (i + 1 < n && p[i + 1] >= lo && p[i + 1] <= hi && cont(i + 2))
-        c = (char32_t(b & 0x0F) << 12) | (char32_t(p[i + 1] & 0x3F) << 6) | (p[i + 2] & 0x3F), len = 3;
+        c = (char32_t(b & 0x0F) << 12) | (char32_t(p[i + 1] & 0x3F) << 6) | (p[i + 2] & 0x3F),
+        len = 3;
     } else if (b >= 0xF0 && b <= 0xF4) {
       // F0 needs 90..BF next (no overlongs), F4 needs 80..8F (nothing above U+10FFFF).
       const unsigned char lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
@@ -110,7 +111,8 @@ bool is_bert_control(char32_t c) {
 // BERT's _is_punctuation: every non-alphanumeric printable ASCII character ("$", "^", "`" are
 // symbols in Unicode, punctuation here) and every character of a P* category.
 bool is_bert_punctuation(char32_t c) {
-  if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126))
+  if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) ||
+      (c >= 123 && c <= 126))
     return true;
   return (U_GET_GC_MASK(UChar32(c)) & U_GC_P_MASK) != 0;
 }
@@ -144,8 +146,10 @@ class WordPieceTokenizer final : public Tokenizer {
  public:
   WordPieceTokenizer(const std::string& vocab_txt, bool lower_case, int max_input_chars_per_word)
       : path_(vocab_txt), lower_case_(lower_case), max_word_chars_(max_input_chars_per_word) {
-    ENGINE_CHECK(max_input_chars_per_word > 0, "[tokenizer] max_input_chars_per_word must be "
-                 "positive, got ", max_input_chars_per_word);
+    ENGINE_CHECK(max_input_chars_per_word > 0,
+                 "[tokenizer] max_input_chars_per_word must be "
+                 "positive, got ",
+                 max_input_chars_per_word);
     UErrorCode err = U_ZERO_ERROR;
     nfd_ = icu::Normalizer2::getNFDInstance(err);
     ENGINE_CHECK(U_SUCCESS(err) && nfd_, "[tokenizer] ICU has no NFD normalizer (",
@@ -216,7 +220,8 @@ class WordPieceTokenizer final : public Tokenizer {
                    ": more lines than int32 token ids can number");
       // The reference decodes the file strictly and would fail on invalid bytes; so do we,
       // rather than keep a token that no text could ever match.
-      ENGINE_CHECK(decode_utf8(line, cps), "[tokenizer] ", path_, ":", line_no, ": not valid UTF-8");
+      ENGINE_CHECK(decode_utf8(line, cps), "[tokenizer] ", path_, ":", line_no,
+                   ": not valid UTF-8");
       size_t a = 0, b = cps.size();
       while (a < b && is_python_space(cps[a])) ++a;
       while (b > a && is_python_space(cps[b - 1])) --b;
@@ -254,8 +259,8 @@ class WordPieceTokenizer final : public Tokenizer {
         if (c >= 'A' && c <= 'Z') c += 'a' - 'A';
       return;  // ASCII: nothing to decompose, no marks
     }
-    icu::UnicodeString u =
-        icu::UnicodeString::fromUTF32(reinterpret_cast<const UChar32*>(word.data()), int32_t(word.size()));
+    icu::UnicodeString u = icu::UnicodeString::fromUTF32(
+        reinterpret_cast<const UChar32*>(word.data()), int32_t(word.size()));
     u.toLower(icu::Locale::getRoot());
     UErrorCode err = U_ZERO_ERROR;
     const icu::UnicodeString d = nfd_->normalize(u, err);
@@ -373,7 +378,8 @@ class WordPieceTokenizer final : public Tokenizer {
       start = end;
     }
     for (size_t k = 0; k < m.found.size(); ++k) {
-      const size_t b = m.found[k].first, e = k + 1 < m.found.size() ? m.found[k + 1].first : m.keys.size();
+      const size_t b = m.found[k].first,
+                   e = k + 1 < m.found.size() ? m.found[k + 1].first : m.keys.size();
       emit(std::string_view(m.keys).substr(b, e - b), m.found[k].second);
     }
   }

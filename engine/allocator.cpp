@@ -17,8 +17,8 @@ class CpuAllocator final : public Allocator {
     // aligned_alloc wants a size that is a multiple of the alignment.
     size_t rounded = (nbytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     void* p = std::aligned_alloc(kCpuAlignment, rounded);
-    ENGINE_CHECK(p != nullptr, "[alloc] out of CPU memory: could not allocate ", nbytes,
-                 " bytes (", live_.load(), " bytes live, peak ", peak_.load(), ")");
+    ENGINE_CHECK(p != nullptr, "[alloc] out of CPU memory: could not allocate ", nbytes, " bytes (",
+                 live_.load(), " bytes live, peak ", peak_.load(), ")");
     int64_t live = live_.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
     int64_t peak = peak_.load();
     while (live > peak && !peak_.compare_exchange_weak(peak, live)) {

@@ -12,9 +12,9 @@
 namespace engine {
 
 struct AllocatorStats {
-  int64_t live_bytes = 0;   // bytes handed out and not yet returned
-  int64_t peak_bytes = 0;   // maximum of live_bytes since the last reset_peak()
-  int64_t num_allocs = 0;   // allocations served since start
+  int64_t live_bytes = 0;      // bytes handed out and not yet returned
+  int64_t peak_bytes = 0;      // maximum of live_bytes since the last reset_peak()
+  int64_t num_allocs = 0;      // allocations served since start
   int64_t reserved_bytes = 0;  // bytes held from the system (>= live for caching allocators)
 };
 

@@ -125,8 +125,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     seed = Tensor::ones(root.shape(), root.dtype(), root.device());
   } else {
     ENGINE_CHECK(seed.shape() == root.shape(), "[backward] gradient shape ",
-                 shape_str(seed.shape()), " does not match root shape ",
-                 shape_str(root.shape()));
+                 shape_str(seed.shape()), " does not match root shape ", shape_str(root.shape()));
   }
 
   NoGrad no_grad;  // backward formulas are not themselves recorded
@@ -134,8 +133,10 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   if (!rm.grad_fn) {  // the root is a leaf
     Tensor g = seed.to(root.dtype()).to(root.device());
     Tensor& acc = root.impl()->autograd.grad;
-    if (acc.defined()) acc.add_(g);
-    else acc = g.clone();
+    if (acc.defined())
+      acc.add_(g);
+    else
+      acc = g.clone();
     if (t_leaf_hook) t_leaf_hook(root.impl());
     return;
   }
@@ -143,7 +144,8 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   std::unordered_map<Node*, std::vector<Tensor>> pending;
   Node* root_node = rm.grad_fn.get();
   auto freed = [](const Node* n) {
-    ENGINE_FAIL("[backward] the graph through '", n->name(), "' was already freed by an earlier "
+    ENGINE_FAIL("[backward] the graph through '", n->name(),
+                "' was already freed by an earlier "
                 "backward; pass retain_graph = true to the first backward to run it twice");
   };
   if (root_node->released) freed(root_node);
@@ -183,8 +185,10 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
         s = s.defined() ? add_grads(s, g) : g;
       } else {
         Tensor& acc = e.leaf->autograd.grad;
-        if (acc.defined()) acc.add_(g);
-        else acc = g.clone();
+        if (acc.defined())
+          acc.add_(g);
+        else
+          acc = g.clone();
       }
     }
     if (t_leaf_hook) {
@@ -203,7 +207,8 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   // by another thread.
   for (auto& [n, g] : pending) {
     if (n->released) freed(n);
-    ENGINE_FAIL("[backward] node '", n->name(), "' is not on this thread's tape (was the graph "
+    ENGINE_FAIL("[backward] node '", n->name(),
+                "' is not on this thread's tape (was the graph "
                 "recorded on another thread?)");
   }
   // Leaves behind nodes that never received a gradient: complete too, now.

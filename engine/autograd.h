@@ -63,8 +63,8 @@ class Node {
   bool needs_input_grad(size_t i) const { return i < next.size() && next[i].valid(); }
 
   uint64_t sequence_nr = 0;
-  std::vector<Edge> next;           // one per input
-  std::vector<TensorMeta> inputs;   // shapes the returned gradients must have
+  std::vector<Edge> next;          // one per input
+  std::vector<TensorMeta> inputs;  // shapes the returned gradients must have
   std::vector<TensorMeta> outputs;
   bool released = false;
 };

@@ -33,7 +33,8 @@ Backend& backend(DeviceType type) {
   Backend* b = g_backends[static_cast<int>(type)];
   ENGINE_CHECK(b != nullptr, "[device] libengine was built without ", device_type_name(type),
                " support (nvcc was not found when CMake configured the build, or ENGINE_CUDA=OFF); "
-               "rebuild with the CUDA toolkit to use ", device_type_name(type), " tensors");
+               "rebuild with the CUDA toolkit to use ",
+               device_type_name(type), " tensors");
   return *b;
 }
 

@@ -71,11 +71,16 @@ double comm_timeout_s() {
 
 MPI_Datatype mpi_type(DType t, const char* what) {
   switch (t) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::i32: return MPI_INT32_T;
-    case DType::i64: return MPI_INT64_T;
-    case DType::u8: return MPI_UINT8_T;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::u8:
+      return MPI_UINT8_T;
     default:
       ENGINE_FAIL("[comm] ", what, " of a ", dtype_name(t),
                   " CPU tensor: MPI reduces f32, f64, i32, i64 and u8 (convert first)");
@@ -84,9 +89,12 @@ MPI_Datatype mpi_type(DType t, const char* what) {
 
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::max: return MPI_MAX;
-    case ReduceOp::min: return MPI_MIN;
-    default: return MPI_SUM;  // avg = sum, then divide
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
+    default:
+      return MPI_SUM;  // avg = sum, then divide
   }
 }
 
@@ -164,7 +172,8 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<CommWork> all_reduce_async(const Tensor& t, ReduceOp op) override {
     if (t.device().is_cuda()) return nccl().all_reduce_async(t, op);
     ENGINE_CHECK(t.is_contiguous(), "[comm] all_reduce needs a contiguous tensor");
-    ENGINE_CHECK(op != ReduceOp::avg || is_floating(t.dtype()), "[comm] all_reduce avg of an integer tensor");
+    ENGINE_CHECK(op != ReduceOp::avg || is_floating(t.dtype()),
+                 "[comm] all_reduce avg of an integer tensor");
     mpi_type(t.dtype(), "all_reduce");  // checked here, on the caller's thread
     auto work = std::make_unique<MpiWork>(*this, t, op);
     if (!worker_.joinable()) {
@@ -184,7 +193,8 @@ class MpiCommunicator final : public Communicator {
     const size_t esize = dtype_size(t.dtype());
     for (int64_t at = 0; at < t.numel(); at += kChunk) {
       const int n = static_cast<int>(std::min(kChunk, t.numel() - at));
-      check(MPI_Allreduce(MPI_IN_PLACE, p + at * esize, n, type, mpi_op(op), MPI_COMM_WORLD), "MPI_Allreduce");
+      check(MPI_Allreduce(MPI_IN_PLACE, p + at * esize, n, type, mpi_op(op), MPI_COMM_WORLD),
+            "MPI_Allreduce");
     }
   }
 
@@ -255,8 +265,8 @@ class MpiCommunicator final : public Communicator {
   cuda::NcclChannel& nccl() {
     if (!nccl_) {
       int devices = 0;
-      ENGINE_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, "[comm] rank ", rank_,
-                   ": a CUDA collective, but no GPU is visible");
+      ENGINE_CHECK(cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0, "[comm] rank ",
+                   rank_, ": a CUDA collective, but no GPU is visible");
       nccl_ = cuda::NcclChannel::create(rank_, size_, local_rank_ % devices,
                                         [this](void* p, size_t n) { broadcast_bytes(p, n, 0); });
     }
@@ -282,7 +292,8 @@ class MpiCommunicator final : public Communicator {
       std::string problem;
       if (since != 0 && double(now_ms() - since) / 1000.0 > timeout_s_) {
         char buf[256];
-        std::snprintf(buf, sizeof buf, "%s has waited %.0f s for the other ranks (ENGINE_COMM_TIMEOUT_S=%g)",
+        std::snprintf(buf, sizeof buf,
+                      "%s has waited %.0f s for the other ranks (ENGINE_COMM_TIMEOUT_S=%g)",
                       what_.load(), double(now_ms() - since) / 1000.0, timeout_s_);
         problem = buf;
       }
@@ -413,7 +424,8 @@ std::string Communicator::broadcast(const std::string& text, int root) {
 Communicator& world() { return *g_world; }
 
 bool launched_by_mpi() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS"})
+  for (const char* name :
+       {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS"})
     if (env(name)) return true;
   return false;
 }
@@ -423,15 +435,17 @@ DistributedSession::DistributedSession() {
 #if defined(ENGINE_WITH_MPI)
   int initialized = 0;
   MPI_Initialized(&initialized);
-  ENGINE_CHECK(!initialized && !g_mpi, "[comm] DistributedSession: MPI is already initialised (one session per process)");
+  ENGINE_CHECK(!initialized && !g_mpi,
+               "[comm] DistributedSession: MPI is already initialised (one session per process)");
   int provided = 0;
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
   g_mpi = std::make_unique<MpiCommunicator>(provided >= MPI_THREAD_SERIALIZED);
   g_world = g_mpi.get();
 #else
   const char* n = env("OMPI_COMM_WORLD_SIZE") ? env("OMPI_COMM_WORLD_SIZE") : env("PMI_SIZE");
-  ENGINE_CHECK(!n || std::string(n) == "1", "[comm] started by an MPI launcher with ", n,
-               " processes, but this build of libengine has no MPI (install libopenmpi-dev and rebuild)");
+  ENGINE_CHECK(
+      !n || std::string(n) == "1", "[comm] started by an MPI launcher with ", n,
+      " processes, but this build of libengine has no MPI (install libopenmpi-dev and rebuild)");
 #endif
 }
 

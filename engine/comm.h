@@ -33,8 +33,8 @@ enum class ReduceOp { sum, avg, max, min };
 class CommWork {
  public:
   virtual ~CommWork() = default;
-  virtual void wait() = 0;   // blocks until done (CUDA: makes the current stream wait for it)
-  virtual bool test() = 0;   // true once done, without blocking
+  virtual void wait() = 0;  // blocks until done (CUDA: makes the current stream wait for it)
+  virtual bool test() = 0;  // true once done, without blocking
 };
 
 class Communicator {

@@ -131,7 +131,8 @@ ConfigSection ConfigSection::section(const std::string& key) const {
   data_->read.insert(full);
   YAML::Node n = lookup(data_->root, full);
   ENGINE_CHECK(!n.IsDefined() || n.IsNull() || n.IsMap(), "[config] ", where(key),
-               ": expected a mapping of keys, got ", n.IsScalar() ? "'" + n.Scalar() + "'" : "a list");
+               ": expected a mapping of keys, got ",
+               n.IsScalar() ? "'" + n.Scalar() + "'" : "a list");
   return ConfigSection(data_, full);
 }
 
@@ -151,9 +152,8 @@ void ConfigSection::finish() const {
   for (auto it = n.begin(); it != n.end(); ++it) {
     const std::string k = it->first.as<std::string>();
     if (data_->read.count(key_path(k))) continue;
-    ENGINE_FAIL("[config] ", line_of(it->first, data_->source), ": unknown key '", key_path(k),
-                "'", path_.empty() ? "" : " in '" + path_ + "'", "; allowed keys: ",
-                join(allowed));
+    ENGINE_FAIL("[config] ", line_of(it->first, data_->source), ": unknown key '", key_path(k), "'",
+                path_.empty() ? "" : " in '" + path_ + "'", "; allowed keys: ", join(allowed));
   }
 }
 

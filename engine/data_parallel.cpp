@@ -8,7 +8,8 @@
 
 namespace engine {
 
-GradReducer::GradReducer(const FlatParameters& flat, Communicator& comm, int64_t bucket_bytes, ReduceOp op)
+GradReducer::GradReducer(const FlatParameters& flat, Communicator& comm, int64_t bucket_bytes,
+                         ReduceOp op)
     : flat_(flat), comm_(comm), op_(op) {
   ENGINE_CHECK(bucket_bytes > 0, "[ddp] bucket_bytes must be positive");
   const auto& entries = flat.entries();

@@ -6,9 +6,9 @@
 // registered last, whose gradients backward produces first), each about `bucket_bytes`. The
 // autograd leaf hook (engine/autograd.h) tells when each parameter's gradient is complete; when a
 // bucket's parameters are all complete its all-reduce starts (non-blocking: MPI on the
-// communicator's thread, or NCCL on its own stream), strictly in bucket order so every rank issues the same collectives in
-// the same order. finish() starts what is left and waits; the time it waits is the
-// communication that backward did not hide.
+// communicator's thread, or NCCL on its own stream), strictly in bucket order so every rank issues
+// the same collectives in the same order. finish() starts what is left and waits; the time it waits
+// is the communication that backward did not hide.
 //
 //   engine::GradReducer reducer(flat, engine::world());
 //   for (micro-batches) {

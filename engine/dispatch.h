@@ -16,8 +16,10 @@ namespace engine {
 template <class F>
 decltype(auto) dispatch_floating(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::f32: return f.template operator()<float>();
-    case DType::f64: return f.template operator()<double>();
+    case DType::f32:
+      return f.template operator()<float>();
+    case DType::f64:
+      return f.template operator()<double>();
     default:
       ENGINE_FAIL("[", op, "] CPU kernels compute in f32 or f64, got ", dtype_name(t),
                   " (convert with .to(DType::f32))");
@@ -27,9 +29,12 @@ decltype(auto) dispatch_floating(DType t, const char* op, F&& f) {
 template <class F>
 decltype(auto) dispatch_index(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::i32: return f.template operator()<int32_t>();
-    case DType::i64: return f.template operator()<int64_t>();
-    default: ENGINE_FAIL("[", op, "] expected an i32 or i64 index tensor, got ", dtype_name(t));
+    case DType::i32:
+      return f.template operator()<int32_t>();
+    case DType::i64:
+      return f.template operator()<int64_t>();
+    default:
+      ENGINE_FAIL("[", op, "] expected an i32 or i64 index tensor, got ", dtype_name(t));
   }
 }
 
@@ -38,13 +43,20 @@ decltype(auto) dispatch_index(DType t, const char* op, F&& f) {
 template <class F>
 decltype(auto) dispatch_any(DType t, F&& f) {
   switch (t) {
-    case DType::f32: return f.template operator()<float>();
-    case DType::f64: return f.template operator()<double>();
-    case DType::bf16: return f.template operator()<bf16_t>();
-    case DType::f16: return f.template operator()<f16_t>();
-    case DType::i32: return f.template operator()<int32_t>();
-    case DType::i64: return f.template operator()<int64_t>();
-    case DType::u8: return f.template operator()<uint8_t>();
+    case DType::f32:
+      return f.template operator()<float>();
+    case DType::f64:
+      return f.template operator()<double>();
+    case DType::bf16:
+      return f.template operator()<bf16_t>();
+    case DType::f16:
+      return f.template operator()<f16_t>();
+    case DType::i32:
+      return f.template operator()<int32_t>();
+    case DType::i64:
+      return f.template operator()<int64_t>();
+    case DType::u8:
+      return f.template operator()<uint8_t>();
   }
   ENGINE_FAIL("[dispatch] unknown dtype code ", static_cast<int>(t));
 }

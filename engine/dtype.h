@@ -26,14 +26,37 @@ struct f16_t {
   uint16_t bits;
 };
 
-template <class T> struct dtype_of;
-template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
-template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
-template <> struct dtype_of<bf16_t> { static constexpr DType value = DType::bf16; };
-template <> struct dtype_of<f16_t> { static constexpr DType value = DType::f16; };
-template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
-template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
-template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::u8; };
-template <class T> inline constexpr DType dtype_v = dtype_of<T>::value;
+template <class T>
+struct dtype_of;
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::f64;
+};
+template <>
+struct dtype_of<bf16_t> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct dtype_of<f16_t> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct dtype_of<int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct dtype_of<uint8_t> {
+  static constexpr DType value = DType::u8;
+};
+template <class T>
+inline constexpr DType dtype_v = dtype_of<T>::value;
 
 }  // namespace engine

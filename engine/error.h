@@ -28,17 +28,17 @@ std::string concat(Args&&... args) {
 
 // ENGINE_CHECK(cond, "[op] input ", shape, " does not match ...") throws engine::Error with the
 // pieces streamed together. The message is the user-facing text: start it with "[op]".
-#define ENGINE_CHECK(cond, ...)                                              \
-  do {                                                                       \
+#define ENGINE_CHECK(cond, ...)                                                        \
+  do {                                                                                 \
     if (!(cond)) ::engine::detail::throw_error(::engine::detail::concat(__VA_ARGS__)); \
   } while (0)
 
 #define ENGINE_FAIL(...) ::engine::detail::throw_error(::engine::detail::concat(__VA_ARGS__))
 
 // Internal invariants (bugs, not user errors): name the file and line.
-#define ENGINE_ASSERT(cond)                                                                 \
-  do {                                                                                      \
-    if (!(cond))                                                                            \
-      ::engine::detail::throw_error(::engine::detail::concat(                               \
-          "[internal] assertion '", #cond, "' failed at ", __FILE__, ":", __LINE__));       \
+#define ENGINE_ASSERT(cond)                                                           \
+  do {                                                                                \
+    if (!(cond))                                                                      \
+      ::engine::detail::throw_error(::engine::detail::concat(                         \
+          "[internal] assertion '", #cond, "' failed at ", __FILE__, ":", __LINE__)); \
   } while (0)

@@ -46,6 +46,6 @@ class Kernel<R(Args...)> {
 
 #define ENGINE_CONCAT_INNER(a, b) a##b
 #define ENGINE_CONCAT(a, b) ENGINE_CONCAT_INNER(a, b)
-#define ENGINE_REGISTER_KERNEL(table, device_type, fn)                               \
+#define ENGINE_REGISTER_KERNEL(table, device_type, fn)                             \
   [[maybe_unused]] static const bool ENGINE_CONCAT(engine_kernel_reg_, __LINE__) = \
       ((table).set((device_type), (fn)), true)

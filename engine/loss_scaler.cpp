@@ -8,12 +8,14 @@
 namespace engine {
 
 LossScaler::LossScaler(LossScalerOptions o) : options_(o), scale_(o.init_scale) {
-  ENGINE_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0, "[loss_scaler] init_scale must be positive, got ",
-               o.init_scale);
-  ENGINE_CHECK(o.growth_factor > 1, "[loss_scaler] growth_factor must be > 1, got ", o.growth_factor);
-  ENGINE_CHECK(o.backoff_factor > 0 && o.backoff_factor < 1, "[loss_scaler] backoff_factor must be in (0, 1), got ",
-               o.backoff_factor);
-  ENGINE_CHECK(o.growth_interval >= 1, "[loss_scaler] growth_interval must be at least 1, got ", o.growth_interval);
+  ENGINE_CHECK(std::isfinite(o.init_scale) && o.init_scale > 0,
+               "[loss_scaler] init_scale must be positive, got ", o.init_scale);
+  ENGINE_CHECK(o.growth_factor > 1, "[loss_scaler] growth_factor must be > 1, got ",
+               o.growth_factor);
+  ENGINE_CHECK(o.backoff_factor > 0 && o.backoff_factor < 1,
+               "[loss_scaler] backoff_factor must be in (0, 1), got ", o.backoff_factor);
+  ENGINE_CHECK(o.growth_interval >= 1, "[loss_scaler] growth_interval must be at least 1, got ",
+               o.growth_interval);
   ENGINE_CHECK(o.min_scale > 0 && o.min_scale <= o.init_scale,
                "[loss_scaler] min_scale must be in (0, init_scale], got ", o.min_scale);
 }
@@ -21,8 +23,10 @@ LossScaler::LossScaler(LossScalerOptions o) : options_(o), scale_(o.init_scale) 
 bool LossScaler::update(bool found_nonfinite) {
   if (!options_.enabled) {
     // Without scaling there is nothing to adjust; a non-finite gradient is still not applied.
-    if (found_nonfinite) ++skipped_, ++consecutive_skips_;
-    else consecutive_skips_ = 0;
+    if (found_nonfinite)
+      ++skipped_, ++consecutive_skips_;
+    else
+      consecutive_skips_ = 0;
     return !found_nonfinite;
   }
   if (found_nonfinite) {
@@ -53,25 +57,29 @@ NamedTensors LossScaler::state() const {
 
 void LossScaler::load_state(const NamedTensors& state) {
   bool seen[4] = {false, false, false, false};
-  const char* names[4] = {"scaler.scale", "scaler.clean_streak", "scaler.skipped", "scaler.consecutive_skips"};
+  const char* names[4] = {"scaler.scale", "scaler.clean_streak", "scaler.skipped",
+                          "scaler.consecutive_skips"};
   for (auto& [name, t] : state) {
     if (name.rfind("scaler.", 0) != 0) continue;
     int k = -1;
     for (int i = 0; i < 4; ++i)
       if (name == names[i]) k = i;
     ENGINE_CHECK(k >= 0, "[loss_scaler] unknown state tensor '", name, "'");
-    ENGINE_CHECK(t.numel() == 1, "[loss_scaler] state '", name, "' must be a scalar, got ", describe(t));
+    ENGINE_CHECK(t.numel() == 1, "[loss_scaler] state '", name, "' must be a scalar, got ",
+                 describe(t));
     const double v = t.to(Device::cpu()).to(DType::f64).item();
     seen[k] = true;
     if (k == 0) {
-      ENGINE_CHECK(std::isfinite(v) && v > 0, "[loss_scaler] state 'scaler.scale' must be positive, got ", v);
+      ENGINE_CHECK(std::isfinite(v) && v > 0,
+                   "[loss_scaler] state 'scaler.scale' must be positive, got ", v);
       scale_ = v;
     } else {
       ENGINE_CHECK(v >= 0, "[loss_scaler] state '", name, "' must be non-negative, got ", v);
       (k == 1 ? clean_streak_ : k == 2 ? skipped_ : consecutive_skips_) = static_cast<int64_t>(v);
     }
   }
-  for (int i = 0; i < 4; ++i) ENGINE_CHECK(seen[i], "[loss_scaler] state '", names[i], "' is missing");
+  for (int i = 0; i < 4; ++i)
+    ENGINE_CHECK(seen[i], "[loss_scaler] state '", names[i], "' is missing");
 }
 
 }  // namespace engine

@@ -12,8 +12,8 @@
 namespace engine {
 
 struct LossScalerOptions {
-  bool enabled = false;           // off: scale() is 1 and update() never skips
-  double init_scale = 65536.0;    // 2^16
+  bool enabled = false;         // off: scale() is 1 and update() never skips
+  double init_scale = 65536.0;  // 2^16
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
   int64_t growth_interval = 2000;  // clean steps in a row before growing
@@ -31,9 +31,9 @@ class LossScaler {
   // Throws when the scale falls below min_scale.
   bool update(bool found_nonfinite);
 
-  int64_t skipped_steps() const { return skipped_; }          // over the whole run
+  int64_t skipped_steps() const { return skipped_; }  // over the whole run
   int64_t consecutive_skips() const { return consecutive_skips_; }
-  int64_t clean_streak() const { return clean_streak_; }      // clean steps since the last change
+  int64_t clean_streak() const { return clean_streak_; }  // clean steps since the last change
   const LossScalerOptions& options() const { return options_; }
 
   // "scaler.scale" (f64), "scaler.clean_streak", "scaler.skipped", "scaler.consecutive_skips"

@@ -76,8 +76,8 @@ FlatParameters::FlatParameters(const NamedTensors& params) {
   int64_t total = 0;
   for (auto& [name, t] : params) {
     ENGINE_CHECK(t.dtype() == dt && t.device() == dev, "[flat_parameters] parameter '", name,
-                 "' is ", describe(t), " but the first one is ", dtype_name(dt), " on ",
-                 dev.str(), "; a slab holds one dtype on one device");
+                 "' is ", describe(t), " but the first one is ", dtype_name(dt), " on ", dev.str(),
+                 "; a slab holds one dtype on one device");
     ENGINE_CHECK(is_floating(dt) && t.is_leaf(), "[flat_parameters] parameter '", name,
                  "' must be a floating leaf, got ", describe(t));
     Entry e;

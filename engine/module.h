@@ -29,7 +29,7 @@ class Module {
 
   NamedTensors named_parameters() const;  // depth-first, in registration order
   std::vector<Tensor> parameters() const;
-  int64_t num_parameters() const;         // total elements
+  int64_t num_parameters() const;  // total elements
   void zero_grad();
   void train(bool on = true);
   bool training() const { return training_; }

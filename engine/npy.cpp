@@ -16,12 +16,19 @@ constexpr char kMagic[] = "\x93NUMPY";
 
 const char* descr_of(DType t) {
   switch (t) {
-    case DType::f32: case DType::bf16: return "<f4";
-    case DType::f64: return "<f8";
-    case DType::f16: return "<f2";
-    case DType::i32: return "<i4";
-    case DType::i64: return "<i8";
-    case DType::u8: return "|u1";
+    case DType::f32:
+    case DType::bf16:
+      return "<f4";
+    case DType::f64:
+      return "<f8";
+    case DType::f16:
+      return "<f2";
+    case DType::i32:
+      return "<i4";
+    case DType::i64:
+      return "<i8";
+    case DType::u8:
+      return "|u1";
   }
   return "";
 }
@@ -32,9 +39,11 @@ void save_npy(const std::string& path, const Tensor& t) {
   ENGINE_CHECK(t.defined(), "[npy] ", path, ": no tensor to write");
   const DType as = t.dtype() == DType::bf16 ? DType::f32 : t.dtype();
   std::string shape = "(";
-  for (int64_t i = 0; i < t.dim(); ++i) shape += std::to_string(t.size(i)) + (t.dim() == 1 ? "," : i + 1 < t.dim() ? ", " : "");
+  for (int64_t i = 0; i < t.dim(); ++i)
+    shape += std::to_string(t.size(i)) + (t.dim() == 1 ? "," : i + 1 < t.dim() ? ", " : "");
   shape += ")";
-  std::string header = std::string("{'descr': '") + descr_of(as) + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  std::string header = std::string("{'descr': '") + descr_of(as) +
+                       "', 'fortran_order': False, 'shape': " + shape + ", }";
   // magic (6) + version (2) + length (2) + header + '\n' is a multiple of 64.
   const size_t unpadded = 10 + header.size() + 1;
   header.append((64 - unpadded % 64) % 64, ' ');
@@ -59,33 +68,46 @@ Tensor load_npy(const std::string& path) {
   ENGINE_CHECK(bytes.size() >= 10 && bytes.compare(0, 6, kMagic, 6) == 0, "[npy] ", path,
                ": not a .npy file (expected the magic \\x93NUMPY)");
   const int major = static_cast<unsigned char>(bytes[6]);
-  ENGINE_CHECK(major == 1 || major == 2 || major == 3, "[npy] ", path, ": unsupported format version ", major);
+  ENGINE_CHECK(major == 1 || major == 2 || major == 3, "[npy] ", path,
+               ": unsupported format version ", major);
   size_t len = 0, start = 10;
   if (major == 1) {
-    len = size_t(static_cast<unsigned char>(bytes[8])) | size_t(static_cast<unsigned char>(bytes[9])) << 8;
+    len = size_t(static_cast<unsigned char>(bytes[8])) |
+          size_t(static_cast<unsigned char>(bytes[9])) << 8;
   } else {
     ENGINE_CHECK(bytes.size() >= 12, "[npy] ", path, ": truncated header");
-    for (int i = 0; i < 4; ++i) len |= size_t(static_cast<unsigned char>(bytes[size_t(8 + i)])) << (8 * i);
+    for (int i = 0; i < 4; ++i)
+      len |= size_t(static_cast<unsigned char>(bytes[size_t(8 + i)])) << (8 * i);
     start = 12;
   }
-  ENGINE_CHECK(bytes.size() >= start + len, "[npy] ", path, ": truncated header (", len, " bytes announced)");
+  ENGINE_CHECK(bytes.size() >= start + len, "[npy] ", path, ": truncated header (", len,
+               " bytes announced)");
   const std::string header = bytes.substr(start, len);
   std::smatch m;
-  ENGINE_CHECK(std::regex_search(header, m, std::regex("'descr':\\s*'([<>|=]?[a-zA-Z]\\d+)'")), "[npy] ", path,
-               ": header has no 'descr': ", header);
+  ENGINE_CHECK(std::regex_search(header, m, std::regex("'descr':\\s*'([<>|=]?[a-zA-Z]\\d+)'")),
+               "[npy] ", path, ": header has no 'descr': ", header);
   const std::string descr = m[1];
   DType dt;
-  if (descr == "<f4") dt = DType::f32;
-  else if (descr == "<f8") dt = DType::f64;
-  else if (descr == "<f2") dt = DType::f16;
-  else if (descr == "<i4") dt = DType::i32;
-  else if (descr == "<i8") dt = DType::i64;
-  else if (descr == "|u1" || descr == "<u1") dt = DType::u8;
-  else ENGINE_FAIL("[npy] ", path, ": dtype '", descr, "' is not supported (expected <f4, <f8, <f2, <i4, <i8 or |u1)");
-  ENGINE_CHECK(std::regex_search(header, m, std::regex("'fortran_order':\\s*(True|False)")) && m[1] == "False",
+  if (descr == "<f4")
+    dt = DType::f32;
+  else if (descr == "<f8")
+    dt = DType::f64;
+  else if (descr == "<f2")
+    dt = DType::f16;
+  else if (descr == "<i4")
+    dt = DType::i32;
+  else if (descr == "<i8")
+    dt = DType::i64;
+  else if (descr == "|u1" || descr == "<u1")
+    dt = DType::u8;
+  else
+    ENGINE_FAIL("[npy] ", path, ": dtype '", descr,
+                "' is not supported (expected <f4, <f8, <f2, <i4, <i8 or |u1)");
+  ENGINE_CHECK(std::regex_search(header, m, std::regex("'fortran_order':\\s*(True|False)")) &&
+                   m[1] == "False",
                "[npy] ", path, ": expected 'fortran_order': False (C order)");
-  ENGINE_CHECK(std::regex_search(header, m, std::regex("'shape':\\s*\\(([^)]*)\\)")), "[npy] ", path,
-               ": header has no 'shape': ", header);
+  ENGINE_CHECK(std::regex_search(header, m, std::regex("'shape':\\s*\\(([^)]*)\\)")), "[npy] ",
+               path, ": header has no 'shape': ", header);
   Shape shape;
   const std::string dims = m[1];
   const std::regex digits("\\d+");
@@ -94,8 +116,9 @@ Tensor load_npy(const std::string& path) {
   int64_t numel = 1;
   for (int64_t s : shape) numel *= s;
   const size_t body = size_t(numel) * dtype_size(dt);
-  ENGINE_CHECK(bytes.size() - start - len == body, "[npy] ", path, ": data is ", bytes.size() - start - len,
-               " bytes, expected ", body, " for shape (", dims, ") of ", descr);
+  ENGINE_CHECK(bytes.size() - start - len == body, "[npy] ", path, ": data is ",
+               bytes.size() - start - len, " bytes, expected ", body, " for shape (", dims, ") of ",
+               descr);
   return Tensor::from_host(bytes.data() + start + len, dt, shape);
 }
 

@@ -1,6 +1,7 @@
-// NumPy's .npy format (version 1.0): a magic string, a Python-dict header ('descr', 'fortran_order',
-// 'shape') padded to a multiple of 64 bytes, then the raw C-order little-endian data. Files written
-// here open with numpy.load; for dumps a researcher analyses in Python (poscorr_app).
+// NumPy's .npy format (version 1.0): a magic string, a Python-dict header ('descr',
+// 'fortran_order', 'shape') padded to a multiple of 64 bytes, then the raw C-order little-endian
+// data. Files written here open with numpy.load; for dumps a researcher analyses in Python
+// (poscorr_app).
 #pragma once
 
 #include <string>

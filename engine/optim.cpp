@@ -74,10 +74,10 @@ void AdamW::step(double lr) {
                lr);
   const Tensor& data = params_.data();
   const Tensor& grad = params_.grad();
-  ENGINE_CHECK(grad.dtype() == DType::f32 && grad.numel() == data.numel() &&
-                   grad.device() == data.device(),
-               "[adamw] gradient slab ", describe(grad), " does not match the parameter slab ",
-               describe(data));
+  ENGINE_CHECK(
+      grad.dtype() == DType::f32 && grad.numel() == data.numel() && grad.device() == data.device(),
+      "[adamw] gradient slab ", describe(grad), " does not match the parameter slab ",
+      describe(data));
   ++step_;
   // As torch.optim.AdamW computes them in Python (doubles): beta ** step with a float step.
   const double t = static_cast<double>(step_);
@@ -118,8 +118,9 @@ void AdamW::load_state(const NamedTensors& state) {
   for (int k = 0; k < 2; ++k) {
     const Tensor& t = *found[k];
     ENGINE_CHECK(t.dtype() == DType::f32 && t.shape() == Shape{params_.numel()},
-                 "[adamw] load_state: '", names[k], "' is ", describe(t), " but this optimizer's is (",
-                 params_.numel(), ") f32 (saved for other parameters?)");
+                 "[adamw] load_state: '", names[k], "' is ", describe(t),
+                 " but this optimizer's is (", params_.numel(),
+                 ") f32 (saved for other parameters?)");
   }
   const Tensor& st = *found[2];
   ENGINE_CHECK(st.dtype() == DType::i64 && st.numel() == 1, "[adamw] load_state: 'optim.step' is ",
@@ -149,7 +150,8 @@ LinearSchedule LinearSchedule::with_warmup_ratio(double peak_lr, double warmup_r
   ENGINE_CHECK(warmup_ratio >= 0 && warmup_ratio <= 1,
                "[linear_schedule] warmup_ratio must be in [0, 1], got ", warmup_ratio);
   ENGINE_CHECK(total_steps > 0, "[linear_schedule] total_steps must be > 0, got ", total_steps);
-  const auto warmup = static_cast<int64_t>(std::ceil(static_cast<double>(total_steps) * warmup_ratio));
+  const auto warmup =
+      static_cast<int64_t>(std::ceil(static_cast<double>(total_steps) * warmup_ratio));
   return LinearSchedule(peak_lr, warmup, total_steps);
 }
 
@@ -158,11 +160,12 @@ double LinearSchedule::lr(int64_t steps_taken) const {
   // transformers' lr_lambda (Python floats), then LambdaLR's base_lr * lambda.
   double factor;
   if (steps_taken < warmup_steps_) {
-    factor = static_cast<double>(steps_taken) /
-             static_cast<double>(std::max<int64_t>(1, warmup_steps_));
+    factor =
+        static_cast<double>(steps_taken) / static_cast<double>(std::max<int64_t>(1, warmup_steps_));
   } else {
-    factor = std::max(0.0, static_cast<double>(total_steps_ - steps_taken) /
-                               static_cast<double>(std::max<int64_t>(1, total_steps_ - warmup_steps_)));
+    factor =
+        std::max(0.0, static_cast<double>(total_steps_ - steps_taken) /
+                          static_cast<double>(std::max<int64_t>(1, total_steps_ - warmup_steps_)));
   }
   return peak_lr_ * factor;
 }

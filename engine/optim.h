@@ -32,9 +32,10 @@ bool default_no_decay(const std::string& name);
 
 class AdamW {
  public:
-  // Keeps a reference to `params` (which must outlive it). `decay(entry name)` says whether weight decay applies to that parameter; an empty function
-  // means all of them. The parameter slab must be f32 (the master copy). The moment slabs are
-  // zero f32 slabs with the parameter slab's layout and device.
+  // Keeps a reference to `params` (which must outlive it). `decay(entry name)` says whether weight
+  // decay applies to that parameter; an empty function means all of them. The parameter slab must
+  // be f32 (the master copy). The moment slabs are zero f32 slabs with the parameter slab's layout
+  // and device.
   AdamW(FlatParameters& params, AdamWOptions options,
         std::function<bool(const std::string&)> decay = {});
 

@@ -20,8 +20,7 @@ struct PhiloxState {
   uint64_t offset = 0;  // in 128-bit blocks (4 words)
 };
 
-ENGINE_HD void philox4x32_10(const uint32_t ctr_in[4], const uint32_t key_in[2],
-                             uint32_t out[4]) {
+ENGINE_HD void philox4x32_10(const uint32_t ctr_in[4], const uint32_t key_in[2], uint32_t out[4]) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   uint32_t c0 = ctr_in[0], c1 = ctr_in[1], c2 = ctr_in[2], c3 = ctr_in[3];
@@ -49,8 +48,8 @@ ENGINE_HD void philox4x32_10(const uint32_t ctr_in[4], const uint32_t key_in[2],
 
 // The four words of block `counter` under key `seed`.
 ENGINE_HD void philox_block(uint64_t seed, uint64_t counter, uint32_t out[4]) {
-  const uint32_t ctr[4] = {static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32),
-                           0u, 0u};
+  const uint32_t ctr[4] = {static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 0u,
+                           0u};
   const uint32_t key[2] = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
   philox4x32_10(ctr, key, out);
 }

@@ -408,8 +408,10 @@ SafetensorsContents load_safetensors_into(const std::string& path, const NamedTe
   rest.metadata = std::move(h.metadata);
   for (const Entry& e : h.entries) {
     if (wanted.count(e.name)) continue;
-    if (extra == ExtraTensors::read) rest.tensors.emplace_back(e.name, read_tensor(f, path, h, e));
-    else rest.skipped.push_back(e.name);
+    if (extra == ExtraTensors::read)
+      rest.tensors.emplace_back(e.name, read_tensor(f, path, h, e));
+    else
+      rest.skipped.push_back(e.name);
   }
   return rest;
 }

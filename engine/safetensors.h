@@ -14,9 +14,10 @@ namespace engine {
 using SafetensorsMetadata = std::map<std::string, std::string>;
 
 struct SafetensorsContents {
-  NamedTensors tensors;               // CPU tensors, in data-offset order, with their file dtypes
-  SafetensorsMetadata metadata;       // "__metadata__" (empty if absent)
-  std::vector<std::string> skipped;   // tensors left unread (load_safetensors_into, ExtraTensors::skip)
+  NamedTensors tensors;          // CPU tensors, in data-offset order, with their file dtypes
+  SafetensorsMetadata metadata;  // "__metadata__" (empty if absent)
+  std::vector<std::string>
+      skipped;  // tensors left unread (load_safetensors_into, ExtraTensors::skip)
 };
 
 // Writes atomically: to "<path>.tmp.<pid>", fsync, rename over `path`, fsync the directory, so a

@@ -182,8 +182,8 @@ const Tensor& Tensor::add_(const Tensor& other, double alpha) const {
   ENGINE_CHECK(other.defined(), "[add_] other is undefined");
   ENGINE_CHECK(other.device() == device(), "[add_] ", describe(*this), " and ", describe(other),
                " are on different devices");
-  ENGINE_CHECK(other.dtype() == dtype(), "[add_] dtype mismatch: ", describe(*this), " += ",
-               describe(other));
+  ENGINE_CHECK(other.dtype() == dtype(), "[add_] dtype mismatch: ", describe(*this),
+               " += ", describe(other));
   ENGINE_CHECK(is_broadcastable_to(other.shape(), shape()), "[add_] ", describe(other),
                " cannot be broadcast to ", describe(*this));
   backend_for(*this).add_(*this, other.detach().expand(shape()), alpha);
@@ -214,8 +214,10 @@ void Tensor::copy_to_host(void* dst, DType as) const {
     t = c;
   }
   if (!t.nbytes()) return;
-  if (on_host) backend(DeviceType::CPU).copy_to_host(dst, t.raw_data(), t.nbytes(), 0);
-  else std::memcpy(dst, t.raw_data(), t.nbytes());
+  if (on_host)
+    backend(DeviceType::CPU).copy_to_host(dst, t.raw_data(), t.nbytes(), 0);
+  else
+    std::memcpy(dst, t.raw_data(), t.nbytes());
 }
 
 double Tensor::item() const {
@@ -228,14 +230,16 @@ double Tensor::item() const {
 
 namespace {
 
-void print_rec(std::ostringstream& os, const std::vector<double>& v, const Shape& shape,
-               size_t dim, int64_t base, const std::vector<int64_t>& st, bool summarize,
-               int width, bool integral, bool sci, int indent) {
+void print_rec(std::ostringstream& os, const std::vector<double>& v, const Shape& shape, size_t dim,
+               int64_t base, const std::vector<int64_t>& st, bool summarize, int width,
+               bool integral, bool sci, int indent) {
   constexpr int64_t kEdge = 3;
   if (shape.empty()) {
     char buf[64];
-    if (integral) std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v[0]));
-    else std::snprintf(buf, sizeof buf, sci ? "%.4e" : "%.4f", v[0]);
+    if (integral)
+      std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v[0]));
+    else
+      std::snprintf(buf, sizeof buf, sci ? "%.4e" : "%.4f", v[0]);
     os << buf;
     return;
   }
@@ -250,16 +254,20 @@ void print_rec(std::ostringstream& os, const std::vector<double>& v, const Shape
     int64_t off = base + i * st[dim];
     if (dim + 1 == shape.size()) {
       char buf[64];
-      if (integral) std::snprintf(buf, sizeof buf, "%*lld", width, static_cast<long long>(v[off]));
-      else std::snprintf(buf, sizeof buf, sci ? "%*.4e" : "%*.4f", width, v[off]);
+      if (integral)
+        std::snprintf(buf, sizeof buf, "%*lld", width, static_cast<long long>(v[off]));
+      else
+        std::snprintf(buf, sizeof buf, sci ? "%*.4e" : "%*.4f", width, v[off]);
       os << buf;
     } else {
       print_rec(os, v, shape, dim + 1, off, st, summarize, width, integral, sci, indent);
     }
     if (i + 1 < n) {
       os << ",";
-      if (dim + 1 == shape.size()) os << " ";
-      else os << std::string(shape.size() - dim - 1, '\n') << std::string(indent + dim + 1, ' ');
+      if (dim + 1 == shape.size())
+        os << " ";
+      else
+        os << std::string(shape.size() - dim - 1, '\n') << std::string(indent + dim + 1, ' ');
     }
   }
   os << "]";
@@ -292,8 +300,8 @@ std::string Tensor::str() const {
   }
   std::ostringstream os;
   os << "tensor(";
-  print_rec(os, v, shape(), 0, 0, contiguous_strides(shape()), numel() > 1000, width, integral,
-            sci, 7);
+  print_rec(os, v, shape(), 0, 0, contiguous_strides(shape()), numel() > 1000, width, integral, sci,
+            7);
   os << ", shape=" << shape_str(shape()) << ", dtype=" << dtype_name(dtype())
      << ", device=" << device().str();
   if (requires_grad()) os << ", requires_grad";
@@ -306,14 +314,18 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str
 
 // ---- autograd accessors ----------------------------------------------------------------------
 
-bool Tensor::requires_grad() const { return checked(impl_, "requires_grad").autograd.requires_grad; }
+bool Tensor::requires_grad() const {
+  return checked(impl_, "requires_grad").autograd.requires_grad;
+}
 
 const Tensor& Tensor::set_requires_grad(bool on) const {
   checked(impl_, "set_requires_grad");
   ENGINE_CHECK(!impl_->autograd.grad_fn, "[set_requires_grad] ", describe(*this),
                " is the output of an op; only leaves can change requires_grad (use detach())");
-  ENGINE_CHECK(!on || is_floating(dtype()), "[set_requires_grad] only floating tensors can "
-               "require grad, got ", describe(*this));
+  ENGINE_CHECK(!on || is_floating(dtype()),
+               "[set_requires_grad] only floating tensors can "
+               "require grad, got ",
+               describe(*this));
   impl_->autograd.requires_grad = on;
   return *this;
 }
@@ -323,9 +335,9 @@ Tensor Tensor::grad() const { return checked(impl_, "grad").autograd.grad; }
 
 void Tensor::set_grad(const Tensor& g) const {
   checked(impl_, "set_grad");
-  ENGINE_CHECK(!g.defined() || (g.shape() == shape() && g.dtype() == dtype() &&
-                                g.device() == device()),
-               "[set_grad] gradient ", describe(g), " does not match tensor ", describe(*this));
+  ENGINE_CHECK(
+      !g.defined() || (g.shape() == shape() && g.dtype() == dtype() && g.device() == device()),
+      "[set_grad] gradient ", describe(g), " does not match tensor ", describe(*this));
   impl_->autograd.grad = g;
 }
 

@@ -93,12 +93,14 @@ class Tensor {
   Tensor to(Device device) const;
   Tensor detach() const;  // same storage, outside the graph
 
-  // ---- in place, through the handle (never recorded; refused on a tensor that requires grad while grad mode is
-  // on, e.g. parameters outside NoGrad) ---------------------------------------------------
+  // ---- in place, through the handle (never recorded; refused on a tensor that requires grad while
+  // grad mode is on, e.g. parameters outside NoGrad)
+  // ---------------------------------------------------
   const Tensor& fill_(double value) const;
   const Tensor& zero_() const { return fill_(0.0); }
   const Tensor& copy_(const Tensor& src) const;  // broadcasts src, converts dtype, crosses devices
-  const Tensor& add_(const Tensor& other, double alpha = 1.0) const;  // this += alpha * other (broadcast)
+  const Tensor& add_(const Tensor& other,
+                     double alpha = 1.0) const;  // this += alpha * other (broadcast)
   const Tensor& mul_(double factor) const;
 
   // ---- values ----------------------------------------------------------------------------

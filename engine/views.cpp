@@ -30,8 +30,7 @@ std::optional<std::vector<int64_t>> view_strides(const Shape& old_shape,
   int64_t tensor_numel = 1, view_numel = 1;
   for (int64_t td = static_cast<int64_t>(old_shape.size()) - 1; td >= 0; --td) {
     tensor_numel *= old_shape[td];
-    if (td == 0 ||
-        (old_shape[td - 1] != 1 && old_strides[td - 1] != tensor_numel * chunk_base)) {
+    if (td == 0 || (old_shape[td - 1] != 1 && old_strides[td - 1] != tensor_numel * chunk_base)) {
       while (view_d >= 0 && (view_numel < tensor_numel || new_shape[view_d] == 1)) {
         ns[view_d] = view_numel * chunk_base;
         view_numel *= new_shape[view_d];
@@ -66,8 +65,7 @@ Shape infer_shape(Shape shape, int64_t numel, const Shape& from, const char* op)
     shape[infer] = numel / known;
   }
   ENGINE_CHECK(shape_numel(shape) == numel, "[", op, "] cannot reshape ", shape_str(from), " (",
-               numel, " elements) into ", shape_str(shape), " (", shape_numel(shape),
-               " elements)");
+               numel, " elements) into ", shape_str(shape), " (", shape_numel(shape), " elements)");
   return shape;
 }
 
@@ -211,8 +209,8 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
 Tensor Tensor::select(int64_t d, int64_t index) const {
   d = wrap_dim(d, dim(), "select");
   int64_t n = shape()[d];
-  ENGINE_CHECK(index >= -n && index < n, "[select] index ", index, " is out of range for dim ",
-               d, " of ", describe(*this));
+  ENGINE_CHECK(index >= -n && index < n, "[select] index ", index, " is out of range for dim ", d,
+               " of ", describe(*this));
   if (index < 0) index += n;
   return slice(d, index, index + 1).squeeze(d);
 }
@@ -227,8 +225,8 @@ Tensor Tensor::expand(const Shape& target) const {
   ENGINE_CHECK(is_broadcastable_to(this->shape(), shape), "[expand] ", describe(*this),
                " cannot be expanded to ", shape_str(target));
   if (shape == this->shape()) return *this;
-  Tensor out = make_view(*this, shape, broadcast_strides(this->shape(), strides(), shape),
-                         storage_offset());
+  Tensor out =
+      make_view(*this, shape, broadcast_strides(this->shape(), strides(), shape), storage_offset());
   return finish_view(*this, out, std::make_shared<ExpandNode>());
 }
 
@@ -295,8 +293,7 @@ Tensor Tensor::to(Device dev) const {
     if (device().is_cpu()) {
       backend(dev.type).copy_from_host(out.raw_data(), src.raw_data(), nbytes(), dev.index);
     } else if (dev.is_cpu()) {
-      backend(device().type).copy_to_host(out.raw_data(), src.raw_data(), nbytes(),
-                                          device().index);
+      backend(device().type).copy_to_host(out.raw_data(), src.raw_data(), nbytes(), device().index);
     } else {  // device to device through the host: rare, simple, correct
       Tensor host = src.detach().to(Device::cpu());
       backend(dev.type).copy_from_host(out.raw_data(), host.raw_data(), nbytes(), dev.index);

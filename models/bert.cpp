@@ -55,7 +55,8 @@ namespace {
 // w (K); differentiable in w.
 Tensor sinusoid(const Tensor& positions, const Tensor& freqs) {
   Tensor angles = engine::matmul(positions.unsqueeze(1), freqs.unsqueeze(0));  // (N, K)
-  Tensor pair = engine::concat({engine::sin(angles).unsqueeze(2), engine::cos(angles).unsqueeze(2)}, 2);
+  Tensor pair =
+      engine::concat({engine::sin(angles).unsqueeze(2), engine::cos(angles).unsqueeze(2)}, 2);
   return pair.reshape({positions.size(0), 2 * freqs.size(0)});
 }
 
@@ -98,7 +99,8 @@ PositionEncoding::PositionEncoding(const BertConfig& c, Generator& gen) : config
     cls_theta = register_parameter("cls_theta", Tensor::randn({2, d}, gen, 0.0, c.init_std));
   if (p.relative == RelativePosition::t5_bias)
     relative_table = register_parameter(
-        "relative_table", Tensor::randn({p.relative_bias_rows(), c.num_heads}, gen, 0.0, c.init_std));
+        "relative_table",
+        Tensor::randn({p.relative_bias_rows(), c.num_heads}, gen, 0.0, c.init_std));
   const int64_t rows = 2 * p.rpe_clip + 1;
   if (p.relative == RelativePosition::shaw_learned)
     shaw_table = register_parameter("shaw_table", Tensor::randn({rows, dh}, gen, 0.0, c.init_std));
@@ -127,7 +129,8 @@ PositionEncoding::Constants PositionEncoding::build_constants(int64_t t, engine:
     k.row0 = upload_f32(row0, {t, t});
     k.col0 = upload_f32(col0, {t, t});
   }
-  const bool shaw = p.relative == RelativePosition::shaw_learned || p.relative == RelativePosition::shaw_sinusoid ||
+  const bool shaw = p.relative == RelativePosition::shaw_learned ||
+                    p.relative == RelativePosition::shaw_sinusoid ||
                     p.relative == RelativePosition::shaw_learnable_sinusoid;
   const int64_t c = p.rpe_clip;
   if (shaw) {
@@ -138,14 +141,20 @@ PositionEncoding::Constants PositionEncoding::build_constants(int64_t t, engine:
   }
   if (p.input == InputPosition::learnable_sinusoid) k.positions = range_f32(0, t, dev);
   if (p.input == InputPosition::sinusoid)
-    k.input_sinusoid = sinusoid(range_f32(0, t, engine::Device::cpu()), sinusoid_freqs(config_.hidden_size)).to(dev);
-  if (p.relative == RelativePosition::shaw_learnable_sinusoid) k.shaw_positions = range_f32(-c, c + 1, dev);
+    k.input_sinusoid =
+        sinusoid(range_f32(0, t, engine::Device::cpu()), sinusoid_freqs(config_.hidden_size))
+            .to(dev);
+  if (p.relative == RelativePosition::shaw_learnable_sinusoid)
+    k.shaw_positions = range_f32(-c, c + 1, dev);
   if (p.relative == RelativePosition::shaw_sinusoid)
-    k.fixed_shaw = sinusoid(range_f32(-c, c + 1, engine::Device::cpu()), sinusoid_freqs(config_.head_size())).to(dev);
+    k.fixed_shaw =
+        sinusoid(range_f32(-c, c + 1, engine::Device::cpu()), sinusoid_freqs(config_.head_size()))
+            .to(dev);
   return k;
 }
 
-const PositionEncoding::Constants& PositionEncoding::constants(int64_t t, engine::Device dev) const {
+const PositionEncoding::Constants& PositionEncoding::constants(int64_t t,
+                                                               engine::Device dev) const {
   if (longest_.device != dev) longest_ = recent_ = Constants{};
   if (longest_.length < t) longest_ = build_constants(t, dev);
   if (t == longest_.length) return longest_;
@@ -176,17 +185,21 @@ void PositionEncoding::check_length(int64_t seq_len) const {
   ENGINE_CHECK(seq_len >= 1, "[bert] empty sequence");
   if (config_.position.has_position_table())
     ENGINE_CHECK(seq_len <= config_.max_positions, "[bert] sequence length ", seq_len,
-                 " exceeds model.max_positions ", config_.max_positions, " of the learned position table (preset ",
-                 config_.position.preset, ")");
+                 " exceeds model.max_positions ", config_.max_positions,
+                 " of the learned position table (preset ", config_.position.preset, ")");
 }
 
 Tensor PositionEncoding::input_term(int64_t seq_len, engine::Device device) const {
   check_length(seq_len);
   switch (config_.position.input) {
-    case InputPosition::none: return Tensor();
-    case InputPosition::learned: return table.slice(0, 0, seq_len);
-    case InputPosition::sinusoid: return constants(seq_len, device).input_sinusoid;
-    case InputPosition::learnable_sinusoid: return sinusoid(constants(seq_len, device).positions, freq);
+    case InputPosition::none:
+      return Tensor();
+    case InputPosition::learned:
+      return table.slice(0, 0, seq_len);
+    case InputPosition::sinusoid:
+      return constants(seq_len, device).input_sinusoid;
+    case InputPosition::learnable_sinusoid:
+      return sinusoid(constants(seq_len, device).positions, freq);
   }
   return Tensor();
 }
@@ -233,11 +246,13 @@ Tensor cls_theta_of(const Tensor& pq, const Tensor& pk, int64_t row, double scal
 
 }  // namespace
 
-double PositionEncoding::untied_scale() const { return 1.0 / std::sqrt(2.0 * double(config_.head_size())); }
+double PositionEncoding::untied_scale() const {
+  return 1.0 / std::sqrt(2.0 * double(config_.head_size()));
+}
 
 Tensor PositionEncoding::untied_term(int64_t t) const {
-  ENGINE_CHECK(config_.position.attention == AttentionPosition::untied,
-               "[bert] preset ", config_.position.preset, " has no untied positional term");
+  ENGINE_CHECK(config_.position.attention == AttentionPosition::untied, "[bert] preset ",
+               config_.position.preset, " has no untied positional term");
   check_length(t);
   Tensor pk;
   Tensor pq = projected_positions(t, &pk);
@@ -260,18 +275,23 @@ AttentionTerms PositionEncoding::attention_terms(int64_t t, engine::Device devic
   AttentionTerms out;
   Tensor relative;  // (H, T, T)
   if (p.relative == RelativePosition::t5_bias)
-    relative = engine::embedding(relative_table, k.relative_index).permute({2, 0, 1});  // (T, T, H) -> (H, T, T)
+    relative = engine::embedding(relative_table, k.relative_index)
+                   .permute({2, 0, 1});  // (T, T, H) -> (H, T, T)
   if (p.attention == AttentionPosition::untied) {
     Tensor pk;
     Tensor pq = projected_positions(t, &pk);  // (H, T[+2], d_h)
     Tensor v = untied_scores(pq, pk, t, untied_scale());
-    if (relative.defined() && p.cls_reset != ClsReset::code) v = v + relative;  // paper: reset(v + b)
+    if (relative.defined() && p.cls_reset != ClsReset::code)
+      v = v + relative;  // paper: reset(v + b)
     if (p.cls_reset != ClsReset::none) {
       // reset_theta: row 0 (from [CLS], including itself) = theta1, column 0 below it = theta2.
-      auto theta = [&](int64_t r) { return cls_theta_of(pq, pk, t + r, untied_scale()).view({h, 1, 1}); };
+      auto theta = [&](int64_t r) {
+        return cls_theta_of(pq, pk, t + r, untied_scale()).view({h, 1, 1});
+      };
       v = v * k.keep + theta(0) * k.row0 + theta(1) * k.col0;
     }
-    if (relative.defined() && p.cls_reset == ClsReset::code) v = v + relative;  // code: reset(v) + b'
+    if (relative.defined() && p.cls_reset == ClsReset::code)
+      v = v + relative;  // code: reset(v) + b'
     out.bias = v.unsqueeze(0);
   } else if (relative.defined()) {
     out.bias = relative.unsqueeze(0);
@@ -283,9 +303,12 @@ AttentionTerms PositionEncoding::attention_terms(int64_t t, engine::Device devic
     out.pos_key = pk.unsqueeze(0);
   }
   if (k.shaw_index.defined()) {
-    if (p.relative == RelativePosition::shaw_learned) out.shaw_table = shaw_table;
-    else if (p.relative == RelativePosition::shaw_sinusoid) out.shaw_table = k.fixed_shaw;
-    else out.shaw_table = sinusoid(k.shaw_positions, shaw_freq);
+    if (p.relative == RelativePosition::shaw_learned)
+      out.shaw_table = shaw_table;
+    else if (p.relative == RelativePosition::shaw_sinusoid)
+      out.shaw_table = k.fixed_shaw;
+    else
+      out.shaw_table = sinusoid(k.shaw_positions, shaw_freq);
     out.shaw_index = k.shaw_index;
   }
   return out;
@@ -315,7 +338,8 @@ BertLayer::Projected BertLayer::project(const Tensor& x, const AttentionTerms& t
   const int64_t b = x.size(0), t = x.size(1), h = config_.num_heads, dh = config_.head_size();
   // (B, T, 3d) -> (3, B, H, T, d_h): views, no copies.
   Tensor qkv5 = qkv.forward(x).view({b, t, 3, h, dh}).permute({2, 0, 3, 1, 4});
-  Projected pr{qkv5.select(0, 0), qkv5.select(0, 1), qkv5.select(0, 2), 1.0 / std::sqrt(double(dh))};
+  Projected pr{qkv5.select(0, 0), qkv5.select(0, 1), qkv5.select(0, 2),
+               1.0 / std::sqrt(double(dh))};
   const PositionConfig& p = config_.position;
   if (p.attention == AttentionPosition::untied) pr.scale = 1.0 / std::sqrt(2.0 * double(dh));
   if (p.attention == AttentionPosition::decomposed) {
@@ -333,8 +357,8 @@ BertLayer::Projected BertLayer::project(const Tensor& x, const AttentionTerms& t
 Tensor BertLayer::scaled_scores(const Projected& pr, const AttentionTerms& terms) const {
   Tensor scores = engine::matmul(pr.q, pr.k.transpose(2, 3));
   if (terms.shaw_table.defined())
-    scores = scores + engine::relative_gather(engine::matmul(pr.q, terms.shaw_table.transpose(0, 1)),
-                                              terms.shaw_index);
+    scores = scores + engine::relative_gather(
+                          engine::matmul(pr.q, terms.shaw_table.transpose(0, 1)), terms.shaw_index);
   return scores * pr.scale;
 }
 
@@ -397,8 +421,8 @@ Tensor BertLayer::forward(const Tensor& x, const Tensor& key_mask, const Attenti
 BertModel::BertModel(const BertConfig& c, Generator& gen) : config_(c) {
   c.validate();
   const int64_t d = c.hidden_size;
-  token_embedding =
-      embeddings.register_parameter("token", Tensor::randn({c.vocab_size, d}, gen, 0.0, c.init_std));
+  token_embedding = embeddings.register_parameter(
+      "token", Tensor::randn({c.vocab_size, d}, gen, 0.0, c.init_std));
   if (c.type_vocab_size > 0)
     segment_embedding = embeddings.register_parameter(
         "segment", Tensor::randn({c.type_vocab_size, d}, gen, 0.0, c.init_std));
@@ -428,12 +452,15 @@ Tensor BertModel::embed(const BertInputs& in, Generator& gen) const {
   const int64_t b = ids.size(0), t = ids.size(1);
   if (in.attention_mask.defined())
     ENGINE_CHECK(in.attention_mask.shape() == ids.shape(), "[bert] attention_mask ",
-                 engine::describe(in.attention_mask), " does not match input_ids ", engine::describe(ids));
+                 engine::describe(in.attention_mask), " does not match input_ids ",
+                 engine::describe(ids));
   if (in.token_type_ids.defined()) {
-    ENGINE_CHECK(config_.type_vocab_size > 0,
-                 "[bert] token_type_ids given but the model has no segment embeddings (type_vocab_size 0)");
+    ENGINE_CHECK(
+        config_.type_vocab_size > 0,
+        "[bert] token_type_ids given but the model has no segment embeddings (type_vocab_size 0)");
     ENGINE_CHECK(in.token_type_ids.shape() == ids.shape(), "[bert] token_type_ids ",
-                 engine::describe(in.token_type_ids), " does not match input_ids ", engine::describe(ids));
+                 engine::describe(in.token_type_ids), " does not match input_ids ",
+                 engine::describe(ids));
   }
   Tensor x = engine::embedding(token_embedding, ids);  // (B, T, d)
   if (segment_embedding.defined()) {
@@ -475,7 +502,8 @@ BertForMaskedLM::BertForMaskedLM(const BertConfig& c, uint64_t seed)
 MlmOutput BertForMaskedLM::forward(const data::MlmBatch& batch, Generator& gen) const {
   const BertConfig& c = config();
   const Tensor &positions = batch.positions, &targets = batch.targets;
-  ENGINE_CHECK(positions.defined() && targets.defined() && positions.dim() == 1 && targets.shape() == positions.shape(),
+  ENGINE_CHECK(positions.defined() && targets.defined() && positions.dim() == 1 &&
+                   targets.shape() == positions.shape(),
                "[bert] the batch's positions and targets must be two (M) tensors, got ",
                positions.defined() ? engine::describe(positions) : std::string("none"), " and ",
                targets.defined() ? engine::describe(targets) : std::string("none"));

@@ -2,11 +2,11 @@
 // and the masked-LM head. Models call ops (ops/ops.h), never kernels.
 //
 // Parameter names (the checkpoint names, docs/checkpoint.md):
-//   bert.embeddings.token (V, d), bert.embeddings.segment (S, d), bert.embeddings.norm.{weight,bias}
-//   bert.position.*                      the positional parameters of the preset (shared by layers)
-//   bert.encoder.layer.<l>.attention.qkv.{weight (3d, d), bias}  rows: Q | K | V, heads contiguous
-//   bert.encoder.layer.<l>.attention.out.{weight, bias}
-//   bert.encoder.layer.<l>.attention_norm.{weight, bias}
+//   bert.embeddings.token (V, d), bert.embeddings.segment (S, d),
+//   bert.embeddings.norm.{weight,bias} bert.position.*                      the positional
+//   parameters of the preset (shared by layers) bert.encoder.layer.<l>.attention.qkv.{weight (3d,
+//   d), bias}  rows: Q | K | V, heads contiguous bert.encoder.layer.<l>.attention.out.{weight,
+//   bias} bert.encoder.layer.<l>.attention_norm.{weight, bias}
 //   bert.encoder.layer.<l>.ffn.fc1.{weight (F, d), bias}, ffn.fc2.{weight (d, F), bias}
 //   bert.encoder.layer.<l>.ffn_norm.{weight, bias}
 //   bert.encoder.final_norm.{weight, bias}        (pre-LN only)
@@ -34,7 +34,7 @@ class Linear : public engine::Module {
  public:
   Linear(int64_t in, int64_t out, Generator& gen, double std, bool bias = true);
   Tensor forward(const Tensor& x) const;  // (..., in) -> (..., out)
-  Tensor weight, bias;  // (out, in), (out)
+  Tensor weight, bias;                    // (out, in), (out)
 };
 
 // gamma 1, beta 0.
@@ -53,11 +53,11 @@ int64_t t5_bucket(int64_t r, int64_t num_buckets = 32, int64_t max_distance = 12
 
 // The positional terms of one forward, computed once and shared by every layer.
 struct AttentionTerms {
-  Tensor bias;         // (1, H, T, T) additive logits (TUPE's term, T5 bias) or undefined
-  Tensor shaw_table;   // (R, d_h) relative vectors a_r (Shaw presets) or undefined
-  Tensor shaw_index;   // (T, T) i64: c(j - i) + clip
-  Tensor pos_query;    // (1, H, T, d_h) p U^Q (bert_a_d) or undefined
-  Tensor pos_key;      // (1, H, T, d_h) p U^K (bert_a_d)
+  Tensor bias;        // (1, H, T, T) additive logits (TUPE's term, T5 bias) or undefined
+  Tensor shaw_table;  // (R, d_h) relative vectors a_r (Shaw presets) or undefined
+  Tensor shaw_index;  // (T, T) i64: c(j - i) + clip
+  Tensor pos_query;   // (1, H, T, d_h) p U^Q (bert_a_d) or undefined
+  Tensor pos_key;     // (1, H, T, d_h) p U^K (bert_a_d)
 };
 
 // Every positional parameter of a preset ("bert.position.*"):
@@ -97,17 +97,17 @@ class PositionEncoding : public engine::Module {
   struct Constants {
     int64_t length = 0;
     engine::Device device;
-    Tensor relative_index;             // (T, T) i64: relative_buckets(T)
-    Tensor keep, row0, col0;           // (T, T) f32 masks of TUPE's [CLS] reset
-    Tensor shaw_index;                 // (T, T) i64: clip(j - i, -c, c) + c
-    Tensor positions;                  // (T) f32: 0 .. T-1
-    Tensor input_sinusoid;             // (T, d) f32: sin_ape's fixed term
-    Tensor shaw_positions, fixed_shaw; // (2c+1) f32 -c .. c; (2c+1, d_h) sin_rpe's table
+    Tensor relative_index;              // (T, T) i64: relative_buckets(T)
+    Tensor keep, row0, col0;            // (T, T) f32 masks of TUPE's [CLS] reset
+    Tensor shaw_index;                  // (T, T) i64: clip(j - i, -c, c) + c
+    Tensor positions;                   // (T) f32: 0 .. T-1
+    Tensor input_sinusoid;              // (T, d) f32: sin_ape's fixed term
+    Tensor shaw_positions, fixed_shaw;  // (2c+1) f32 -c .. c; (2c+1, d_h) sin_rpe's table
   };
   const Constants& constants(int64_t seq_len, engine::Device device) const;
   Constants build_constants(int64_t seq_len, engine::Device device) const;
   void check_length(int64_t seq_len) const;
-  double untied_scale() const;  // 1 / sqrt(2 d_h)
+  double untied_scale() const;                                    // 1 / sqrt(2 d_h)
   Tensor projected_positions(int64_t seq_len, Tensor* pk) const;  // (H, T+2?, d_h) pairs
   BertConfig config_;
   mutable Constants longest_, recent_;  // the longest length built; the last shorter one used
@@ -174,8 +174,8 @@ class BertModel : public engine::Module {
 };
 
 struct MlmOutput {
-  Tensor loss;     // scalar f32: mean cross-entropy over the predicted positions
-  Tensor logits;   // (M, V) at the predicted positions, in the batch's order
+  Tensor loss;    // scalar f32: mean cross-entropy over the predicted positions
+  Tensor logits;  // (M, V) at the predicted positions, in the batch's order
 };
 
 // BERT + the masked-LM head: dense -> GELU -> LayerNorm -> decoder tied to the token embedding
@@ -183,6 +183,7 @@ struct MlmOutput {
 class BertForMaskedLM : public engine::Module {
  public:
   BertForMaskedLM(const BertConfig& config, uint64_t seed);
+
  private:
   Generator init_;  // declared first: the members below draw their initial values from it
  public:
@@ -197,6 +198,5 @@ class BertForMaskedLM : public engine::Module {
   LayerNorm norm;
   Tensor decoder_bias;
 };
-
 
 }  // namespace models

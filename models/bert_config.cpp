@@ -37,9 +37,9 @@ const Single kSingles[] = {
 
 // APE + RPE combinations of the second paper.
 const char* kCombos[] = {
-    "bert_a+learned_rpe",          "bert_a+sin_rpe",
-    "bert_a+learnable_sin_rpe",    "learnable_sin_ape+learned_rpe",
-    "learnable_sin_ape+sin_rpe",   "learnable_sin_ape+learnable_sin_rpe",
+    "bert_a+learned_rpe",        "bert_a+sin_rpe",
+    "bert_a+learnable_sin_rpe",  "learnable_sin_ape+learned_rpe",
+    "learnable_sin_ape+sin_rpe", "learnable_sin_ape+learnable_sin_rpe",
 };
 
 const Single* find_single(const std::string& name) {
@@ -50,10 +50,14 @@ const Single* find_single(const std::string& name) {
 
 const char* input_name(InputPosition p) {
   switch (p) {
-    case InputPosition::none: return "none";
-    case InputPosition::learned: return "learned";
-    case InputPosition::sinusoid: return "sinusoid";
-    case InputPosition::learnable_sinusoid: return "learnable_sinusoid";
+    case InputPosition::none:
+      return "none";
+    case InputPosition::learned:
+      return "learned";
+    case InputPosition::sinusoid:
+      return "sinusoid";
+    case InputPosition::learnable_sinusoid:
+      return "learnable_sinusoid";
   }
   return "?";
 }
@@ -84,10 +88,10 @@ void apply_position_preset(PositionConfig& pc, const std::string& preset,
   const auto& all = position_presets();
   std::string list;
   for (auto& n : all) list += (list.empty() ? "" : ", ") + n;
-  ENGINE_CHECK(std::find(all.begin(), all.end(), preset) != all.end(), "[bert] unknown position preset '",
-               preset, "'; expected one of: ", list);
-  ENGINE_CHECK(cls_reset == "paper" || cls_reset == "code", "[bert] cls_reset must be 'paper' or 'code', got '",
-               cls_reset, "'");
+  ENGINE_CHECK(std::find(all.begin(), all.end(), preset) != all.end(),
+               "[bert] unknown position preset '", preset, "'; expected one of: ", list);
+  ENGINE_CHECK(cls_reset == "paper" || cls_reset == "code",
+               "[bert] cls_reset must be 'paper' or 'code', got '", cls_reset, "'");
   pc.preset = preset;
   const size_t plus = preset.find('+');
   if (plus == std::string::npos) {
@@ -133,9 +137,9 @@ void BertConfig::validate() const {
   ENGINE_CHECK(type_vocab_size >= 0, "[bert] model.type_vocab_size must be 0 or more, got ",
                type_vocab_size);
   ENGINE_CHECK(layer_norm_eps > 0, "[bert] model.layer_norm_eps must be positive");
-  ENGINE_CHECK(hidden_dropout >= 0 && hidden_dropout < 1 && attention_dropout >= 0 &&
-                   attention_dropout < 1,
-               "[bert] model.hidden_dropout and model.attention_dropout must be in [0, 1)");
+  ENGINE_CHECK(
+      hidden_dropout >= 0 && hidden_dropout < 1 && attention_dropout >= 0 && attention_dropout < 1,
+      "[bert] model.hidden_dropout and model.attention_dropout must be in [0, 1)");
   ENGINE_CHECK(init_std > 0, "[bert] model.init_std must be positive");
   const PositionConfig& p = position;
   if (p.input == InputPosition::sinusoid || p.input == InputPosition::learnable_sinusoid)
@@ -143,23 +147,26 @@ void BertConfig::validate() const {
                  hidden_size);
   if (p.relative == RelativePosition::shaw_sinusoid ||
       p.relative == RelativePosition::shaw_learnable_sinusoid)
-    ENGINE_CHECK(head_size() % 2 == 0, "[bert] sinusoidal relative positions need an even head size, got ",
-                 head_size());
+    ENGINE_CHECK(head_size() % 2 == 0,
+                 "[bert] sinusoidal relative positions need an even head size, got ", head_size());
   if (p.relative == RelativePosition::t5_bias) {
     ENGINE_CHECK(p.relative_buckets >= 4 && p.relative_buckets % 2 == 0,
                  "[bert] model.position.relative_buckets must be even and at least 4, got ",
                  p.relative_buckets);
     ENGINE_CHECK(p.relative_max_distance > p.relative_buckets / 4,
-                 "[bert] model.position.relative_max_distance must exceed relative_buckets / 4 (the exact range), got ",
+                 "[bert] model.position.relative_max_distance must exceed relative_buckets / 4 "
+                 "(the exact range), got ",
                  p.relative_max_distance);
   }
-  ENGINE_CHECK(p.rpe_clip >= 1, "[bert] model.position.rpe_clip must be at least 1, got ", p.rpe_clip);
+  ENGINE_CHECK(p.rpe_clip >= 1, "[bert] model.position.rpe_clip must be at least 1, got ",
+               p.rpe_clip);
 }
 
 BertConfig BertConfig::from_config(const engine::ConfigSection& m, int64_t default_vocab_size) {
   const std::string size = m.get_choice("size", "custom", {"base", "large", "custom"});
   BertConfig c = size == "large" ? bert_large() : bert_base();
-  c.vocab_size = m.get_int("vocab_size", default_vocab_size > 0 ? default_vocab_size : c.vocab_size);
+  c.vocab_size =
+      m.get_int("vocab_size", default_vocab_size > 0 ? default_vocab_size : c.vocab_size);
   c.hidden_size = m.get_int("hidden_size", c.hidden_size);
   c.num_layers = m.get_int("num_layers", c.num_layers);
   c.num_heads = m.get_int("num_heads", c.num_heads);
@@ -187,9 +194,12 @@ BertConfig BertConfig::from_config(const engine::ConfigSection& m, int64_t defau
 
 const char* cls_reset_name(ClsReset r) {
   switch (r) {
-    case ClsReset::none: return "none";
-    case ClsReset::paper: return "paper";
-    case ClsReset::code: return "code";
+    case ClsReset::none:
+      return "none";
+    case ClsReset::paper:
+      return "paper";
+    case ClsReset::code:
+      return "code";
   }
   return "";
 }
@@ -221,7 +231,8 @@ std::string BertConfig::to_json() const {
 }
 
 std::string BertConfig::first_difference(const BertConfig& other) const {
-  const nlohmann::json a = nlohmann::json::parse(to_json()), b = nlohmann::json::parse(other.to_json());
+  const nlohmann::json a = nlohmann::json::parse(to_json()),
+                       b = nlohmann::json::parse(other.to_json());
   for (auto it = a.begin(); it != a.end(); ++it) {
     if (it.value().is_object()) {
       for (auto jt = it.value().begin(); jt != it.value().end(); ++jt)
@@ -273,8 +284,10 @@ BertConfig BertConfig::from_json(const std::string& text, const std::string& sou
   const nlohmann::json& p = j["position"];
   ENGINE_CHECK(p.contains("preset") && p["preset"].is_string() && p.contains("cls_reset") &&
                    p["cls_reset"].is_string(),
-               "[bert] ", source, ": model config keys 'position.preset' and 'position.cls_reset' must be strings");
-  apply_position_preset(c.position, p["preset"].get<std::string>(), p["cls_reset"].get<std::string>());
+               "[bert] ", source,
+               ": model config keys 'position.preset' and 'position.cls_reset' must be strings");
+  apply_position_preset(c.position, p["preset"].get<std::string>(),
+                        p["cls_reset"].get<std::string>());
   get_int(p, "relative_buckets", c.position.relative_buckets, "position.");
   get_int(p, "relative_max_distance", c.position.relative_max_distance, "position.");
   get_int(p, "rpe_clip", c.position.rpe_clip, "position.");

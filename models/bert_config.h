@@ -17,9 +17,9 @@ enum class InputPosition { none, learned, sinusoid, learnable_sinusoid };
 // Relative terms inside attention.
 enum class RelativePosition {
   none,
-  t5_bias,             // b_h[bucket(j - i)], per head, shared by all layers (bert_r, tupe_r)
-  shaw_learned,        // q_i . (k_j + a_c(j-i)), values + a_c(j-i) (learned_rpe)
-  shaw_sinusoid,       // the same with fixed sinusoids (sin_rpe)
+  t5_bias,                  // b_h[bucket(j - i)], per head, shared by all layers (bert_r, tupe_r)
+  shaw_learned,             // q_i . (k_j + a_c(j-i)), values + a_c(j-i) (learned_rpe)
+  shaw_sinusoid,            // the same with fixed sinusoids (sin_rpe)
   shaw_learnable_sinusoid,  // ... with learnable frequencies (learnable_sin_rpe)
 };
 // Absolute positions inside attention.

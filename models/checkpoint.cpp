@@ -30,8 +30,9 @@ BertConfig read_checkpoint_config(const std::string& path) {
 
 engine::SafetensorsContents load_checkpoint(const std::string& path, BertForMaskedLM& model,
                                             bool with_state) {
-  return engine::load_safetensors_into(path, model.named_parameters(),
-                                       with_state ? engine::ExtraTensors::read : engine::ExtraTensors::error);
+  return engine::load_safetensors_into(
+      path, model.named_parameters(),
+      with_state ? engine::ExtraTensors::read : engine::ExtraTensors::error);
 }
 
 namespace {
@@ -41,8 +42,8 @@ Tensor batch_tensor(const engine::SafetensorsContents& c, const std::string& pat
   for (auto& [n, t] : c.tensors) {
     if (n != name) continue;
     const DType dt = t.dtype();
-    ENGINE_CHECK(dt == DType::i64 || dt == DType::i32 || dt == DType::u8, "[batch] ", path, ": '", name,
-                 "' must hold integers (I64, I32 or U8), got ", engine::dtype_name(dt));
+    ENGINE_CHECK(dt == DType::i64 || dt == DType::i32 || dt == DType::u8, "[batch] ", path, ": '",
+                 name, "' must hold integers (I64, I32 or U8), got ", engine::dtype_name(dt));
     ENGINE_CHECK(t.dim() == 2, "[batch] ", path, ": '", name, "' must be (B, T), got shape ",
                  engine::shape_str(t.shape()));
     return t.to(DType::i64);
@@ -58,8 +59,8 @@ void check_range(const Tensor& t, const std::string& path, const char* name, int
   const int64_t cols = t.size(1);
   for (size_t i = 0; i < v.size(); ++i) {
     if ((v[i] >= lo && v[i] < hi) || v[i] == also) continue;
-    ENGINE_FAIL("[batch] ", path, ": ", name, "[", int64_t(i) / cols, ", ", int64_t(i) % cols, "] = ", v[i],
-                " is not ", what);
+    ENGINE_FAIL("[batch] ", path, ": ", name, "[", int64_t(i) / cols, ", ", int64_t(i) % cols,
+                "] = ", v[i], " is not ", what);
   }
 }
 
@@ -70,20 +71,23 @@ engine::SafetensorsContents load_bert_encoder(const std::string& path, BertModel
   for (auto& [name, t] : bert.named_parameters()) encoder.emplace_back("bert." + name, t);
   // Heads and optimizer state may be there and are not read; an encoder tensor the model lacks
   // means another architecture (e.g. TUPE's position tensors under a config that says bert_a).
-  engine::SafetensorsContents rest = engine::load_safetensors_into(path, encoder, engine::ExtraTensors::skip);
+  engine::SafetensorsContents rest =
+      engine::load_safetensors_into(path, encoder, engine::ExtraTensors::skip);
   for (const std::string& name : rest.skipped)
     ENGINE_CHECK(name.rfind("bert.", 0) != 0, "[checkpoint] ", path, ": tensor '", name,
-                 "' is not part of the model its config describes (preset ", bert.config().position.preset,
-                 "); the config and the weights disagree");
+                 "' is not part of the model its config describes (preset ",
+                 bert.config().position.preset, "); the config and the weights disagree");
   return rest;
 }
 
 data::MlmBatch load_mlm_batch(const std::string& path, const BertConfig& config) {
   engine::SafetensorsContents c = engine::load_safetensors(path);
-  static const std::set<std::string> known = {"input_ids", "attention_mask", "labels", "token_type_ids"};
+  static const std::set<std::string> known = {"input_ids", "attention_mask", "labels",
+                                              "token_type_ids"};
   for (auto& [n, t] : c.tensors)
-    ENGINE_CHECK(known.count(n), "[batch] ", path, ": unexpected tensor '", n,
-                 "' (a batch holds input_ids, attention_mask, labels and optionally token_type_ids)");
+    ENGINE_CHECK(
+        known.count(n), "[batch] ", path, ": unexpected tensor '", n,
+        "' (a batch holds input_ids, attention_mask, labels and optionally token_type_ids)");
   const Tensor ids = batch_tensor(c, path, "input_ids", true);
   const Tensor mask = batch_tensor(c, path, "attention_mask", true);
   const Tensor labels = batch_tensor(c, path, "labels", true);
@@ -97,15 +101,18 @@ data::MlmBatch load_mlm_batch(const std::string& path, const BertConfig& config)
   same(mask, "attention_mask");
   same(labels, "labels");
   same(types, "token_type_ids");
-  ENGINE_CHECK(shape[0] > 0 && shape[1] > 0, "[batch] ", path, ": empty batch ", engine::shape_str(shape));
+  ENGINE_CHECK(shape[0] > 0 && shape[1] > 0, "[batch] ", path, ": empty batch ",
+               engine::shape_str(shape));
   check_range(ids, path, "input_ids", 0, config.vocab_size, 0,
               "a token id in [0, vocab_size " + std::to_string(config.vocab_size) + ")");
   check_range(mask, path, "attention_mask", 0, 2, 0, "0 or 1");
   if (types.defined()) {
-    ENGINE_CHECK(config.type_vocab_size > 0, "[batch] ", path,
-                 ": has token_type_ids but the model has no segment embeddings (model.type_vocab_size 0)");
-    check_range(types, path, "token_type_ids", 0, config.type_vocab_size, 0,
-                "a segment id in [0, type_vocab_size " + std::to_string(config.type_vocab_size) + ")");
+    ENGINE_CHECK(
+        config.type_vocab_size > 0, "[batch] ", path,
+        ": has token_type_ids but the model has no segment embeddings (model.type_vocab_size 0)");
+    check_range(
+        types, path, "token_type_ids", 0, config.type_vocab_size, 0,
+        "a segment id in [0, type_vocab_size " + std::to_string(config.type_vocab_size) + ")");
   }
   // Labels are checked where the batch is made (data::make_mlm_batch).
   return data::make_mlm_batch(ids, mask, labels, types, config.vocab_size, path);

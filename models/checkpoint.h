@@ -1,6 +1,6 @@
-// Model checkpoints and MLM batch files, both safetensors (engine/safetensors.h). A checkpoint holds
-// every parameter in f32 under its model name (docs/checkpoint.md) and the model config as JSON in
-// the header's metadata, so it describes itself.
+// Model checkpoints and MLM batch files, both safetensors (engine/safetensors.h). A checkpoint
+// holds every parameter in f32 under its model name (docs/checkpoint.md) and the model config as
+// JSON in the header's metadata, so it describes itself.
 #pragma once
 
 #include <string>

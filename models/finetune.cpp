@@ -19,7 +19,8 @@ namespace models {
 
 using engine::DType;
 
-std::vector<std::vector<float>> predict(BertForFinetuning& model, const std::vector<EncodedExample>& examples,
+std::vector<std::vector<float>> predict(BertForFinetuning& model,
+                                        const std::vector<EncodedExample>& examples,
                                         int64_t batch_size) {
   ENGINE_CHECK(batch_size >= 1, "[finetune] the evaluation batch size must be at least 1");
   engine::Communicator& comm = engine::world();
@@ -31,7 +32,9 @@ std::vector<std::vector<float>> predict(BertForFinetuning& model, const std::vec
   const bool with_types = model.config().type_vocab_size > 0;
   const HeadKind kind = model.kind();
   auto width = [&](const EncodedExample& e) {
-    return kind == HeadKind::span ? int64_t(2 * e.ids.size()) : kind == HeadKind::regression ? 1 : model.num_labels();
+    return kind == HeadKind::span         ? int64_t(2 * e.ids.size())
+           : kind == HeadKind::regression ? 1
+                                          : model.num_labels();
   };
   // Offsets of each example's row in one flat buffer, reduced over the ranks at the end.
   std::vector<int64_t> offset(examples.size() + 1, 0);
@@ -40,14 +43,17 @@ std::vector<std::vector<float>> predict(BertForFinetuning& model, const std::vec
   // By length (stable), so a batch pads little.
   std::vector<int64_t> order(examples.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return examples[size_t(a)].ids.size() < examples[size_t(b)].ids.size(); });
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return examples[size_t(a)].ids.size() < examples[size_t(b)].ids.size();
+  });
   int64_t batch_index = 0;
   for (size_t start = 0; start < order.size(); start += size_t(batch_size), ++batch_index) {
     if (batch_index % comm.size() != comm.rank()) continue;
-    std::vector<int64_t> rows(order.begin() + int64_t(start),
-                              order.begin() + int64_t(std::min(order.size(), start + size_t(batch_size))));
-    const data::TaskBatch batch = data::make_task_batch(examples, rows, kind, with_types).to(device);
+    std::vector<int64_t> rows(
+        order.begin() + int64_t(start),
+        order.begin() + int64_t(std::min(order.size(), start + size_t(batch_size))));
+    const data::TaskBatch batch =
+        data::make_task_batch(examples, rows, kind, with_types).to(device);
     FinetuneOutput out = model.forward(batch.inputs, Tensor(), unused);
     const std::vector<float> logits = out.logits.to(DType::f32).contiguous().to_vector<float>();
     const int64_t t = batch.inputs.input_ids.size(1);
@@ -105,13 +111,16 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
   const bool root = comm.is_root();
   const int64_t n = int64_t(train.size()), ranks = comm.size();
   ENGINE_CHECK(n > 0, "[finetune] no training example");
-  ENGINE_CHECK(o.batch_size >= ranks, "[finetune] the batch size ", o.batch_size, " is smaller than the ", ranks,
+  ENGINE_CHECK(o.batch_size >= ranks, "[finetune] the batch size ", o.batch_size,
+               " is smaller than the ", ranks,
                " ranks: every rank needs at least one example per batch");
-  ENGINE_CHECK(o.epochs >= 1 && o.evals_per_epoch >= 1, "[finetune] epochs and evals_per_epoch must be at least 1");
+  ENGINE_CHECK(o.epochs >= 1 && o.evals_per_epoch >= 1,
+               "[finetune] epochs and evals_per_epoch must be at least 1");
   // Batches per epoch; a last batch with fewer examples than ranks is dropped.
   const int64_t rest = n % o.batch_size;
   const int64_t per_epoch = n / o.batch_size + (rest >= ranks ? 1 : 0);
-  ENGINE_CHECK(per_epoch > 0, "[finetune] ", n, " training examples make no batch for ", ranks, " ranks");
+  ENGINE_CHECK(per_epoch > 0, "[finetune] ", n, " training examples make no batch for ", ranks,
+               " ranks");
   const int64_t total = per_epoch * o.epochs;
   const int64_t steps = o.max_steps > 0 ? std::min(o.max_steps, total) : total;
 
@@ -122,7 +131,8 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
   adam.beta2 = o.beta2;
   adam.eps = o.eps;
   adam.weight_decay = o.weight_decay;
-  const engine::LinearSchedule schedule = engine::LinearSchedule::with_warmup_ratio(o.lr, o.warmup_ratio, total);
+  const engine::LinearSchedule schedule =
+      engine::LinearSchedule::with_warmup_ratio(o.lr, o.warmup_ratio, total);
   engine::TrainerOptions trainer_options;
   trainer_options.clip_norm = o.clip_norm;
   trainer_options.bucket_mb = o.bucket_mb;
@@ -131,7 +141,8 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
       [schedule](int64_t s) { return schedule.lr(s); }, trainer_options, comm);
   if (ranks > 1) engine::broadcast_parameters(flat, comm);
   // Each rank its own dropout stream; the batch order is the same on every rank.
-  engine::Generator dropout_gen(o.seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull + uint64_t(comm.rank()));
+  engine::Generator dropout_gen(o.seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull +
+                                uint64_t(comm.rank()));
   const engine::Device device = flat.data().device();
   const bool with_types = model.config().type_vocab_size > 0;
 
@@ -171,12 +182,15 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
     }
     // This step's global batch, then this rank's share of it.
     const int64_t begin = in_epoch * o.batch_size, count = std::min(o.batch_size, n - begin);
-    const int64_t lo = begin + count * comm.rank() / ranks, hi = begin + count * (comm.rank() + 1) / ranks;
+    const int64_t lo = begin + count * comm.rank() / ranks,
+                  hi = begin + count * (comm.rank() + 1) / ranks;
     std::vector<int64_t> rows(order.begin() + lo, order.begin() + hi);
-    const data::TaskBatch batch = data::make_task_batch(train, rows, model.kind(), with_types).to(device);
+    const data::TaskBatch batch =
+        data::make_task_batch(train, rows, model.kind(), with_types).to(device);
     const double weight = double(hi - lo) / double(count);  // this rank's share of the global mean
     const engine::StepStats s = trainer.step(
-        1, [&](int64_t) { return model.forward(batch.inputs, batch.labels, dropout_gen).loss; }, {&weight, 1});
+        1, [&](int64_t) { return model.forward(batch.inputs, batch.labels, dropout_gen).loss; },
+        {&weight, 1});
     const double loss = s.loss, lr = s.lr, grad_norm = s.grad_norm;
     window_loss += loss;
     ++window;
@@ -187,10 +201,11 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (metrics.is_open())
         metrics << "{\"step\": " << done << ", \"epoch\": " << double(done) / double(per_epoch)
-                << ", \"loss\": " << mean << ", \"lr\": " << lr << ", \"grad_norm\": " << grad_norm << "}\n";
+                << ", \"loss\": " << mean << ", \"lr\": " << lr << ", \"grad_norm\": " << grad_norm
+                << "}\n";
       if (o.verbose)
-        std::printf("  step %lld/%lld epoch %.2f loss %.4f lr %.3e (%.0f s)\n", (long long)done, (long long)steps,
-                    double(done) / double(per_epoch), mean, lr, s);
+        std::printf("  step %lld/%lld epoch %.2f loss %.4f lr %.3e (%.0f s)\n", (long long)done,
+                    (long long)steps, double(done) / double(per_epoch), mean, lr, s);
       std::fflush(stdout);
       window_loss = 0;
       window = 0;
@@ -209,11 +224,13 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
     }
     if (root) {
       if (metrics.is_open())
-        metrics << "{\"step\": " << done << ", \"epoch\": " << double(done) / double(per_epoch) << ", \"eval\": true"
-                << metrics_json(r) << "}\n" << std::flush;
+        metrics << "{\"step\": " << done << ", \"epoch\": " << double(done) / double(per_epoch)
+                << ", \"eval\": true" << metrics_json(r) << "}\n"
+                << std::flush;
       if (o.verbose)
-        std::printf("  eval step %lld epoch %.2f: %s%s\n", (long long)done, double(done) / double(per_epoch),
-                    metrics_text(r).c_str(), better ? " (best)" : "");
+        std::printf("  eval step %lld epoch %.2f: %s%s\n", (long long)done,
+                    double(done) / double(per_epoch), metrics_text(r).c_str(),
+                    better ? " (best)" : "");
       std::fflush(stdout);
     }
   }

@@ -25,18 +25,20 @@ using data::EncodedExample;
 struct FinetuneOptions {
   double lr = 2e-5;
   int64_t epochs = 10;
-  int64_t batch_size = 32;       // global: split over the ranks
-  double warmup_ratio = 0.06;    // of the total steps, then linear decay to 0
-  double weight_decay = 0.01;    // not on biases and LayerNorms
+  int64_t batch_size = 32;     // global: split over the ranks
+  double warmup_ratio = 0.06;  // of the total steps, then linear decay to 0
+  double weight_decay = 0.01;  // not on biases and LayerNorms
   double beta1 = 0.9, beta2 = 0.98, eps = 1e-6;
-  double clip_norm = 1.0;        // 0 = off; a step with inf/NaN gradients is skipped
-  int64_t evals_per_epoch = 1;   // dev evaluations per epoch (at evenly spaced steps, the last at its end)
-  int64_t max_steps = 0;         // > 0: stop after this many steps (smoke tests); the schedule still spans the epochs
+  double clip_norm = 1.0;  // 0 = off; a step with inf/NaN gradients is skipped
+  int64_t evals_per_epoch =
+      1;  // dev evaluations per epoch (at evenly spaced steps, the last at its end)
+  int64_t max_steps =
+      0;  // > 0: stop after this many steps (smoke tests); the schedule still spans the epochs
   int64_t eval_batch_size = 64;
-  uint64_t seed = 1;             // batch order and dropout (the head's init is the model's)
-  int64_t log_every = 50;        // steps between train-loss lines
-  std::string metrics_path;      // "": no metrics.jsonl
-  bool verbose = true;           // progress lines on stdout (rank 0)
+  uint64_t seed = 1;         // batch order and dropout (the head's init is the model's)
+  int64_t log_every = 50;    // steps between train-loss lines
+  std::string metrics_path;  // "": no metrics.jsonl
+  bool verbose = true;       // progress lines on stdout (rank 0)
   int64_t bucket_mb = 25;
 };
 
@@ -50,12 +52,12 @@ struct EvalResult {
 using Evaluator = std::function<EvalResult(BertForFinetuning&)>;
 
 struct FinetuneResult {
-  EvalResult best;               // the best evaluation
+  EvalResult best;  // the best evaluation
   int64_t best_step = 0;
-  double best_epoch = 0;         // fractional: step / steps per epoch
+  double best_epoch = 0;                                // fractional: step / steps per epoch
   std::vector<std::pair<int64_t, EvalResult>> history;  // (step, evaluation)
   int64_t steps = 0;
-  double last_loss = 0;          // mean training loss over the last log window
+  double last_loss = 0;  // mean training loss over the last log window
 };
 
 // Trains `model` on `train` and leaves the best evaluated weights in it. The batch order is a
@@ -69,7 +71,8 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
 // (classification C values; regression 1; span 2·len values, start then end logits of each of
 // the example's len positions). Examples are batched by length; the batches are shared over the
 // ranks and the result gathered on every rank.
-std::vector<std::vector<float>> predict(BertForFinetuning& model, const std::vector<EncodedExample>& examples,
+std::vector<std::vector<float>> predict(BertForFinetuning& model,
+                                        const std::vector<EncodedExample>& examples,
                                         int64_t batch_size);
 
 // A sweep: one run per (learning rate, seed) and its best dev evaluation.

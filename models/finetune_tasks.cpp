@@ -26,7 +26,8 @@ namespace {
 
 std::vector<int64_t> argmax_rows(const std::vector<std::vector<float>>& logits) {
   std::vector<int64_t> out;
-  for (const auto& row : logits) out.push_back(std::max_element(row.begin(), row.end()) - row.begin());
+  for (const auto& row : logits)
+    out.push_back(std::max_element(row.begin(), row.end()) - row.begin());
   return out;
 }
 
@@ -42,7 +43,8 @@ class GlueTaskRunner : public FinetuneTask {
     // DIR is the GLUE download or the task's own folder.
     fs::path dir(dir_arg);
     if (!dir.has_filename()) dir = dir.parent_path();  // "glue/RTE/"
-    if (fs::exists(dir / "train.tsv") && !fs::exists(data::glue_split_path(task, dir.string(), "train"))) {
+    if (fs::exists(dir / "train.tsv") &&
+        !fs::exists(data::glue_split_path(task, dir.string(), "train"))) {
       task_dir_ = dir.string();
       glue_dir_ = fs::absolute(dir).parent_path().string();
     } else {
@@ -50,13 +52,14 @@ class GlueTaskRunner : public FinetuneTask {
       task_dir_ = (dir / task.dir).string();
     }
     const std::string train_path = path("train");
-    ENGINE_CHECK(fs::exists(train_path), "[finetune] ", train_path, ": no such file (--data-dir ", dir_arg,
-                 " should be the GLUE folder holding ", task.dir, "/train.tsv, or that task folder)");
+    ENGINE_CHECK(fs::exists(train_path), "[finetune] ", train_path, ": no such file (--data-dir ",
+                 dir_arg, " should be the GLUE folder holding ", task.dir,
+                 "/train.tsv, or that task folder)");
     data::GlueReadStats stats;
     std::vector<data::GlueExample> train = data::read_glue(task, train_path, false, &stats);
     if (root && stats.skipped_rows > 0)
-      std::printf("%s: skipped %lld malformed rows (first at line %d), as HF's processor does\n", train_path.c_str(),
-                  (long long)stats.skipped_rows, stats.first_skipped_line);
+      std::printf("%s: skipped %lld malformed rows (first at line %d), as HF's processor does\n",
+                  train_path.c_str(), (long long)stats.skipped_rows, stats.first_skipped_line);
     if (max_train > 0 && int64_t(train.size()) > max_train) train.resize(size_t(max_train));
     int64_t truncated = 0;
     train_ = encode(train, &truncated);
@@ -66,12 +69,15 @@ class GlueTaskRunner : public FinetuneTask {
       dev_.push_back({split, dev, encode(dev, &truncated)});
     }
     if (root)
-      std::printf("%s: %zu train examples, dev %s; %lld inputs truncated to %lld tokens\n", task.name.c_str(),
-                  train_.size(), dev_summary().c_str(), (long long)truncated, (long long)max_len);
+      std::printf("%s: %zu train examples, dev %s; %lld inputs truncated to %lld tokens\n",
+                  task.name.c_str(), train_.size(), dev_summary().c_str(), (long long)truncated,
+                  (long long)max_len);
   }
 
   std::string name() const override { return "glue/" + task_.name; }
-  HeadKind head() const override { return task_.regression ? HeadKind::regression : HeadKind::classification; }
+  HeadKind head() const override {
+    return task_.regression ? HeadKind::regression : HeadKind::classification;
+  }
   int64_t num_labels() const override { return task_.regression ? 1 : task_.num_labels; }
   bool is_squad() const override { return false; }
   const std::vector<EncodedExample>& train() const override { return train_; }
@@ -95,7 +101,8 @@ class GlueTaskRunner : public FinetuneTask {
     return r;
   }
 
-  void write_predictions(BertForFinetuning& model, int64_t batch_size, const fs::path& dir, bool test) override {
+  void write_predictions(BertForFinetuning& model, int64_t batch_size, const fs::path& dir,
+                         bool test) override {
     const bool root = engine::world().is_root();
     for (auto& d : dev_) {
       auto logits = predict(model, d.encoded, batch_size);
@@ -107,10 +114,14 @@ class GlueTaskRunner : public FinetuneTask {
       f << "line\tprediction\tgold\n";
       for (size_t i = 0; i < d.examples.size(); ++i) {
         const auto& e = d.examples[i];
-        if (task_.regression) f << e.line << "\t" << scores[i] << "\t" << e.score << "\n";
-        else f << e.line << "\t" << task_.label_names[size_t(labels[i])] << "\t" << task_.label_names[size_t(e.label)] << "\n";
+        if (task_.regression)
+          f << e.line << "\t" << scores[i] << "\t" << e.score << "\n";
+        else
+          f << e.line << "\t" << task_.label_names[size_t(labels[i])] << "\t"
+            << task_.label_names[size_t(e.label)] << "\n";
       }
-      engine::write_file_atomic((dir / (d.split + "_predictions.tsv")).string(), f.str(), "finetune");
+      engine::write_file_atomic((dir / (d.split + "_predictions.tsv")).string(), f.str(),
+                                "finetune");
     }
     if (!test) return;
     std::vector<std::pair<const data::GlueTask*, std::string>> tests;
@@ -129,7 +140,9 @@ class GlueTaskRunner : public FinetuneTask {
       std::vector<int64_t> labels;
       std::vector<double> scores;
       decode(logits, &labels, &scores);
-      if (root) data::write_glue_predictions(*t, ex, labels, scores, (dir / data::glue_submission_name(*t, split)).string());
+      if (root)
+        data::write_glue_predictions(*t, ex, labels, scores,
+                                     (dir / data::glue_submission_name(*t, split)).string());
     }
   }
 
@@ -139,13 +152,17 @@ class GlueTaskRunner : public FinetuneTask {
     std::vector<data::GlueExample> examples;
     std::vector<EncodedExample> encoded;
   };
-  std::string path(const std::string& split) const { return (fs::path(task_dir_) / (split + ".tsv")).string(); }
+  std::string path(const std::string& split) const {
+    return (fs::path(task_dir_) / (split + ".tsv")).string();
+  }
   std::string dev_summary() const {
     std::string s;
-    for (auto& d : dev_) s += (s.empty() ? "" : ", ") + d.split + " " + std::to_string(d.examples.size());
+    for (auto& d : dev_)
+      s += (s.empty() ? "" : ", ") + d.split + " " + std::to_string(d.examples.size());
     return s;
   }
-  std::vector<EncodedExample> encode(const std::vector<data::GlueExample>& ex, int64_t* truncated) const {
+  std::vector<EncodedExample> encode(const std::vector<data::GlueExample>& ex,
+                                     int64_t* truncated) const {
     std::vector<EncodedExample> out;
     out.reserve(ex.size());
     for (const auto& e : ex) {
@@ -178,8 +195,9 @@ class GlueTaskRunner : public FinetuneTask {
 
 class SquadTaskRunner : public FinetuneTask {
  public:
-  SquadTaskRunner(bool v2, const std::string& dir, const data::Tokenizer& tok, const data::SquadFeatureOptions& fo,
-                  const data::SquadPredictOptions& po, const TaskDataOptions& o)
+  SquadTaskRunner(bool v2, const std::string& dir, const data::Tokenizer& tok,
+                  const data::SquadFeatureOptions& fo, const data::SquadPredictOptions& po,
+                  const TaskDataOptions& o)
       : v2_(v2), predict_options_(po) {
     const bool root = o.verbose && engine::world().is_root();
     const int64_t max_train = o.max_train, max_eval = o.max_eval;
@@ -187,8 +205,9 @@ class SquadTaskRunner : public FinetuneTask {
     const std::string train_path = (fs::path(dir) / ("train-" + version + ".json")).string();
     const std::string dev_path = (fs::path(dir) / ("dev-" + version + ".json")).string();
     for (const auto& p : {train_path, dev_path})
-      ENGINE_CHECK(fs::exists(p), "[finetune] ", p, ": no such file (--data-dir should hold the official train-",
-                   version, ".json and dev-", version, ".json)");
+      ENGINE_CHECK(fs::exists(p), "[finetune] ", p,
+                   ": no such file (--data-dir should hold the official train-", version,
+                   ".json and dev-", version, ".json)");
     std::vector<data::SquadExample> train = data::read_squad(train_path);
     if (max_train > 0 && int64_t(train.size()) > max_train) train.resize(size_t(max_train));
     dev_ = data::read_squad(dev_path);
@@ -198,12 +217,14 @@ class SquadTaskRunner : public FinetuneTask {
         for (const auto& e : *set)
           ENGINE_CHECK(!e.is_impossible, "[finetune] question ", e.id,
                        " is marked impossible: that is SQuAD v2.0 data, run squad/v2.0");
-    for (const auto& f : data::make_squad_features(train, tok, fo, true)) train_.push_back(to_encoded(f));
+    for (const auto& f : data::make_squad_features(train, tok, fo, true))
+      train_.push_back(to_encoded(f));
     dev_features_ = data::make_squad_features(dev_, tok, fo, false);
     for (const auto& f : dev_features_) dev_encoded_.push_back(to_encoded(f));
     if (root)
-      std::printf("squad/%s: %zu train questions -> %zu windows, %zu dev questions -> %zu windows\n", version.c_str(),
-                  train.size(), train_.size(), dev_.size(), dev_features_.size());
+      std::printf(
+          "squad/%s: %zu train questions -> %zu windows, %zu dev questions -> %zu windows\n",
+          version.c_str(), train.size(), train_.size(), dev_.size(), dev_features_.size());
   }
   std::string name() const override { return v2_ ? "squad/v2.0" : "squad/v1.1"; }
   HeadKind head() const override { return HeadKind::span; }
@@ -233,7 +254,8 @@ class SquadTaskRunner : public FinetuneTask {
     return r;
   }
 
-  void write_predictions(BertForFinetuning& model, int64_t batch_size, const fs::path& dir, bool /*test*/) override {
+  void write_predictions(BertForFinetuning& model, int64_t batch_size, const fs::path& dir,
+                         bool /*test*/) override {
     const std::vector<data::SquadAnswer> answers = answer(model, batch_size);
     if (!engine::world().is_root()) return;
     json preds = json::object(), na = json::object(), nbest = json::object();
@@ -242,7 +264,9 @@ class SquadTaskRunner : public FinetuneTask {
       na[a.id] = a.null_score_diff;
       json list = json::array();
       for (const auto& c : a.n_best)
-        list.push_back({{"text", c.text}, {"probability", c.probability}, {"start_logit", c.start_logit},
+        list.push_back({{"text", c.text},
+                        {"probability", c.probability},
+                        {"start_logit", c.start_logit},
                         {"end_logit", c.end_logit}});
       nbest[a.id] = list;
     }
@@ -318,26 +342,32 @@ std::string sweep_markdown(const std::string& task, bool squad, const std::vecto
     }
     md << " ";
     for (size_t i = 0; i < row.scores.size(); ++i) {
-      std::snprintf(buf, sizeof buf, "%s%.2f", i ? ", " : "", squad ? row.scores[i] : 100.0 * row.scores[i]);
+      std::snprintf(buf, sizeof buf, "%s%.2f", i ? ", " : "",
+                    squad ? row.scores[i] : 100.0 * row.scores[i]);
       md << buf;
     }
     md << " |\n";
   }
   const auto& best = runs[s.best_run];
-  md << "\n" << task << ": best learning rate " << lr_str(s.rows[s.best_row].lr) << " (median over " << seeds
-     << " seed" << (seeds == 1 ? "" : "s") << "); submission from its best run, seed " << best.seed << " (step "
-     << best.result.best_step << ", epoch " << best.result.best_epoch << ").\n";
+  md << "\n"
+     << task << ": best learning rate " << lr_str(s.rows[s.best_row].lr) << " (median over "
+     << seeds << " seed" << (seeds == 1 ? "" : "s") << "); submission from its best run, seed "
+     << best.seed << " (step " << best.result.best_step << ", epoch " << best.result.best_epoch
+     << ").\n";
   return md.str();
 }
 
 std::unique_ptr<FinetuneTask> make_glue_task(const data::GlueTask& task, const std::string& dir,
-                                             const data::Tokenizer& tok, const TaskDataOptions& options) {
+                                             const data::Tokenizer& tok,
+                                             const TaskDataOptions& options) {
   return std::make_unique<GlueTaskRunner>(task, dir, tok, options);
 }
 
-std::unique_ptr<FinetuneTask> make_squad_task(bool version_2, const std::string& dir, const data::Tokenizer& tok,
+std::unique_ptr<FinetuneTask> make_squad_task(bool version_2, const std::string& dir,
+                                              const data::Tokenizer& tok,
                                               const data::SquadFeatureOptions& features,
-                                              const data::SquadPredictOptions& predict, const TaskDataOptions& options) {
+                                              const data::SquadPredictOptions& predict,
+                                              const TaskDataOptions& options) {
   return std::make_unique<SquadTaskRunner>(version_2, dir, tok, features, predict, options);
 }
 
@@ -347,7 +377,8 @@ SweepReport run_sweep(FinetuneTask& task, const BertConfig& config, const std::s
   const bool root = comm.is_root();
   const std::string label = task.name();
   const bool squad = task.is_squad();
-  ENGINE_CHECK(!o.lrs.empty() && !o.seeds.empty(), "[finetune] a sweep needs at least one learning rate and one seed");
+  ENGINE_CHECK(!o.lrs.empty() && !o.seeds.empty(),
+               "[finetune] a sweep needs at least one learning rate and one seed");
   ENGINE_CHECK(!o.out_dir.empty(), "[finetune] the sweep has no output directory");
   const fs::path out(o.out_dir);
   if (root) fs::create_directories(out / "runs");
@@ -380,13 +411,19 @@ SweepReport run_sweep(FinetuneTask& task, const BertConfig& config, const std::s
         engine::save_safetensors((dir / "model.safetensors").string(), weights,
                                  {{kConfigKey, model.config().to_json()},
                                   {kKindKey, std::string("bert_") + head_kind_name(model.kind())},
-                                  {"engine.task", label}, {"format", "pt"}});
+                                  {"engine.task", label},
+                                  {"format", "pt"}});
       }
       runs.push_back({lr, seed, r});
       json hist = json::array();
       for (auto& [step, e] : r.history) hist.push_back({{"step", step}, {"metrics", eval_json(e)}});
-      runs_json.push_back({{"lr", lr}, {"seed", seed}, {"dir", dir.string()}, {"best", eval_json(r.best)},
-                           {"best_step", r.best_step}, {"best_epoch", r.best_epoch}, {"steps", r.steps},
+      runs_json.push_back({{"lr", lr},
+                           {"seed", seed},
+                           {"dir", dir.string()},
+                           {"best", eval_json(r.best)},
+                           {"best_step", r.best_step},
+                           {"best_epoch", r.best_epoch},
+                           {"steps", r.steps},
                            {"history", hist}});
     }
   }
@@ -403,46 +440,65 @@ SweepReport run_sweep(FinetuneTask& task, const BertConfig& config, const std::s
     const auto& row = summary.rows[i];
     json med = json::object();
     for (auto& [n, v] : row.median_metrics) med[n] = v;
-    rows.push_back({{"lr", row.lr}, {"median", med}, {"median_score", row.median_score}, {"scores", row.scores}});
+    rows.push_back({{"lr", row.lr},
+                    {"median", med},
+                    {"median_score", row.median_score},
+                    {"scores", row.scores}});
   }
   const auto& best = runs[summary.best_run];
   json results = {
       {"task", label},
       {"checkpoint", checkpoint},
-      {"model", {{"preset", config.position.preset}, {"layers", config.num_layers}, {"hidden_size", config.hidden_size}}},
+      {"model",
+       {{"preset", config.position.preset},
+        {"layers", config.num_layers},
+        {"hidden_size", config.hidden_size}}},
       {"protocol",
-       {{"epochs", o.loop.epochs}, {"batch_size", o.loop.batch_size}, {"max_len", o.max_len},
-        {"warmup_ratio", o.loop.warmup_ratio}, {"weight_decay", o.loop.weight_decay}, {"clip_norm", o.loop.clip_norm},
-        {"evals_per_epoch", o.loop.evals_per_epoch}, {"ranks", comm.size()}, {"max_train", o.max_train},
-        {"max_eval", o.max_eval}, {"max_steps", o.loop.max_steps}}},
+       {{"epochs", o.loop.epochs},
+        {"batch_size", o.loop.batch_size},
+        {"max_len", o.max_len},
+        {"warmup_ratio", o.loop.warmup_ratio},
+        {"weight_decay", o.loop.weight_decay},
+        {"clip_norm", o.loop.clip_norm},
+        {"evals_per_epoch", o.loop.evals_per_epoch},
+        {"ranks", comm.size()},
+        {"max_train", o.max_train},
+        {"max_eval", o.max_eval},
+        {"max_steps", o.loop.max_steps}}},
       {"runs", runs_json},
       {"by_lr", rows},
       {"best_lr", summary.rows[summary.best_row].lr},
-      {"best_run", {{"lr", best.lr}, {"seed", best.seed}, {"metrics", eval_json(best.result.best)}}}};
+      {"best_run",
+       {{"lr", best.lr}, {"seed", best.seed}, {"metrics", eval_json(best.result.best)}}}};
   if (squad) results["protocol"]["doc_stride"] = o.doc_stride;
   engine::write_file_atomic((out / "results.json").string(), results.dump(2) + "\n", "finetune");
-  engine::write_file_atomic((out / "results.md").string(), "# " + label + "\n\n" + table, "finetune");
+  engine::write_file_atomic((out / "results.md").string(), "# " + label + "\n\n" + table,
+                            "finetune");
   // The submission: the best run of the best learning rate.
   if (!squad && o.test_predictions) {
     const fs::path sub = out / "submission";
     fs::create_directories(sub);
-    const fs::path from = out / "runs" / ("lr" + lr_str(best.lr) + "_seed" + std::to_string(best.seed));
+    const fs::path from =
+        out / "runs" / ("lr" + lr_str(best.lr) + "_seed" + std::to_string(best.seed));
     for (auto& e : fs::directory_iterator(from)) {
       const std::string n = e.path().filename().string();
-      if (n.size() > 4 && n.substr(n.size() - 4) == ".tsv" && n.find("_predictions") == std::string::npos)
+      if (n.size() > 4 && n.substr(n.size() - 4) == ".tsv" &&
+          n.find("_predictions") == std::string::npos)
         fs::copy_file(e.path(), sub / n, fs::copy_options::overwrite_existing);
     }
   }
   return report;
 }
 
-
-void dump_first_batch(FinetuneTask& task, BertForFinetuning& model, int64_t batch_size, const std::string& path) {
+void dump_first_batch(FinetuneTask& task, BertForFinetuning& model, int64_t batch_size,
+                      const std::string& path) {
   model.train(false);
   const auto& train = task.train();
   std::vector<int64_t> rows;
-  for (int64_t i = 0; i < std::min<int64_t>(batch_size, int64_t(train.size())); ++i) rows.push_back(i);
-  const data::TaskBatch batch = data::make_task_batch(train, rows, model.kind(), model.config().type_vocab_size > 0);
+  for (int64_t i = 0; i < std::min<int64_t>(batch_size, int64_t(train.size())); ++i)
+    rows.push_back(i);
+  const data::TaskBatch batch =
+      data::make_task_batch(train, rows, model.kind(), model.config().type_vocab_size > 0);
   engine::Generator gen(0);
   FinetuneOutput out = model.forward(batch.inputs, batch.labels, gen);
   out.loss.backward();
@@ -451,17 +507,18 @@ void dump_first_batch(FinetuneTask& task, BertForFinetuning& model, int64_t batc
                                {"labels", batch.labels},
                                {"logits", out.logits.detach()},
                                {"loss", out.loss.detach()}};
-  if (batch.inputs.token_type_ids.defined()) dump.emplace_back("token_type_ids", batch.inputs.token_type_ids);
+  if (batch.inputs.token_type_ids.defined())
+    dump.emplace_back("token_type_ids", batch.inputs.token_type_ids);
   for (auto& [name, t] : model.named_parameters()) {
     dump.emplace_back("param." + name, t.detach());
     dump.emplace_back("grad." + name, t.grad());
   }
-  engine::save_safetensors(path, dump, {{"engine.model_config", model.config().to_json()},
-                                             {"engine.head", head_kind_name(model.kind())}});
-  std::printf("dump: %s head, batch %lld x %lld, loss %.9g, written to %s\n", head_kind_name(model.kind()),
-              (long long)batch.inputs.input_ids.size(0), (long long)batch.inputs.input_ids.size(1), out.loss.item(),
-              path.c_str());
+  engine::save_safetensors(path, dump,
+                           {{"engine.model_config", model.config().to_json()},
+                            {"engine.head", head_kind_name(model.kind())}});
+  std::printf("dump: %s head, batch %lld x %lld, loss %.9g, written to %s\n",
+              head_kind_name(model.kind()), (long long)batch.inputs.input_ids.size(0),
+              (long long)batch.inputs.input_ids.size(1), out.loss.item(), path.c_str());
 }
-
 
 }  // namespace models

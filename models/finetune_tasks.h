@@ -38,8 +38,8 @@ class FinetuneTask {
   virtual EvalResult evaluate(BertForFinetuning& model, int64_t batch_size) = 0;
   // Dev predictions and, when `test`, test predictions (GLUE's file names) into `dir`; rank 0
   // writes, every rank predicts.
-  virtual void write_predictions(BertForFinetuning& model, int64_t batch_size, const std::filesystem::path& dir,
-                                 bool test) = 0;
+  virtual void write_predictions(BertForFinetuning& model, int64_t batch_size,
+                                 const std::filesystem::path& dir, bool test) = 0;
 };
 
 // How much of a task's data to use.
@@ -52,18 +52,22 @@ struct TaskDataOptions {
 
 // `dir` is the GLUE folder (holding <task>/train.tsv, ...) or the task's own folder.
 std::unique_ptr<FinetuneTask> make_glue_task(const data::GlueTask& task, const std::string& dir,
-                                             const data::Tokenizer& tok, const TaskDataOptions& options);
+                                             const data::Tokenizer& tok,
+                                             const TaskDataOptions& options);
 // `dir` holds train-v1.1.json and dev-v1.1.json (v2.0 likewise); features.max_len is the window.
-std::unique_ptr<FinetuneTask> make_squad_task(bool version_2, const std::string& dir, const data::Tokenizer& tok,
+std::unique_ptr<FinetuneTask> make_squad_task(bool version_2, const std::string& dir,
+                                              const data::Tokenizer& tok,
                                               const data::SquadFeatureOptions& features,
-                                              const data::SquadPredictOptions& predict, const TaskDataOptions& options);
+                                              const data::SquadPredictOptions& predict,
+                                              const TaskDataOptions& options);
 
-// ---- sweeps --------------------------------------------------------------------------------------
+// ---- sweeps
+// --------------------------------------------------------------------------------------
 
 struct SweepOptions {
   std::vector<double> lrs = {2e-5, 3e-5, 4e-5, 5e-5};
   std::vector<uint64_t> seeds = {1, 2, 3, 4, 5};
-  FinetuneOptions loop;          // everything but lr, seed and metrics_path (set per run)
+  FinetuneOptions loop;  // everything but lr, seed and metrics_path (set per run)
   int64_t eval_batch_size = 64;
   std::string out_dir;           // results.md, results.json, runs/lr<lr>_seed<s>/, submission/
   bool test_predictions = true;  // test predictions per run and GLUE's submission/ folder
@@ -91,6 +95,7 @@ std::string sweep_markdown(const std::string& task, bool squad, const std::vecto
 
 // The reference check's dump: with dropout off, the first `batch_size` training examples in file
 // order; inputs, labels, logits, loss, every parameter and its gradient, to `path` (safetensors).
-void dump_first_batch(FinetuneTask& task, BertForFinetuning& model, int64_t batch_size, const std::string& path);
+void dump_first_batch(FinetuneTask& task, BertForFinetuning& model, int64_t batch_size,
+                      const std::string& path);
 
 }  // namespace models

@@ -36,6 +36,7 @@ class BertForFinetuning : public engine::Module {
   // load_encoder); the head from a stream of its own keyed by `seed`, N(0, init_std) weights and
   // zero biases. num_labels: classes (classification), 1 (regression), 2 (span).
   BertForFinetuning(const BertConfig& config, HeadKind kind, int64_t num_labels, uint64_t seed);
+
  private:
   Generator init_;  // declared first: the encoder draws from it
  public:

@@ -26,7 +26,8 @@ Tensor cpu_f32(const Tensor& x) { return x.to(engine::Device::cpu()).contiguous(
 
 }  // namespace
 
-std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t, const ProbeOptions& probe,
+std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t,
+                                                    const ProbeOptions& probe,
                                                     std::vector<int64_t>* probe_ids) {
   NoGrad ng;
   bert.train(false);
@@ -35,7 +36,8 @@ std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t, 
   const PositionEncoding& pos = *bert.position;
   const int64_t h = c.num_heads, d = c.hidden_size, dh = c.head_size();
   const bool reset = p.cls_reset != ClsReset::none;
-  const AttentionTerms terms = pos.attention_terms(t, bert.token_embedding.device());  // checks t against learned tables
+  const AttentionTerms terms =
+      pos.attention_terms(t, bert.token_embedding.device());  // checks t against learned tables
   std::vector<CorrelationMatrix> out;
   auto add = [&](CorrelationMatrix m) { out.push_back(std::move(m)); };
   const std::string preset = p.preset + ": ";
@@ -43,13 +45,16 @@ std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t, 
   if (p.attention == AttentionPosition::untied) {
     CorrelationMatrix m;
     m.name = "tupe_term";
-    m.title = preset + "TUPE positional term" + (reset ? " after the [CLS] reset" : " (no [CLS] reset)") +
+    m.title = preset + "TUPE positional term" +
+              (reset ? " after the [CLS] reset" : " (no [CLS] reset)") +
               (p.relative == RelativePosition::t5_bias ? ", with the relative bias" : "");
-    m.description = "the (H, T, T) term added to every layer's attention logits: (p^ U^Q)(p^ U^K)^T / sqrt(2 d_h)" +
-                    std::string(p.relative == RelativePosition::t5_bias ? " + b[bucket(j - i)]" : "") +
-                    (reset ? std::string(", row 0 = theta1 and column 0 = theta2 (cls_reset ") +
-                                 cls_reset_name(p.cls_reset) + ")"
-                           : "");
+    m.description =
+        "the (H, T, T) term added to every layer's attention logits: (p^ U^Q)(p^ U^K)^T / sqrt(2 "
+        "d_h)" +
+        std::string(p.relative == RelativePosition::t5_bias ? " + b[bucket(j - i)]" : "") +
+        (reset ? std::string(", row 0 = theta1 and column 0 = theta2 (cls_reset ") +
+                     cls_reset_name(p.cls_reset) + ")"
+               : "");
     m.values = cpu_f32(terms.bias.select(0, 0));
     m.logits = true;
     m.first = reset ? 1 : 0;
@@ -59,16 +64,20 @@ std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t, 
     CorrelationMatrix m;
     m.name = "decomposed_term";
     m.title = preset + "positional term (p U^Q)(p U^K) / sqrt(4 d_h)";
-    m.description = "bert_a_d's position-to-position term of every layer's logits: (p_i U^Q)(p_j U^K) / sqrt(4 d_h)";
-    m.values = cpu_f32(engine::matmul(terms.pos_query.select(0, 0), terms.pos_key.select(0, 0).transpose(1, 2)) *
-                       (1.0 / std::sqrt(4.0 * double(dh))));
+    m.description =
+        "bert_a_d's position-to-position term of every layer's logits: (p_i U^Q)(p_j U^K) / sqrt(4 "
+        "d_h)";
+    m.values = cpu_f32(
+        engine::matmul(terms.pos_query.select(0, 0), terms.pos_key.select(0, 0).transpose(1, 2)) *
+        (1.0 / std::sqrt(4.0 * double(dh))));
     m.logits = true;
     add(m);
   }
   const Tensor input = pos.input_term(t, bert.token_embedding.device());
   // bert_a_d's positions enter through U^Q, U^K only; their P P^T is drawn all the same.
   Tensor positions = input;
-  if (!positions.defined() && p.attention == AttentionPosition::decomposed) positions = pos.table.slice(0, 0, t);
+  if (!positions.defined() && p.attention == AttentionPosition::decomposed)
+    positions = pos.table.slice(0, 0, t);
   if (positions.defined()) {
     const Tensor pe = cpu_f32(positions);
     CorrelationMatrix dot;
@@ -88,8 +97,10 @@ std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t, 
     CorrelationMatrix qk;
     qk.name = "ape_qk";
     qk.title = preset + "first layer (p_i W^Q)(p_j W^K) / sqrt(d_h)";
-    qk.description = "per head, the first layer's query and key projections (no biases) of the absolute position "
-                     "vectors, divided by sqrt(d_h) as the layer scales its logits";
+    qk.description =
+        "per head, the first layer's query and key projections (no biases) of the absolute "
+        "position "
+        "vectors, divided by sqrt(d_h) as the layer scales its logits";
     qk.values = engine::matmul(q, k.transpose(1, 2)) * (1.0 / std::sqrt(double(dh)));
     qk.logits = true;
     add(qk);
@@ -99,12 +110,14 @@ std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t, 
     std::vector<float> v(size_t(h * (2 * t - 1)));
     for (int64_t r = -(t - 1); r <= t - 1; ++r) {
       const int64_t b = t5_bucket(r, p.relative_buckets, p.relative_max_distance);
-      for (int64_t k = 0; k < h; ++k) v[size_t(k * (2 * t - 1) + r + t - 1)] = table[size_t(b * h + k)];
+      for (int64_t k = 0; k < h; ++k)
+        v[size_t(k * (2 * t - 1) + r + t - 1)] = table[size_t(b * h + k)];
     }
     CorrelationMatrix m;
     m.name = "relative_bias";
     m.title = preset + "relative bias b[bucket(j - i)] per head and offset";
-    m.description = "the T5 bias per head at every offset r = j - i from -(T-1) to T-1 (shared by all layers)";
+    m.description =
+        "the T5 bias per head at every offset r = j - i from -(T-1) to T-1 (shared by all layers)";
     m.values = Tensor::from_vector<float>(v, {h, 1, 2 * t - 1});
     m.logits = true;
     m.per_offset = true;
@@ -118,7 +131,9 @@ std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t, 
     CorrelationMatrix m;
     m.name = "rpe_dot";
     m.title = preset + "a_r . a_s between relative position vectors";
-    m.description = "dot products of Shaw's relative vectors a_r (shared by heads and layers), r and s from -clip to clip";
+    m.description =
+        "dot products of Shaw's relative vectors a_r (shared by heads and layers), r and s from "
+        "-clip to clip";
     m.values = engine::matmul(a, a.transpose(0, 1)).unsqueeze(0);
     m.per_head = false;
     m.row_start = m.col_start = double(-p.rpe_clip);
@@ -131,14 +146,15 @@ std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t, 
   // logits averaged over the tokens.
   std::vector<int64_t> ids = probe.ids;
   if (ids.empty()) {
-    ENGINE_CHECK(probe.tokens >= 1, "[poscorr] the probe needs at least one token, got ", probe.tokens);
+    ENGINE_CHECK(probe.tokens >= 1, "[poscorr] the probe needs at least one token, got ",
+                 probe.tokens);
     std::mt19937_64 rng(probe.seed);
     for (int64_t i = 0; i < probe.tokens; ++i)
       ids.push_back(1 + int64_t(rng() % uint64_t(std::max<int64_t>(c.vocab_size - 1, 1))));
   }
   for (int64_t id : ids)
-    ENGINE_CHECK(id >= 0 && id < c.vocab_size, "[poscorr] probe token id ", id, " is outside the vocabulary [0, ",
-                 c.vocab_size, ")");
+    ENGINE_CHECK(id >= 0 && id < c.vocab_size, "[poscorr] probe token id ", id,
+                 " is outside the vocabulary [0, ", c.vocab_size, ")");
   if (probe_ids) *probe_ids = ids;
   const int64_t n = int64_t(ids.size());
   std::vector<int64_t> rows(size_t(n * t));
@@ -146,12 +162,16 @@ std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t, 
   BertInputs in;
   in.input_ids = Tensor::from_vector<int64_t>(rows, {n, t}).to(bert.token_embedding.device());
   engine::Generator unused(0);
-  Tensor logits = bert.layers.at(0)->attention_logits(bert.embed(in, unused), terms);  // (n, H, T, T)
+  Tensor logits =
+      bert.layers.at(0)->attention_logits(bert.embed(in, unused), terms);  // (n, H, T, T)
   CorrelationMatrix m;
   m.name = "probe_logits";
-  m.title = preset + "identical-word probe: first-layer logits, mean over " + std::to_string(n) + " tokens";
-  m.description = "the first layer's attention logits for a sequence of one repeated token, averaged over the probe "
-                  "tokens (the second paper's identical-word probing)";
+  m.title = preset + "identical-word probe: first-layer logits, mean over " + std::to_string(n) +
+            " tokens";
+  m.description =
+      "the first layer's attention logits for a sequence of one repeated token, averaged over the "
+      "probe "
+      "tokens (the second paper's identical-word probing)";
   m.values = cpu_f32(engine::mean(logits, {0}));
   m.logits = true;
   m.first = reset ? 1 : 0;
@@ -253,11 +273,16 @@ Pattern classify_pattern(const float* m, int64_t n, int64_t first) {
     const double a = by_offset[size_t(r + s - 1)] / rows_at[size_t(r + s - 1)];
     if (a > best + 1e-12) best = a, pt.peak_offset = r;
   }
-  if (pt.entropy >= 0.9) pt.name = "global";
-  else if (pt.peak_offset == -1) pt.name = "previous";
-  else if (pt.peak_offset == 1) pt.name = "next";
-  else if (pt.local_mass >= 0.5) pt.name = "local";
-  else pt.name = "broad";
+  if (pt.entropy >= 0.9)
+    pt.name = "global";
+  else if (pt.peak_offset == -1)
+    pt.name = "previous";
+  else if (pt.peak_offset == 1)
+    pt.name = "next";
+  else if (pt.local_mass >= 0.5)
+    pt.name = "local";
+  else
+    pt.name = "broad";
   return pt;
 }
 

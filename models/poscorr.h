@@ -1,8 +1,9 @@
 // The learned positional correlations of a BERT encoder, as the two papers draw and measure them
 // (docs/poscorr.md, docs/positional-encodings.md "What `poscorr_app` shows"):
 //   extract_correlations  the matrices of the model's preset: TUPE's term after the [CLS] reset,
-//                         P P^T and the first layer's per-head (p W^Q)(p W^K), the relative bias per
-//                         offset, Shaw's a_r . a_s, and the identical-word probe for every preset;
+//                         P P^T and the first layer's per-head (p W^Q)(p W^K), the relative bias
+//                         per offset, Shaw's a_r . a_s, and the identical-word probe for every
+//                         preset;
 //   measure               translation invariance, symmetry and the monotonic window of one matrix;
 //   classify_pattern      a logit matrix's pattern among global / local / broad / previous / next.
 // Matrices are CPU f32 tensors; the measures are plain functions of a row-major (n, n) array.
@@ -33,9 +34,9 @@ struct CorrelationMatrix {
 };
 
 struct ProbeOptions {
-  int64_t tokens = 10;          // random token ids averaged over (identical-word probing)
+  int64_t tokens = 10;  // random token ids averaged over (identical-word probing)
   uint64_t seed = 1234;
-  std::vector<int64_t> ids;     // explicit ids instead of random ones
+  std::vector<int64_t> ids;  // explicit ids instead of random ones
 };
 
 // Every matrix the model's preset has, over positions 0..seq_len-1 (the model is put in eval

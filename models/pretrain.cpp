@@ -41,7 +41,8 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
   for (auto& e : fs::directory_iterator(dir)) {
     std::smatch m;
     const std::string name = e.path().filename().string();
-    if (e.is_regular_file() && std::regex_match(name, m, re)) out.emplace_back(std::stoll(m[1]), e.path());
+    if (e.is_regular_file() && std::regex_match(name, m, re))
+      out.emplace_back(std::stoll(m[1]), e.path());
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -55,8 +56,9 @@ struct TrainerState {
   int64_t tokens = 0;  // non-padding tokens seen
 };
 
-void save_training_checkpoint(const fs::path& path, const BertForMaskedLM& model, const engine::Trainer& trainer,
-                              const engine::Generator& gen, const TrainerState& st, const BatchSource& data,
+void save_training_checkpoint(const fs::path& path, const BertForMaskedLM& model,
+                              const engine::Trainer& trainer, const engine::Generator& gen,
+                              const TrainerState& st, const BatchSource& data,
                               const std::string& config_text, engine::SafetensorsMetadata meta) {
   engine::NamedTensors state = trainer.optimizer().state();
   for (auto& e : trainer.scaler().state()) state.push_back(e);
@@ -73,12 +75,14 @@ void save_training_checkpoint(const fs::path& path, const BertForMaskedLM& model
 
 // Restores everything from a training checkpoint (weights and state from one read); throws when
 // the file cannot be used, so the caller can fall back to an older one.
-void load_training_checkpoint(const fs::path& path, BertForMaskedLM& model, engine::Trainer& trainer,
-                              engine::Generator& gen, TrainerState& st, BatchSource& data) {
+void load_training_checkpoint(const fs::path& path, BertForMaskedLM& model,
+                              engine::Trainer& trainer, engine::Generator& gen, TrainerState& st,
+                              BatchSource& data) {
   const BertConfig stored = read_checkpoint_config(path.string());
   const std::string diff = stored.first_difference(model.config());
-  ENGINE_CHECK(diff.empty(), "[pretrain] ", path.string(), ": the checkpoint's model differs from the config at model.",
-               diff, " (checkpoint vs config)");
+  ENGINE_CHECK(diff.empty(), "[pretrain] ", path.string(),
+               ": the checkpoint's model differs from the config at model.", diff,
+               " (checkpoint vs config)");
   const engine::SafetensorsContents c = load_checkpoint(path.string(), model, /*with_state=*/true);
   trainer.optimizer().load_state(c.tensors);
   trainer.scaler().load_state(c.tensors);
@@ -90,17 +94,19 @@ void load_training_checkpoint(const fs::path& path, BertForMaskedLM& model, engi
   };
   trainer.set_steps_taken(need("trainer.step"));
   st.tokens = need("trainer.tokens");
-  gen.set_state({static_cast<uint64_t>(need("trainer.rng_seed")), static_cast<uint64_t>(need("trainer.rng_offset"))});
+  gen.set_state({static_cast<uint64_t>(need("trainer.rng_seed")),
+                 static_cast<uint64_t>(need("trainer.rng_offset"))});
   auto pos = c.metadata.find("engine.data_position");
-  ENGINE_CHECK(pos != c.metadata.end(), "[pretrain] ", path.string(), ": no data position in the metadata");
+  ENGINE_CHECK(pos != c.metadata.end(), "[pretrain] ", path.string(),
+               ": no data position in the metadata");
   data.seek(pos->second);
 }
 
 // Every rank continues from rank 0's state: weights, optimizer moments, scaler, schedule and data
 // position (rank 0 alone reads the checkpoint, so the ranks need no shared filesystem). Each
 // rank keeps its own dropout stream (its seed), at rank 0's offset.
-void sync_from_root(engine::Communicator& comm, engine::Trainer& trainer, engine::Generator& gen, TrainerState& st,
-                    BatchSource& data) {
+void sync_from_root(engine::Communicator& comm, engine::Trainer& trainer, engine::Generator& gen,
+                    TrainerState& st, BatchSource& data) {
   engine::broadcast_parameters(trainer.parameters(), comm);
   for (bool optimizer : {true, false}) {
     engine::NamedTensors state = optimizer ? trainer.optimizer().state() : trainer.scaler().state();
@@ -108,7 +114,8 @@ void sync_from_root(engine::Communicator& comm, engine::Trainer& trainer, engine
       t = t.contiguous();
       comm.broadcast(t);
     }
-    if (!comm.is_root()) optimizer ? trainer.optimizer().load_state(state) : trainer.scaler().load_state(state);
+    if (!comm.is_root())
+      optimizer ? trainer.optimizer().load_state(state) : trainer.scaler().load_state(state);
   }
   Tensor counters = Tensor::from_vector<int64_t>(
       {trainer.steps_taken(), st.tokens, static_cast<int64_t>(gen.state().offset)}, {3});
@@ -121,7 +128,8 @@ void sync_from_root(engine::Communicator& comm, engine::Trainer& trainer, engine
   if (!comm.is_root()) data.seek(position);
 }
 
-// Rewrites metrics.jsonl keeping only the lines of steps <= `step` (a resumed run re-logs the rest).
+// Rewrites metrics.jsonl keeping only the lines of steps <= `step` (a resumed run re-logs the
+// rest).
 void truncate_metrics(const fs::path& file, int64_t step) {
   if (!fs::exists(file)) return;
   std::ifstream in(file);
@@ -140,8 +148,10 @@ std::string fmt_duration(double s) {
   char buf[32];
   if (!std::isfinite(s) || s < 0) return "?";
   const long long t = static_cast<long long>(s);
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", t / 3600, (t / 60) % 60);
-  else std::snprintf(buf, sizeof buf, "%lldm%02llds", t / 60, t % 60);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", t / 3600, (t / 60) % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", t / 60, t % 60);
   return buf;
 }
 
@@ -151,7 +161,8 @@ struct ValidResult {
 };
 
 // Over the first `max_batches` validation batches, batch i on rank i % size; sums reduced.
-ValidResult validate(BertForMaskedLM& model, BatchSource& data, int64_t max_batches, engine::Communicator& comm) {
+ValidResult validate(BertForMaskedLM& model, BatchSource& data, int64_t max_batches,
+                     engine::Communicator& comm) {
   engine::NoGrad ng;
   const bool was_training = model.training();
   model.train(false);
@@ -202,30 +213,35 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
                " needs the CUDA mixed-precision path, which this build does not have yet; use f32");
   engine::Communicator& comm = engine::world();
   const bool root = comm.is_root();  // the rank that logs and writes files
-  const fs::path out_dir(o.out_dir), ckpt_dir = out_dir / "checkpoints", metrics_path = out_dir / "metrics.jsonl";
+  const fs::path out_dir(o.out_dir), ckpt_dir = out_dir / "checkpoints",
+                                     metrics_path = out_dir / "metrics.jsonl";
   if (root) fs::create_directories(ckpt_dir);
 
   engine::FlatParameters flat(model.named_parameters());
   const engine::Device device = flat.data().device();
   const bool decay_all = o.decay_bias_and_norm;
-  const int64_t warmup = o.warmup_steps >= 0 ? o.warmup_steps
-                                             : static_cast<int64_t>(std::ceil(o.warmup_ratio * double(o.steps)));
+  const int64_t warmup = o.warmup_steps >= 0
+                             ? o.warmup_steps
+                             : static_cast<int64_t>(std::ceil(o.warmup_ratio * double(o.steps)));
   const engine::LinearSchedule schedule(adam.lr, warmup, o.steps);
   engine::TrainerOptions trainer_options;
   trainer_options.clip_norm = o.clip_norm;
   trainer_options.loss_scale = o.loss_scale;
   trainer_options.bucket_mb = o.bucket_mb;
   engine::Trainer trainer(
-      flat, adam, [decay_all](const std::string& n) { return decay_all || !engine::default_no_decay(n); },
+      flat, adam,
+      [decay_all](const std::string& n) { return decay_all || !engine::default_no_decay(n); },
       [schedule](int64_t s) { return schedule.lr(s); }, trainer_options, comm);
   // Dropout stream (the init used `seed`); each rank its own.
-  engine::Generator gen(seed ^ 0x9E3779B97F4A7C15ull ^ (uint64_t(comm.rank()) * 0xD1B54A32D192ED03ull));
+  engine::Generator gen(seed ^ 0x9E3779B97F4A7C15ull ^
+                        (uint64_t(comm.rank()) * 0xD1B54A32D192ED03ull));
   TrainerState st;
 
   // Temporary files of checkpoint writes that a kill interrupted: never complete, never used.
   if (root)
     for (auto& e : fs::directory_iterator(ckpt_dir))
-      if (e.path().filename().string().find(".safetensors.tmp.") != std::string::npos) fs::remove(e.path());
+      if (e.path().filename().string().find(".safetensors.tmp.") != std::string::npos)
+        fs::remove(e.path());
 
   PretrainResult result;
   if (!root) {
@@ -240,23 +256,29 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
     for (auto it = list.rbegin(); it != list.rend() && !loaded; ++it) {
       try {
         load_training_checkpoint(it->second, model, trainer, gen, st, data);
-        std::printf("resumed from %s (step %lld)\n", it->second.string().c_str(), (long long)trainer.steps_taken());
+        std::printf("resumed from %s (step %lld)\n", it->second.string().c_str(),
+                    (long long)trainer.steps_taken());
         loaded = true;
       } catch (const engine::Error& e) {
-        std::fprintf(stderr, "warning: cannot resume from %s: %s\n", it->second.string().c_str(), e.what());
+        std::fprintf(stderr, "warning: cannot resume from %s: %s\n", it->second.string().c_str(),
+                     e.what());
         errors += std::string("\n  ") + e.what();
       }
     }
-    ENGINE_CHECK(loaded, "[pretrain] --resume: no usable checkpoint in ", ckpt_dir.string(), ":", errors);
+    ENGINE_CHECK(loaded, "[pretrain] --resume: no usable checkpoint in ", ckpt_dir.string(), ":",
+                 errors);
     truncate_metrics(metrics_path, trainer.steps_taken());
   } else {
     ENGINE_CHECK(list_checkpoints(ckpt_dir).empty(), "[pretrain] ", ckpt_dir.string(),
-                 " already holds checkpoints: pass --resume to continue that run, or choose another train.out_dir");
+                 " already holds checkpoints: pass --resume to continue that run, or choose "
+                 "another train.out_dir");
     std::ofstream(metrics_path, std::ios::trunc);
   }
   if (comm.size() > 1) {
-    if (resume) sync_from_root(comm, trainer, gen, st, data);
-    else engine::broadcast_parameters(flat, comm);
+    if (resume)
+      sync_from_root(comm, trainer, gen, st, data);
+    else
+      engine::broadcast_parameters(flat, comm);
   }
   result.start_step = trainer.steps_taken();
 
@@ -274,7 +296,8 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
 
   auto save = [&]() {
     const fs::path path = ckpt_dir / checkpoint_name(trainer.steps_taken());
-    save_training_checkpoint(path, model, trainer, gen, st, data, config_text, o.checkpoint_metadata);
+    save_training_checkpoint(path, model, trainer, gen, st, data, config_text,
+                             o.checkpoint_metadata);
     auto list = list_checkpoints(ckpt_dir);
     for (size_t i = 0; i + size_t(o.keep_last) < list.size(); ++i) fs::remove(list[i].second);
     result.final_checkpoint = path.string();
@@ -295,9 +318,11 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
     comm.all_reduce(counts);
     const int64_t tokens = static_cast<int64_t>(counts[1]);
     std::vector<double> weights;
-    for (const auto& b : micro) weights.push_back(counts[0] > 0 ? double(b.num_predicted()) / counts[0] : 0.0);
+    for (const auto& b : micro)
+      weights.push_back(counts[0] > 0 ? double(b.num_predicted()) / counts[0] : 0.0);
     const engine::StepStats s = trainer.step(
-        o.accumulation, [&](int64_t m) { return model.forward(micro[size_t(m)], gen).loss; }, weights);
+        o.accumulation, [&](int64_t m) { return model.forward(micro[size_t(m)], gen).loss; },
+        weights);
     const int64_t step = trainer.steps_taken();
     const double loss = s.loss, lr = s.lr, grad_norm = s.grad_norm;
     const bool apply = s.applied;
@@ -325,32 +350,39 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
       const double eta = elapsed / double(steps_this_run) * double(o.steps - step);
       window_start = now;
       window_tokens = 0;
-      const double exposed_ms = window_steps > 0 ? 1000.0 * comm_exposed_s / double(window_steps) : 0.0;
+      const double exposed_ms =
+          window_steps > 0 ? 1000.0 * comm_exposed_s / double(window_steps) : 0.0;
       window_steps = 0;
       comm_exposed_s = 0;
       char line[512];
       std::snprintf(line, sizeof line,
-                    "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"loss_scale\": %g, "
+                    "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, "
+                    "\"loss_scale\": %g, "
                     "\"grad_norm\": %.9g, \"skipped_steps\": %lld, \"tokens\": %lld",
                     (long long)step, loss, lr, tok_s, s.loss_scale, grad_norm,
                     (long long)trainer.scaler().skipped_steps(), (long long)st.tokens);
       std::string json = line;
       if (comm.size() > 1) {
-        std::snprintf(line, sizeof line, ", \"ranks\": %d, \"comm_exposed_ms\": %.3f", comm.size(), exposed_ms);
+        std::snprintf(line, sizeof line, ", \"ranks\": %d, \"comm_exposed_ms\": %.3f", comm.size(),
+                      exposed_ms);
         json += line;
       }
       if (validated) {
-        std::snprintf(line, sizeof line, ", \"valid_loss\": %.9g, \"valid_ppl\": %.6g, \"valid_accuracy\": %.6f",
+        std::snprintf(line, sizeof line,
+                      ", \"valid_loss\": %.9g, \"valid_ppl\": %.6g, \"valid_accuracy\": %.6f",
                       vr.loss, std::exp(vr.loss), vr.accuracy);
         json += line;
       }
       metrics << json << "}\n";
       metrics.flush();
-      std::snprintf(line, sizeof line, "step %lld/%lld loss %.4f lr %.3e %.0f tok/s grad_norm %.3f%s ETA %s",
+      std::snprintf(line, sizeof line,
+                    "step %lld/%lld loss %.4f lr %.3e %.0f tok/s grad_norm %.3f%s ETA %s",
                     (long long)step, (long long)o.steps, loss, lr, tok_s, grad_norm,
                     apply ? "" : " (skipped: inf/NaN gradients)", fmt_duration(eta).c_str());
-      if (tty) std::fprintf(stderr, "\r\033[K%s", line);
-      else std::printf("%s\n", line);
+      if (tty)
+        std::fprintf(stderr, "\r\033[K%s", line);
+      else
+        std::printf("%s\n", line);
       if (validated) {
         if (tty) std::fprintf(stderr, "\n");
         std::printf("valid step %lld loss %.4f ppl %.2f accuracy %.4f\n", (long long)step, vr.loss,
@@ -364,7 +396,8 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
   if (result.final_checkpoint.empty()) result.final_checkpoint = latest_checkpoint(o.out_dir);
   result.final_step = trainer.steps_taken();
   // A weights-only model next to the checkpoints, for --init and finetuning.
-  if (root && steps_this_run > 0) save_checkpoint((out_dir / "model.safetensors").string(), model, o.checkpoint_metadata);
+  if (root && steps_this_run > 0)
+    save_checkpoint((out_dir / "model.safetensors").string(), model, o.checkpoint_metadata);
   return result;
 }
 

@@ -7,8 +7,8 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,22 +35,22 @@ class BatchSource {
 };
 
 struct PretrainOptions {
-  int64_t steps = 1000;          // optimizer steps
-  int64_t warmup_steps = -1;     // -1: use warmup_ratio
+  int64_t steps = 1000;       // optimizer steps
+  int64_t warmup_steps = -1;  // -1: use warmup_ratio
   double warmup_ratio = 0.06;
-  int64_t accumulation = 1;      // micro-batches per optimizer step
-  double clip_norm = 1.0;        // 0 = no clipping
-  std::string precision = "f32"; // f32 | bf16 | fp16
+  int64_t accumulation = 1;              // micro-batches per optimizer step
+  double clip_norm = 1.0;                // 0 = no clipping
+  std::string precision = "f32";         // f32 | bf16 | fp16
   engine::LossScalerOptions loss_scale;  // enabled by default for fp16 only
   bool decay_bias_and_norm = false;      // false: no weight decay on biases and LayerNorms
   int64_t log_every = 10;
-  int64_t valid_every = 200;     // 0 = only at the end
+  int64_t valid_every = 200;  // 0 = only at the end
   int64_t valid_batches = 20;
-  int64_t save_every = 500;      // 0 = only at the end
+  int64_t save_every = 500;  // 0 = only at the end
   int64_t keep_last = 3;
   std::string out_dir = "runs/pretrain";
-  bool progress = true;          // a progress bar when stderr is a terminal
-  int64_t bucket_mb = 25;        // data parallelism: gradient all-reduce bucket size (MiB)
+  bool progress = true;    // a progress bar when stderr is a terminal
+  int64_t bucket_mb = 25;  // data parallelism: gradient all-reduce bucket size (MiB)
   // Extra metadata for every checkpoint and model.safetensors (not from the config): pretrain_app
   // records the tokenizer ("engine.tokenizer", "engine.tokenizer_lower_case") for finetune_app.
   std::map<std::string, std::string> checkpoint_metadata;
@@ -59,8 +59,9 @@ struct PretrainOptions {
 
 struct PretrainResult {
   int64_t start_step = 0, final_step = 0;
-  std::vector<double> losses;        // per step run in this call
-  double last_valid_loss = std::numeric_limits<double>::quiet_NaN();  // NaN: no validation in this call
+  std::vector<double> losses;  // per step run in this call
+  double last_valid_loss =
+      std::numeric_limits<double>::quiet_NaN();  // NaN: no validation in this call
   std::string final_checkpoint;
 };
 

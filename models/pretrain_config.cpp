@@ -22,7 +22,8 @@ engine::AdamWOptions read_optim_options(const engine::ConfigSection& t) {
   check(o.beta1 >= 0 && o.beta1 < 1, "beta1", "must be in [0, 1)");
   check(o.beta2 >= 0 && o.beta2 < 1, "beta2", "must be in [0, 1)");
   check(std::isfinite(o.eps) && o.eps >= 0, "eps", "must be a finite value >= 0");
-  check(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "weight_decay", "must be a finite value >= 0");
+  check(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "weight_decay",
+        "must be a finite value >= 0");
   return o;
 }
 
@@ -35,7 +36,8 @@ DataOptions read_data_options(const engine::ConfigSection& t) {
   o.shuffle = t.get_bool("shuffle", o.shuffle);
   o.lower_case = t.get_bool("lower_case", o.lower_case);
   t.finish();
-  ENGINE_CHECK(o.seq_len >= 3, "[config] ", t.where("seq_len"), ": must be at least 3 ([CLS] x [SEP])");
+  ENGINE_CHECK(o.seq_len >= 3, "[config] ", t.where("seq_len"),
+               ": must be at least 3 ([CLS] x [SEP])");
   ENGINE_CHECK(o.batch_size >= 1, "[config] ", t.where("batch_size"), ": must be at least 1");
   return o;
 }
@@ -84,7 +86,8 @@ PretrainOptions read_train_options(const engine::ConfigSection& t) {
   check(o.accumulation >= 1, "accumulation", "must be at least 1");
   check(o.clip_norm >= 0, "clip_norm", "must be 0 (off) or positive");
   check(o.log_every >= 1, "log_every", "must be at least 1");
-  check(o.valid_every >= 0 && o.save_every >= 0, "valid_every", "valid_every and save_every must be >= 0");
+  check(o.valid_every >= 0 && o.save_every >= 0, "valid_every",
+        "valid_every and save_every must be >= 0");
   check(o.valid_batches >= 1, "valid_batches", "must be at least 1");
   check(o.keep_last >= 1, "keep_last", "must be at least 1");
   check(!o.out_dir.empty(), "out_dir", "must not be empty");
@@ -112,14 +115,16 @@ PretrainConfig PretrainConfig::read(const engine::Config& cfg) {
   return c;
 }
 
-void PretrainConfig::check_for_corpus(const BertConfig& m, int64_t vocab, const std::string& tokenizer) const {
-  ENGINE_CHECK(m.vocab_size == vocab, "[config] ", vocab_where_, ": ", m.vocab_size, " does not match the tokenizer ",
-               tokenizer, " (", vocab, " tokens); leave model.vocab_size out to take the tokenizer's");
+void PretrainConfig::check_for_corpus(const BertConfig& m, int64_t vocab,
+                                      const std::string& tokenizer) const {
+  ENGINE_CHECK(m.vocab_size == vocab, "[config] ", vocab_where_, ": ", m.vocab_size,
+               " does not match the tokenizer ", tokenizer, " (", vocab,
+               " tokens); leave model.vocab_size out to take the tokenizer's");
   // Learned position tables have max_positions rows: longer sequences cannot be represented.
   if (m.position.has_position_table())
     ENGINE_CHECK(data.seq_len <= m.max_positions, "[config] ", seq_len_where_, ": ", data.seq_len,
-                 " exceeds model.max_positions ", m.max_positions, " of the learned position table (preset ",
-                 m.position.preset, ")");
+                 " exceeds model.max_positions ", m.max_positions,
+                 " of the learned position table (preset ", m.position.preset, ")");
 }
 
 }  // namespace models

@@ -43,9 +43,9 @@ struct AttentionNode : Node {
     }
     if (needs_input_grad(0) || needs_input_grad(1) || needs_input_grad(3)) {
       Tensor ds = Tensor::empty({bh, tq, tk}, dt, dev);
-      gemm(dout, false, v, true, ds);             // dP_d
+      gemm(dout, false, v, true, ds);                    // dP_d
       if (p > 0) dropout_kernel(dev, ds, ds, p, state);  // dP (same mask and scale)
-      softmax_backward_raw(probs, ds, ds);        // dS, in place
+      softmax_backward_raw(probs, ds, ds);               // dS, in place
       if (needs_input_grad(0)) {
         dq = Tensor::empty({bh, tq, d}, dt, dev);
         gemm(ds, false, k, false, dq, scale);
@@ -68,31 +68,28 @@ struct AttentionNode : Node {
 
 }  // namespace
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                 const AttentionOptions& opt) {
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt) {
   ENGINE_CHECK(q.defined() && k.defined() && v.defined(), "[attention] q, k and v must be defined");
   ENGINE_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
                "[attention] expected q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv); got q ",
                describe(q), ", k ", describe(k), ", v ", describe(v));
   const int64_t b = q.size(0), h = q.size(1), tq = q.size(2), d = q.size(3);
   const int64_t tk = k.size(2), dv = v.size(3);
-  ENGINE_CHECK(k.size(0) == b && k.size(1) == h && k.size(3) == d,
-               "[attention] k ", describe(k), " does not match q ", describe(q),
-               " (expected (", b, ", ", h, ", Tk, ", d, "))");
-  ENGINE_CHECK(v.size(0) == b && v.size(1) == h && v.size(2) == tk,
-               "[attention] v ", describe(v), " does not match k ", describe(k),
-               " (expected (", b, ", ", h, ", ", tk, ", Dv))");
+  ENGINE_CHECK(k.size(0) == b && k.size(1) == h && k.size(3) == d, "[attention] k ", describe(k),
+               " does not match q ", describe(q), " (expected (", b, ", ", h, ", Tk, ", d, "))");
+  ENGINE_CHECK(v.size(0) == b && v.size(1) == h && v.size(2) == tk, "[attention] v ", describe(v),
+               " does not match k ", describe(k), " (expected (", b, ", ", h, ", ", tk, ", Dv))");
   ENGINE_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(),
                "[attention] q, k and v must share a dtype, got ", describe(q), ", ", describe(k),
                ", ", describe(v));
   ENGINE_CHECK(q.device() == k.device() && q.device() == v.device(),
-               "[attention] q, k and v must be on one device, got ", describe(q), ", ",
-               describe(k), ", ", describe(v));
+               "[attention] q, k and v must be on one device, got ", describe(q), ", ", describe(k),
+               ", ", describe(v));
   const Shape probs_shape4{b, h, tq, tk};
   if (opt.bias.defined()) {
     ENGINE_CHECK(is_broadcastable_to(opt.bias.shape(), probs_shape4), "[attention] bias ",
-                 describe(opt.bias), " is not broadcastable to the scores (", b, ", ", h, ", ",
-                 tq, ", ", tk, ")");
+                 describe(opt.bias), " is not broadcastable to the scores (", b, ", ", h, ", ", tq,
+                 ", ", tk, ")");
     ENGINE_CHECK(opt.bias.dtype() == q.dtype() && opt.bias.device() == q.device(),
                  "[attention] bias ", describe(opt.bias), " must match q ", describe(q),
                  " in dtype and device");
@@ -105,8 +102,10 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v,
                  describe(opt.key_mask), " is not on ", q.device().str());
     mask4 = opt.key_mask.detach().reshape({b, 1, 1, tk});
   }
-  ENGINE_CHECK(opt.dropout_p >= 0.0 && opt.dropout_p < 1.0, "[attention] dropout_p must be in "
-               "[0, 1), got ", opt.dropout_p);
+  ENGINE_CHECK(opt.dropout_p >= 0.0 && opt.dropout_p < 1.0,
+               "[attention] dropout_p must be in "
+               "[0, 1), got ",
+               opt.dropout_p);
   const double scale = opt.scale != 0.0 ? opt.scale : 1.0 / std::sqrt(static_cast<double>(d));
   const double p = opt.training ? opt.dropout_p : 0.0;
   const Device dev = q.device();

@@ -45,8 +45,7 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t dim) {
     ENGINE_CHECK(x.device() == first.device(), "[concat] input ", i, " ", describe(x),
                  " is on a different device from input 0 ", describe(first));
     bool same = x.dim() == first.dim();
-    for (int64_t k = 0; same && k < x.dim(); ++k)
-      same = k == d || x.shape()[k] == first.shape()[k];
+    for (int64_t k = 0; same && k < x.dim(); ++k) same = k == d || x.shape()[k] == first.shape()[k];
     ENGINE_CHECK(same, "[concat] input ", i, " ", describe(x), " does not match input 0 ",
                  describe(first), " outside dim ", d);
     sizes.push_back(x.shape()[d]);
@@ -95,8 +94,8 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
   ENGINE_CHECK(x.dim() >= 1, "[split] cannot split a 0-dim tensor ", describe(x));
   const int64_t d = wrap_dim(dim, x.dim(), "split");
   const int64_t n = x.shape()[d];
-  ENGINE_CHECK(split_size > 0 || (split_size == 0 && n == 0), "[split] split_size must be > 0, got ",
-               split_size, " for ", describe(x));
+  ENGINE_CHECK(split_size > 0 || (split_size == 0 && n == 0),
+               "[split] split_size must be > 0, got ", split_size, " for ", describe(x));
   if (n == 0) return {x.slice(d, 0, 0)};  // one empty piece, as torch.split
   std::vector<int64_t> sizes;
   for (int64_t start = 0; start < n; start += split_size)

@@ -16,9 +16,7 @@ namespace {
 
 // Half-precision logits keep their logsumexp in f32: it is subtracted from every logit in the
 // backward, and a bf16 lse would shift every probability by up to ~0.4%.
-DType lse_dtype(DType logits) {
-  return logits == DType::f64 ? DType::f64 : DType::f32;
-}
+DType lse_dtype(DType logits) { return logits == DType::f64 ? DType::f64 : DType::f32; }
 
 // Host-side target check for CPU tensors (for other devices it would cost a synchronisation per
 // call, so it is the device kernel's job).
@@ -30,8 +28,8 @@ void check_targets(const Tensor& targets, int64_t classes, int64_t ignore_index)
       const int64_t v = static_cast<int64_t>(p[i]);
       ENGINE_CHECK(v == ignore_index || (v >= 0 && v < classes), "[cross_entropy] target ", v,
                    " at row ", i, " is out of range for ", classes,
-                   " classes (expected 0 <= target < ", classes, ", or ignore_index ",
-                   ignore_index, ")");
+                   " classes (expected 0 <= target < ", classes, ", or ignore_index ", ignore_index,
+                   ")");
     }
   });
 }
@@ -133,36 +131,33 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 }  // namespace cpu
 
 ENGINE_REGISTER_KERNEL(cross_entropy_forward_kernel, DeviceType::CPU, cpu::cross_entropy_forward);
-ENGINE_REGISTER_KERNEL(cross_entropy_backward_kernel, DeviceType::CPU,
-                       cpu::cross_entropy_backward);
+ENGINE_REGISTER_KERNEL(cross_entropy_backward_kernel, DeviceType::CPU, cpu::cross_entropy_backward);
 
 }  // namespace
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                      Reduction reduction) {
   ENGINE_CHECK(logits.defined() && targets.defined(), "[cross_entropy] got an undefined input");
-  ENGINE_CHECK(logits.dim() == 2, "[cross_entropy] logits must be (N, C), got ",
-               describe(logits));
+  ENGINE_CHECK(logits.dim() == 2, "[cross_entropy] logits must be (N, C), got ", describe(logits));
   ENGINE_CHECK(is_floating(logits.dtype()), "[cross_entropy] logits must be floating, got ",
                describe(logits));
   ENGINE_CHECK(targets.dtype() == DType::i32 || targets.dtype() == DType::i64,
-               "[cross_entropy] targets must be i32 or i64 class indices, got ",
-               describe(targets));
+               "[cross_entropy] targets must be i32 or i64 class indices, got ", describe(targets));
   ENGINE_CHECK(targets.dim() == 1 && targets.shape()[0] == logits.shape()[0],
                "[cross_entropy] targets ", describe(targets), " do not match logits ",
                describe(logits), " (expected (", logits.shape()[0], "))");
   ENGINE_CHECK(logits.device() == targets.device(), "[cross_entropy] logits ", describe(logits),
                " and targets ", describe(targets), " are on different devices");
   const int64_t n = logits.shape()[0], c = logits.shape()[1];
-  Tensor x = logits.detach().contiguous();  // (N, C)
+  Tensor x = logits.detach().contiguous();   // (N, C)
   Tensor t = targets.detach().contiguous();  // (N)
   check_targets(t, c, ignore_index);
 
   const Device dev = logits.device();
   Tensor lse = Tensor::empty({n}, lse_dtype(logits.dtype()), dev);
   Tensor count = Tensor::empty({}, DType::i64, dev);
-  Tensor out = Tensor::empty(reduction == Reduction::none ? Shape{n} : Shape{}, logits.dtype(),
-                             dev);
+  Tensor out =
+      Tensor::empty(reduction == Reduction::none ? Shape{n} : Shape{}, logits.dtype(), dev);
   cross_entropy_forward_kernel(dev, x, t, ignore_index, reduction, lse, count, out);
   if (needs_grad(logits)) {
     auto node = std::make_shared<CrossEntropyNode>();

@@ -28,8 +28,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 // count () i64 = rows not ignored, and out: (N) per-row losses for none, () sum or mean (0
 // when count == 0) otherwise, in the logits dtype. All contiguous.
 inline Kernel<void(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                   Reduction reduction, const Tensor& lse, const Tensor& count,
-                   const Tensor& out)>
+                   Reduction reduction, const Tensor& lse, const Tensor& count, const Tensor& out)>
     cross_entropy_forward_kernel{"cross_entropy"};
 // grad_logits (N, C) = (exp(logits - lse) - onehot(targets)) * w_i with w_i = grad_out[i]
 // (none), grad_out (sum) or grad_out / count (mean); zero rows where targets == ignore_index.

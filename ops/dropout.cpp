@@ -110,8 +110,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   return y;
 }
 
-Tensor dropout_mask(const Shape& shape, double p, PhiloxState state, DType dtype,
-                    Device device) {
+Tensor dropout_mask(const Shape& shape, double p, PhiloxState state, DType dtype, Device device) {
   check_p(p);
   ENGINE_CHECK(dtype == DType::f32 || dtype == DType::f64 || dtype == DType::u8,
                "[dropout_mask] mask dtype must be f32, f64 or u8, got ", dtype_name(dtype));

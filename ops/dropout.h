@@ -38,8 +38,8 @@ ENGINE_HD bool dropout_keep(uint32_t word, uint32_t threshold) { return (word >>
 // y[i] = dropout_keep(philox_word(state, i), dropout_threshold(p)) ? x[i] / (1 - p) : 0.
 // x, y contiguous, same shape and floating dtype; 0 <= p < 1. The backward is this same kernel
 // applied to dy with the forward's state.
-inline Kernel<void(const Tensor& x, const Tensor& y, double p, PhiloxState state)>
-    dropout_kernel{"dropout"};
+inline Kernel<void(const Tensor& x, const Tensor& y, double p, PhiloxState state)> dropout_kernel{
+    "dropout"};
 // mask[i] = keep ? 1 : 0; mask contiguous, f32, f64 or u8.
 inline Kernel<void(const Tensor& mask, double p, PhiloxState state)> dropout_mask_kernel{
     "dropout_mask"};

@@ -17,18 +17,22 @@ namespace {
 
 const char* binary_name(BinaryOp op) {
   switch (op) {
-    case BinaryOp::add: return "add";
-    case BinaryOp::sub: return "sub";
-    case BinaryOp::mul: return "mul";
-    case BinaryOp::div: return "div";
+    case BinaryOp::add:
+      return "add";
+    case BinaryOp::sub:
+      return "sub";
+    case BinaryOp::mul:
+      return "mul";
+    case BinaryOp::div:
+      return "div";
   }
   return "binary";
 }
 
 void check_same(const Tensor& a, const Tensor& b, const char* op) {
   ENGINE_CHECK(a.defined() && b.defined(), "[", op, "] got an undefined input");
-  ENGINE_CHECK(a.device() == b.device(), "[", op, "] inputs are on different devices: ",
-               describe(a), " and ", describe(b));
+  ENGINE_CHECK(a.device() == b.device(), "[", op,
+               "] inputs are on different devices: ", describe(a), " and ", describe(b));
   ENGINE_CHECK(a.dtype() == b.dtype(), "[", op, "] dtype mismatch: ", describe(a), " and ",
                describe(b), " (convert one with .to())");
   ENGINE_CHECK(is_floating(a.dtype()), "[", op, "] expects floating tensors, got ", describe(a));
@@ -73,8 +77,9 @@ struct BinaryNode : Node {
       case BinaryOp::div:
         // d(a/b)/da = 1/b, d(a/b)/db = -(a/b)/b
         if (na) ga = binary_raw(BinaryOp::div, g, b);
-        if (nb) gb = affine_raw(binary_raw(BinaryOp::div, binary_raw(BinaryOp::mul, g, out), b),
-                                -1.0, 0.0);
+        if (nb)
+          gb = affine_raw(binary_raw(BinaryOp::div, binary_raw(BinaryOp::mul, g, out), b), -1.0,
+                          0.0);
         break;
     }
     if (ga.defined()) ga = sum_to_shape(ga, inputs[0].shape);
@@ -112,10 +117,14 @@ struct AffineNode : Node {
 
 const char* unary_name(UnaryOp op) {
   switch (op) {
-    case UnaryOp::gelu: return "gelu";
-    case UnaryOp::tanh: return "tanh";
-    case UnaryOp::sin: return "sin";
-    case UnaryOp::cos: return "cos";
+    case UnaryOp::gelu:
+      return "gelu";
+    case UnaryOp::tanh:
+      return "tanh";
+    case UnaryOp::sin:
+      return "sin";
+    case UnaryOp::cos:
+      return "cos";
   }
   return "unary";
 }
@@ -135,8 +144,7 @@ struct UnaryNode : Node {
 Tensor unary(UnaryOp op, const Tensor& x) {
   const char* name = unary_name(op);
   ENGINE_CHECK(x.defined(), "[", name, "] got an undefined input");
-  ENGINE_CHECK(is_floating(x.dtype()), "[", name, "] expects a floating tensor, got ",
-               describe(x));
+  ENGINE_CHECK(is_floating(x.dtype()), "[", name, "] expects a floating tensor, got ", describe(x));
   Tensor xc = x.contiguous();
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   unary_kernel(x.device(), op, xc, y);
@@ -159,24 +167,32 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
     const T* pb = b.data<T>();
     T* po = out.data<T>();
     auto run = [&](auto f) {
-      engine::cpu::strided_for<3>(
-          out.shape(), {&out.strides(), &a.strides(), &b.strides()},
-          [&](const int64_t* off, int64_t n, const int64_t* st) {
-            T* o = po + off[0];
-            const T* x = pa + off[1];
-            const T* y = pb + off[2];
-            if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
-              for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
-            } else {
-              for (int64_t i = 0; i < n; ++i) o[i * st[0]] = f(x[i * st[1]], y[i * st[2]]);
-            }
-          });
+      engine::cpu::strided_for<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()},
+                                  [&](const int64_t* off, int64_t n, const int64_t* st) {
+                                    T* o = po + off[0];
+                                    const T* x = pa + off[1];
+                                    const T* y = pb + off[2];
+                                    if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
+                                      for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+                                    } else {
+                                      for (int64_t i = 0; i < n; ++i)
+                                        o[i * st[0]] = f(x[i * st[1]], y[i * st[2]]);
+                                    }
+                                  });
     };
     switch (op) {
-      case BinaryOp::add: run([](T x, T y) { return x + y; }); break;
-      case BinaryOp::sub: run([](T x, T y) { return x - y; }); break;
-      case BinaryOp::mul: run([](T x, T y) { return x * y; }); break;
-      case BinaryOp::div: run([](T x, T y) { return x / y; }); break;
+      case BinaryOp::add:
+        run([](T x, T y) { return x + y; });
+        break;
+      case BinaryOp::sub:
+        run([](T x, T y) { return x - y; });
+        break;
+      case BinaryOp::mul:
+        run([](T x, T y) { return x * y; });
+        break;
+      case BinaryOp::div:
+        run([](T x, T y) { return x / y; });
+        break;
     }
   });
 }
@@ -211,10 +227,18 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& y) {
         Eigen::Map<const ArrayF> a(px + c, std::min(kChunk, n - c));
         Eigen::Map<ArrayF> b(py + c, a.size());
         switch (op) {
-          case UnaryOp::gelu: b = 0.5f * a * (1.0f + (a * float(kInvSqrt2)).erf()); break;
-          case UnaryOp::tanh: b = a.tanh(); break;
-          case UnaryOp::sin: b = a.sin(); break;
-          case UnaryOp::cos: b = a.cos(); break;
+          case UnaryOp::gelu:
+            b = 0.5f * a * (1.0f + (a * float(kInvSqrt2)).erf());
+            break;
+          case UnaryOp::tanh:
+            b = a.tanh();
+            break;
+          case UnaryOp::sin:
+            b = a.sin();
+            break;
+          case UnaryOp::cos:
+            b = a.cos();
+            break;
         }
       }
     } else {
@@ -227,9 +251,15 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& y) {
         case UnaryOp::gelu:
           run([](T v) { return T(0.5) * v * (T(1) + std::erf(v * T(kInvSqrt2))); });
           break;
-        case UnaryOp::tanh: run([](T v) { return std::tanh(v); }); break;
-        case UnaryOp::sin: run([](T v) { return std::sin(v); }); break;
-        case UnaryOp::cos: run([](T v) { return std::cos(v); }); break;
+        case UnaryOp::tanh:
+          run([](T v) { return std::tanh(v); });
+          break;
+        case UnaryOp::sin:
+          run([](T v) { return std::sin(v); });
+          break;
+        case UnaryOp::cos:
+          run([](T v) { return std::cos(v); });
+          break;
       }
     }
   });
@@ -252,9 +282,15 @@ void unary_backward(UnaryOp op, const Tensor& saved, const Tensor& gy, const Ten
             gx = gy * (0.5f * (1.0f + (x * float(kInvSqrt2)).erf()) +
                        x * float(kInvSqrt2Pi) * (-0.5f * x.square()).exp());
             break;
-          case UnaryOp::tanh: gx = gy * (1.0f - x.square()); break;  // x holds y = tanh here
-          case UnaryOp::sin: gx = gy * x.cos(); break;
-          case UnaryOp::cos: gx = -gy * x.sin(); break;
+          case UnaryOp::tanh:
+            gx = gy * (1.0f - x.square());
+            break;  // x holds y = tanh here
+          case UnaryOp::sin:
+            gx = gy * x.cos();
+            break;
+          case UnaryOp::cos:
+            gx = -gy * x.sin();
+            break;
         }
       }
     } else {
@@ -271,9 +307,15 @@ void unary_backward(UnaryOp op, const Tensor& saved, const Tensor& gy, const Ten
             return cdf + x * pdf;
           });
           break;
-        case UnaryOp::tanh: run([](T y) { return T(1) - y * y; }); break;
-        case UnaryOp::sin: run([](T x) { return std::cos(x); }); break;
-        case UnaryOp::cos: run([](T x) { return -std::sin(x); }); break;
+        case UnaryOp::tanh:
+          run([](T y) { return T(1) - y * y; });
+          break;
+        case UnaryOp::sin:
+          run([](T x) { return std::cos(x); });
+          break;
+        case UnaryOp::cos:
+          run([](T x) { return -std::sin(x); });
+          break;
       }
     }
   });

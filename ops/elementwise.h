@@ -12,8 +12,8 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
-Tensor scale(const Tensor& x, double alpha);                  // alpha * x
-Tensor affine(const Tensor& x, double alpha, double beta);    // alpha * x + beta
+Tensor scale(const Tensor& x, double alpha);                // alpha * x
+Tensor affine(const Tensor& x, double alpha, double beta);  // alpha * x + beta
 Tensor gelu(const Tensor& x);  // x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
 Tensor tanh(const Tensor& x);
 // Inside namespace engine these hide std::sin/std::cos for unqualified calls: kernels and other
@@ -37,11 +37,11 @@ enum class BinaryOp : uint8_t { add, sub, mul, div };
 enum class UnaryOp : uint8_t { gelu, tanh, sin, cos };
 
 // out = a (op) b; a and b are already expanded to out's shape (stride-0 broadcast views).
-inline Kernel<void(BinaryOp, const Tensor& a, const Tensor& b, const Tensor& out)>
-    binary_kernel{"binary"};
+inline Kernel<void(BinaryOp, const Tensor& a, const Tensor& b, const Tensor& out)> binary_kernel{
+    "binary"};
 // out = alpha * x + beta
-inline Kernel<void(const Tensor& x, double alpha, double beta, const Tensor& out)>
-    affine_kernel{"affine"};
+inline Kernel<void(const Tensor& x, double alpha, double beta, const Tensor& out)> affine_kernel{
+    "affine"};
 inline Kernel<void(UnaryOp, const Tensor& x, const Tensor& y)> unary_kernel{"unary"};
 // grad_x = grad_y * f'(.) where `saved` is y for tanh (1 - y^2 needs only the output) and x for
 // the others.

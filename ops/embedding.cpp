@@ -44,8 +44,9 @@ void check_index_tensor(const Tensor& x, const Tensor& index, const char* op, co
   ENGINE_CHECK(x.defined() && index.defined(), "[", op, "] got an undefined input");
   ENGINE_CHECK(index.dtype() == DType::i32 || index.dtype() == DType::i64, "[", op, "] ", what,
                " tensor must be i32 or i64, got ", describe(index));
-  ENGINE_CHECK(x.device() == index.device(), "[", op, "] inputs are on different devices: ",
-               describe(x), " and ", what, " ", describe(index));
+  ENGINE_CHECK(x.device() == index.device(), "[", op,
+               "] inputs are on different devices: ", describe(x), " and ", what, " ",
+               describe(index));
 }
 
 struct GatherRowsNode : Node {
@@ -100,10 +101,9 @@ void gather_rows(const Tensor& table, const Tensor& index, const Tensor& out) {
     const char* src = static_cast<const char*>(table.raw_data());
     char* dst = static_cast<char*>(out.raw_data());
     // A row copy is dtype-agnostic, so gathers work for every dtype (bf16 tables included).
-#pragma omp parallel for if (static_cast<size_t>(m) * row_bytes > (1u << 20))
+#pragma omp parallel for if (static_cast <size_t>(m) * row_bytes > (1u << 20))
     for (int64_t i = 0; i < m; ++i)
-      std::memcpy(dst + i * row_bytes, src + static_cast<int64_t>(idx[i]) * row_bytes,
-                  row_bytes);
+      std::memcpy(dst + i * row_bytes, src + static_cast<int64_t>(idx[i]) * row_bytes, row_bytes);
   });
 }
 

@@ -18,8 +18,8 @@ Tensor embedding(const Tensor& weight, const Tensor& ids);
 // out (M, D) = table (N, D) rows at index (M). All contiguous; any dtype (a row copy). Every
 // index is in [0, N): the op checks CPU indices on the host before launching; a device kernel
 // must still never read out of bounds (trap rather than read).
-inline Kernel<void(const Tensor& table, const Tensor& index, const Tensor& out)>
-    gather_rows_kernel{"gather_rows"};
+inline Kernel<void(const Tensor& table, const Tensor& index, const Tensor& out)> gather_rows_kernel{
+    "gather_rows"};
 // grad_table (N, D) += grad_out (M, D) row i into row index[i]; repeats accumulate. All
 // contiguous, floating. Deterministic: each element's sum is formed in index order.
 inline Kernel<void(const Tensor& grad_out, const Tensor& index, const Tensor& grad_table)>

@@ -15,16 +15,16 @@ namespace {
 void check_slab(const Tensor& x, const char* op) {
   ENGINE_CHECK(x.defined(), "[", op, "] got an undefined tensor");
   ENGINE_CHECK(is_floating(x.dtype()), "[", op, "] expects a floating tensor, got ", describe(x));
-  ENGINE_CHECK(x.is_contiguous(), "[", op, "] expects a contiguous tensor (a gradient slab), got a strided ",
-               describe(x));
+  ENGINE_CHECK(x.is_contiguous(), "[", op,
+               "] expects a contiguous tensor (a gradient slab), got a strided ", describe(x));
 }
 
 }  // namespace
 
 Tensor unscale_and_check_(const Tensor& grad, double inv_scale) {
   check_slab(grad, "unscale_and_check_");
-  ENGINE_CHECK(std::isfinite(inv_scale) && inv_scale > 0, "[unscale_and_check_] inv_scale must be finite and > 0, got ",
-               inv_scale);
+  ENGINE_CHECK(std::isfinite(inv_scale) && inv_scale > 0,
+               "[unscale_and_check_] inv_scale must be finite and > 0, got ", inv_scale);
   NoGrad ng;
   Tensor stats = Tensor::empty({2}, DType::f64, grad.device());
   unscale_check_kernel(grad.device(), grad, inv_scale, stats);

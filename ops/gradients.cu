@@ -78,9 +78,13 @@ __global__ void scale_kernel_impl(T* x, int64_t n, T factor) {
 template <class F>
 void dispatch_f32_f64(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::f32: return f.template operator()<float>();
-    case DType::f64: return f.template operator()<double>();
-    default: ENGINE_FAIL("[", op, "] the CUDA kernel takes f32 or f64 gradient slabs, got ", dtype_name(t));
+    case DType::f32:
+      return f.template operator()<float>();
+    case DType::f64:
+      return f.template operator()<double>();
+    default:
+      ENGINE_FAIL("[", op, "] the CUDA kernel takes f32 or f64 gradient slabs, got ",
+                  dtype_name(t));
   }
 }
 
@@ -90,8 +94,8 @@ void unscale_check(const Tensor& x, double inv_scale, const Tensor& stats) {
   double* sums = partials.data<double>();
   dispatch_f32_f64(x.dtype(), "unscale_and_check_", [&]<class T>() {
     unscale_check_partials<T><<<kBlocks, kThreads>>>(static_cast<T*>(x.raw_data()), x.numel(),
-                                                      static_cast<T>(inv_scale), inv_scale != 1.0,
-                                                      sums, sums + kBlocks);
+                                                     static_cast<T>(inv_scale), inv_scale != 1.0,
+                                                     sums, sums + kBlocks);
   });
   ENGINE_CUDA_CHECK_LAUNCH();
   unscale_check_finish<<<1, kBlocks>>>(sums, sums + kBlocks, stats.data<double>());
@@ -104,7 +108,8 @@ void scale(const Tensor& x, double factor) {
   ENGINE_CUDA_CHECK(cudaSetDevice(x.device().index));
   const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
   dispatch_f32_f64(x.dtype(), "scale_", [&]<class T>() {
-    scale_kernel_impl<T><<<blocks, kThreads>>>(static_cast<T*>(x.raw_data()), n, static_cast<T>(factor));
+    scale_kernel_impl<T>
+        <<<blocks, kThreads>>>(static_cast<T*>(x.raw_data()), n, static_cast<T>(factor));
   });
   ENGINE_CUDA_CHECK_LAUNCH();
 }

@@ -17,8 +17,8 @@ void check_param(const Tensor& x, const Tensor& p, const char* what) {
   if (!p.defined()) return;
   const int64_t c = x.shape().back();
   ENGINE_CHECK(p.dim() == 1 && p.size(0) == c, "[layer_norm] input ", describe(x),
-               " does not match ", what, " ", describe(p), ": expected ", what, " of shape (",
-               c, ")");
+               " does not match ", what, " ", describe(p), ": expected ", what, " of shape (", c,
+               ")");
   ENGINE_CHECK(p.dtype() == x.dtype(), "[layer_norm] ", what, " ", describe(p),
                " does not match the dtype of input ", describe(x), " (convert one with .to())");
   ENGINE_CHECK(p.device() == x.device(), "[layer_norm] ", what, " ", describe(p),
@@ -164,8 +164,7 @@ DType layer_norm_stats_dtype(DType x) { return x == DType::f64 ? DType::f64 : DT
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   ENGINE_CHECK(x.defined(), "[layer_norm] got an undefined input");
-  ENGINE_CHECK(is_floating(x.dtype()), "[layer_norm] expects a floating input, got ",
-               describe(x));
+  ENGINE_CHECK(is_floating(x.dtype()), "[layer_norm] expects a floating input, got ", describe(x));
   ENGINE_CHECK(x.dim() >= 1 && x.shape().back() > 0,
                "[layer_norm] expects a non-empty last dim to normalise over, got ", describe(x));
   ENGINE_CHECK(eps >= 0, "[layer_norm] eps must be >= 0, got ", eps);

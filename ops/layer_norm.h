@@ -26,8 +26,7 @@ inline Kernel<void(const Tensor& x, const Tensor& weight, const Tensor& bias, do
 // dweight and dbias are reduced over rows in a fixed order, independent of the thread count.
 // dx must not alias x or dy (it is used as scratch for dy * weight).
 inline Kernel<void(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
-                   const Tensor& dy, const Tensor& dx, const Tensor& dweight,
-                   const Tensor& dbias)>
+                   const Tensor& dy, const Tensor& dx, const Tensor& dweight, const Tensor& dbias)>
     layer_norm_backward_kernel{"layer_norm_backward"};
 
 }  // namespace engine

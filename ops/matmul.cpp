@@ -97,12 +97,11 @@ Shape batch_dims(const Tensor& t) { return Shape(t.shape().begin(), t.shape().en
 
 // ---- checks ----------------------------------------------------------------------------------
 
-void check_pair(const Tensor& a, const Tensor& b, const char* op, const char* na,
-                const char* nb) {
+void check_pair(const Tensor& a, const Tensor& b, const char* op, const char* na, const char* nb) {
   ENGINE_CHECK(a.defined() && b.defined(), "[", op, "] got an undefined input: ", na, " ",
                describe(a), ", ", nb, " ", describe(b));
-  ENGINE_CHECK(a.device() == b.device(), "[", op, "] inputs are on different devices: ", na,
-               " ", describe(a), ", ", nb, " ", describe(b));
+  ENGINE_CHECK(a.device() == b.device(), "[", op, "] inputs are on different devices: ", na, " ",
+               describe(a), ", ", nb, " ", describe(b));
   ENGINE_CHECK(a.dtype() == b.dtype(), "[", op, "] dtype mismatch: ", na, " ", describe(a), ", ",
                nb, " ", describe(b), " (convert one with .to())");
   ENGINE_CHECK(is_floating(a.dtype()), "[", op, "] expects floating tensors, got ", na, " ",
@@ -198,8 +197,8 @@ namespace cpu {
 // each: Eigen's own threading of a product this small (attention's (T x d) @ (d x T) at T = 128,
 // ~1M multiply-adds) costs more in synchronisation than it gains: on 2 cores the attention
 // forward at B=8, H=12, T=128 went from 61 ms to 7 ms with this threshold raised from 64^3.
-// Above it, Eigen threads each product itself. Either way every element of C is computed by one thread in
-// a fixed order, so results do not change from run to run.
+// Above it, Eigen threads each product itself. Either way every element of C is computed by one
+// thread in a fixed order, so results do not change from run to run.
 constexpr double kSmallGemmWork = 256.0 * 256.0 * 256.0;
 // Less total work than this is not worth starting threads for.
 constexpr double kMinParallelWork = 32.0 * 32.0 * 32.0;
@@ -222,8 +221,10 @@ void gemm_typed(const GemmArgs& g) {
   auto one = [&](int64_t i) {
     MapC c(pc + i * g.stride_c, g.m, g.n, Eigen::OuterStride<>(g.ldc));
     if (g.k == 0) {  // an empty sum: C = beta C
-      if (g.beta == 0.0) c.setZero();
-      else c *= beta;
+      if (g.beta == 0.0)
+        c.setZero();
+      else
+        c *= beta;
       return;
     }
     MapA a(pa + i * g.stride_a, g.m, g.k, Eigen::OuterStride<>(g.lda));
@@ -236,8 +237,8 @@ void gemm_typed(const GemmArgs& g) {
     }
   };
 
-  const double work = static_cast<double>(g.m) * static_cast<double>(g.n) *
-                      static_cast<double>(g.k);
+  const double work =
+      static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
   const bool over_batch = g.batch > 1 && work < kSmallGemmWork &&
                           work * static_cast<double>(g.batch) >= kMinParallelWork;
   // Inside this region Eigen sees omp_get_num_threads() > 1 and does not nest its own threads.
@@ -250,10 +251,14 @@ void gemm(const GemmArgs& g) {
   ENGINE_ASSERT(g.lda >= 1 && g.ldb >= 1 && g.ldc >= g.n && (g.batch == 1 || g.stride_c != 0));
   dispatch_floating(g.dtype, "gemm", [&]<class T>() {
     constexpr int R = Eigen::RowMajor, C = Eigen::ColMajor;
-    if (!g.trans_a && !g.trans_b) gemm_typed<T, R, R>(g);
-    else if (!g.trans_a && g.trans_b) gemm_typed<T, R, C>(g);
-    else if (g.trans_a && !g.trans_b) gemm_typed<T, C, R>(g);
-    else gemm_typed<T, C, C>(g);
+    if (!g.trans_a && !g.trans_b)
+      gemm_typed<T, R, R>(g);
+    else if (!g.trans_a && g.trans_b)
+      gemm_typed<T, R, C>(g);
+    else if (g.trans_a && !g.trans_b)
+      gemm_typed<T, C, R>(g);
+    else
+      gemm_typed<T, C, C>(g);
   });
 }
 
@@ -299,8 +304,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
                " has batch stride 0: every batch item would write the same matrix");
   const MatLayout la = mat_layout(a), lb = mat_layout(b), lc = mat_layout(c);
   auto check_layout = [](const MatLayout& l, const Tensor& t, const char* name) {
-    ENGINE_CHECK(l.ok, "[gemm] ", name, " ", describe(t), " with strides ",
-                 shape_str(t.strides()),
+    ENGINE_CHECK(l.ok, "[gemm] ", name, " ", describe(t), " with strides ", shape_str(t.strides()),
                  " is not a matrix the GEMM can read in place: it needs stride 1 in its last "
                  "or second-last dim (call .contiguous() first)");
   };
@@ -338,8 +342,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   ENGINE_CHECK(a.dim() >= 1 && b.dim() >= 1, "[matmul] expects tensors with at least 1 dim: a ",
                describe(a), " @ b ", describe(b));
   const int64_t ka = a.size(-1), kb = b.dim() == 1 ? b.size(0) : b.size(-2);
-  ENGINE_CHECK(ka == kb, "[matmul] inner dims do not match: a ", describe(a), " @ b ",
-               describe(b), " (", ka, " vs ", kb, ")");
+  ENGINE_CHECK(ka == kb, "[matmul] inner dims do not match: a ", describe(a), " @ b ", describe(b),
+               " (", ka, " vs ", kb, ")");
   // NumPy 1-D rules: a (K) is a row (1, K), b (K) a column (K, 1); the added dim is dropped.
   // Done with views so autograd routes the gradients back through them.
   if (a.dim() == 1 || b.dim() == 1) {
@@ -374,8 +378,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   ENGINE_CHECK(weight.dim() == 2, "[linear] weight must be 2-D (out, in), got weight ",
                describe(weight), " for x ", describe(x));
   ENGINE_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "[linear] x ", describe(x),
-               " does not match weight ", describe(weight), ": expected x (..., ",
-               weight.size(1), ")");
+               " does not match weight ", describe(weight), ": expected x (..., ", weight.size(1),
+               ")");
   const int64_t out_f = weight.size(0);
   if (bias.defined()) {
     check_pair(weight, bias, "linear", "weight", "bias");
@@ -384,16 +388,15 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   }
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   out_shape.push_back(out_f);
-  Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());  // (..., out)
-  Tensor x2 = rows_of(x.detach());                              // (R, in)
+  Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());    // (..., out)
+  Tensor x2 = rows_of(x.detach());                               // (R, in)
   Tensor y2 = make_view(y, {x2.size(0), out_f}, {out_f, 1}, 0);  // (R, out)
   double beta = 0.0;
   if (bias.defined()) {
     // Start from the bias broadcast over the rows and let the GEMM accumulate onto it (beta 1):
     // the bias add costs no extra pass over y.
-    backend_for(y).copy(make_view(bias, {x2.size(0), out_f}, {0, bias.stride(0)},
-                                  bias.storage_offset()),
-                        y2);
+    backend_for(y).copy(
+        make_view(bias, {x2.size(0), out_f}, {0, bias.stride(0)}, bias.storage_offset()), y2);
     beta = 1.0;
   }
   gemm(x2, false, gemm_ready(weight.detach()), true, y2, 1.0, beta);

@@ -14,8 +14,8 @@ std::vector<bool> reduced_dims(const Tensor& x, const std::vector<int64_t>& dims
   std::vector<bool> mask(x.shape().size(), dims.empty());
   for (int64_t d : dims) {
     int64_t w = wrap_dim(d, x.dim(), op);
-    ENGINE_CHECK(!mask[w], "[", op, "] dim ", d, " is repeated in dims ", shape_str(dims),
-                 " for ", describe(x));
+    ENGINE_CHECK(!mask[w], "[", op, "] dim ", d, " is repeated in dims ", shape_str(dims), " for ",
+                 describe(x));
     mask[w] = true;
   }
   return mask;
@@ -23,8 +23,8 @@ std::vector<bool> reduced_dims(const Tensor& x, const std::vector<int64_t>& dims
 
 struct ReduceNode : Node {
   const char* op = "sum";
-  Shape keep_shape;   // the output with reduced dims kept as size 1
-  double scale = 1;   // 1 for sum, 1 / count for mean
+  Shape keep_shape;  // the output with reduced dims kept as size 1
+  double scale = 1;  // 1 for sum, 1 / count for mean
   const char* name() const override { return op; }
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
     Tensor g = grads[0];

@@ -22,10 +22,9 @@ void check_common(const Tensor& t, const Tensor& index, const char* op, const ch
                describe(t));
   ENGINE_CHECK(index.dtype() == DType::i64, "[", op, "] index must be an i64 tensor, got ",
                describe(index));
-  ENGINE_CHECK(index.dim() == 2, "[", op, "] index must be 2-D (Tq, Tk), got ",
-               describe(index));
-  ENGINE_CHECK(t.device() == index.device(), "[", op, "] inputs are on different devices: ",
-               what, " ", describe(t), " and index ", describe(index));
+  ENGINE_CHECK(index.dim() == 2, "[", op, "] index must be 2-D (Tq, Tk), got ", describe(index));
+  ENGINE_CHECK(t.device() == index.device(), "[", op, "] inputs are on different devices: ", what,
+               " ", describe(t), " and index ", describe(index));
   ENGINE_CHECK(t.dim() >= 2, "[", op, "] ", what, " must have at least 2 dims (..., Tq, *), got ",
                describe(t));
 }
@@ -85,8 +84,8 @@ void check_index_range(const Tensor& index, int64_t buckets, const char* op, con
   const int64_t* p = index.data<int64_t>();
   const int64_t tk = index.shape()[1];
   for (int64_t k = 0; k < index.numel(); ++k)
-    ENGINE_CHECK(p[k] >= 0 && p[k] < buckets, "[", op, "] index value ", p[k], " at (",
-                 k / tk, ", ", k % tk, ") is out of range for ", buckets, " buckets (", what,
+    ENGINE_CHECK(p[k] >= 0 && p[k] < buckets, "[", op, "] index value ", p[k], " at (", k / tk,
+                 ", ", k % tk, ") is out of range for ", buckets, " buckets (", what,
                  "; expected 0 <= index < ", buckets, ")");
 }
 
@@ -157,13 +156,11 @@ Tensor relative_gather(const Tensor& x, const Tensor& index) {
 
 Tensor relative_scatter(const Tensor& y, const Tensor& index, int64_t num_buckets) {
   check_common(y, index, "relative_scatter", "y");
-  ENGINE_CHECK(num_buckets >= 0, "[relative_scatter] num_buckets must be >= 0, got ",
-               num_buckets);
+  ENGINE_CHECK(num_buckets >= 0, "[relative_scatter] num_buckets must be >= 0, got ", num_buckets);
   const Shape& s = y.shape();
   ENGINE_CHECK(s[s.size() - 2] == index.shape()[0] && s.back() == index.shape()[1],
                "[relative_scatter] y must be (..., Tq, Tk) with (Tq, Tk) = index's shape ",
-               shape_str(index.shape()), ", got y ", describe(y), " and index ",
-               describe(index));
+               shape_str(index.shape()), ", got y ", describe(y), " and index ", describe(index));
   Tensor idx = index.detach().contiguous();
   Tensor out = scatter_raw(y, idx, num_buckets);
   if (needs_grad(y)) {

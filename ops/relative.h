@@ -31,8 +31,8 @@ Tensor relative_scatter(const Tensor& y, const Tensor& index, int64_t num_bucket
 // write out of bounds), since the ops do not read device memory on the host.
 
 // out (L, Tq, Tk) = x (L, Tq, R) at index. A pure copy: any floating dtype.
-inline Kernel<void(const Tensor& x, const Tensor& index, const Tensor& out)>
-    relative_gather_kernel{"relative_gather"};
+inline Kernel<void(const Tensor& x, const Tensor& index, const Tensor& out)> relative_gather_kernel{
+    "relative_gather"};
 // out (L, Tq, R) = y (L, Tq, Tk) summed into buckets; out is preallocated and fully overwritten.
 // Sums are accumulated in f32 (f64 for f64 tensors), never in bf16/f16, and formed in j order,
 // so results do not depend on the thread count.

@@ -30,14 +30,14 @@ void check_bias_mask(const Tensor& x, const Tensor& bias, const Tensor& mask) {
     ENGINE_CHECK(bias.dtype() == x.dtype(), "[softmax] bias ", describe(bias),
                  " does not match the input's dtype: input ", describe(x),
                  " (convert one with .to())");
-    ENGINE_CHECK(is_broadcastable_to(bias.shape(), x.shape()), "[softmax] bias ",
-                 describe(bias), " is not broadcastable to input ", describe(x));
+    ENGINE_CHECK(is_broadcastable_to(bias.shape(), x.shape()), "[softmax] bias ", describe(bias),
+                 " is not broadcastable to input ", describe(x));
   }
   if (mask.defined()) {
     ENGINE_CHECK(mask.device() == x.device(), "[softmax] mask ", describe(mask),
                  " is not on the input's device: input ", describe(x));
-    ENGINE_CHECK(is_broadcastable_to(mask.shape(), x.shape()), "[softmax] mask ",
-                 describe(mask), " is not broadcastable to input ", describe(x));
+    ENGINE_CHECK(is_broadcastable_to(mask.shape(), x.shape()), "[softmax] mask ", describe(mask),
+                 " is not broadcastable to input ", describe(x));
   }
 }
 
@@ -231,8 +231,7 @@ ENGINE_REGISTER_KERNEL(log_softmax_backward_kernel, DeviceType::CPU, cpu::log_so
 
 }  // namespace
 
-void softmax_forward_raw(const Tensor& x, const Tensor& bias, const Tensor& mask,
-                         const Tensor& y) {
+void softmax_forward_raw(const Tensor& x, const Tensor& bias, const Tensor& mask, const Tensor& y) {
   check_input(x, "softmax");
   check_bias_mask(x, bias, mask);
   check_out(x, y, "softmax", "output");

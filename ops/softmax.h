@@ -25,8 +25,7 @@ Tensor log_softmax(const Tensor& x);
 // Checks the arguments like softmax() does, expands bias and mask to x's shape as stride-0 views
 // and launches softmax_forward_kernel. x is made contiguous if it is not; y must be a contiguous
 // tensor of x's shape, dtype and device, and may be x itself (in place).
-void softmax_forward_raw(const Tensor& x, const Tensor& bias, const Tensor& mask,
-                         const Tensor& y);
+void softmax_forward_raw(const Tensor& x, const Tensor& bias, const Tensor& mask, const Tensor& y);
 // dx = y * (dy - sum(dy * y)) per row. y contiguous; dy is made contiguous; dx contiguous of y's
 // shape and dtype; dx may be dy itself (in place).
 void softmax_backward_raw(const Tensor& y, const Tensor& dy, const Tensor& dx);
@@ -40,8 +39,8 @@ void softmax_backward_raw(const Tensor& y, const Tensor& dy, const Tensor& dx);
 inline Kernel<void(const Tensor& x, const Tensor& bias, const Tensor& mask, const Tensor& y)>
     softmax_forward_kernel{"softmax"};
 // dx = y * (dy - sum(dy * y)) per row; all contiguous, same shape and dtype; dx may alias dy.
-inline Kernel<void(const Tensor& y, const Tensor& dy, const Tensor& dx)>
-    softmax_backward_kernel{"softmax_backward"};
+inline Kernel<void(const Tensor& y, const Tensor& dy, const Tensor& dx)> softmax_backward_kernel{
+    "softmax_backward"};
 // y = x - max - log(sum(exp(x - max))) per row; contiguous, same shape and dtype.
 inline Kernel<void(const Tensor& x, const Tensor& y)> log_softmax_forward_kernel{"log_softmax"};
 // dx = dy - exp(y) * sum(dy) per row; all contiguous, same shape and dtype; dx may alias dy.

@@ -58,8 +58,8 @@ GradcheckReport gradcheck(const TestFn& f, const std::vector<Tensor>& inputs, do
     }
     double rel = std::sqrt(num2) > 1e-8 ? std::sqrt(diff2 / num2) : std::sqrt(diff2);
     rep.max_rel_error = std::max(rep.max_rel_error, rel);
-    os << "input " << k << " " << shape_str(x.shape()) << ": rel error " << rel
-       << " (|numeric| " << std::sqrt(num2) << ")\n";
+    os << "input " << k << " " << shape_str(x.shape()) << ": rel error " << rel << " (|numeric| "
+       << std::sqrt(num2) << ")\n";
   }
   rep.detail = os.str();
   return rep;

@@ -15,9 +15,7 @@ namespace {
 Tensor composed(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o) {
   double scale = o.scale != 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   Tensor scores = matmul(q, k.transpose(-1, -2)) * scale;
-  Tensor mask4 = o.key_mask.defined()
-                     ? o.key_mask.reshape({q.size(0), 1, 1, k.size(2)})
-                     : Tensor();
+  Tensor mask4 = o.key_mask.defined() ? o.key_mask.reshape({q.size(0), 1, 1, k.size(2)}) : Tensor();
   Tensor p = softmax(scores, o.bias, mask4);
   if (o.training && o.dropout_p > 0) p = dropout(p, o.dropout_p, true, *o.generator);
   return matmul(p, v);
@@ -43,8 +41,12 @@ TEST_CASE("fused attention equals the composed ops, forward and backward", "[att
   for (double p : {0.0, 0.3}) {
     INFO("dropout " << p);
     Generator g1(99), g2(99);
-    AttentionOptions o1{.scale = 0.0, .bias = bias, .key_mask = mask, .dropout_p = p,
-                        .training = true, .generator = &g1};
+    AttentionOptions o1{.scale = 0.0,
+                        .bias = bias,
+                        .key_mask = mask,
+                        .dropout_p = p,
+                        .training = true,
+                        .generator = &g1};
     AttentionOptions o2 = o1;
     o2.generator = &g2;
     Tensor fused = attention(q, k, v, o1);
@@ -78,9 +80,12 @@ TEST_CASE("attention gradients match finite differences", "[attention][gradcheck
   auto run = [&](double p, bool use_mask) {
     return [=](const std::vector<Tensor>& in) {
       Generator g(7);  // the same dropout mask at every evaluation
-      AttentionOptions o{.scale = 1.0 / std::sqrt(2.0 * D), .bias = in[3],
-                         .key_mask = use_mask ? mask : Tensor(), .dropout_p = p,
-                         .training = true, .generator = &g};
+      AttentionOptions o{.scale = 1.0 / std::sqrt(2.0 * D),
+                         .bias = in[3],
+                         .key_mask = use_mask ? mask : Tensor(),
+                         .dropout_p = p,
+                         .training = true,
+                         .generator = &g};
       return attention(in[0], in[1], in[2], o);
     };
   };
@@ -138,16 +143,21 @@ TEST_CASE("attention handles padding, evaluation mode and a shared bias", "[atte
 TEST_CASE("attention errors name the tensors and the expected shapes", "[attention][errors]") {
   Tensor q = Tensor::zeros({2, 3, 5, 4}), k = Tensor::zeros({2, 3, 7, 4});
   Tensor v = Tensor::zeros({2, 3, 7, 6});
-  REQUIRE_THROWS_WITH(attention(q.reshape({6, 5, 4}), k, v), Contains("[attention] expected q (B, H, Tq, D)"));
-  REQUIRE_THROWS_WITH(attention(q, Tensor::zeros({2, 3, 7, 5}), v), Contains("[attention] k (2, 3, 7, 5)"));
-  REQUIRE_THROWS_WITH(attention(q, k, Tensor::zeros({2, 3, 6, 6})), Contains("[attention] v (2, 3, 6, 6)"));
+  REQUIRE_THROWS_WITH(attention(q.reshape({6, 5, 4}), k, v),
+                      Contains("[attention] expected q (B, H, Tq, D)"));
+  REQUIRE_THROWS_WITH(attention(q, Tensor::zeros({2, 3, 7, 5}), v),
+                      Contains("[attention] k (2, 3, 7, 5)"));
+  REQUIRE_THROWS_WITH(attention(q, k, Tensor::zeros({2, 3, 6, 6})),
+                      Contains("[attention] v (2, 3, 6, 6)"));
   REQUIRE_THROWS_WITH(attention(q, k, v.to(DType::f64)), Contains("share a dtype"));
   AttentionOptions o;
   o.bias = Tensor::zeros({3, 5, 5});
-  REQUIRE_THROWS_WITH(attention(q, k, v, o), Contains("[attention] bias (3, 5, 5)") && Contains("not broadcastable"));
+  REQUIRE_THROWS_WITH(attention(q, k, v, o),
+                      Contains("[attention] bias (3, 5, 5)") && Contains("not broadcastable"));
   o.bias = Tensor();
   o.key_mask = Tensor::ones({2, 5});
-  REQUIRE_THROWS_WITH(attention(q, k, v, o), Contains("key_mask (2, 5) f32 cpu must be (B, Tk) = (2, 7)"));
+  REQUIRE_THROWS_WITH(attention(q, k, v, o),
+                      Contains("key_mask (2, 5) f32 cpu must be (B, Tk) = (2, 7)"));
   o.key_mask = Tensor();
   o.dropout_p = 1.0;
   REQUIRE_THROWS_WITH(attention(q, k, v, o), Contains("dropout_p must be in [0, 1)"));

@@ -94,7 +94,8 @@ TEST_CASE("backward argument errors", "[autograd][errors]") {
   REQUIRE_THROWS_WITH(y.backward(Tensor::ones({3}, DType::f64)),
                       Contains("[backward] gradient shape (3) does not match root shape (2, 2)"));
   REQUIRE_THROWS_WITH(y.set_requires_grad(false), Contains("only leaves"));
-  REQUIRE_THROWS_WITH(x.fill_(0.0), Contains("[fill_] in-place update of a tensor that requires grad"));
+  REQUIRE_THROWS_WITH(x.fill_(0.0),
+                      Contains("[fill_] in-place update of a tensor that requires grad"));
   NoGrad ng;
   x.fill_(0.0);  // allowed under NoGrad (optimizer steps)
 }
@@ -133,19 +134,32 @@ TEST_CASE("gradients through views match finite differences", "[autograd][gradch
     REQUIRE(r.max_rel_error < 1e-6);
   };
   Tensor w = rand_input({3, 5, 7}, 2, false);
-  check("reshape", [&](const std::vector<Tensor>& in) { return in[0].reshape({7, 15}) * w.reshape({7, 15}); });
-  check("permute", [&](const std::vector<Tensor>& in) { return in[0].permute({2, 0, 1}) * w.permute({1, 2, 0}).reshape({7, 3, 5}); });
-  check("transpose+contiguous", [&](const std::vector<Tensor>& in) { return in[0].transpose(0, 2).contiguous(); });
-  check("slice with step", [&](const std::vector<Tensor>& in) { return in[0].slice(2, 1, 7, 2) * in[0].slice(1, 0, 5, 1).slice(2, 0, 3); });
-  check("select", [&](const std::vector<Tensor>& in) { return in[0].select(1, 3) * in[0].select(1, -1); });
-  check("expand", [&](const std::vector<Tensor>& in) { return in[0].slice(1, 0, 1).expand({2, 3, 5, 7}) * w; });
-  check("unsqueeze/squeeze/flatten", [&](const std::vector<Tensor>& in) { return in[0].unsqueeze(0).squeeze(0).flatten(1); });
-  check("to(f32) and back", [&](const std::vector<Tensor>& in) { return in[0].to(DType::f64).clone() * w; });
+  check("reshape", [&](const std::vector<Tensor>& in) {
+    return in[0].reshape({7, 15}) * w.reshape({7, 15});
+  });
+  check("permute", [&](const std::vector<Tensor>& in) {
+    return in[0].permute({2, 0, 1}) * w.permute({1, 2, 0}).reshape({7, 3, 5});
+  });
+  check("transpose+contiguous",
+        [&](const std::vector<Tensor>& in) { return in[0].transpose(0, 2).contiguous(); });
+  check("slice with step", [&](const std::vector<Tensor>& in) {
+    return in[0].slice(2, 1, 7, 2) * in[0].slice(1, 0, 5, 1).slice(2, 0, 3);
+  });
+  check("select",
+        [&](const std::vector<Tensor>& in) { return in[0].select(1, 3) * in[0].select(1, -1); });
+  check("expand", [&](const std::vector<Tensor>& in) {
+    return in[0].slice(1, 0, 1).expand({2, 3, 5, 7}) * w;
+  });
+  check("unsqueeze/squeeze/flatten",
+        [&](const std::vector<Tensor>& in) { return in[0].unsqueeze(0).squeeze(0).flatten(1); });
+  check("to(f32) and back",
+        [&](const std::vector<Tensor>& in) { return in[0].to(DType::f64).clone() * w; });
 }
 
 TEST_CASE("the leaf hook reports each leaf once, when its gradient is complete", "[autograd]") {
   engine::Generator gen(3);
-  Tensor w = Tensor::randn({4, 4}, gen), b = Tensor::randn({4}, gen), u = Tensor::randn({4, 4}, gen);
+  Tensor w = Tensor::randn({4, 4}, gen), b = Tensor::randn({4}, gen),
+         u = Tensor::randn({4, 4}, gen);
   for (Tensor* t : {&w, &b, &u}) t->set_requires_grad(true);
   Tensor x = Tensor::randn({3, 4}, gen);
   std::vector<const engine::TensorImpl*> order;
@@ -165,7 +179,8 @@ TEST_CASE("the leaf hook reports each leaf once, when its gradient is complete",
   // Backward meets u's only use before w's first use (w is complete only after both uses),
   // then w and b together in the first linear.
   CHECK(order[0] == u.impl());
-  CHECK(((order[1] == w.impl() && order[2] == b.impl()) || (order[1] == b.impl() && order[2] == w.impl())));
+  CHECK(((order[1] == w.impl() && order[2] == b.impl()) ||
+         (order[1] == b.impl() && order[2] == w.impl())));
   for (size_t k = 0; k < order.size(); ++k) {
     const Tensor& g = order[k] == w.impl() ? w.grad() : order[k] == b.impl() ? b.grad() : u.grad();
     CHECK(grad_at_report[k] == g.to_vector<float>());  // nothing was added after the report

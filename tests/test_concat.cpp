@@ -56,7 +56,8 @@ TEST_CASE("split returns views of the given sizes", "[concat]") {
 }
 
 TEST_CASE("concat gradients match finite differences", "[concat]") {
-  Tensor a = rand_input({3, 1, 7}, 51), b = rand_input({3, 5, 7}, 52), c = rand_input({3, 2, 7}, 53);
+  Tensor a = rand_input({3, 1, 7}, 51), b = rand_input({3, 5, 7}, 52),
+         c = rand_input({3, 2, 7}, 53);
   auto rep = gradcheck([](const std::vector<Tensor>& in) { return concat(in, 1); }, {a, b, c});
   INFO(rep.detail);
   REQUIRE(rep.max_rel_error < 1e-6);
@@ -64,7 +65,10 @@ TEST_CASE("concat gradients match finite differences", "[concat]") {
   // An input outside the graph gets no gradient; the others still do.
   Tensor fixed = rand_input({3, 2, 7}, 54, false);
   auto rep2 = gradcheck(
-      [&](const std::vector<Tensor>& in) { return concat({in[0], fixed, in[1]}, -2); }, {a, b});
+      [&](const std::vector<Tensor>& in) {
+        return concat({in[0], fixed, in[1]}, -2);
+      },
+      {a, b});
   INFO(rep2.detail);
   REQUIRE(rep2.max_rel_error < 1e-6);
   REQUIRE_FALSE(fixed.grad().defined());

@@ -33,20 +33,30 @@ TEST_CASE("config values are typed, defaulted and overridable", "[config]") {
 TEST_CASE("config errors name the file, the line and the key path", "[config][errors]") {
   Config cfg = Config::parse("model:\n  layers: many\n  flag: maybe\n  list: [1, 2]\n", "m.yaml");
   ConfigSection m = cfg.root().section("model");
-  REQUIRE_THROWS_WITH(m.get_int("layers", 1), Contains("m.yaml:2: model.layers: expected an integer, got 'many'"));
-  REQUIRE_THROWS_WITH(m.get_bool("flag", false), Contains("m.yaml:3: model.flag: expected true or false"));
-  REQUIRE_THROWS_WITH(m.get_int("list", 1), Contains("m.yaml:4: model.list: expected an integer, got a list"));
-  REQUIRE_THROWS_WITH(m.get_choice("layers", "a", {"a", "b"}), Contains("'many' is not one of: a, b"));
-  REQUIRE_THROWS_WITH(cfg.root().section("model").section("layers"), Contains("expected a mapping"));
+  REQUIRE_THROWS_WITH(m.get_int("layers", 1),
+                      Contains("m.yaml:2: model.layers: expected an integer, got 'many'"));
+  REQUIRE_THROWS_WITH(m.get_bool("flag", false),
+                      Contains("m.yaml:3: model.flag: expected true or false"));
+  REQUIRE_THROWS_WITH(m.get_int("list", 1),
+                      Contains("m.yaml:4: model.list: expected an integer, got a list"));
+  REQUIRE_THROWS_WITH(m.get_choice("layers", "a", {"a", "b"}),
+                      Contains("'many' is not one of: a, b"));
+  REQUIRE_THROWS_WITH(cfg.root().section("model").section("layers"),
+                      Contains("expected a mapping"));
 
   Config typo = Config::parse("model:\n  size: 3\n  sise: 4\n", "typo.yaml");
   ConfigSection t = typo.root().section("model");
   t.get_int("size", 0);
   t.allow("other");
-  REQUIRE_THROWS_WITH(t.finish(), Contains("typo.yaml:3: unknown key 'model.sise' in 'model'; allowed keys: other, size"));
+  REQUIRE_THROWS_WITH(
+      t.finish(),
+      Contains("typo.yaml:3: unknown key 'model.sise' in 'model'; allowed keys: other, size"));
   REQUIRE_NOTHROW(typo.root().finish());  // "model" was read at the top level
-  REQUIRE_THROWS_WITH(Config::parse("a: [1, 2\n", "bad.yaml"), Contains("bad.yaml:") && Contains("not valid YAML"));
-  REQUIRE_THROWS_WITH(Config::parse("- 1\n- 2\n", "list.yaml"), Contains("expected a mapping of keys at the top level"));
-  REQUIRE_THROWS_WITH(Config::load_file("/nonexistent/x.yaml"), Contains("/nonexistent/x.yaml: no such file"));
+  REQUIRE_THROWS_WITH(Config::parse("a: [1, 2\n", "bad.yaml"),
+                      Contains("bad.yaml:") && Contains("not valid YAML"));
+  REQUIRE_THROWS_WITH(Config::parse("- 1\n- 2\n", "list.yaml"),
+                      Contains("expected a mapping of keys at the top level"));
+  REQUIRE_THROWS_WITH(Config::load_file("/nonexistent/x.yaml"),
+                      Contains("/nonexistent/x.yaml: no such file"));
   REQUIRE_NOTHROW(Config::parse("", "empty.yaml").root().finish());
 }

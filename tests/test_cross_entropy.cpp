@@ -23,7 +23,7 @@ double naive_nll(const std::vector<double>& row, int64_t t) {
 }  // namespace
 
 TEST_CASE("cross_entropy of a hand-computed 3x3 example with an ignored row", "[cross_entropy]") {
-  Tensor logits = Tensor::from_vector<double>({1, 2, 3,  //
+  Tensor logits = Tensor::from_vector<double>({1, 2, 3,   //
                                                1, 0, -1,  //
                                                0.5, 0.5, 0.5},
                                               {3, 3});
@@ -36,8 +36,8 @@ TEST_CASE("cross_entropy of a hand-computed 3x3 example with an ignored row", "[
   REQUIRE(cross_entropy(logits, targets).item() == Approx((r0 + r2) / 2).epsilon(1e-12));
   REQUIRE(cross_entropy(logits, targets, -100, Reduction::sum).item() ==
           Approx(r0 + r2).epsilon(1e-12));
-  std::vector<double> none = cross_entropy(logits, targets, -100, Reduction::none)
-                                 .to_vector<double>();
+  std::vector<double> none =
+      cross_entropy(logits, targets, -100, Reduction::none).to_vector<double>();
   REQUIRE(none.size() == 3);
   CHECK(none[0] == Approx(r0).epsilon(1e-12));
   CHECK(none[1] == 0.0);

@@ -17,7 +17,7 @@ TEST_CASE("dropout keep rule: exact threshold on the 24-bit uniform", "[dropout]
   const uint32_t t = dropout_threshold(0.5);
   REQUIRE(dropout_keep(0x80000000u, t));
   REQUIRE_FALSE(dropout_keep(0x7FFFFFFFu, t));
-  REQUIRE(dropout_keep(0u, dropout_threshold(0.0)));              // p = 0 keeps everything
+  REQUIRE(dropout_keep(0u, dropout_threshold(0.0)));                 // p = 0 keeps everything
   REQUIRE_FALSE(dropout_keep(0xFFFFFFFFu, dropout_threshold(1.0)));  // p = 1 keeps nothing
   // The integer test agrees with the float rule on a sweep of p and words.
   Generator g(5);

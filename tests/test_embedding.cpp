@@ -22,8 +22,7 @@ TEST_CASE("index_select picks rows of an (N, ...) tensor", "[embedding]") {
   std::vector<float> yv = y.to_vector<float>();
   for (int m = 0; m < 4; ++m)
     for (int a = 0; a < 2; ++a)
-      for (int b = 0; b < 3; ++b)
-        REQUIRE(yv[(m * 2 + a) * 3 + b] == 100.f * idx[m] + 10.f * a + b);
+      for (int b = 0; b < 3; ++b) REQUIRE(yv[(m * 2 + a) * 3 + b] == 100.f * idx[m] + 10.f * a + b);
 
   // A non-contiguous source (transposed) gives the rows of the view, not of its storage.
   Tensor xt = Tensor::from_vector<float>({0, 1, 2, 3, 4, 5}, {2, 3}).transpose(0, 1);  // (3, 2)
@@ -71,24 +70,23 @@ TEST_CASE("index_select and embedding gradients match finite differences", "[emb
   SECTION("index_select on (5, 3, 7) with repeated indices") {
     Tensor x = rand_input({5, 3, 7}, 21);
     Tensor idx = Tensor::from_vector<int64_t>({4, 1, 4, 0, 4, 2}, {6});
-    auto rep = gradcheck([&](const std::vector<Tensor>& in) { return index_select(in[0], idx); },
-                         {x});
+    auto rep =
+        gradcheck([&](const std::vector<Tensor>& in) { return index_select(in[0], idx); }, {x});
     INFO(rep.detail);
     REQUIRE(rep.max_rel_error < 1e-6);
   }
   SECTION("embedding (7, 5) with (3, 4) i32 ids, repeats included") {
     Tensor w = rand_input({7, 5}, 22);
     Tensor ids = Tensor::from_vector<int32_t>({6, 0, 3, 3, 1, 6, 6, 2, 0, 5, 3, 6}, {3, 4});
-    auto rep = gradcheck([&](const std::vector<Tensor>& in) { return embedding(in[0], ids); },
-                         {w});
+    auto rep = gradcheck([&](const std::vector<Tensor>& in) { return embedding(in[0], ids); }, {w});
     INFO(rep.detail);
     REQUIRE(rep.max_rel_error < 1e-6);
   }
   SECTION("index_select of a 1-D tensor") {
     Tensor x = rand_input({9}, 23);
     Tensor idx = Tensor::from_vector<int32_t>({8, 8, 0, 3}, {4});
-    auto rep = gradcheck([&](const std::vector<Tensor>& in) { return index_select(in[0], idx); },
-                         {x});
+    auto rep =
+        gradcheck([&](const std::vector<Tensor>& in) { return index_select(in[0], idx); }, {x});
     INFO(rep.detail);
     REQUIRE(rep.max_rel_error < 1e-6);
   }
@@ -125,9 +123,9 @@ TEST_CASE("embedding and index_select errors name the op and the bad id", "[embe
                                              Catch::Contains("id 12") &&
                                              Catch::Contains("position (1, 1)") &&
                                              Catch::Contains("table of 10 rows"));
-  REQUIRE_THROWS_WITH(embedding(w, Tensor::from_vector<int32_t>({0, -1}, {2})),
-                      Catch::Contains("[embedding]") && Catch::Contains("id -1") &&
-                          Catch::Contains("position 1"));
+  REQUIRE_THROWS_WITH(
+      embedding(w, Tensor::from_vector<int32_t>({0, -1}, {2})),
+      Catch::Contains("[embedding]") && Catch::Contains("id -1") && Catch::Contains("position 1"));
   REQUIRE_THROWS_WITH(embedding(w, Tensor::from_vector<float>({0, 1}, {2})),
                       Catch::Contains("[embedding]") && Catch::Contains("i32 or i64"));
   REQUIRE_THROWS_WITH(embedding(Tensor::zeros({10}), Tensor::from_vector<int64_t>({0}, {1})),

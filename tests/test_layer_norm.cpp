@@ -96,9 +96,9 @@ TEST_CASE("layer_norm gradcheck: x, weight and bias", "[layer_norm]") {
   Tensor x = rand_input({3, 5, 7}, 201);
   Tensor w = rand_input({7}, 202);
   Tensor b = rand_input({7}, 203);
-  auto rep = gradcheck(
-      [](const std::vector<Tensor>& in) { return layer_norm(in[0], in[1], in[2], 1e-5); },
-      {x, w, b});
+  auto rep =
+      gradcheck([](const std::vector<Tensor>& in) { return layer_norm(in[0], in[1], in[2], 1e-5); },
+                {x, w, b});
   INFO(rep.detail);
   REQUIRE(rep.max_rel_error < 1e-6);
 }
@@ -129,9 +129,9 @@ TEST_CASE("layer_norm gradcheck: only the parameters require grad", "[layer_norm
   Tensor x = rand_input({6, 5}, 207, /*requires_grad=*/false);
   Tensor w = rand_input({5}, 208);
   Tensor b = rand_input({5}, 209);
-  auto rep = gradcheck(
-      [](const std::vector<Tensor>& in) { return layer_norm(in[0], in[1], in[2], 1e-5); },
-      {x, w, b});
+  auto rep =
+      gradcheck([](const std::vector<Tensor>& in) { return layer_norm(in[0], in[1], in[2], 1e-5); },
+                {x, w, b});
   INFO(rep.detail);
   REQUIRE(rep.max_rel_error < 1e-6);
 }
@@ -149,9 +149,8 @@ TEST_CASE("layer_norm backward is deterministic and matches naive sums", "[layer
     Tensor w = wd.clone().set_requires_grad();
     Tensor b = bd.clone().set_requires_grad();
     layer_norm(x, w, b, 1e-5).backward(dy);
-    return std::vector<std::vector<float>>{x.grad().to_vector<float>(),
-                                          w.grad().to_vector<float>(),
-                                          b.grad().to_vector<float>()};
+    return std::vector<std::vector<float>>{x.grad().to_vector<float>(), w.grad().to_vector<float>(),
+                                           b.grad().to_vector<float>()};
   };
   auto first = run();
   for (int k = 0; k < 3; ++k) REQUIRE(run() == first);

@@ -87,7 +87,8 @@ TEST_CASE("loss scaler state round trip and bad options", "[loss_scaler]") {
   REQUIRE(b.clean_streak() == a.clean_streak());
   REQUIRE(b.skipped_steps() == 1);
   // Both continue identically.
-  for (bool inf : {false, false, true, false, false, false}) REQUIRE(a.update(inf) == b.update(inf));
+  for (bool inf : {false, false, true, false, false, false})
+    REQUIRE(a.update(inf) == b.update(inf));
   REQUIRE(a.scale() == b.scale());
   NamedTensors partial = a.state();
   partial.pop_back();

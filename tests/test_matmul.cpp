@@ -119,12 +119,16 @@ TEST_CASE("matmul forward matches a naive loop (odd and broadcast shapes)", "[ma
     Shape a, b;
   };
   const std::vector<Case> cases = {
-      {{3, 5}, {5, 7}},       {{2, 3, 5}, {2, 5, 7}},       {{4, 3, 5}, {5, 7}},
-      {{3, 5}, {4, 5, 7}},    {{2, 1, 3, 5}, {1, 4, 5, 7}}, {{1, 1}, {1, 1}},
-      {{3, 70, 130}, {130, 90}},                         // folded into one (210, 130) GEMM
-      {{64, 9, 17}, {64, 17, 11}},                       // many small: threads over the batch
-      {{200, 300}, {300, 250}},                          // one big: Eigen's own threading
-      {{2, 3, 0}, {0, 4}},                               // K = 0: an empty sum is 0
+      {{3, 5}, {5, 7}},
+      {{2, 3, 5}, {2, 5, 7}},
+      {{4, 3, 5}, {5, 7}},
+      {{3, 5}, {4, 5, 7}},
+      {{2, 1, 3, 5}, {1, 4, 5, 7}},
+      {{1, 1}, {1, 1}},
+      {{3, 70, 130}, {130, 90}},    // folded into one (210, 130) GEMM
+      {{64, 9, 17}, {64, 17, 11}},  // many small: threads over the batch
+      {{200, 300}, {300, 250}},     // one big: Eigen's own threading
+      {{2, 3, 0}, {0, 4}},          // K = 0: an empty sum is 0
   };
   for (DType dt : {DType::f64, DType::f32}) {
     for (const Case& c : cases) {
@@ -148,12 +152,11 @@ TEST_CASE("matmul supports 1-D operands as NumPy does", "[matmul]") {
   Shape os;
   // (5) @ (2, 5, 7) -> (2, 7)
   auto want = ref_matmul(av, {1, 5}, bv, {2, 5, 7}, &os);
-  require_close(matmul(make(av, {5}, DType::f64), make(bv, {2, 5, 7}, DType::f64)), want,
-                {2, 7}, 1e-12);
+  require_close(matmul(make(av, {5}, DType::f64), make(bv, {2, 5, 7}, DType::f64)), want, {2, 7},
+                1e-12);
   // (3, 5) @ (5) -> (3)
   want = ref_matmul(mv, {3, 5}, av, {5, 1}, &os);
-  require_close(matmul(make(mv, {3, 5}, DType::f64), make(av, {5}, DType::f64)), want, {3},
-                1e-12);
+  require_close(matmul(make(mv, {3, 5}, DType::f64), make(av, {5}, DType::f64)), want, {3}, 1e-12);
   // (5) @ (5) -> ()
   want = ref_matmul(av, {1, 5}, av, {5, 1}, &os);
   require_close(matmul(make(av, {5}, DType::f64), make(av, {5}, DType::f64)), want, {}, 1e-12);
@@ -193,8 +196,8 @@ TEST_CASE("matmul reads transposed views in place", "[matmul]") {
       require_close(out, want, os, tol);
     }
     SECTION("b transposed, 2-D @ 2-D, " + std::string(dtype_name(dt))) {
-      auto want = ref_matmul(std::vector<double>(av.begin(), av.begin() + 15), {3, 5}, bv,
-                             {5, 7}, &os);
+      auto want =
+          ref_matmul(std::vector<double>(av.begin(), av.begin() + 15), {3, 5}, bv, {5, 7}, &os);
       const int64_t before = cpu_allocs();
       Tensor out = matmul(a_plain.select(0, 0), b);
       REQUIRE(cpu_allocs() - before == 1);
@@ -286,15 +289,13 @@ TEST_CASE("linear gradients match finite differences", "[matmul]") {
   }
   SECTION("2-D x, transposed x view") {
     check_grad(
-        [](const std::vector<Tensor>& in) {
-          return linear(in[0].transpose(0, 1), in[1], in[2]);
-        },
+        [](const std::vector<Tensor>& in) { return linear(in[0].transpose(0, 1), in[1], in[2]); },
         {rand_input({5, 3}, 45), rand_input({4, 5}, 46), rand_input({4}, 47)});
   }
   SECTION("only the bias requires grad") {
-    check_grad([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); },
-               {rand_input({2, 3, 5}, 48, false), rand_input({4, 5}, 49, false),
-                rand_input({4}, 50)});
+    check_grad(
+        [](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); },
+        {rand_input({2, 3, 5}, 48, false), rand_input({4, 5}, 49, false), rand_input({4}, 50)});
   }
 }
 
@@ -374,15 +375,15 @@ TEST_CASE("matmul, linear and gemm errors name the op and the shapes", "[matmul]
   Tensor a = Tensor::zeros({4, 7}), b = Tensor::zeros({8, 3});
   REQUIRE_THROWS_WITH(matmul(a, b), Catch::Contains("[matmul] inner dims do not match: a (4, 7) "
                                                     "f32 cpu @ b (8, 3) f32 cpu (7 vs 8)"));
-  REQUIRE_THROWS_WITH(matmul(a, Tensor::zeros({7, 3}, DType::f64)),
-                      Catch::Contains("[matmul] dtype mismatch") &&
-                          Catch::Contains("(7, 3) f64 cpu"));
+  REQUIRE_THROWS_WITH(
+      matmul(a, Tensor::zeros({7, 3}, DType::f64)),
+      Catch::Contains("[matmul] dtype mismatch") && Catch::Contains("(7, 3) f64 cpu"));
   REQUIRE_THROWS_WITH(matmul(a, Tensor()), Catch::Contains("[matmul] got an undefined input"));
-  REQUIRE_THROWS_WITH(matmul(Tensor::zeros({2, 4, 7}), Tensor::zeros({3, 7, 3})),
-                      Catch::Contains("[matmul] batch dims do not broadcast") &&
-                          Catch::Contains("(2) vs (3)"));
-  REQUIRE_THROWS_WITH(matmul(Tensor::scalar(1.0), a), Catch::Contains("[matmul]") &&
-                                                          Catch::Contains("at least 1 dim"));
+  REQUIRE_THROWS_WITH(
+      matmul(Tensor::zeros({2, 4, 7}), Tensor::zeros({3, 7, 3})),
+      Catch::Contains("[matmul] batch dims do not broadcast") && Catch::Contains("(2) vs (3)"));
+  REQUIRE_THROWS_WITH(matmul(Tensor::scalar(1.0), a),
+                      Catch::Contains("[matmul]") && Catch::Contains("at least 1 dim"));
   REQUIRE_THROWS_WITH(matmul(Tensor::zeros({4, 7}, DType::i32), Tensor::zeros({7, 3}, DType::i32)),
                       Catch::Contains("[matmul] expects floating tensors"));
   // bf16 is a valid dtype, but the CPU GEMM computes in f32/f64 only.

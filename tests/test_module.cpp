@@ -31,7 +31,8 @@ TEST_CASE("parameters are registered and walked by name", "[module]") {
   NamedTensors ps = net.named_parameters();
   std::vector<std::string> names;
   for (auto& [n, t] : ps) names.push_back(n);
-  REQUIRE(names == std::vector<std::string>{"scale", "l1.weight", "l1.bias", "l2.weight", "l2.bias"});
+  REQUIRE(names ==
+          std::vector<std::string>{"scale", "l1.weight", "l1.bias", "l2.weight", "l2.bias"});
   REQUIRE(net.num_parameters() == 1 + 15 + 5 + 10 + 2);
   for (auto& [n, t] : ps) REQUIRE(t.requires_grad());
   REQUIRE(ps[1].second.impl() == net.l1.w.impl());  // handles share the TensorImpl
@@ -58,7 +59,8 @@ TEST_CASE("flat slabs hold the parameters and receive the gradients", "[module]"
 
   // Forward/backward: gradients land in the slab.
   Tensor x = Tensor::ones({5});
-  Tensor y = (net.l2.b * net.scale + net.l1.b.slice(0, 0, 2)) * Tensor::from_vector<float>({2, 3}, {2});
+  Tensor y =
+      (net.l2.b * net.scale + net.l1.b.slice(0, 0, 2)) * Tensor::from_vector<float>({2, 3}, {2});
   y.backward(Tensor::ones({2}));
   REQUIRE(net.l2.b.grad().shares_storage(flat.grad()));
   REQUIRE(net.l2.b.grad().to_vector<float>() == std::vector<float>{2, 3});

@@ -8,9 +8,9 @@
 #include "engine/npy.h"
 #include "test_support.h"
 
+using Catch::Contains;
 using engine::DType;
 using engine::Tensor;
-using Catch::Contains;
 
 namespace {
 std::string read_all(const std::string& path) {
@@ -40,7 +40,8 @@ TEST_CASE("npy: the header NumPy writes, padded to 64 bytes", "[npy]") {
 
 TEST_CASE("npy: round trips of every dtype, a strided view and a 1-d shape", "[npy]") {
   engine::testing::TempDir dir;
-  Tensor f = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3}).transpose(0, 1);  // (3, 2), strided
+  Tensor f =
+      Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3}).transpose(0, 1);  // (3, 2), strided
   engine::save_npy(dir / "f.npy", f);
   Tensor back = engine::load_npy(dir / "f.npy");
   CHECK(back.shape() == engine::Shape{3, 2});
@@ -63,14 +64,16 @@ TEST_CASE("npy: round trips of every dtype, a strided view and a 1-d shape", "[n
 TEST_CASE("npy: malformed files name the file and what was expected", "[npy]") {
   engine::testing::TempDir dir;
   using engine::testing::error_of;
-  CHECK_THAT(error_of([&] { engine::load_npy(dir / "none.npy"); }), Contains("none.npy: cannot open"));
+  CHECK_THAT(error_of([&] { engine::load_npy(dir / "none.npy"); }),
+             Contains("none.npy: cannot open"));
   const std::string junk = dir.write("junk.npy", "PK\x03\x04 not numpy");
   CHECK_THAT(error_of([&] { engine::load_npy(junk); }), Contains("junk.npy: not a .npy file"));
 
   engine::save_npy(dir / "ok.npy", Tensor::from_vector<float>({1, 2, 3, 4}, {4}));
   const std::string good = read_all(dir / "ok.npy");
   const std::string cut = dir.write("cut.npy", good.substr(0, good.size() - 3));
-  CHECK_THAT(error_of([&] { engine::load_npy(cut); }), Contains("cut.npy: data is 13 bytes, expected 16"));
+  CHECK_THAT(error_of([&] { engine::load_npy(cut); }),
+             Contains("cut.npy: data is 13 bytes, expected 16"));
   std::string fortran = good;
   fortran.replace(fortran.find("False"), 5, "True ");
   CHECK_THAT(error_of([&] { engine::load_npy(dir.write("f.npy", fortran)); }),

@@ -6,8 +6,8 @@
 #include <limits>
 
 #include "engine/optim.h"
-#include "train/trainer.h"
 #include "ops/ops.h"
+#include "train/trainer.h"
 
 using namespace engine;
 using Catch::Contains;
@@ -18,12 +18,13 @@ namespace {
 // and one large enough for the kernels' threaded path.
 NamedTensors make_params(uint64_t seed) {
   Generator gen(seed);
-  return {{"enc.embeddings.word.weight", Tensor::randn({70001}, gen, 0, 0.5).set_requires_grad()},
-          {"enc.layer.0.attention.qkv.weight", Tensor::randn({3, 5}, gen, 0, 0.5).set_requires_grad()},
-          {"enc.layer.0.attention.qkv.bias", Tensor::randn({5}, gen, 0, 0.5).set_requires_grad()},
-          {"enc.layer.0.attention_norm.weight", Tensor::randn({7}, gen, 1, 0.1).set_requires_grad()},
-          {"head.weight", Tensor::randn({2, 9}, gen, 0, 0.5).set_requires_grad()},
-          {"mlm.decoder_bias", Tensor::randn({3}, gen, 0, 0.5).set_requires_grad()}};
+  return {
+      {"enc.embeddings.word.weight", Tensor::randn({70001}, gen, 0, 0.5).set_requires_grad()},
+      {"enc.layer.0.attention.qkv.weight", Tensor::randn({3, 5}, gen, 0, 0.5).set_requires_grad()},
+      {"enc.layer.0.attention.qkv.bias", Tensor::randn({5}, gen, 0, 0.5).set_requires_grad()},
+      {"enc.layer.0.attention_norm.weight", Tensor::randn({7}, gen, 1, 0.1).set_requires_grad()},
+      {"head.weight", Tensor::randn({2, 9}, gen, 0, 0.5).set_requires_grad()},
+      {"mlm.decoder_bias", Tensor::randn({3}, gen, 0, 0.5).set_requires_grad()}};
 }
 
 // Gradients for step `t`: fresh values in every entry, zero in the padding.
@@ -83,7 +84,8 @@ TEST_CASE("adamw matches a double-precision reference over several steps", "[opt
   for (size_t i = 0; i < p.size(); ++i) p[i] = p0[i];
   std::vector<bool> decay_on(p.size(), false);
   for (const auto& e : flat.entries())
-    for (int64_t i = 0; i < e.numel; ++i) decay_on[static_cast<size_t>(e.offset + i)] = decays(e.name);
+    for (int64_t i = 0; i < e.numel; ++i)
+      decay_on[static_cast<size_t>(e.offset + i)] = decays(e.name);
 
   const double lrs[] = {1e-2, 3e-2, 2e-2, 5e-3, 1e-3, 0.0};
   int t = 0;
@@ -111,7 +113,8 @@ TEST_CASE("adamw matches a double-precision reference over several steps", "[opt
     int64_t bad = 0, first_bad = -1;
     for (size_t i = 0; i < p.size(); ++i) {
       const bool ok = close(got_p[i], p[i], 1e-6, 1e-6 * p_mag[i]) &&
-                      close(got_m[i], m[i], 0.0, 1e-6 * m_mag[i]) && close(got_v[i], v[i], 1e-6, 0.0);
+                      close(got_m[i], m[i], 0.0, 1e-6 * m_mag[i]) &&
+                      close(got_v[i], v[i], 1e-6, 0.0);
       if (!ok && bad++ == 0) first_bad = static_cast<int64_t>(i);
     }
     INFO("step " << t << ", first bad element " << first_bad);
@@ -120,7 +123,8 @@ TEST_CASE("adamw matches a double-precision reference over several steps", "[opt
   // Padding never moves.
   std::vector<float> got_p = flat.data().to_vector<float>();
   for (const auto& e : flat.entries())
-    for (int64_t i = e.offset + e.numel; i % 16 != 0; ++i) REQUIRE(got_p[static_cast<size_t>(i)] == 0.0f);
+    for (int64_t i = e.offset + e.numel; i % 16 != 0; ++i)
+      REQUIRE(got_p[static_cast<size_t>(i)] == 0.0f);
   // The model's own handles see the update.
   REQUIRE(ps[0].second.to_vector<float>()[0] == got_p[0]);
 }
@@ -138,7 +142,8 @@ TEST_CASE("adamw decays only the chosen entries", "[optim]") {
   std::vector<float> want = before;
   for (const auto& e : flat.entries())
     if (decays(e.name))
-      for (int64_t i = e.offset; i < e.offset + e.numel; ++i) want[static_cast<size_t>(i)] *= factor;
+      for (int64_t i = e.offset; i < e.offset + e.numel; ++i)
+        want[static_cast<size_t>(i)] *= factor;
   REQUIRE(after == want);
   REQUIRE(after != before);
   // An empty decay function decays everything.
@@ -231,9 +236,10 @@ TEST_CASE("adamw errors", "[optim][errors]") {
       if (k == name) v = t;
     return st;
   };
-  REQUIRE_THROWS_WITH(a.load_state(with("optim.exp_avg", Tensor::zeros({n + 16}))),
-                      Contains("[adamw] load_state: 'optim.exp_avg' is (" + std::to_string(n + 16) +
-                               ") f32 cpu but this optimizer's is (" + std::to_string(n) + ") f32"));
+  REQUIRE_THROWS_WITH(
+      a.load_state(with("optim.exp_avg", Tensor::zeros({n + 16}))),
+      Contains("[adamw] load_state: 'optim.exp_avg' is (" + std::to_string(n + 16) +
+               ") f32 cpu but this optimizer's is (" + std::to_string(n) + ") f32"));
   REQUIRE_THROWS_WITH(a.load_state(with("optim.exp_avg_sq", Tensor::zeros({n, 1}))),
                       Contains("'optim.exp_avg_sq' is (" + std::to_string(n) + ", 1) f32 cpu"));
   REQUIRE_THROWS_WITH(a.load_state(with("optim.exp_avg", Tensor::zeros({n}, DType::f64))),
@@ -255,15 +261,17 @@ TEST_CASE("adamw errors", "[optim][errors]") {
 
   NamedTensors d = {{"w", Tensor::ones({4}, DType::f64).set_requires_grad()}};
   FlatParameters flat64(d);
-  REQUIRE_THROWS_WITH(AdamW(flat64, AdamWOptions{}),
-                      Contains("[adamw] parameters must be f32 (the master copy), got (16) f64 cpu"));
+  REQUIRE_THROWS_WITH(
+      AdamW(flat64, AdamWOptions{}),
+      Contains("[adamw] parameters must be f32 (the master copy), got (16) f64 cpu"));
   AdamWOptions bad;
   bad.beta2 = 1.0;
   REQUIRE_THROWS_WITH(AdamW(flat, bad), Contains("[adamw] beta2 must be in [0, 1)"));
   bad = AdamWOptions{};
   bad.weight_decay = -0.1;
   REQUIRE_THROWS_WITH(AdamW(flat, bad), Contains("[adamw] weight_decay must be >= 0"));
-  REQUIRE_THROWS_WITH(a.step(std::numeric_limits<double>::quiet_NaN()), Contains("[adamw] step lr"));
+  REQUIRE_THROWS_WITH(a.step(std::numeric_limits<double>::quiet_NaN()),
+                      Contains("[adamw] step lr"));
   REQUIRE(a.step_count() == 0);
 }
 
@@ -294,7 +302,8 @@ TEST_CASE("clip_grad_norm returns the norm and scales above max_norm", "[optim]"
   REQUIRE(std::isnan(clip_grad_norm(flat, 1.0)));
   REQUIRE(ps[1].second.grad().item() == 4.0);
 
-  REQUIRE_THROWS_WITH(clip_grad_norm(flat, 0.0), Contains("[clip_grad_norm] max_norm must be finite and > 0"));
+  REQUIRE_THROWS_WITH(clip_grad_norm(flat, 0.0),
+                      Contains("[clip_grad_norm] max_norm must be finite and > 0"));
 }
 
 TEST_CASE("clip_grad_norm over a large slab matches a double sum", "[optim]") {
@@ -361,7 +370,8 @@ TEST_CASE("linear schedule drives adamw", "[optim]") {
   LinearSchedule sched(1e-2, 2, 5);
   std::vector<float> before = flat.data().to_vector<float>();
   set_grads(flat, 1);
-  adamw.step(sched.lr(adamw.step_count()));  // lr(0) = 0: the first step leaves parameters as they are
+  adamw.step(
+      sched.lr(adamw.step_count()));  // lr(0) = 0: the first step leaves parameters as they are
   REQUIRE(flat.data().to_vector<float>() == before);
   adamw.step(sched.lr(adamw.step_count()));
   REQUIRE(flat.data().to_vector<float>() != before);
@@ -369,13 +379,17 @@ TEST_CASE("linear schedule drives adamw", "[optim]") {
 }
 
 TEST_CASE("linear schedule errors", "[optim][errors]") {
-  REQUIRE_THROWS_WITH(LinearSchedule(1e-3, 0, 0), Contains("[linear_schedule] total_steps must be > 0, got 0"));
-  REQUIRE_THROWS_WITH(LinearSchedule(1e-3, -1, 10),
-                      Contains("[linear_schedule] warmup_steps must be in [0, total_steps = 10], got -1"));
+  REQUIRE_THROWS_WITH(LinearSchedule(1e-3, 0, 0),
+                      Contains("[linear_schedule] total_steps must be > 0, got 0"));
+  REQUIRE_THROWS_WITH(
+      LinearSchedule(1e-3, -1, 10),
+      Contains("[linear_schedule] warmup_steps must be in [0, total_steps = 10], got -1"));
   REQUIRE_THROWS_WITH(LinearSchedule(1e-3, 11, 10), Contains("got 11"));
   REQUIRE_THROWS_WITH(LinearSchedule(-1.0, 1, 10), Contains("[linear_schedule] peak_lr"));
   REQUIRE_THROWS_WITH(LinearSchedule::with_warmup_ratio(1e-3, 1.5, 10),
                       Contains("[linear_schedule] warmup_ratio must be in [0, 1], got 1.5"));
-  REQUIRE_THROWS_WITH(LinearSchedule::with_warmup_ratio(1e-3, 0.1, -5), Contains("total_steps must be > 0"));
-  REQUIRE_THROWS_WITH(LinearSchedule(1e-3, 1, 10).lr(-1), Contains("[linear_schedule] steps_taken must be >= 0"));
+  REQUIRE_THROWS_WITH(LinearSchedule::with_warmup_ratio(1e-3, 0.1, -5),
+                      Contains("total_steps must be > 0"));
+  REQUIRE_THROWS_WITH(LinearSchedule(1e-3, 1, 10).lr(-1),
+                      Contains("[linear_schedule] steps_taken must be >= 0"));
 }

@@ -79,7 +79,7 @@ TEST_CASE("sum and mean gradients match finite differences", "[reduce]") {
     std::vector<int64_t> dims;
     bool keepdim;
   };
-  const std::vector<Case> cases = {{{1}, false}, {{1}, true},      {{0, 2}, false},
+  const std::vector<Case> cases = {{{1}, false},    {{1}, true},        {{0, 2}, false},
                                    {{-1, 0}, true}, {{0, 1, 2}, false}, {{}, false}};
   for (bool is_mean : {false, true}) {
     for (const Case& c : cases) {
@@ -89,9 +89,9 @@ TEST_CASE("sum and mean gradients match finite differences", "[reduce]") {
             return is_mean ? mean(in[0], c.dims, c.keepdim) : sum(in[0], c.dims, c.keepdim);
           },
           {x});
-      INFO((is_mean ? "mean" : "sum") << " dims " << shape_str(c.dims) << " keepdim "
-                                      << c.keepdim << "\n"
-                                      << rep.detail);
+      INFO((is_mean ? "mean" : "sum")
+           << " dims " << shape_str(c.dims) << " keepdim " << c.keepdim << "\n"
+           << rep.detail);
       REQUIRE(rep.max_rel_error < 1e-6);
     }
   }

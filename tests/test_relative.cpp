@@ -8,10 +8,10 @@
 #include "ops/ops.h"
 
 using namespace engine;
+using Catch::Contains;
 using engine::testing::gradcheck;
 using engine::testing::GradcheckReport;
 using engine::testing::rand_input;
-using Catch::Contains;
 
 namespace {
 
@@ -35,7 +35,7 @@ double dot(const Tensor& a, const Tensor& b) {
 }  // namespace
 
 TEST_CASE("relative_gather and relative_scatter on a hand-checked example", "[relative]") {
-  Tensor x = Tensor::from_vector<double>({10, 11, 12, 20, 21, 22}, {2, 3});  // (Tq 2, R 3)
+  Tensor x = Tensor::from_vector<double>({10, 11, 12, 20, 21, 22}, {2, 3});     // (Tq 2, R 3)
   Tensor idx = Tensor::from_vector<int64_t>({0, 2, 2, 1, 1, 0, 2, 2}, {2, 4});  // (Tq 2, Tk 4)
   Tensor g = relative_gather(x, idx);
   REQUIRE(g.shape() == Shape{2, 4});
@@ -51,8 +51,8 @@ TEST_CASE("relative_gather and relative_scatter on a hand-checked example", "[re
           std::vector<double>{1, 4, 5, 0, 6, 5, 15, 0});
 
   // Leading dims: every (..., Tq, R) matrix is gathered with the same index.
-  Tensor x3 = Tensor::from_vector<float>({10, 11, 12, 20, 21, 22, 30, 31, 32, 40, 41, 42},
-                                         {2, 2, 3});
+  Tensor x3 =
+      Tensor::from_vector<float>({10, 11, 12, 20, 21, 22, 30, 31, 32, 40, 41, 42}, {2, 2, 3});
   Tensor g3 = relative_gather(x3, idx);
   REQUIRE(g3.shape() == Shape{2, 2, 4});
   REQUIRE(g3.to_vector<float>() ==
@@ -104,9 +104,8 @@ TEST_CASE("relative_gather and relative_scatter are adjoint", "[relative]") {
 
 TEST_CASE("relative op gradients match finite differences", "[relative]") {
   // Repeats in every row, so the gather's backward has to sum.
-  Tensor idx = Tensor::from_vector<int64_t>({6, 0, 6, 3, 2, 2, 2, 5, 1, 4, 1, 1, 0, 0, 6, 3, 5,
-                                             5, 4, 4},
-                                            {5, 4});
+  Tensor idx = Tensor::from_vector<int64_t>(
+      {6, 0, 6, 3, 2, 2, 2, 5, 1, 4, 1, 1, 0, 0, 6, 3, 5, 5, 4, 4}, {5, 4});
   struct Case {
     const char* name;
     engine::testing::TestFn f;
@@ -129,9 +128,7 @@ TEST_CASE("relative op gradients match finite differences", "[relative]") {
        [&](const std::vector<Tensor>& v) { return relative_scatter(v[0], idx, 9); },
        rand_input({3, 2, 5, 4}, 55)},
       {"scatter of a transposed view",
-       [&](const std::vector<Tensor>& v) {
-         return relative_scatter(v[0].transpose(1, 2), idx, 7);
-       },
+       [&](const std::vector<Tensor>& v) { return relative_scatter(v[0].transpose(1, 2), idx, 7); },
        rand_input({2, 4, 5}, 56)},
       {"gather of scatter (both backwards chained)",
        [&](const std::vector<Tensor>& v) {
@@ -262,9 +259,8 @@ TEST_CASE("relative op errors name the op, the shapes and the bad value", "[rela
   REQUIRE_THROWS_WITH(relative_scatter(Tensor::zeros({3, 3}), Tensor(), 3),
                       Contains("[relative_scatter] got an undefined input"));
   // The CPU computes in f32/f64: a bf16 scatter says so (a bf16 gather is a copy and works).
-  REQUIRE_THROWS_WITH(
-      relative_scatter(Tensor::zeros({3, 3}, DType::bf16), shaw_index(3, 3, 1), 3),
-      Contains("[relative_scatter] CPU kernels compute in f32 or f64, got bf16"));
+  REQUIRE_THROWS_WITH(relative_scatter(Tensor::zeros({3, 3}, DType::bf16), shaw_index(3, 3, 1), 3),
+                      Contains("[relative_scatter] CPU kernels compute in f32 or f64, got bf16"));
   REQUIRE(relative_gather(Tensor::zeros({3, 3}, DType::bf16), shaw_index(3, 3, 1)).dtype() ==
           DType::bf16);
 }

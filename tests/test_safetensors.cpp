@@ -357,8 +357,9 @@ TEST_CASE("load_safetensors_into fills a model's parameters and names the first 
       load_safetensors_into(path, wrong),
       Contains("tensor 'encoder.b' has shape (4) in the file but (5) in the model"));
   // Dtype: nothing is converted.
-  REQUIRE_THROWS_WITH(load_safetensors_into(path, params({{"head", Tensor::zeros({2})}}), ExtraTensors::read),
-                      Contains("tensor 'head' has dtype f64 in the file but f32 in the model"));
+  REQUIRE_THROWS_WITH(
+      load_safetensors_into(path, params({{"head", Tensor::zeros({2})}}), ExtraTensors::read),
+      Contains("tensor 'head' has dtype f64 in the file but f32 in the model"));
   // Missing: the message lists what the file has.
   REQUIRE_THROWS_WITH(
       load_safetensors_into(path, params({{"encoder.w", Tensor::zeros({4, 3})},

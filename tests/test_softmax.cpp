@@ -91,8 +91,9 @@ TEST_CASE("softmax: every mask dtype gives the same result", "[softmax]") {
   REQUIRE(softmax(x, Tensor(), Tensor::from_vector(k32, {3, 6})).to_vector<float>() == ref);
   REQUIRE(softmax(x, Tensor(), Tensor::from_vector(k64, {3, 6})).to_vector<float>() == ref);
   REQUIRE(softmax(x, Tensor(), Tensor::from_vector(kf, {3, 6})).to_vector<float>() == ref);
-  REQUIRE(softmax(x, Tensor(), Tensor::from_vector(kf, {3, 6}).to(DType::bf16))
-              .to_vector<float>() == ref);
+  REQUIRE(
+      softmax(x, Tensor(), Tensor::from_vector(kf, {3, 6}).to(DType::bf16)).to_vector<float>() ==
+      ref);
   // A strided mask view (last-dim stride 3) is read through its strides.
   Tensor mt = Tensor::from_vector(ku, {3, 6}).transpose(0, 1).contiguous().transpose(0, 1);
   REQUIRE(mt.stride(1) == 3);
@@ -177,9 +178,9 @@ TEST_CASE("log_softmax values", "[softmax]") {
   Tensor x = Tensor::from_vector<double>({1, 2, 3, -5, 0, 700}, {2, 3});
   std::vector<double> want;
   for (int r = 0; r < 2; ++r) {
-    std::vector<double> row = r == 0 ? std::vector<double>{1, 2, 3} : std::vector<double>{-5, 0, 700};
-    for (double p : naive_softmax(row, {true, true, true}))
-      want.push_back(p > 0 ? std::log(p) : 0);
+    std::vector<double> row =
+        r == 0 ? std::vector<double>{1, 2, 3} : std::vector<double>{-5, 0, 700};
+    for (double p : naive_softmax(row, {true, true, true})) want.push_back(p > 0 ? std::log(p) : 0);
   }
   // log of the naive softmax underflows for -705; use the exact form there.
   want[3] = -705.0;
@@ -200,8 +201,7 @@ TEST_CASE("softmax gradcheck: broadcast bias (1, 5, 7) gets the batch-summed gra
           "[softmax]") {
   Tensor x = rand_input({3, 5, 7}, 102);
   Tensor b = rand_input({1, 5, 7}, 103);
-  auto rep = gradcheck(
-      [](const std::vector<Tensor>& in) { return softmax(in[0], in[1]); }, {x, b});
+  auto rep = gradcheck([](const std::vector<Tensor>& in) { return softmax(in[0], in[1]); }, {x, b});
   INFO(rep.detail);
   REQUIRE(rep.max_rel_error < 1e-6);
   REQUIRE(b.grad().shape() == Shape{1, 5, 7});
@@ -210,8 +210,7 @@ TEST_CASE("softmax gradcheck: broadcast bias (1, 5, 7) gets the batch-summed gra
 TEST_CASE("softmax gradcheck: bias (5, 1), bias only requiring grad", "[softmax]") {
   Tensor x = rand_input({3, 5, 7}, 104, /*requires_grad=*/false);
   Tensor b = rand_input({5, 1}, 105);
-  auto rep = gradcheck(
-      [](const std::vector<Tensor>& in) { return softmax(in[0], in[1]); }, {x, b});
+  auto rep = gradcheck([](const std::vector<Tensor>& in) { return softmax(in[0], in[1]); }, {x, b});
   INFO(rep.detail);
   REQUIRE(rep.max_rel_error < 1e-6);
   REQUIRE(b.grad().shape() == Shape{5, 1});
@@ -224,8 +223,8 @@ TEST_CASE("softmax gradcheck: with a mask (one batch fully masked) and a bias", 
                              0, 0, 0, 0, 0, 0, 0,   // batch 1: every key masked
                              1, 1, 1, 1, 1, 1, 0};  // batch 2
   Tensor mask = Tensor::from_vector(km, {3, 1, 7});
-  auto rep = gradcheck(
-      [&](const std::vector<Tensor>& in) { return softmax(in[0], in[1], mask); }, {x, b});
+  auto rep =
+      gradcheck([&](const std::vector<Tensor>& in) { return softmax(in[0], in[1], mask); }, {x, b});
   INFO(rep.detail);
   REQUIRE(rep.max_rel_error < 1e-6);
   // Masked positions get no gradient.
@@ -245,8 +244,8 @@ TEST_CASE("log_softmax gradcheck", "[softmax]") {
 
 TEST_CASE("softmax on a non-contiguous input", "[softmax]") {
   Tensor x = rand_input({5, 3}, 109);
-  auto rep = gradcheck(
-      [](const std::vector<Tensor>& in) { return softmax(in[0].transpose(0, 1)); }, {x});
+  auto rep =
+      gradcheck([](const std::vector<Tensor>& in) { return softmax(in[0].transpose(0, 1)); }, {x});
   INFO(rep.detail);
   REQUIRE(rep.max_rel_error < 1e-6);
 }

@@ -42,7 +42,8 @@ TEST_CASE("every dtype converts and round-trips", "[tensor]") {
 TEST_CASE("bf16 and f16 round to nearest even", "[tensor]") {
   // 1 + 2^-8 lies halfway between bf16 neighbours 1 and 1 + 2^-7: ties go to the even one (1).
   // 1 + 3 * 2^-9 is above the halfway point and rounds up.
-  Tensor x = Tensor::from_vector<float>({1.0f + 1.0f / 256, 1.0f + 3.0f / 512, 65504.f, 1e-8f}, {4});
+  Tensor x =
+      Tensor::from_vector<float>({1.0f + 1.0f / 256, 1.0f + 3.0f / 512, 65504.f, 1e-8f}, {4});
   std::vector<double> b = x.to(DType::bf16).to_vector<double>();
   REQUIRE(b[0] == 1.0);
   REQUIRE(b[1] == 1.0 + 1.0 / 128);
@@ -145,10 +146,12 @@ TEST_CASE("tensor errors name the op and what was expected", "[tensor][errors]")
   REQUIRE_THROWS_WITH(t.item(), Contains("[item] expected a one-element tensor"));
   REQUIRE_THROWS_WITH(t.data<double>(), Contains("expected dtype f64") && Contains("f32"));
   REQUIRE_THROWS_WITH(Tensor().shape(), Contains("undefined tensor"));
-  REQUIRE_THROWS_WITH((Tensor::from_vector<float>({1, 2}, {3})), Contains("[from_vector] 2 values"));
+  REQUIRE_THROWS_WITH((Tensor::from_vector<float>({1, 2}, {3})),
+                      Contains("[from_vector] 2 values"));
   REQUIRE_THROWS_WITH(Tensor::empty({2, -1}), Contains("[empty] negative dimension"));
   REQUIRE_THROWS_WITH(Tensor::empty({int64_t{1} << 40, int64_t{1} << 40}), Contains("too large"));
-  REQUIRE_THROWS_WITH(Tensor::empty({int64_t{1} << 45}, DType::f64), Contains("[alloc] out of CPU memory"));
+  REQUIRE_THROWS_WITH(Tensor::empty({int64_t{1} << 45}, DType::f64),
+                      Contains("[alloc] out of CPU memory"));
   REQUIRE_THROWS_WITH(t.copy_(Tensor::zeros({4})), Contains("[copy_]") && Contains("broadcast"));
   REQUIRE_THROWS_WITH(t.add_(Tensor::zeros({3}, DType::f64)), Contains("[add_] dtype mismatch"));
   Tensor ints = Tensor::zeros({2}, DType::i32);
@@ -157,8 +160,9 @@ TEST_CASE("tensor errors name the op and what was expected", "[tensor][errors]")
 
 TEST_CASE("a CUDA device in a build or machine without one is a clear error", "[tensor][errors]") {
   if (cuda_available()) return;  // covered by the [cuda] tests on a GPU machine
-  REQUIRE_THROWS_WITH(Tensor::zeros({2}).to(Device::cuda()),
-                      Contains("[device]") && (Contains("without cuda") || Contains("does not exist")));
+  REQUIRE_THROWS_WITH(
+      Tensor::zeros({2}).to(Device::cuda()),
+      Contains("[device]") && (Contains("without cuda") || Contains("does not exist")));
 }
 
 TEST_CASE("the CPU allocator is aligned and counts live and peak bytes", "[tensor][allocator]") {

@@ -1,8 +1,8 @@
 // The training step (train/trainer.h) and the gradient-slab ops under it (ops/gradients.h):
 // statistics against independent sums, micro-batch weighting against one large batch, exact loss
 // scaling, skipped steps on inf/NaN gradients, clipping, and the one host read per step.
-#include <catch2/catch.hpp>
 #include <omp.h>
+#include <catch2/catch.hpp>
 
 #include <cmath>
 #include <limits>
@@ -69,7 +69,8 @@ std::vector<float> values(const Tensor& t) { return t.contiguous().to_vector<flo
 
 }  // namespace
 
-TEST_CASE("unscale_and_check_ returns the chunked sum of squares and the non-finite count", "[trainer][gradients]") {
+TEST_CASE("unscale_and_check_ returns the chunked sum of squares and the non-finite count",
+          "[trainer][gradients]") {
   Generator gen(3);
   for (int64_t n : {int64_t(0), int64_t(1), int64_t(7), int64_t(1 << 15), int64_t(300001)}) {
     INFO("n = " << n);
@@ -106,7 +107,8 @@ TEST_CASE("unscale_and_check_ returns the chunked sum of squares and the non-fin
   CHECK(unscale_and_check_(f64).to_vector<double>() == std::vector<double>{25, 0});
 }
 
-TEST_CASE("scale_ multiplies in place by the factor rounded to the slab's dtype", "[trainer][gradients]") {
+TEST_CASE("scale_ multiplies in place by the factor rounded to the slab's dtype",
+          "[trainer][gradients]") {
   Tensor g = Tensor::from_vector<float>({1, -2, 3.5f, 0}, {4});
   const double f = 1.0 / 3.0;
   scale_(g, f);
@@ -116,10 +118,14 @@ TEST_CASE("scale_ multiplies in place by the factor rounded to the slab's dtype"
 
 TEST_CASE("gradient ops refuse what is not a floating contiguous slab", "[trainer][gradients]") {
   Tensor m = Tensor::zeros({4, 3});
-  CHECK_THAT(error_of([&] { unscale_and_check_(m.transpose(0, 1)); }), Contains("[unscale_and_check_] expects a contiguous"));
-  CHECK_THAT(error_of([&] { unscale_and_check_(Tensor::zeros({3}, DType::i64)); }), Contains("expects a floating tensor"));
-  CHECK_THAT(error_of([&] { unscale_and_check_(m, 0.0); }), Contains("inv_scale must be finite and > 0"));
-  CHECK_THAT(error_of([&] { scale_(m, std::numeric_limits<double>::infinity()); }), Contains("[scale_] factor must be finite"));
+  CHECK_THAT(error_of([&] { unscale_and_check_(m.transpose(0, 1)); }),
+             Contains("[unscale_and_check_] expects a contiguous"));
+  CHECK_THAT(error_of([&] { unscale_and_check_(Tensor::zeros({3}, DType::i64)); }),
+             Contains("expects a floating tensor"));
+  CHECK_THAT(error_of([&] { unscale_and_check_(m, 0.0); }),
+             Contains("inv_scale must be finite and > 0"));
+  CHECK_THAT(error_of([&] { scale_(m, std::numeric_limits<double>::infinity()); }),
+             Contains("[scale_] factor must be finite"));
   CHECK_THAT(error_of([&] { unscale_and_check_(Tensor()); }), Contains("undefined"));
 }
 
@@ -167,7 +173,8 @@ TEST_CASE("Trainer: a power-of-two loss scale trains bit for bit like none", "[t
   std::vector<double> scales;
   for (int step = 0; step < 4; ++step) {
     const StepStats sa = ta.step(1, [&](int64_t) { return plain_model.loss(d.x, d.y); }, {&one, 1});
-    const StepStats sb = tb.step(1, [&](int64_t) { return scaled_model.loss(d.x, d.y); }, {&one, 1});
+    const StepStats sb =
+        tb.step(1, [&](int64_t) { return scaled_model.loss(d.x, d.y); }, {&one, 1});
     CHECK(sa.loss == sb.loss);
     CHECK(sa.grad_norm == sb.grad_norm);  // unscaled before the norm
     scales.push_back(sb.loss_scale);
@@ -209,7 +216,9 @@ TEST_CASE("Trainer: inf/NaN gradients skip the step and back the scale off", "[t
   FlatParameters pf(plain.named_parameters());
   Trainer tp(pf, adam, {}, constant_lr(adam.lr));
   const std::vector<float> before = values(pf.data());
-  CHECK_FALSE(tp.step(1, [&](int64_t) { return plain.loss(d.x, d.y) * Tensor::scalar(kNaN); }, {&one, 1}).applied);
+  CHECK_FALSE(
+      tp.step(1, [&](int64_t) { return plain.loss(d.x, d.y) * Tensor::scalar(kNaN); }, {&one, 1})
+          .applied);
   CHECK(values(pf.data()) == before);
 }
 
@@ -245,7 +254,9 @@ TEST_CASE("Trainer: one host read per step, none per micro-batch", "[trainer][ho
   const std::vector<double> w = {0.5, 0.25, 0.25};
   const Tensor x0 = d.rows_x(0, 4), x1 = d.rows_x(4, 6), x2 = d.rows_x(6, 8);
   const Tensor y0 = d.rows_y(0, 4), y1 = d.rows_y(4, 6), y2 = d.rows_y(6, 8);
-  auto loss_of = [&](int64_t m) { return m == 0 ? model.loss(x0, y0) : m == 1 ? model.loss(x1, y1) : model.loss(x2, y2); };
+  auto loss_of = [&](int64_t m) {
+    return m == 0 ? model.loss(x0, y0) : m == 1 ? model.loss(x1, y1) : model.loss(x2, y2);
+  };
   t.step(3, loss_of, w);
   const TransferCounts before = transfer_counts();
   for (int i = 0; i < 4; ++i) t.step(3, loss_of, w);
@@ -260,13 +271,20 @@ TEST_CASE("Trainer: bad arguments are named", "[trainer]") {
   AdamWOptions adam;
   TrainerOptions o;
   o.clip_norm = -1;
-  CHECK_THAT(error_of([&] { Trainer(flat, adam, {}, constant_lr(1e-3), o); }), Contains("[trainer] clip_norm"));
+  CHECK_THAT(error_of([&] { Trainer(flat, adam, {}, constant_lr(1e-3), o); }),
+             Contains("[trainer] clip_norm"));
   CHECK_THAT(error_of([&] { constant_lr(-1); }), Contains("[trainer] the learning rate"));
   Trainer t(flat, adam, {}, constant_lr(1e-3));
   const double one = 1.0;
-  CHECK_THAT(error_of([&] { t.step(0, [&](int64_t) { return Tensor(); }, {}); }), Contains("at least one micro-batch"));
-  CHECK_THAT(error_of([&] { t.step(2, [&](int64_t) { return Tensor(); }, {&one, 1}); }), Contains("1 weights for 2"));
-  CHECK_THAT(error_of([&] { t.step(1, [&](int64_t) { return Tensor::zeros({2}); }, {&one, 1}); }),
+  CHECK_THAT(error_of([&] { t.step(0, [&](int64_t) { return Tensor(); }, {}); }),
+             Contains("at least one micro-batch"));
+  CHECK_THAT(error_of([&] {
+               t.step(2, [&](int64_t) { return Tensor(); }, {&one, 1});
+             }),
+             Contains("1 weights for 2"));
+  CHECK_THAT(error_of([&] {
+               t.step(1, [&](int64_t) { return Tensor::zeros({2}); }, {&one, 1});
+             }),
              Contains("gave no scalar loss"));
   CHECK_THAT(error_of([&] { t.set_steps_taken(-1); }), Contains("steps taken must be >= 0"));
 }

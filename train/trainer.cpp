@@ -12,12 +12,14 @@
 namespace engine {
 
 LearningRate constant_lr(double lr) {
-  ENGINE_CHECK(std::isfinite(lr) && lr >= 0, "[trainer] the learning rate must be finite and >= 0, got ", lr);
+  ENGINE_CHECK(std::isfinite(lr) && lr >= 0,
+               "[trainer] the learning rate must be finite and >= 0, got ", lr);
   return [lr](int64_t) { return lr; };
 }
 
-Trainer::Trainer(FlatParameters& params, const AdamWOptions& adam, std::function<bool(const std::string&)> decay,
-                 LearningRate learning_rate, const TrainerOptions& options, Communicator& comm)
+Trainer::Trainer(FlatParameters& params, const AdamWOptions& adam,
+                 std::function<bool(const std::string&)> decay, LearningRate learning_rate,
+                 const TrainerOptions& options, Communicator& comm)
     : params_(params),
       comm_(comm),
       options_(options),
@@ -26,7 +28,8 @@ Trainer::Trainer(FlatParameters& params, const AdamWOptions& adam, std::function
       scaler_(options.loss_scale) {
   ENGINE_CHECK(std::isfinite(options.clip_norm) && options.clip_norm >= 0,
                "[trainer] clip_norm must be 0 (off) or positive, got ", options.clip_norm);
-  ENGINE_CHECK(options.bucket_mb >= 1, "[trainer] bucket_mb must be at least 1, got ", options.bucket_mb);
+  ENGINE_CHECK(options.bucket_mb >= 1, "[trainer] bucket_mb must be at least 1, got ",
+               options.bucket_mb);
   ENGINE_CHECK(learning_rate_ != nullptr, "[trainer] no learning rate given");
   reducer_ = std::make_unique<GradReducer>(params, comm, options.bucket_mb << 20);
 }
@@ -40,9 +43,10 @@ void Trainer::set_steps_taken(int64_t steps) {
 
 StepStats Trainer::step(int64_t micro_batches, const std::function<Tensor(int64_t)>& loss_of,
                         std::span<const double> weights) {
-  ENGINE_CHECK(micro_batches >= 1, "[trainer] a step needs at least one micro-batch, got ", micro_batches);
-  ENGINE_CHECK(int64_t(weights.size()) == micro_batches, "[trainer] ", weights.size(), " weights for ",
-               micro_batches, " micro-batches");
+  ENGINE_CHECK(micro_batches >= 1, "[trainer] a step needs at least one micro-batch, got ",
+               micro_batches);
+  ENGINE_CHECK(int64_t(weights.size()) == micro_batches, "[trainer] ", weights.size(),
+               " weights for ", micro_batches, " micro-batches");
   StepStats s;
   s.lr = learning_rate_(steps_);
   s.loss_scale = scaler_.scale();
@@ -54,7 +58,8 @@ StepStats Trainer::step(int64_t micro_batches, const std::function<Tensor(int64_
   for (int64_t m = 0; m < micro_batches; ++m) {
     const Tensor loss = loss_of(m);
     ENGINE_CHECK(loss.defined() && loss.numel() == 1, "[trainer] micro-batch ", m,
-                 " gave no scalar loss (got ", loss.defined() ? describe(loss) : std::string("undefined"), ")");
+                 " gave no scalar loss (got ",
+                 loss.defined() ? describe(loss) : std::string("undefined"), ")");
     const double w = weights[size_t(m)];
     {
       NoGrad ng;

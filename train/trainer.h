@@ -4,8 +4,8 @@
 //
 //   engine::Trainer trainer(flat, adam, decay, options);     // AdamW, scaler, reducer, schedule
 //   for (...) {
-//     engine::StepStats s = trainer.step(micro_batches, [&](int64_t m) { return loss_of(m); }, weights);
-//     log(s.loss, s.grad_norm, s.lr, s.applied);
+//     engine::StepStats s = trainer.step(micro_batches, [&](int64_t m) { return loss_of(m); },
+//     weights); log(s.loss, s.grad_norm, s.lr, s.applied);
 //   }
 //
 // A step: zero the gradient slab; for each micro-batch m, loss_m = loss_of(m) and a backward of
@@ -41,7 +41,7 @@
 namespace engine {
 
 struct TrainerOptions {
-  double clip_norm = 1.0;        // global L2 norm clipping (torch.nn.utils.clip_grad_norm_); 0 = off
+  double clip_norm = 1.0;  // global L2 norm clipping (torch.nn.utils.clip_grad_norm_); 0 = off
   LossScalerOptions loss_scale;  // dynamic loss scaling (fp16); off by default
   int64_t bucket_mb = 25;        // data parallelism: gradient all-reduce bucket size (MiB)
 };
@@ -53,11 +53,11 @@ LearningRate constant_lr(double lr);
 
 // What a step did (from its one read-back).
 struct StepStats {
-  double loss = 0;         // sum over micro-batches and ranks of weight_m * loss_m
-  double grad_norm = 0;    // global L2 norm of the unscaled, all-reduced gradients, before clipping
-  bool applied = true;     // false: a gradient was inf/NaN; the step was skipped
-  double lr = 0;           // the learning rate this step used
-  double loss_scale = 1;   // the scale this step's backward used
+  double loss = 0;        // sum over micro-batches and ranks of weight_m * loss_m
+  double grad_norm = 0;   // global L2 norm of the unscaled, all-reduced gradients, before clipping
+  bool applied = true;    // false: a gradient was inf/NaN; the step was skipped
+  double lr = 0;          // the learning rate this step used
+  double loss_scale = 1;  // the scale this step's backward used
   double comm_exposed_s = 0;  // gradient all-reduce time that backward did not hide
 };
 
@@ -65,8 +65,9 @@ class Trainer {
  public:
   // Keeps a reference to `params` and `comm` (both must outlive it). `decay(entry name)` says
   // whether weight decay applies (AdamW's rule; empty = everywhere).
-  Trainer(FlatParameters& params, const AdamWOptions& adam, std::function<bool(const std::string&)> decay,
-          LearningRate learning_rate, const TrainerOptions& options = {}, Communicator& comm = world());
+  Trainer(FlatParameters& params, const AdamWOptions& adam,
+          std::function<bool(const std::string&)> decay, LearningRate learning_rate,
+          const TrainerOptions& options = {}, Communicator& comm = world());
   ~Trainer();
 
   // One optimizer step over `micro_batches` micro-batches; loss_of(m) runs micro-batch m's forward

@@ -1,5 +1,5 @@
-// Heatmap grids (see heatmap.h): lay out, rasterise into an RGB buffer, encode with libpng in memory
-// and write atomically.
+// Heatmap grids (see heatmap.h): lay out, rasterise into an RGB buffer, encode with libpng in
+// memory and write atomically.
 #include "apps/plot/heatmap.h"
 
 #include <png.h>
@@ -21,8 +21,8 @@
 namespace plot {
 namespace {
 
-// viridis at t = k/32, k = 0..32, from matplotlib's _viridis_data (CC0), linearly interpolated there;
-// interpolating these anchors stays within 3 of every one of matplotlib's 256 entries.
+// viridis at t = k/32, k = 0..32, from matplotlib's _viridis_data (CC0), linearly interpolated
+// there; interpolating these anchors stays within 3 of every one of matplotlib's 256 entries.
 constexpr uint8_t kViridis[33][3] = {
     {68, 1, 84},    {71, 13, 96},   {72, 24, 106},  {72, 35, 116},  {71, 45, 123},  {69, 54, 129},
     {66, 64, 134},  {63, 73, 137},  {59, 82, 139},  {55, 90, 141},  {51, 99, 141},  {47, 106, 142},
@@ -41,7 +41,8 @@ constexpr int64_t kBarGap = 28, kBarWidth = 20, kBarMinHeight = 200, kTickLen = 
 constexpr int64_t kTickLabelGap = 8;
 constexpr int64_t kTitleScale = 2, kTextScale = 2, kTickScale = 2;
 constexpr int64_t kGlyphHeight = 9, kDigitHeight = 7;
-constexpr int64_t kMaxPanelSide = 16384, kMaxPixels = int64_t(1) << 27, kMaxCells = int64_t(1) << 40;
+constexpr int64_t kMaxPanelSide = 16384, kMaxPixels = int64_t(1) << 27,
+                  kMaxCells = int64_t(1) << 40;
 
 // stb_easy_font indexes its tables by (c - 32): keep to printable ASCII.
 std::string printable(const std::string& s) {
@@ -136,14 +137,16 @@ Slots slots_of(const std::vector<Panel>& panels, const GridOptions& o) {
   for (const Panel& p : panels) {
     s.label_w = std::max({s.label_w, text_width(format_tick(p.row_start), kTickScale),
                           text_width(format_tick(p.row_start + double(p.rows - 1)), kTickScale)});
-    // Tiny boxes: the left column label (drawn from the box's left edge) must not reach the next slot.
+    // Tiny boxes: the left column label (drawn from the box's left edge) must not reach the next
+    // slot.
     title_w = std::max({title_w, text_width(p.title, kTextScale),
                         2 * text_width(format_tick(p.col_start), kTickScale)});
   }
   s.inner_w = std::max(o.panel_width + 2, title_w);
   // Room above each box for its title, and for the colour-bar label clear of the top tick label.
   s.title_band = std::max(kGlyphHeight * kTextScale + kGap,
-                          kGlyphHeight * kTextScale + kDigitHeight * kTickScale / 2 + 4) + 1;
+                          kGlyphHeight * kTextScale + kDigitHeight * kTickScale / 2 + 4) +
+                 1;
   s.pitch_x = s.label_w + kGap + s.inner_w + kPanelGapX;
   s.pitch_y = s.title_band + o.panel_height + 1 + kGap + kDigitHeight * kTickScale + kPanelGapY;
   s.grid_top = kMargin;
@@ -158,21 +161,21 @@ void validate(const std::vector<Panel>& panels, const GridOptions& o) {
   ENGINE_CHECK(o.columns >= 1, "[plot] columns must be >= 1, got ", o.columns);
   ENGINE_CHECK(o.panel_width >= 1 && o.panel_height >= 1 && o.panel_width <= kMaxPanelSide &&
                    o.panel_height <= kMaxPanelSide,
-               "[plot] panel_width and panel_height must be >= 1 (and <= ", kMaxPanelSide, "), got ",
-               o.panel_width, " x ", o.panel_height);
+               "[plot] panel_width and panel_height must be >= 1 (and <= ", kMaxPanelSide,
+               "), got ", o.panel_width, " x ", o.panel_height);
   ENGINE_CHECK(!o.has_range || (std::isfinite(o.range_min) && std::isfinite(o.range_max) &&
                                 o.range_max > o.range_min),
                "[plot] range_max (", o.range_max, ") must be greater than range_min (", o.range_min,
                ") and both finite");
   for (size_t i = 0; i < panels.size(); ++i) {
     const Panel& p = panels[i];
-    ENGINE_CHECK(p.rows >= 1 && p.cols >= 1, "[plot] panel ", i, " (\"", p.title, "\") has ", p.rows,
-                 " rows and ", p.cols, " cols; rows and cols must be >= 1");
-    ENGINE_CHECK(p.rows <= kMaxCells / p.cols, "[plot] panel ", i, " (\"", p.title, "\") has ", p.rows,
-                 " x ", p.cols, " cells, more than ", kMaxCells);
-    ENGINE_CHECK(p.values.size() == size_t(p.rows * p.cols), "[plot] panel ", i, " (\"", p.title, "\") has ",
-                 p.values.size(), " values, expected rows*cols = ", p.rows, "*", p.cols, " = ",
-                 p.rows * p.cols);
+    ENGINE_CHECK(p.rows >= 1 && p.cols >= 1, "[plot] panel ", i, " (\"", p.title, "\") has ",
+                 p.rows, " rows and ", p.cols, " cols; rows and cols must be >= 1");
+    ENGINE_CHECK(p.rows <= kMaxCells / p.cols, "[plot] panel ", i, " (\"", p.title, "\") has ",
+                 p.rows, " x ", p.cols, " cells, more than ", kMaxCells);
+    ENGINE_CHECK(p.values.size() == size_t(p.rows * p.cols), "[plot] panel ", i, " (\"", p.title,
+                 "\") has ", p.values.size(), " values, expected rows*cols = ", p.rows, "*", p.cols,
+                 " = ", p.rows * p.cols);
   }
 }
 
@@ -220,13 +223,17 @@ GridLayout layout_grid(const std::vector<Panel>& panels, const GridOptions& o) {
   l.colorbar_height = std::max((s.nrow - 1) * s.pitch_y + o.panel_height, kBarMinHeight);
   int64_t tick_w = 0;
   for (int k = 0; k <= 4; ++k)
-    tick_w = std::max(tick_w, text_width(format_bar(l.range_min + (l.range_max - l.range_min) * k / 4),
-                                         kTickScale));
-  const int64_t bar_right = std::max(l.colorbar_x + kBarWidth + 1 + kTickLen + kTickLabelGap + tick_w,
-                                     l.colorbar_x + text_width(o.colorbar_label, kTextScale));
-  const int64_t titles_w = std::max(text_width(o.title, kTitleScale), text_width(o.subtitle, kTextScale));
+    tick_w = std::max(
+        tick_w,
+        text_width(format_bar(l.range_min + (l.range_max - l.range_min) * k / 4), kTickScale));
+  const int64_t bar_right =
+      std::max(l.colorbar_x + kBarWidth + 1 + kTickLen + kTickLabelGap + tick_w,
+               l.colorbar_x + text_width(o.colorbar_label, kTextScale));
+  const int64_t titles_w =
+      std::max(text_width(o.title, kTitleScale), text_width(o.subtitle, kTextScale));
   l.width = std::max(bar_right + kMargin, titles_w + 2 * kMargin);
-  l.height = std::max(grid_bottom, l.colorbar_y + l.colorbar_height + kDigitHeight * kTickScale) + kMargin;
+  l.height =
+      std::max(grid_bottom, l.colorbar_y + l.colorbar_height + kDigitHeight * kTickScale) + kMargin;
   ENGINE_CHECK(l.width * l.height <= kMaxPixels, "[plot] image of ", l.width, " x ", l.height,
                " pixels is too large (at most ", kMaxPixels, " pixels)");
   return l;
@@ -238,7 +245,9 @@ GridLayout write_heatmap_grid(const std::string& path, const std::vector<Panel>&
   const Slots s = slots_of(panels, o);
   Canvas cv(l.width, l.height);
   const double span = l.range_max - l.range_min;
-  auto colour = [&](double v) { return std::isfinite(v) ? viridis((v - l.range_min) / span) : kGrey; };
+  auto colour = [&](double v) {
+    return std::isfinite(v) ? viridis((v - l.range_min) / span) : kGrey;
+  };
 
   // Titles, centred on the image.
   int64_t y = kMargin;
@@ -259,16 +268,19 @@ GridLayout write_heatmap_grid(const std::string& path, const std::vector<Panel>&
         cv.fill(x0 + px, y0 + py, x0 + px + 1, y0 + py + 1,
                 colour(p.values[size_t(row_of[size_t(py)] * p.cols + col_of[size_t(px)])]));
     cv.frame(x0, y0, W, H, kBlack);
-    cv.text(x0 + (W - text_width(p.title, kTextScale)) / 2, y0 - s.title_band + 1, p.title, kTextScale,
-            kBlack);
+    cv.text(x0 + (W - text_width(p.title, kTextScale)) / 2, y0 - s.title_band + 1, p.title,
+            kTextScale, kBlack);
 
-    // Tick labels at the box's corners; the far one only where it does not collide with the near one.
-    const std::string r0 = format_tick(p.row_start), r1 = format_tick(p.row_start + double(p.rows - 1));
+    // Tick labels at the box's corners; the far one only where it does not collide with the near
+    // one.
+    const std::string r0 = format_tick(p.row_start),
+                      r1 = format_tick(p.row_start + double(p.rows - 1));
     const int64_t label_right = x0 - 1 - kGap;
     cv.text(label_right - text_width(r0, kTickScale), y0, r0, kTickScale, kBlack);
     if (p.rows > 1 && H >= 2 * digit_h + 4)
       cv.text(label_right - text_width(r1, kTickScale), y0 + H - digit_h, r1, kTickScale, kBlack);
-    const std::string c0 = format_tick(p.col_start), c1 = format_tick(p.col_start + double(p.cols - 1));
+    const std::string c0 = format_tick(p.col_start),
+                      c1 = format_tick(p.col_start + double(p.cols - 1));
     const int64_t label_y = y0 + H + 1 + kGap;
     cv.text(x0, label_y, c0, kTickScale, kBlack);
     if (p.cols > 1 && text_width(c0, kTickScale) + kGap + text_width(c1, kTickScale) <= W)
@@ -286,7 +298,8 @@ GridLayout write_heatmap_grid(const std::string& path, const std::vector<Panel>&
     cv.text(bx + kBarWidth + 1 + kTickLen + kTickLabelGap, ty - digit_h / 2,
             format_bar(l.range_min + span * k / 4), kTickScale, kBlack);
   }
-  cv.text(bx, by - 1 - digit_h / 2 - 4 - kGlyphHeight * kTextScale, o.colorbar_label, kTextScale, kBlack);
+  cv.text(bx, by - 1 - digit_h / 2 - 4 - kGlyphHeight * kTextScale, o.colorbar_label, kTextScale,
+          kBlack);
 
   // Encode in memory with libpng's simplified API (no setjmp), then write atomically.
   png_image image{};
@@ -297,7 +310,8 @@ GridLayout write_heatmap_grid(const std::string& path, const std::vector<Panel>&
   png_alloc_size_t size = 0;
   bool ok = png_image_write_to_memory(&image, nullptr, &size, 0, cv.rgb.data(), 0, nullptr) != 0;
   std::string bytes(ok ? size_t(size) : 0, '\0');
-  ok = ok && png_image_write_to_memory(&image, bytes.data(), &size, 0, cv.rgb.data(), 0, nullptr) != 0;
+  ok = ok &&
+       png_image_write_to_memory(&image, bytes.data(), &size, 0, cv.rgb.data(), 0, nullptr) != 0;
   const std::string message = image.message;
   png_image_free(&image);
   ENGINE_CHECK(ok, "[plot] ", path, ": PNG encoding failed (", message, ")");

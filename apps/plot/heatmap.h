@@ -14,14 +14,14 @@ struct Rgb {
   uint8_t r, g, b;
 };
 
-// Matplotlib's viridis colour map at t in [0, 1] (clamped; NaN gives t = 0): dark purple (68,1,84) at 0
-// to yellow (253,231,37) at 1, each channel within 3 of matplotlib's 256-entry table.
+// Matplotlib's viridis colour map at t in [0, 1] (clamped; NaN gives t = 0): dark purple (68,1,84)
+// at 0 to yellow (253,231,37) at 1, each channel within 3 of matplotlib's 256-entry table.
 Rgb viridis(double t);
 
 struct Panel {
-  std::string title;                    // drawn above the panel, e.g. "head 3"
+  std::string title;  // drawn above the panel, e.g. "head 3"
   int64_t rows = 0, cols = 0;
-  std::vector<float> values;            // row-major rows*cols; NaN/inf cells drawn grey (128,128,128)
+  std::vector<float> values;  // row-major rows*cols; NaN/inf cells drawn grey (128,128,128)
   double row_start = 0, col_start = 0;  // axis labels: row r is labelled row_start + r (ditto cols)
 };
 
@@ -31,15 +31,17 @@ struct GridOptions {
   std::string colorbar_label;  // text above the colour bar, may be empty
   int64_t columns = 4;         // panels per grid row (fewer if there are fewer panels)
   int64_t panel_width = 256, panel_height = 256;  // pixel box of each panel's image
-  // Else min/max over every finite value of every panel (max == min: min-0.5 .. min+0.5; none: 0 .. 1).
+  // Else min/max over every finite value of every panel (max == min: min-0.5 .. min+0.5; none: 0 ..
+  // 1).
   bool has_range = false;
   double range_min = 0, range_max = 0;
 };
 
 // Where everything is, so tests (and callers) can find a panel's pixels.
 struct GridLayout {
-  int64_t width = 0, height = 0;                     // whole image
-  std::vector<std::array<int64_t, 2>> panel_origin;  // top-left pixel (x, y) of each panel's image box
+  int64_t width = 0, height = 0;  // whole image
+  std::vector<std::array<int64_t, 2>>
+      panel_origin;  // top-left pixel (x, y) of each panel's image box
   // The gradient strip: top row = max colour, bottom row = min colour.
   int64_t colorbar_x = 0, colorbar_y = 0, colorbar_width = 0, colorbar_height = 0;
   double range_min = 0, range_max = 0;  // the colour range used

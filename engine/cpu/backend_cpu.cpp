@@ -25,9 +25,18 @@ constexpr int64_t kSumToParallelVectorised = 131072;
 constexpr int64_t kSumToParallelChained = 8192;
 
 // C++ compute type for each storage type.
-template <class T> struct Value { using type = T; };
-template <> struct Value<bf16_t> { using type = float; };
-template <> struct Value<f16_t> { using type = float; };
+template <class T>
+struct Value {
+  using type = T;
+};
+template <>
+struct Value<bf16_t> {
+  using type = float;
+};
+template <>
+struct Value<f16_t> {
+  using type = float;
+};
 
 template <class T>
 typename Value<T>::type load(const T& x) {
@@ -103,7 +112,8 @@ class CpuBackend final : public Backend {
                        T* dp = d + off[0];
                        const T* sp = s + off[1];
                        for (int64_t i = 0; i < n; ++i)
-                         dp[i * step[0]] = store<T>(load(dp[i * step[0]]) + a * load(sp[i * step[1]]));
+                         dp[i * step[0]] =
+                             store<T>(load(dp[i * step[0]]) + a * load(sp[i * step[1]]));
                      });
     });
   }
@@ -173,10 +183,13 @@ class CpuBackend final : public Backend {
     });
   }
 
-
  protected:
-  void write_from_host(void* dst, const void* src, size_t n, int) override { std::memcpy(dst, src, n); }
-  void read_to_host(void* dst, const void* src, size_t n, int) override { std::memcpy(dst, src, n); }
+  void write_from_host(void* dst, const void* src, size_t n, int) override {
+    std::memcpy(dst, src, n);
+  }
+  void read_to_host(void* dst, const void* src, size_t n, int) override {
+    std::memcpy(dst, src, n);
+  }
 };
 
 CpuBackend g_cpu_backend;

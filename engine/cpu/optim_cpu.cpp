@@ -32,8 +32,10 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
   // PyTorch passes each Python-float scalar to an f32 tensor op, which rounds it to f32 first;
   // 1 - beta is computed in double before rounding, as in Python.
   const float decay = static_cast<float>(s.decay_factor);
-  const float beta1 = static_cast<float>(s.beta1), one_minus_beta1 = static_cast<float>(1.0 - s.beta1);
-  const float beta2 = static_cast<float>(s.beta2), one_minus_beta2 = static_cast<float>(1.0 - s.beta2);
+  const float beta1 = static_cast<float>(s.beta1),
+              one_minus_beta1 = static_cast<float>(1.0 - s.beta1);
+  const float beta2 = static_cast<float>(s.beta2),
+              one_minus_beta2 = static_cast<float>(1.0 - s.beta2);
   const float bc2_sqrt = static_cast<float>(s.bias_correction2_sqrt);
   const float eps = static_cast<float>(s.eps);
   const float neg_step_size = static_cast<float>(-s.step_size);

@@ -9,7 +9,7 @@ namespace engine::cpu {
 namespace {
 using ArrayF = Eigen::Array<float, Eigen::Dynamic, 1>;
 constexpr float kNegInfF = -std::numeric_limits<float>::infinity();
-}  // namespace  // namespace
+}  // namespace
 
 template <>
 float row_max<float>(const float* x, int64_t n) {

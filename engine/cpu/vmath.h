@@ -8,16 +8,21 @@
 namespace engine::cpu {
 
 // max over x[0..n) (-inf for n == 0).
-template <class T> T row_max(const T* x, int64_t n);
+template <class T>
+T row_max(const T* x, int64_t n);
 
 // y[j] = exp(x[j] - shift), with exp(-inf) exactly 0; returns sum_j y[j]. y may alias x.
-template <class T> T exp_shifted(const T* x, T shift, T* y, int64_t n);
+template <class T>
+T exp_shifted(const T* x, T shift, T* y, int64_t n);
 
 // sum_j exp(x[j] - shift) without storing it, accumulated in double.
-template <class T> double sum_exp_shifted(const T* x, T shift, int64_t n);
+template <class T>
+double sum_exp_shifted(const T* x, T shift, int64_t n);
 
 // sum_j x[j], and sum_j (x[j] - mu)^2, in SIMD lanes (a fixed order: deterministic).
-template <class T> T row_sum(const T* x, int64_t n);
-template <class T> T row_sum_sq_dev(const T* x, T mu, int64_t n);
+template <class T>
+T row_sum(const T* x, int64_t n);
+template <class T>
+T row_sum_sq_dev(const T* x, T mu, int64_t n);
 
 }  // namespace engine::cpu

@@ -24,8 +24,8 @@ class CudaAllocator final : public Allocator {
     void* p = nullptr;
     cudaError_t err = cudaMalloc(&p, nbytes);
     ENGINE_CHECK(err == cudaSuccess, "[alloc] out of memory on cuda:", index_, ": could not ",
-                 "allocate ", nbytes, " bytes (", live_.load(), " bytes live, peak ",
-                 peak_.load(), "): ", cudaGetErrorString(err));
+                 "allocate ", nbytes, " bytes (", live_.load(), " bytes live, peak ", peak_.load(),
+                 "): ", cudaGetErrorString(err));
     int64_t live = live_.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
     int64_t peak = peak_.load();
     while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
@@ -54,31 +54,55 @@ class CudaAllocator final : public Allocator {
   std::atomic<int64_t> live_{0}, peak_{0}, allocs_{0};
 };
 
-template <class T> struct Acc { using type = T; };
-template <> struct Acc<__nv_bfloat16> { using type = float; };
-template <> struct Acc<__half> { using type = float; };
+template <class T>
+struct Acc {
+  using type = T;
+};
+template <>
+struct Acc<__nv_bfloat16> {
+  using type = float;
+};
+template <>
+struct Acc<__half> {
+  using type = float;
+};
 
-template <class T> __device__ typename Acc<T>::type ld(T x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __bfloat162float(x);
-  else if constexpr (std::is_same_v<T, __half>) return __half2float(x);
-  else return x;
+template <class T>
+__device__ typename Acc<T>::type ld(T x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __bfloat162float(x);
+  else if constexpr (std::is_same_v<T, __half>)
+    return __half2float(x);
+  else
+    return x;
 }
-template <class T, class V> __device__ T st(V v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, __half>) return __float2half(static_cast<float>(v));
-  else return static_cast<T>(v);
+template <class T, class V>
+__device__ T st(V v) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, __half>)
+    return __float2half(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
 }
 
 template <class F>
 void dispatch_all(DType t, F&& f) {
   switch (t) {
-    case DType::f32: return f.template operator()<float>();
-    case DType::f64: return f.template operator()<double>();
-    case DType::bf16: return f.template operator()<__nv_bfloat16>();
-    case DType::f16: return f.template operator()<__half>();
-    case DType::i32: return f.template operator()<int32_t>();
-    case DType::i64: return f.template operator()<int64_t>();
-    case DType::u8: return f.template operator()<uint8_t>();
+    case DType::f32:
+      return f.template operator()<float>();
+    case DType::f64:
+      return f.template operator()<double>();
+    case DType::bf16:
+      return f.template operator()<__nv_bfloat16>();
+    case DType::f16:
+      return f.template operator()<__half>();
+    case DType::i32:
+      return f.template operator()<int32_t>();
+    case DType::i64:
+      return f.template operator()<int64_t>();
+    case DType::u8:
+      return f.template operator()<uint8_t>();
   }
 }
 
@@ -147,8 +171,8 @@ class CudaBackend final : public Backend {
   }
   Allocator& allocator(int index) override {
     std::lock_guard<std::mutex> lock(mu_);
-    ENGINE_CHECK(index >= 0 && index < device_count(), "[device] cuda:", index,
-                 " does not exist (", device_count(), " CUDA devices visible)");
+    ENGINE_CHECK(index >= 0 && index < device_count(), "[device] cuda:", index, " does not exist (",
+                 device_count(), " CUDA devices visible)");
     if (allocators_.size() <= static_cast<size_t>(index)) allocators_.resize(index + 1);
     if (!allocators_[index]) allocators_[index] = std::make_unique<CudaAllocator>(index);
     return *allocators_[index];
@@ -162,8 +186,8 @@ class CudaBackend final : public Backend {
     int64_t n = dst.numel();
     if (!n) return;
     if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
-      ENGINE_CUDA_CHECK(cudaMemcpy(dst.raw_data(), src.raw_data(), dst.nbytes(),
-                                   cudaMemcpyDeviceToDevice));
+      ENGINE_CUDA_CHECK(
+          cudaMemcpy(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDeviceToDevice));
       return;
     }
     const std::vector<int64_t>* sts[2] = {&dst.strides(), &src.strides()};
@@ -184,11 +208,14 @@ class CudaBackend final : public Backend {
     auto ix = make_indexer<1>(dst.shape(), sts);
     dispatch_all(dst.dtype(), [&]<class T>() {
       T v;
-      if constexpr (std::is_same_v<T, __nv_bfloat16>) v = __float2bfloat16(static_cast<float>(value));
-      else if constexpr (std::is_same_v<T, __half>) v = __float2half(static_cast<float>(value));
-      else v = static_cast<T>(value);
-      fill_kernel<T><<<blocks_for(n, kThreads), kThreads>>>(static_cast<T*>(dst.raw_data()), v,
-                                                              ix, n);
+      if constexpr (std::is_same_v<T, __nv_bfloat16>)
+        v = __float2bfloat16(static_cast<float>(value));
+      else if constexpr (std::is_same_v<T, __half>)
+        v = __float2half(static_cast<float>(value));
+      else
+        v = static_cast<T>(value);
+      fill_kernel<T>
+          <<<blocks_for(n, kThreads), kThreads>>>(static_cast<T*>(dst.raw_data()), v, ix, n);
     });
     ENGINE_CUDA_CHECK_LAUNCH();
   }
@@ -227,12 +254,11 @@ class CudaBackend final : public Backend {
     int64_t n_red = shape_numel(red_shape);
     dispatch_all(src.dtype(), [&]<class T>() {
       sum_to_kernel<T><<<blocks_for(n_out, kThreads), kThreads>>>(
-          static_cast<const T*>(src.raw_data()), static_cast<T*>(dst.raw_data()), kept, red,
-          n_out, n_red);
+          static_cast<const T*>(src.raw_data()), static_cast<T*>(dst.raw_data()), kept, red, n_out,
+          n_red);
     });
     ENGINE_CUDA_CHECK_LAUNCH();
   }
-
 
  protected:
   void write_from_host(void* dst, const void* src, size_t n, int index) override {

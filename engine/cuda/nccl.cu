@@ -12,12 +12,12 @@
 
 #if defined(ENGINE_WITH_NCCL)
 
-#define ENGINE_NCCL_CHECK(call)                                                                  \
-  do {                                                                                           \
-    ncclResult_t engine_nr_ = (call);                                                            \
-    if (engine_nr_ != ncclSuccess)                                                               \
-      ENGINE_FAIL("[nccl] ", #call, " failed: ", ncclGetErrorString(engine_nr_), " (",           \
-                  ncclGetLastError(nullptr), ") at ", __FILE__, ":", __LINE__);                  \
+#define ENGINE_NCCL_CHECK(call)                                                        \
+  do {                                                                                 \
+    ncclResult_t engine_nr_ = (call);                                                  \
+    if (engine_nr_ != ncclSuccess)                                                     \
+      ENGINE_FAIL("[nccl] ", #call, " failed: ", ncclGetErrorString(engine_nr_), " (", \
+                  ncclGetLastError(nullptr), ") at ", __FILE__, ":", __LINE__);        \
   } while (0)
 
 namespace engine::cuda {
@@ -25,23 +25,34 @@ namespace {
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::f32: return ncclFloat32;
-    case DType::f64: return ncclFloat64;
-    case DType::bf16: return ncclBfloat16;
-    case DType::f16: return ncclFloat16;
-    case DType::i32: return ncclInt32;
-    case DType::i64: return ncclInt64;
-    case DType::u8: return ncclUint8;
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
+    case DType::u8:
+      return ncclUint8;
   }
   ENGINE_FAIL("[nccl] unsupported dtype ", dtype_name(t));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return ncclSum;
-    case ReduceOp::avg: return ncclAvg;
-    case ReduceOp::max: return ncclMax;
-    case ReduceOp::min: return ncclMin;
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::avg:
+      return ncclAvg;
+    case ReduceOp::max:
+      return ncclMax;
+    case ReduceOp::min:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -90,7 +101,8 @@ class Channel final : public NcclChannel {
 
   std::string async_error() override {
     ncclResult_t state = ncclSuccess;
-    if (!comm_ || ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state == ncclSuccess) return "";
+    if (!comm_ || ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state == ncclSuccess)
+      return "";
     return std::string(ncclGetErrorString(state));
   }
 
@@ -126,8 +138,8 @@ class Channel final : public NcclChannel {
 
 }  // namespace
 
-std::unique_ptr<NcclChannel> NcclChannel::create(int rank, int size, int device,
-                                                 const std::function<void(void*, size_t)>& broadcast_bytes) {
+std::unique_ptr<NcclChannel> NcclChannel::create(
+    int rank, int size, int device, const std::function<void(void*, size_t)>& broadcast_bytes) {
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
   if (rank == 0) ENGINE_NCCL_CHECK(ncclGetUniqueId(&id));

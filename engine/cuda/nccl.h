@@ -14,8 +14,8 @@ class NcclChannel {
  public:
   // Collective over the job: rank 0 makes the unique id, `broadcast_bytes` (MPI) hands it to the
   // others, then every rank joins on `device`. Collectives run on a stream of their own.
-  static std::unique_ptr<NcclChannel> create(int rank, int size, int device,
-                                             const std::function<void(void*, size_t)>& broadcast_bytes);
+  static std::unique_ptr<NcclChannel> create(
+      int rank, int size, int device, const std::function<void(void*, size_t)>& broadcast_bytes);
   virtual ~NcclChannel() = default;
   // The collective is ordered after the work already queued on the engine's stream; wait() makes
   // that stream wait for it (the host does not block).

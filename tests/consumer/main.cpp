@@ -32,6 +32,7 @@ int main() {
     if (k == 0) first = s.loss;
     last = s.loss;
   }
-  std::printf("trainer: loss %.4f -> %.4f after %lld steps\n", first, last, (long long)trainer.steps_taken());
+  std::printf("trainer: loss %.4f -> %.4f after %lld steps\n", first, last,
+              (long long)trainer.steps_taken());
   return last < 0.1 * first ? 0 : 1;
 }

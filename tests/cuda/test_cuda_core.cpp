@@ -63,8 +63,11 @@ TEST_CASE("the device allocator counts live and peak bytes", "[cuda]") {
 TEST_CASE("mixing devices is an error naming both tensors", "[cuda][errors]") {
   using Catch::Contains;
   Tensor a = Tensor::ones({2, 3}), b = Tensor::ones({2, 3}, DType::f32, kGpu);
-  REQUIRE_THROWS_WITH(a + b, Contains("[add] inputs are on different devices") && Contains("cuda:0"));
+  REQUIRE_THROWS_WITH(a + b,
+                      Contains("[add] inputs are on different devices") && Contains("cuda:0"));
   REQUIRE_THROWS_WITH(a.add_(b), Contains("[add_]") && Contains("different devices"));
-  REQUIRE_THROWS_WITH(matmul(a, b.transpose(0, 1)), Contains("[matmul]") && Contains("different devices"));
-  REQUIRE_THROWS_WITH(Tensor::zeros({2}, DType::f32, Device::cuda(999)), Contains("cuda:999 does not exist"));
+  REQUIRE_THROWS_WITH(matmul(a, b.transpose(0, 1)),
+                      Contains("[matmul]") && Contains("different devices"));
+  REQUIRE_THROWS_WITH(Tensor::zeros({2}, DType::f32, Device::cuda(999)),
+                      Contains("cuda:999 does not exist"));
 }

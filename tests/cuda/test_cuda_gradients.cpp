@@ -31,7 +31,8 @@ TEST_CASE("unscale_and_check_ and scale_ on the device agree with the CPU", "[cu
     scale_(d, 0.3);
     REQUIRE(d.to_vector<float>() == h.to_vector<float>());
   }
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity(),
+              nan = std::numeric_limits<float>::quiet_NaN();
   Tensor bad = Tensor::from_vector<float>({1, inf, nan, 2, -inf}, {5}).to(kGpu);
   REQUIRE(unscale_and_check_(bad).to_vector<double>()[1] == 3.0);
 }

@@ -10,8 +10,8 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <numeric>
+#include <random>
 #include <set>
 #include <sstream>
 
@@ -23,10 +23,10 @@
 namespace fs = std::filesystem;
 using data::Split;
 
-using engine::testing::TempDir;
 using engine::testing::error_of;
 using engine::testing::error_with_file_size_limit;
 using engine::testing::names_starting_with;
+using engine::testing::TempDir;
 
 namespace {
 
@@ -118,7 +118,7 @@ std::vector<Doc> make_docs(int n, uint32_t seed) {
       const int lines = 1 + rng() % 4;
       for (int l = 0; l < lines; ++l) doc.push_back(random_line(rng, 1 + rng() % 25));
       if (d % 17 == 3) doc.back() += " w12\xc3 \xe2\x82 w99";  // two invalid sequences
-      if (d % 23 == 4) doc.back() += " zzz";                  // an unknown word: [UNK]
+      if (d % 23 == 4) doc.back() += " zzz";                   // an unknown word: [UNK]
     }
     docs.push_back(doc);
   }
@@ -214,14 +214,16 @@ TEST_CASE("sanitize_utf8 replaces each maximal ill-formed subpart by one U+FFFD"
   CHECK(out == "plain ascii");
   CHECK(data::sanitize_utf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", out) == 0);  // é € 😀
   CHECK(out == "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
-  CHECK(data::sanitize_utf8("a\xff" "b", out) == 1);
+  CHECK(data::sanitize_utf8("a\xff"
+                            "b",
+                            out) == 1);
   CHECK(out == "a" + r + "b");
   CHECK(data::sanitize_utf8("\xe2\x82x", out) == 1);  // truncated 3-byte sequence: one
   CHECK(out == r + "x");
-  CHECK(data::sanitize_utf8("\xc0\xaf", out) == 2);  // overlong '/': two
-  CHECK(data::sanitize_utf8("\xed\xa0\x80", out) == 3);  // a surrogate: three
+  CHECK(data::sanitize_utf8("\xc0\xaf", out) == 2);          // overlong '/': two
+  CHECK(data::sanitize_utf8("\xed\xa0\x80", out) == 3);      // a surrogate: three
   CHECK(data::sanitize_utf8("\xf4\x90\x80\x80", out) == 4);  // above U+10FFFF
-  CHECK(data::sanitize_utf8("\xf0\x9f\x98", out) == 1);  // truncated at the end
+  CHECK(data::sanitize_utf8("\xf0\x9f\x98", out) == 1);      // truncated at the end
   CHECK(out == r);
 }
 
@@ -262,7 +264,9 @@ TEST_CASE("prepare_corpus writes shards that read back as the input's tokens", "
   // meta.json holds the counts.
   const data::CorpusMeta meta = data::read_corpus_meta(out);
   CHECK(meta.tokenizer_kind == "test");
-  CHECK(meta.tokenizer_path == std::filesystem::absolute("test-vocab").lexically_normal().string());  // absolute: usable from any directory
+  CHECK(meta.tokenizer_path == std::filesystem::absolute("test-vocab")
+                                   .lexically_normal()
+                                   .string());  // absolute: usable from any directory
   CHECK(meta.vocab_size == 1000);
   CHECK(meta.token_dtype == "uint32");
   CHECK(meta.stats.train.tokens == stats.train.tokens);
@@ -337,8 +341,10 @@ TEST_CASE("prepare_corpus reads .xz input like plain text", "[corpus]") {
   TestTokenizer tok;
   write_docs(dir / "in.txt", make_docs(300, 5));
   REQUIRE(std::system(("xz -k -c " + (dir / "in.txt") + " > " + (dir / "in.txt.xz")).c_str()) == 0);
-  const data::CorpusStats plain = data::prepare_corpus({dir / "in.txt"}, tok, dir / "p", quiet_options());
-  const data::CorpusStats xz = data::prepare_corpus({dir / "in.txt.xz"}, tok, dir / "x", quiet_options());
+  const data::CorpusStats plain =
+      data::prepare_corpus({dir / "in.txt"}, tok, dir / "p", quiet_options());
+  const data::CorpusStats xz =
+      data::prepare_corpus({dir / "in.txt.xz"}, tok, dir / "x", quiet_options());
   CHECK(xz.train.tokens == plain.train.tokens);
   CHECK(xz.valid.tokens == plain.valid.tokens);
   CHECK(xz.invalid_utf8 == plain.invalid_utf8);
@@ -349,8 +355,8 @@ TEST_CASE("prepare_corpus reads .xz input like plain text", "[corpus]") {
   // A truncated archive is an error naming the file, and leaves nothing behind.
   const auto size = fs::file_size(dir / "in.txt.xz");
   fs::resize_file(dir / "in.txt.xz", size / 2);
-  const std::string err = error_of(
-      [&] { data::prepare_corpus({dir / "in.txt.xz"}, tok, dir / "y", quiet_options()); });
+  const std::string err =
+      error_of([&] { data::prepare_corpus({dir / "in.txt.xz"}, tok, dir / "y", quiet_options()); });
   CHECK_THAT(err, Catch::Contains("[corpus]") && Catch::Contains("in.txt.xz"));
   CHECK_FALSE(fs::exists(dir / "y"));
   CHECK(names_starting_with(dir.path, "y.tmp").empty());
@@ -374,20 +380,18 @@ TEST_CASE("prepare_corpus errors: missing input, no tokens, non-empty output", "
     std::ofstream f(dir / "empty.txt", std::ios::binary);
     f << "\n\n   \n\xff\xfe\n\n\xc3\n";
   }
-  CHECK_THAT(error_of([&] {
-               data::prepare_corpus({dir / "empty.txt"}, tok, dir / "c", quiet_options());
-             }),
-             Catch::Contains("[corpus] no tokens") && Catch::Contains("empty.txt"));
+  CHECK_THAT(
+      error_of([&] { data::prepare_corpus({dir / "empty.txt"}, tok, dir / "c", quiet_options()); }),
+      Catch::Contains("[corpus] no tokens") && Catch::Contains("empty.txt"));
   CHECK_FALSE(fs::exists(dir / "c"));
   CHECK(names_starting_with(dir.path, "c.tmp").empty());
 
   // An existing, non-empty output directory.
   fs::create_directories(dir / "busy");
   std::ofstream(dir / "busy/notes.txt") << "mine";
-  CHECK_THAT(error_of([&] {
-               data::prepare_corpus({dir / "in.txt"}, tok, dir / "busy", quiet_options());
-             }),
-             Catch::Contains("exists and is not empty") && Catch::Contains("overwrite"));
+  CHECK_THAT(
+      error_of([&] { data::prepare_corpus({dir / "in.txt"}, tok, dir / "busy", quiet_options()); }),
+      Catch::Contains("exists and is not empty") && Catch::Contains("overwrite"));
   data::PrepareOptions over = quiet_options();
   over.overwrite = true;
   CHECK_THAT(error_of([&] { data::prepare_corpus({dir / "in.txt"}, tok, dir / "busy", over); }),
@@ -421,7 +425,8 @@ TEST_CASE("prepare_corpus on a full disk keeps the old corpus and leaves no temp
   write_docs(dir / "small.txt", make_docs(30, 1));
   write_docs(dir / "large.txt", make_docs(2000, 2));
   const std::string out = dir / "corpus";
-  const data::CorpusStats old = data::prepare_corpus({dir / "small.txt"}, tok, out, quiet_options());
+  const data::CorpusStats old =
+      data::prepare_corpus({dir / "small.txt"}, tok, out, quiet_options());
   data::PrepareOptions over = quiet_options();
   over.overwrite = true;
   // A file size limit in a forked child stands in for the full disk (see test_support.h).
@@ -447,9 +452,9 @@ TEST_CASE("the shard reader names the file on truncation and bad ids", "[corpus]
   }
   SECTION("truncated train.bin") {
     fs::resize_file(fs::path(out) / "train.bin", fs::file_size(fs::path(out) / "train.bin") - 6);
-    CHECK_THAT(error_of([&] { data::Corpus c(out); }),
-               Catch::Contains("[corpus]") && Catch::Contains("train.bin") &&
-                   Catch::Contains("truncated"));
+    CHECK_THAT(error_of([&] { data::Corpus c(out); }), Catch::Contains("[corpus]") &&
+                                                           Catch::Contains("train.bin") &&
+                                                           Catch::Contains("truncated"));
   }
   SECTION("truncated valid.idx") {
     fs::resize_file(fs::path(out) / "valid.idx", 8);
@@ -462,9 +467,9 @@ TEST_CASE("the shard reader names the file on truncation and bad ids", "[corpus]
       const uint32_t bad = 1000;
       f.write(reinterpret_cast<const char*>(&bad), 4);
     }
-    CHECK_THAT(error_of([&] { data::Corpus c(out); }),
-               Catch::Contains("train.bin") && Catch::Contains("token 10 is 1000") &&
-                   Catch::Contains("vocabulary size 1000"));
+    CHECK_THAT(error_of([&] { data::Corpus c(out); }), Catch::Contains("train.bin") &&
+                                                           Catch::Contains("token 10 is 1000") &&
+                                                           Catch::Contains("vocabulary size 1000"));
     // Without the scan, the batch builder catches it when it reads the token.
     data::OpenOptions lazy;
     lazy.check_tokens = false;
@@ -517,13 +522,15 @@ TEST_CASE("a 50 MB input prepares in bounded memory", "[corpus]") {
   const int64_t rss_before = read_status_kb("VmRSS:");
   const int64_t hwm_before = read_status_kb("VmHWM:");
   const auto t0 = std::chrono::steady_clock::now();
-  const data::CorpusStats s = data::prepare_corpus({dir / "big.txt"}, tok, dir / "c", quiet_options());
+  const data::CorpusStats s =
+      data::prepare_corpus({dir / "big.txt"}, tok, dir / "c", quiet_options());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const int64_t hwm_after = read_status_kb("VmHWM:");
   INFO("prepared " << s.train.tokens + s.valid.tokens << " tokens in " << secs << " s");
   CHECK(s.train.tokens + s.valid.tokens > 8'000'000);
   // The peak resident size grew by far less than the 50 MB input (or the 35 MB of tokens).
-  if (rss_before > 0 && hwm_after > 0) CHECK(hwm_after <= std::max(hwm_before, rss_before + 24 * 1024));
+  if (rss_before > 0 && hwm_after > 0)
+    CHECK(hwm_after <= std::max(hwm_before, rss_before + 24 * 1024));
   const data::Corpus c(dir / "c");
   CHECK(c.train().num_tokens() == s.train.tokens);
 }
@@ -624,7 +631,8 @@ TEST_CASE("shuffled_index is a permutation per epoch", "[batches]") {
 // A batch's predicted positions (flat b * T + t, ascending) and targets are its labels that are
 // not -100, and its token count is the attention mask's sum: what the training step reads.
 void check_predicted(const data::MlmBatch& b) {
-  const std::vector<int64_t> labels = b.labels.to_vector<int64_t>(), att = b.inputs.attention_mask.to_vector<int64_t>();
+  const std::vector<int64_t> labels = b.labels.to_vector<int64_t>(),
+                             att = b.inputs.attention_mask.to_vector<int64_t>();
   std::vector<int64_t> positions, targets;
   for (size_t i = 0; i < labels.size(); ++i)
     if (labels[i] != -100) positions.push_back(int64_t(i)), targets.push_back(labels[i]);
@@ -733,7 +741,8 @@ TEST_CASE("same seed, same batches; seek resumes exactly; another seed differs",
     before.push_back(a.position());
     run.push_back(a.next_batch());
     const data::MlmBatch other = b.next_batch();
-    CHECK(run.back().inputs.input_ids.to_vector<int64_t>() == other.inputs.input_ids.to_vector<int64_t>());
+    CHECK(run.back().inputs.input_ids.to_vector<int64_t>() ==
+          other.inputs.input_ids.to_vector<int64_t>());
     CHECK(run.back().labels.to_vector<int64_t>() == other.labels.to_vector<int64_t>());
   }
   CHECK(a.position().epoch >= 2);
@@ -748,8 +757,10 @@ TEST_CASE("same seed, same batches; seek resumes exactly; another seed differs",
     CHECK(before[k].next_sequence == k * o.batch_size % n);
     for (int j = k; j < std::min(steps, k + 3); ++j) {
       const data::MlmBatch r = resumed.next_batch();
-      CHECK(r.inputs.input_ids.to_vector<int64_t>() == run[j].inputs.input_ids.to_vector<int64_t>());
-      CHECK(r.inputs.attention_mask.to_vector<int64_t>() == run[j].inputs.attention_mask.to_vector<int64_t>());
+      CHECK(r.inputs.input_ids.to_vector<int64_t>() ==
+            run[j].inputs.input_ids.to_vector<int64_t>());
+      CHECK(r.inputs.attention_mask.to_vector<int64_t>() ==
+            run[j].inputs.attention_mask.to_vector<int64_t>());
       CHECK(r.labels.to_vector<int64_t>() == run[j].labels.to_vector<int64_t>());
     }
   }
@@ -757,10 +768,12 @@ TEST_CASE("same seed, same batches; seek resumes exactly; another seed differs",
   // Dynamic masking: the same sequence is masked differently in another epoch.
   data::BatchOptions no_shuffle = o;
   no_shuffle.shuffle = false;
-  data::BatchStream e0(corpus, Split::train, tok, no_shuffle), e1(corpus, Split::train, tok, no_shuffle);
+  data::BatchStream e0(corpus, Split::train, tok, no_shuffle),
+      e1(corpus, Split::train, tok, no_shuffle);
   e1.seek({1, 0});
   const data::MlmBatch x0 = e0.next_batch(), x1 = e1.next_batch();
-  CHECK(x0.inputs.attention_mask.to_vector<int64_t>() == x1.inputs.attention_mask.to_vector<int64_t>());
+  CHECK(x0.inputs.attention_mask.to_vector<int64_t>() ==
+        x1.inputs.attention_mask.to_vector<int64_t>());
   CHECK(x0.labels.to_vector<int64_t>() != x1.labels.to_vector<int64_t>());
 
   // Another seed: other order and other masks.
@@ -769,10 +782,12 @@ TEST_CASE("same seed, same batches; seek resumes exactly; another seed differs",
   data::BatchStream c(corpus, Split::train, tok, other);
   const data::MlmBatch first = c.next_batch();
   CHECK(first.labels.to_vector<int64_t>() != run[0].labels.to_vector<int64_t>());
-  CHECK(first.inputs.input_ids.to_vector<int64_t>() != run[0].inputs.input_ids.to_vector<int64_t>());
+  CHECK(first.inputs.input_ids.to_vector<int64_t>() !=
+        run[0].inputs.input_ids.to_vector<int64_t>());
   data::BatchOptions other_unshuffled = no_shuffle;
   other_unshuffled.seed = 43;
-  data::BatchStream c2(corpus, Split::train, tok, other_unshuffled), c1(corpus, Split::train, tok, no_shuffle);
+  data::BatchStream c2(corpus, Split::train, tok, other_unshuffled),
+      c1(corpus, Split::train, tok, no_shuffle);
   CHECK(c2.next_batch().labels.to_vector<int64_t>() != c1.next_batch().labels.to_vector<int64_t>());
 }
 
@@ -830,7 +845,9 @@ TEST_CASE("data positions: JSON round trip and bad input", "[batches]") {
   TestTokenizer tok;
   const data::Corpus corpus(random_corpus(dir, 20, 50, 2));
   data::BatchStream s(corpus, Split::train, tok, {});
-  CHECK_THAT(error_of([&] { s.seek({0, s.num_sequences()}); }),
+  CHECK_THAT(error_of([&] {
+               s.seek({0, s.num_sequences()});
+             }),
              Catch::Contains("cannot seek") && Catch::Contains("sequences per epoch"));
 }
 
@@ -874,9 +891,9 @@ TEST_CASE("batching refuses a tokenizer that is not the corpus's", "[batches]") 
   TestTokenizer tok;
   const data::Corpus corpus(random_corpus(dir, 20, 50, 2));
   TestTokenizer bigger(2000, "other-vocab");
-  CHECK_THAT(error_of([&] { data::BatchStream s(corpus, Split::train, bigger, {}); }),
-             Catch::Contains("[batch] tokenizer other-vocab") &&
-                 Catch::Contains("not the one corpus"));
+  CHECK_THAT(
+      error_of([&] { data::BatchStream s(corpus, Split::train, bigger, {}); }),
+      Catch::Contains("[batch] tokenizer other-vocab") && Catch::Contains("not the one corpus"));
   data::BatchOptions bad;
   bad.max_len = 2;
   CHECK_THAT(error_of([&] { data::BatchStream s(corpus, Split::train, tok, bad); }),

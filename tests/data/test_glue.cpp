@@ -18,8 +18,8 @@ using data::glue_task;
 using data::GlueExample;
 using data::read_glue;
 
-using engine::testing::TempDir;
 using engine::testing::error_of;
+using engine::testing::TempDir;
 
 namespace {
 
@@ -532,10 +532,12 @@ TEST_CASE("glue: submission files", "[glue]") {
                  Catch::Contains("(No such file or directory)"));
 }
 
-TEST_CASE("encode_pair: BERT's layout, segment ids and longest-first truncation", "[glue][encode]") {
+TEST_CASE("encode_pair: BERT's layout, segment ids and longest-first truncation",
+          "[glue][encode]") {
   engine::testing::TempDir dir;
   // ids: [PAD]0 [UNK]1 [CLS]2 [SEP]3 [MASK]4 a5 b6 c7 d8 e9
-  auto tok = data::load_wordpiece(dir.write("vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\nb\nc\nd\ne\n"), true);
+  auto tok = data::load_wordpiece(
+      dir.write("vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\nb\nc\nd\ne\n"), true);
   data::EncodedPair one = data::encode_pair(*tok, "a B c", "", 16);
   CHECK(one.ids == std::vector<int32_t>{2, 5, 6, 7, 3});
   CHECK(one.types == std::vector<int8_t>{0, 0, 0, 0, 0});

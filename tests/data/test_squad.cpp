@@ -19,8 +19,8 @@ namespace fs = std::filesystem;
 using data::squad_normalize;
 using json = nlohmann::json;
 
-using engine::testing::TempDir;
 using engine::testing::error_of;
+using engine::testing::TempDir;
 
 namespace {
 

@@ -27,8 +27,8 @@ class TempDir {
  public:
   TempDir() {
     static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("engine_tokenizer_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    path_ = fs::temp_directory_path() / ("engine_tokenizer_test_" + std::to_string(::getpid()) +
+                                         "_" + std::to_string(counter++));
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -51,12 +51,15 @@ class TempDir {
 // continuations, accented/Greek/Cyrillic/CJK tokens; "the" twice (the later line wins), a blank
 // line and a line with surrounding whitespace ("spaced" after stripping).
 const std::vector<std::string> kVocab = {
-    "[PAD]", "[unused0]", "[unused12]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
-    "the", "un", "##aff", "##able", "hello", "world", "naive", "cafe", "café", "H", "##é", "##llo",
-    "W", "##ö", "##rld", "中", "文", "字", "mixed", "a", "b", "zero", "##width", "tab", "new", "line",
-    "ret", "no", "##break", "break", "wow", "!", ".", "'", "-", "dr", "smith", "s", "state", "of",
-    "art", "x", "##x", "##xx", "##xxxx", "οδυσσευς", "αθηνα", "москва", "елка", "МОСКВА", "bad",
-    "##byte", "byte", "i", "istanbul", "σας", "the", "", "  spaced \t"};
+    "[PAD]",  "[unused0]",  "[unused12]", "[UNK]",   "[CLS]",    "[SEP]",    "[MASK]", "the",
+    "un",     "##aff",      "##able",     "hello",   "world",    "naive",    "cafe",   "café",
+    "H",      "##é",        "##llo",      "W",       "##ö",      "##rld",    "中",     "文",
+    "字",     "mixed",      "a",          "b",       "zero",     "##width",  "tab",    "new",
+    "line",   "ret",        "no",         "##break", "break",    "wow",      "!",      ".",
+    "'",      "-",          "dr",         "smith",   "s",        "state",    "of",     "art",
+    "x",      "##x",        "##xx",       "##xxxx",  "οδυσσευς", "αθηνα",    "москва", "елка",
+    "МОСКВА", "bad",        "##byte",     "byte",    "i",        "istanbul", "σας",    "the",
+    "",       "  spaced \t"};
 
 std::string vocab_text() {
   std::string s;
@@ -95,10 +98,17 @@ TEST_CASE("WordPiece reproduces the reference BERT tokenizer on tricky text", "[
       {"Héllo Wörld", false, {"H", "##é", "##llo", "W", "##ö", "##rld"}},  // cased keeps both
       {"naïve café", false, {"[UNK]", "café"}},
       {"中文字符 mixed", true, {"中", "文", "字", "[UNK]", "mixed"}},  // CJK: one token each
-      {"\x01" "a\x7f" "b", true, {"[UNK]"}},  // controls removed: "ab" has no pieces
+      {"\x01"
+       "a\x7f"
+       "b",
+       true,
+       {"[UNK]"}},                                           // controls removed: "ab" has no pieces
       {"zero\xe2\x80\x8bwidth", true, {"zero", "##width"}},  // U+200B is Cf: removed, no split
       {"tab\tnew\nline\rret", true, {"tab", "new", "line", "ret"}},
-      {"no\xc2\xa0" "break", true, {"no", "break"}},  // U+00A0 (Zs) is a space
+      {"no\xc2\xa0"
+       "break",
+       true,
+       {"no", "break"}},  // U+00A0 (Zs) is a space
       {"nobreak", true, {"no", "##break"}},
       {"wow!!!...", true, {"wow", "!", "!", "!", ".", ".", "."}},
       {"Dr.Smith's", true, {"dr", ".", "smith", "'", "s"}},
@@ -106,16 +116,29 @@ TEST_CASE("WordPiece reproduces the reference BERT tokenizer on tricky text", "[
       {"unknownword the", true, {"[UNK]", "the"}},
       {"unaffable", true, {"un", "##aff", "##able"}},
       {"UNAFFABLE", false, {"[UNK]"}},
-      {"bad\xff" "byte\xe4\xb8", true, {"bad", "##byte"}},  // invalid bytes dropped, no split
-      {"\xc0\xaf" "bad \xed\xa0\x80" "byte", true, {"bad", "byte"}},  // overlong, surrogate
+      {"bad\xff"
+       "byte\xe4\xb8",
+       true,
+       {"bad", "##byte"}},  // invalid bytes dropped, no split
+      {"\xc0\xaf"
+       "bad \xed\xa0\x80"
+       "byte",
+       true,
+       {"bad", "byte"}},  // overlong, surrogate
       {"", true, {}},
       {" \t\n ", true, {}},
       {"ΟΔΥΣΣΕΥΣ Άθηνα", true, {"οδυσσευς", "αθηνα"}},  // final sigma ς, tonos stripped
       {"МОСКВА Ёлка", true, {"москва", "елка"}},
       {"МОСКВА Ёлка", false, {"МОСКВА", "[UNK]"}},
       {"İstanbul ΣΑΣ", true, {"istanbul", "σας"}},  // İ lower-cases to i + U+0307 (then stripped)
-      {"\xe2\x80\xa8the\xe2\x80\xa9" "art", true, {"the", "art"}},  // U+2028/9 split words
-      {"the\xef\xbb\xbf" "art\xc2\xadx", true, {"[UNK]"}},  // BOM, soft hyphen (Cf) removed
+      {"\xe2\x80\xa8the\xe2\x80\xa9"
+       "art",
+       true,
+       {"the", "art"}},  // U+2028/9 split words
+      {"the\xef\xbb\xbf"
+       "art\xc2\xadx",
+       true,
+       {"[UNK]"}},  // BOM, soft hyphen (Cf) removed
       {std::string(100, 'x'), true, repeat_pieces("x", "##xxxx", 24, {"##xx", "##x"})},
       {std::string(101, 'x'), true, {"[UNK]"}},  // longer than max_input_chars_per_word
       {"the [MASK] [unused0]", true, {"the", "[UNK]", "[UNK]", "[UNK]", "[UNK]", "[UNK]", "[UNK]"}},
@@ -151,8 +174,8 @@ TEST_CASE("WordPiece vocab: ids by line, special tokens, duplicates", "[tokenize
   CHECK(sp.cls == 4);
   CHECK(sp.sep == 5);
   CHECK(sp.mask == 6);
-  CHECK(tok->piece_to_id("the") == 63);  // the later duplicate wins, as in the reference
-  CHECK(tok->id_to_piece(7) == "the");   // ... while its first line keeps its token
+  CHECK(tok->piece_to_id("the") == 63);     // the later duplicate wins, as in the reference
+  CHECK(tok->id_to_piece(7) == "the");      // ... while its first line keeps its token
   CHECK(tok->piece_to_id("spaced") == 65);  // stripped
   CHECK(tok->id_to_piece(64).empty());
   CHECK(tok->piece_to_id("absent") == -1);
@@ -167,7 +190,8 @@ TEST_CASE("WordPiece vocab: ids by line, special tokens, duplicates", "[tokenize
   for (const auto& t : kVocab) crlf += t + "\r\n";
   const auto tok2 = data::load_wordpiece(dir.file("crlf.txt", crlf.substr(0, crlf.size() - 2)));
   CHECK(tok2->vocab_size() == int64_t(kVocab.size()));
-  CHECK(tok2->pieces("Unaffable hello") == std::vector<std::string>{"un", "##aff", "##able", "hello"});
+  CHECK(tok2->pieces("Unaffable hello") ==
+        std::vector<std::string>{"un", "##aff", "##able", "hello"});
 }
 
 TEST_CASE("WordPiece errors name the vocab file and what is missing", "[tokenizer][errors]") {
@@ -182,7 +206,9 @@ TEST_CASE("WordPiece errors name the vocab file and what is missing", "[tokenize
                     Contains(no_mask) && Contains("no [MASK] token") && Contains("[PAD], [UNK]"));
   const std::string no_pad = dir.file("no_pad.txt", "[UNK]\n[CLS]\n[SEP]\n[MASK]\n");
   CHECK_THROWS_WITH(data::load_wordpiece(no_pad), Contains("no [PAD] token"));
-  const std::string bad = dir.file("bad.txt", "[PAD]\n[UNK]\nca\xff" "fe\n[CLS]\n[SEP]\n[MASK]\n");
+  const std::string bad = dir.file("bad.txt",
+                                   "[PAD]\n[UNK]\nca\xff"
+                                   "fe\n[CLS]\n[SEP]\n[MASK]\n");
   CHECK_THROWS_WITH(data::load_wordpiece(bad), Contains(bad + ":3: not valid UTF-8"));
   CHECK_THROWS_WITH(data::load_wordpiece(dir.path("")), Contains("no such file"));  // a directory
 }
@@ -205,9 +231,9 @@ int markers_in_vocab(const data::Tokenizer& t) {
 // character of its own (U+0400 + marker_base + k): with character_coverage 1 a marker is in the
 // vocabulary exactly when its line was among the training sample.
 std::string english_like_corpus(int lines, uint32_t seed, int marker_base = 0) {
-  const std::vector<std::string> syllables = {"the", "an", "ing", "er", "re", "con", "ver", "sa",
-                                              "ti", "on", "al", "pro", "de", "ment", "ly", "in",
-                                              "ex", "per", "ab", "or", "us", "ta", "mo", "ble"};
+  const std::vector<std::string> syllables = {
+      "the", "an",   "ing", "er", "re", "con", "ver", "sa", "ti", "on", "al", "pro",
+      "de",  "ment", "ly",  "in", "ex", "per", "ab",  "or", "us", "ta", "mo", "ble"};
   std::mt19937 rng(seed);
   std::vector<std::string> words;
   for (int i = 0; i < 400; ++i) {
@@ -284,8 +310,10 @@ TEST_CASE("SentencePiece BPE: train, load, encode/decode, special ids", "[tokeni
   // "▁" (U+2581) stands for a space; the dummy prefix adds one at the start.
   std::string spaced;
   for (size_t i = 0; i < decoded.size();) {
-    if (decoded.compare(i, 3, "\xe2\x96\x81") == 0) spaced += ' ', i += 3;
-    else spaced += decoded[i++];
+    if (decoded.compare(i, 3, "\xe2\x96\x81") == 0)
+      spaced += ' ', i += 3;
+    else
+      spaced += decoded[i++];
   }
   CHECK(spaced == " " + text);
   // <mask> is a user-defined symbol: kept whole inside text.
@@ -316,7 +344,8 @@ TEST_CASE("SentencePiece BPE: train, load, encode/decode, special ids", "[tokeni
   const auto other = data::load_sentencepiece(dir.path("other") + ".model");
   bool same_markers = true;
   for (int k = 0; k < 64; ++k)
-    same_markers = same_markers && (tok->piece_to_id(marker(k)) >= 0) == (other->piece_to_id(marker(k)) >= 0);
+    same_markers =
+        same_markers && (tok->piece_to_id(marker(k)) >= 0) == (other->piece_to_id(marker(k)) >= 0);
   CHECK_FALSE(same_markers);
   // Without sampling every line is used.
   opt.input_sentence_size = 0;
@@ -327,14 +356,16 @@ TEST_CASE("SentencePiece BPE: train, load, encode/decode, special ids", "[tokeni
 TEST_CASE("SentencePiece errors name the file", "[tokenizer][errors]") {
   TempDir dir;
   const std::string missing = dir.path("missing.model");
-  CHECK_THROWS_WITH(data::load_sentencepiece(missing), Contains(missing) && Contains("no such file"));
+  CHECK_THROWS_WITH(data::load_sentencepiece(missing),
+                    Contains(missing) && Contains("no such file"));
   CHECK_THROWS_WITH(data::load_tokenizer(missing), Contains(missing) && Contains("no such file"));
 
   std::mt19937 rng(3);
   std::string junk(4096, '\0');
   for (char& c : junk) c = char(rng() & 0xFF);
   const std::string corrupt = dir.file("corrupt.model", junk);
-  CHECK_THROWS_WITH(data::load_sentencepiece(corrupt), Contains(corrupt) && Contains("not a SentencePiece model"));
+  CHECK_THROWS_WITH(data::load_sentencepiece(corrupt),
+                    Contains(corrupt) && Contains("not a SentencePiece model"));
   const std::string empty = dir.file("empty.model", "");
   CHECK_THROWS_WITH(data::load_tokenizer(empty), Contains(empty));
 
@@ -344,9 +375,11 @@ TEST_CASE("SentencePiece errors name the file", "[tokenizer][errors]") {
   CHECK_THROWS_WITH(data::train_sentencepiece({text, dir.path("nope.txt")}, dir.path("m"), opt),
                     Contains(dir.path("nope.txt")) && Contains("no such file"));
   CHECK_THROWS_WITH(data::train_sentencepiece({}, dir.path("m"), opt), Contains("no input files"));
-  CHECK_THROWS_WITH(data::train_sentencepiece({text}, dir.path("no_dir/m"), opt), Contains("no directory"));
+  CHECK_THROWS_WITH(data::train_sentencepiece({text}, dir.path("no_dir/m"), opt),
+                    Contains("no directory"));
   opt.input_sentence_size = 50;
-  CHECK_THROWS_WITH(data::train_sentencepiece({text}, dir.path("m"), opt), Contains("more than 100"));
+  CHECK_THROWS_WITH(data::train_sentencepiece({text}, dir.path("m"), opt),
+                    Contains("more than 100"));
   opt.input_sentence_size = 0;
   opt.vocab_size = 100000;  // more pieces than the corpus can give: SentencePiece's own error
   CHECK_THROWS_WITH(data::train_sentencepiece({text}, dir.path("m"), opt),

@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
   engine::DistributedSession session;
   engine::Communicator& comm = engine::world();
   try {
-    if (argc == 3 && (std::strcmp(argv[1], "--throw-on-rank") == 0 || std::strcmp(argv[1], "--stall-on-rank") == 0)) {
+    if (argc == 3 && (std::strcmp(argv[1], "--throw-on-rank") == 0 ||
+                      std::strcmp(argv[1], "--stall-on-rank") == 0)) {
       const int target = std::stoi(argv[2]);
       if (comm.rank() == target) {
         if (argv[1][2] == 't') throw std::runtime_error("deliberate failure for the test");

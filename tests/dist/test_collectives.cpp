@@ -8,9 +8,9 @@
 #include "engine/data_parallel.h"
 #include "engine/module.h"
 #include "engine/rng.h"
+#include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
-#include "ops/elementwise.h"
 
 using engine::DType;
 using engine::ReduceOp;
@@ -60,7 +60,8 @@ TEST_CASE("all_reduce: sum, avg, max, min over f32, f64 and i64", "[dist]") {
   for (int k = 0; k < n; ++k) rank_sum += k;
   Tensor f = Tensor::from_vector<float>({float(r), 1.5f, -float(r)}, {3});
   comm().all_reduce(f, ReduceOp::sum);
-  CHECK(f.to_vector<float>() == std::vector<float>{float(rank_sum), 1.5f * float(n), -float(rank_sum)});
+  CHECK(f.to_vector<float>() ==
+        std::vector<float>{float(rank_sum), 1.5f * float(n), -float(rank_sum)});
   Tensor d = Tensor::from_vector<double>({double(r), 2.0}, {2});
   comm().all_reduce(d, ReduceOp::avg);
   CHECK(d.to_vector<double>()[0] == Approx(rank_sum / n));
@@ -85,13 +86,16 @@ TEST_CASE("broadcast: tensors and text from any root", "[dist]") {
     Tensor t = Tensor::from_vector<float>({float(r), float(r * 2)}, {2});
     comm().broadcast(t, root);
     CHECK(t.to_vector<float>() == std::vector<float>{float(root), float(root * 2)});
-    const std::string text = comm().broadcast(r == root ? std::string(1000 + root, 'x') + "end" : "", root);
+    const std::string text =
+        comm().broadcast(r == root ? std::string(1000 + root, 'x') + "end" : "", root);
     CHECK(text == std::string(1000 + root, 'x') + "end");
   }
-  CHECK_THROWS_WITH(comm().broadcast(Tensor::zeros({1}), n), Catch::Contains("broadcast from rank"));
+  CHECK_THROWS_WITH(comm().broadcast(Tensor::zeros({1}), n),
+                    Catch::Contains("broadcast from rank"));
 }
 
-TEST_CASE("GradReducer: bucketed sums equal the all-reduced gradients, started during backward", "[dist]") {
+TEST_CASE("GradReducer: bucketed sums equal the all-reduced gradients, started during backward",
+          "[dist]") {
   const int r = comm().rank();
   // The same initial parameters on every rank (as after broadcast_parameters).
   engine::NamedTensors p = make_params(7);
@@ -116,7 +120,8 @@ TEST_CASE("GradReducer: bucketed sums equal the all-reduced gradients, started d
   const std::vector<float> got = flat.grad().to_vector<float>(), want = expected.to_vector<float>();
   REQUIRE(got.size() == want.size());
   double worst = 0;
-  for (size_t k = 0; k < got.size(); ++k) worst = std::max(worst, double(std::abs(got[k] - want[k])));
+  for (size_t k = 0; k < got.size(); ++k)
+    worst = std::max(worst, double(std::abs(got[k] - want[k])));
   CHECK(worst <= 1e-6);
 
   // Without begin(), finish() reduces the whole slab.
@@ -134,7 +139,8 @@ TEST_CASE("a NaN gradient on one rank is seen by every rank", "[dist]") {
   flat.zero_grad();
   reducer.begin();
   Tensor x = rank_input(comm().rank(), 0);
-  if (comm().rank() == 1) x = x * Tensor::from_vector<float>({std::numeric_limits<float>::quiet_NaN()}, {1});
+  if (comm().rank() == 1)
+    x = x * Tensor::from_vector<float>({std::numeric_limits<float>::quiet_NaN()}, {1});
   loss_of(p, x).backward();
   reducer.finish();
   const std::vector<float> g = flat.grad().to_vector<float>();
@@ -147,5 +153,6 @@ TEST_CASE("broadcast_parameters copies rank 0's values", "[dist]") {
   engine::FlatParameters flat(p);
   engine::broadcast_parameters(flat, comm());
   engine::NamedTensors p0 = make_params(100);
-  for (size_t k = 0; k < p.size(); ++k) CHECK(p[k].second.to_vector<float>() == p0[k].second.to_vector<float>());
+  for (size_t k = 0; k < p.size(); ++k)
+    CHECK(p[k].second.to_vector<float>() == p0[k].second.to_vector<float>());
 }

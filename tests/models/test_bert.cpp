@@ -15,9 +15,9 @@
 #include "ops/ops.h"
 
 using namespace models;
+using Catch::Contains;
 using engine::DType;
 using engine::Tensor;
-using Catch::Contains;
 
 namespace {
 
@@ -47,7 +47,8 @@ BertInputs random_inputs(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
 }
 
 // The MLM head on inputs and (B, T) labels (-100 = not predicted), as a batch the pipeline makes.
-MlmOutput mlm_forward(const BertForMaskedLM& m, const BertInputs& in, const Tensor& labels, engine::Generator& g) {
+MlmOutput mlm_forward(const BertForMaskedLM& m, const BertInputs& in, const Tensor& labels,
+                      engine::Generator& g) {
   return m.forward(data::make_mlm_batch(in.input_ids, in.attention_mask, labels, in.token_type_ids,
                                         m.config().vocab_size, "test"),
                    g);
@@ -69,7 +70,8 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 }
 
 std::filesystem::path temp_dir(const std::string& name) {
-  auto p = std::filesystem::temp_directory_path() / ("engine_test_bert_" + name + "_" + std::to_string(::getpid()));
+  auto p = std::filesystem::temp_directory_path() /
+           ("engine_test_bert_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::create_directories(p);
   return p;
 }
@@ -124,7 +126,8 @@ TEST_CASE("no_pe is permutation-equivariant on the non-[CLS] tokens", "[bert]") 
   REQUIRE(max_abs_diff(pya, expa) > 1e-3);
 }
 
-TEST_CASE("TUPE's positional term: token-independent, once per forward, reset to theta", "[bert][tupe]") {
+TEST_CASE("TUPE's positional term: token-independent, once per forward, reset to theta",
+          "[bert][tupe]") {
   for (std::string preset : {"tupe_a", "tupe_r"}) {
     for (std::string reset : {"paper", "code"}) {
       INFO(preset << " cls_reset " << reset);
@@ -147,7 +150,8 @@ TEST_CASE("TUPE's positional term: token-independent, once per forward, reset to
       // Row 0 holds theta1 and column 0 below it theta2 (plus the [CLS] buckets' scalars in
       // the code's TUPE-R).
       auto [th1, th2] = model.position->cls_thetas();
-      std::vector<float> b = bias1.to_vector<float>(), t1 = th1.to_vector<float>(), t2 = th2.to_vector<float>();
+      std::vector<float> b = bias1.to_vector<float>(), t1 = th1.to_vector<float>(),
+                         t2 = th2.to_vector<float>();
       std::vector<float> rel;
       if (preset == "tupe_r" && reset == "code")
         rel = model.position->relative_table.to_vector<float>();  // (34, H)
@@ -165,8 +169,7 @@ TEST_CASE("TUPE's positional term: token-independent, once per forward, reset to
       // Elsewhere it is the untied term (plus the relative bias for tupe_r).
       Tensor v = model.position->untied_term(t);
       std::vector<float> vv = v.to_vector<float>();
-      if (preset == "tupe_a")
-        REQUIRE(std::fabs(b[size_t(t + 1)] - vv[size_t(t + 1)]) < 1e-6);
+      if (preset == "tupe_a") REQUIRE(std::fabs(b[size_t(t + 1)] - vv[size_t(t + 1)]) < 1e-6);
       // theta differs from the untied (0, 0) entry: the reset did something.
       REQUIRE(std::fabs(t1[0] - vv[0]) > 1e-7);
     }
@@ -195,8 +198,12 @@ TEST_CASE("every TUPE-R parameter receives a gradient through the shared term", 
     REQUIRE(p.grad().defined());
   }
   // The [CLS] vectors and the relative table got nonzero gradients.
-  REQUIRE(engine::sum(engine::mul(m.bert.position->cls_theta.grad(), m.bert.position->cls_theta.grad())).item() > 0);
-  REQUIRE(engine::sum(engine::mul(m.bert.position->relative_table.grad(), m.bert.position->relative_table.grad())).item() > 0);
+  REQUIRE(
+      engine::sum(engine::mul(m.bert.position->cls_theta.grad(), m.bert.position->cls_theta.grad()))
+          .item() > 0);
+  REQUIRE(engine::sum(engine::mul(m.bert.position->relative_table.grad(),
+                                  m.bert.position->relative_table.grad()))
+              .item() > 0);
 }
 
 TEST_CASE("every preset runs forward and backward with a finite loss", "[bert]") {
@@ -233,7 +240,8 @@ TEST_CASE("every preset runs forward and backward with a finite loss", "[bert]")
   }
 }
 
-TEST_CASE("sequence length: learned tables refuse T > max_positions, formulas extrapolate", "[bert]") {
+TEST_CASE("sequence length: learned tables refuse T > max_positions, formulas extrapolate",
+          "[bert]") {
   engine::Generator g(1);
   engine::NoGrad ng;
   BertModel ape(tiny("bert_a"), seeded(1));
@@ -256,10 +264,12 @@ TEST_CASE("BERT-Base parameter counts: bert_a and tupe_r at vocab 32768", "[bert
   };
   const int64_t bert_a = count("bert_a"), tupe_r = count("tupe_r");
   WARN("BERT-Base at vocab 32768: bert_a " << bert_a << ", tupe_r " << tupe_r << " parameters");
-  // Embeddings 32768*768 + positions 512*768 + LN, 12 layers of 7,087,872, MLM head 591,104 + 32768.
+  // Embeddings 32768*768 + positions 512*768 + LN, 12 layers of 7,087,872, MLM head 591,104 +
+  // 32768.
   const int64_t layer = (3 * 768 * 768 + 3 * 768) + (768 * 768 + 768) + 2 * 768 +
                         (3072 * 768 + 3072) + (768 * 3072 + 768) + 2 * 768;
-  REQUIRE(bert_a == 32768 * 768 + 512 * 768 + 2 * 768 + 12 * layer + (768 * 768 + 768) + 2 * 768 + 32768);
+  REQUIRE(bert_a ==
+          32768 * 768 + 512 * 768 + 2 * 768 + 12 * layer + (768 * 768 + 768) + 2 * 768 + 32768);
   // TUPE adds U^Q, U^K with biases (~1.18 M), the position LN, theta1/theta2 and a 32 x 12 table.
   const int64_t extra = tupe_r - bert_a;
   REQUIRE(extra == 2 * (768 * 768 + 768) + 2 * 768 + 2 * 768 + 32 * 12);
@@ -271,7 +281,8 @@ TEST_CASE("model configs from YAML: sizes, presets and clear errors", "[bert][co
     engine::Config cfg = engine::Config::parse(yaml, "test.yaml");
     return BertConfig::from_config(cfg.root().section("model"));
   };
-  BertConfig base = parse("model:\n  size: base\n  vocab_size: 30522\n  position:\n    preset: tupe_r\n");
+  BertConfig base =
+      parse("model:\n  size: base\n  vocab_size: 30522\n  position:\n    preset: tupe_r\n");
   REQUIRE(base.hidden_size == 768);
   REQUIRE(base.position.relative == RelativePosition::t5_bias);
   REQUIRE(base.position.cls_reset == ClsReset::paper);
@@ -282,20 +293,25 @@ TEST_CASE("model configs from YAML: sizes, presets and clear errors", "[bert][co
           RelativePosition::shaw_learnable_sinusoid);
   REQUIRE(BertConfig::from_json(base.to_json(), "x") == base);
 
-  REQUIRE_THROWS_WITH(parse("model:\n  hidden_sise: 3\n"),
-                      Contains("test.yaml:2: unknown key 'model.hidden_sise'") && Contains("hidden_size"));
+  REQUIRE_THROWS_WITH(
+      parse("model:\n  hidden_sise: 3\n"),
+      Contains("test.yaml:2: unknown key 'model.hidden_sise'") && Contains("hidden_size"));
   REQUIRE_THROWS_WITH(parse("model:\n  num_layers: two\n"),
                       Contains("test.yaml:2: model.num_layers: expected an integer, got 'two'"));
-  REQUIRE_THROWS_WITH(parse("model:\n  position:\n    preset: tupe\n"),
-                      Contains("model.position.preset: 'tupe' is not one of") && Contains("tupe_r"));
+  REQUIRE_THROWS_WITH(
+      parse("model:\n  position:\n    preset: tupe\n"),
+      Contains("model.position.preset: 'tupe' is not one of") && Contains("tupe_r"));
   REQUIRE_THROWS_WITH(parse("model:\n  hidden_size: 30\n  num_heads: 4\n"),
                       Contains("hidden_size 30 is not divisible by model.num_heads 4"));
-  REQUIRE_THROWS_WITH(parse("model:\n  position: tupe_r\n"), Contains("model.position: expected a mapping"));
-  REQUIRE_THROWS_WITH(engine::Config::parse("model: [1, 2\n", "bad.yaml"), Contains("bad.yaml:") && Contains("not valid YAML"));
+  REQUIRE_THROWS_WITH(parse("model:\n  position: tupe_r\n"),
+                      Contains("model.position: expected a mapping"));
+  REQUIRE_THROWS_WITH(engine::Config::parse("model: [1, 2\n", "bad.yaml"),
+                      Contains("bad.yaml:") && Contains("not valid YAML"));
   engine::Config cfg = engine::Config::parse("model:\n  num_layers: 2\n", "t.yaml");
   cfg.set_assignment("model.position.preset=sin_rpe");
   REQUIRE(BertConfig::from_config(cfg.root().section("model")).position.preset == "sin_rpe");
-  REQUIRE_THROWS_WITH(cfg.set_assignment("model.num_layers.x=3"), Contains("'model.num_layers' is a value"));
+  REQUIRE_THROWS_WITH(cfg.set_assignment("model.num_layers.x=3"),
+                      Contains("'model.num_layers' is a value"));
   REQUIRE_THROWS_WITH(cfg.set_assignment("novalue"), Contains("expects key.path=value"));
 }
 
@@ -319,7 +335,8 @@ TEST_CASE("checkpoints describe themselves and load exactly", "[bert][checkpoint
   BertConfig other = c;
   other.ffn_size = 48;
   BertForMaskedLM wrong(other, 1);
-  REQUIRE_THROWS_WITH(load_checkpoint(path, wrong), Contains("bert.encoder.layer.0.ffn.fc1.weight"));
+  REQUIRE_THROWS_WITH(load_checkpoint(path, wrong),
+                      Contains("bert.encoder.layer.0.ffn.fc1.weight"));
   BertForMaskedLM wrong_preset(tiny("bert_a"), 1);
   REQUIRE_THROWS_AS(load_checkpoint(path, wrong_preset), engine::Error);
   // Truncated: a clear error, no crash.
@@ -328,7 +345,8 @@ TEST_CASE("checkpoints describe themselves and load exactly", "[bert][checkpoint
   REQUIRE_THROWS_AS(load_checkpoint(path, b), engine::Error);
   // A safetensors file without our config.
   engine::save_safetensors(path, {{"x", Tensor::zeros({2})}});
-  REQUIRE_THROWS_WITH(read_checkpoint_config(path), Contains("not a checkpoint written by this engine"));
+  REQUIRE_THROWS_WITH(read_checkpoint_config(path),
+                      Contains("not a checkpoint written by this engine"));
   std::filesystem::remove_all(dir);
 }
 
@@ -339,7 +357,8 @@ TEST_CASE("MLM batch files are validated", "[bert][batch]") {
   auto ids = Tensor::from_vector<int64_t>({1, 5, 7, 1, 9, 0}, {2, 3});
   auto mask = Tensor::from_vector<int64_t>({1, 1, 1, 1, 1, 0}, {2, 3});
   auto labels = Tensor::from_vector<int64_t>({-100, 5, -100, -100, 9, -100}, {2, 3});
-  engine::save_safetensors(path, {{"input_ids", ids}, {"attention_mask", mask}, {"labels", labels}});
+  engine::save_safetensors(path,
+                           {{"input_ids", ids}, {"attention_mask", mask}, {"labels", labels}});
   data::MlmBatch b = load_mlm_batch(path, c);
   REQUIRE(b.inputs.input_ids.shape() == engine::Shape{2, 3});
   REQUIRE_FALSE(b.inputs.token_type_ids.defined());
@@ -348,23 +367,31 @@ TEST_CASE("MLM batch files are validated", "[bert][batch]") {
   REQUIRE(b.targets.to_vector<int64_t>() == std::vector<int64_t>{5, 9});
   REQUIRE(b.num_predicted() == 2);
   REQUIRE(b.num_tokens == 5);
-  engine::save_safetensors(path, {{"input_ids", ids}, {"attention_mask", mask},
-                                  {"labels", Tensor::from_vector<int64_t>({-100, 5, -100, -100, 50, -100}, {2, 3})}});
-  REQUIRE_THROWS_WITH(load_mlm_batch(path, c),
-                      Contains("labels[1, 1] = 50 is not -100 or a token id in [0, vocab_size 50)"));
+  engine::save_safetensors(
+      path, {{"input_ids", ids},
+             {"attention_mask", mask},
+             {"labels", Tensor::from_vector<int64_t>({-100, 5, -100, -100, 50, -100}, {2, 3})}});
+  REQUIRE_THROWS_WITH(
+      load_mlm_batch(path, c),
+      Contains("labels[1, 1] = 50 is not -100 or a token id in [0, vocab_size 50)"));
 
   auto bad_ids = Tensor::from_vector<int64_t>({1, 5, 70, 1, 9, 0}, {2, 3});
-  engine::save_safetensors(path, {{"input_ids", bad_ids}, {"attention_mask", mask}, {"labels", labels}});
+  engine::save_safetensors(path,
+                           {{"input_ids", bad_ids}, {"attention_mask", mask}, {"labels", labels}});
   REQUIRE_THROWS_WITH(load_mlm_batch(path, c), Contains("input_ids[0, 2] = 70 is not a token id"));
   engine::save_safetensors(path, {{"input_ids", ids}, {"labels", labels}});
   REQUIRE_THROWS_WITH(load_mlm_batch(path, c), Contains("missing tensor 'attention_mask'"));
-  engine::save_safetensors(path, {{"input_ids", ids}, {"attention_mask", mask},
+  engine::save_safetensors(path, {{"input_ids", ids},
+                                  {"attention_mask", mask},
                                   {"labels", Tensor::from_vector<int64_t>({1, 2, 3}, {1, 3})}});
   REQUIRE_THROWS_WITH(load_mlm_batch(path, c), Contains("'labels' has shape (1, 3)"));
-  engine::save_safetensors(path, {{"input_ids", ids}, {"attention_mask", mask}, {"labels", labels},
+  engine::save_safetensors(path, {{"input_ids", ids},
+                                  {"attention_mask", mask},
+                                  {"labels", labels},
                                   {"token_type_ids", Tensor::zeros({2, 3}, DType::i64)}});
   REQUIRE_THROWS_WITH(load_mlm_batch(path, c), Contains("no segment embeddings"));
-  engine::save_safetensors(path, {{"input_ids", ids.to(DType::f32)}, {"attention_mask", mask}, {"labels", labels}});
+  engine::save_safetensors(
+      path, {{"input_ids", ids.to(DType::f32)}, {"attention_mask", mask}, {"labels", labels}});
   REQUIRE_THROWS_WITH(load_mlm_batch(path, c), Contains("'input_ids' must hold integers"));
   std::filesystem::remove_all(dir);
 }

@@ -17,8 +17,8 @@
 using namespace models;
 using Catch::Contains;
 using engine::Tensor;
-using engine::testing::TempDir;
 using engine::testing::error_of;
+using engine::testing::TempDir;
 
 namespace {
 
@@ -111,11 +111,14 @@ TEST_CASE("heads: parameter names and shapes, outputs and losses", "[finetune][h
   for (size_t i = 0; i < 3; ++i) mse += std::pow(double(pred[i]) - ex[i].score, 2) / 3.0;
   CHECK(ro.loss.item() == Approx(mse).epsilon(1e-5));
 
-  CHECK_THAT(error_of([&] { BertForFinetuning bad(c, HeadKind::regression, 2, 1); }), Contains("1 output"));
-  CHECK_THAT(error_of([&] { BertForFinetuning bad(c, HeadKind::classification, 1, 1); }), Contains("at least 2"));
+  CHECK_THAT(error_of([&] { BertForFinetuning bad(c, HeadKind::regression, 2, 1); }),
+             Contains("1 output"));
+  CHECK_THAT(error_of([&] { BertForFinetuning bad(c, HeadKind::classification, 1, 1); }),
+             Contains("at least 2"));
 }
 
-TEST_CASE("make_task_batch pads to the longest row with attention 0 and keeps labels", "[finetune]") {
+TEST_CASE("make_task_batch pads to the longest row with attention 0 and keeps labels",
+          "[finetune]") {
   std::vector<EncodedExample> ex(2);
   ex[0].ids = {1, 5, 6, 2};
   ex[0].types = {0, 0, 0, 0};
@@ -124,23 +127,30 @@ TEST_CASE("make_task_batch pads to the longest row with attention 0 and keeps la
   ex[1].types = {0, 0, 0, 1, 1, 1};
   ex[1].label = 0;
   data::TaskBatch b = data::make_task_batch(ex, {1, 0}, HeadKind::classification, true);
-  CHECK(b.inputs.input_ids.to_vector<int64_t>() == std::vector<int64_t>{1, 9, 2, 10, 11, 2, 1, 5, 6, 2, 0, 0});
-  CHECK(b.inputs.attention_mask.to_vector<int64_t>() == std::vector<int64_t>{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0});
-  CHECK(b.inputs.token_type_ids.to_vector<int64_t>() == std::vector<int64_t>{0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0});
+  CHECK(b.inputs.input_ids.to_vector<int64_t>() ==
+        std::vector<int64_t>{1, 9, 2, 10, 11, 2, 1, 5, 6, 2, 0, 0});
+  CHECK(b.inputs.attention_mask.to_vector<int64_t>() ==
+        std::vector<int64_t>{1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0});
+  CHECK(b.inputs.token_type_ids.to_vector<int64_t>() ==
+        std::vector<int64_t>{0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0});
   CHECK(b.labels.to_vector<int64_t>() == std::vector<int64_t>{0, 1});
-  CHECK_FALSE(data::make_task_batch(ex, {0}, HeadKind::classification, false).inputs.token_type_ids.defined());
+  CHECK_FALSE(data::make_task_batch(ex, {0}, HeadKind::classification, false)
+                  .inputs.token_type_ids.defined());
   ex[0].label = 2, ex[0].end = 9;  // beyond the row
-  CHECK_THAT(error_of([&] { data::make_task_batch(ex, {0}, HeadKind::span, true); }), Contains("outside"));
+  CHECK_THAT(error_of([&] { data::make_task_batch(ex, {0}, HeadKind::span, true); }),
+             Contains("outside"));
 }
 
-TEST_CASE("load_encoder takes bert.* from a pretraining checkpoint and checks the config", "[finetune][checkpoint]") {
+TEST_CASE("load_encoder takes bert.* from a pretraining checkpoint and checks the config",
+          "[finetune][checkpoint]") {
   TempDir dir;
   BertConfig c = tiny();
   BertForMaskedLM mlm(c, 42);
   save_checkpoint(dir.file("pre.safetensors"), mlm);
   c.hidden_dropout = 0.3;  // dropout may differ
   BertForFinetuning ft(c, HeadKind::classification, 2, 7);
-  CHECK(load_encoder(dir.file("pre.safetensors"), ft) == int64_t(mlm.bert.named_parameters().size()));
+  CHECK(load_encoder(dir.file("pre.safetensors"), ft) ==
+        int64_t(mlm.bert.named_parameters().size()));
   auto src = mlm.named_parameters();
   for (auto& [name, t] : ft.named_parameters()) {
     if (name.rfind("bert.", 0) != 0) continue;
@@ -150,11 +160,14 @@ TEST_CASE("load_encoder takes bert.* from a pretraining checkpoint and checks th
   // Another architecture is refused with the key that differs.
   BertConfig other = tiny("bert_a");
   BertForFinetuning wrong(other, HeadKind::classification, 2, 7);
-  CHECK_THAT(error_of([&] { load_encoder(dir.file("pre.safetensors"), wrong); }), Contains("differs at model.position"));
-  CHECK_THAT(error_of([&] { load_encoder(dir.file("missing.safetensors"), ft); }), Contains("missing.safetensors"));
+  CHECK_THAT(error_of([&] { load_encoder(dir.file("pre.safetensors"), wrong); }),
+             Contains("differs at model.position"));
+  CHECK_THAT(error_of([&] { load_encoder(dir.file("missing.safetensors"), ft); }),
+             Contains("missing.safetensors"));
 }
 
-TEST_CASE("finetuning learns small tasks and keeps the best evaluation's weights", "[finetune][loop]") {
+TEST_CASE("finetuning learns small tasks and keeps the best evaluation's weights",
+          "[finetune][loop]") {
   const std::vector<EncodedExample> train = marker_task(96, 1), dev = marker_task(48, 2);
   FinetuneOptions o;
   o.lr = 2e-3;
@@ -195,7 +208,8 @@ TEST_CASE("finetuning learns small tasks and keeps the best evaluation's weights
     auto eval = [&](BertForFinetuning& m) {
       auto logits = predict(m, dev, 64);
       std::vector<double> pred, gold;
-      for (size_t i = 0; i < dev.size(); ++i) pred.push_back(logits[i][0]), gold.push_back(dev[i].score);
+      for (size_t i = 0; i < dev.size(); ++i)
+        pred.push_back(logits[i][0]), gold.push_back(dev[i].score);
       EvalResult r;
       r.score = data::metrics::pearson(pred, gold);
       return r;
@@ -219,8 +233,10 @@ TEST_CASE("finetuning learns small tasks and keeps the best evaluation's weights
       for (size_t i = 0; i < sdev.size(); ++i) {
         const size_t len = sdev[i].ids.size();
         REQUIRE(logits[i].size() == 2 * len);
-        auto s = std::max_element(logits[i].begin(), logits[i].begin() + int64_t(len)) - logits[i].begin();
-        auto e = std::max_element(logits[i].begin() + int64_t(len), logits[i].end()) - logits[i].begin() - int64_t(len);
+        auto s = std::max_element(logits[i].begin(), logits[i].begin() + int64_t(len)) -
+                 logits[i].begin();
+        auto e = std::max_element(logits[i].begin() + int64_t(len), logits[i].end()) -
+                 logits[i].begin() - int64_t(len);
         right += s == sdev[i].label && e == sdev[i].end;
       }
       EvalResult r;
@@ -238,10 +254,12 @@ TEST_CASE("finetuning refuses what cannot run", "[finetune][errors]") {
   auto eval = [](BertForFinetuning&) { return EvalResult{}; };
   CHECK_THAT(error_of([&] { finetune(model, {}, o, eval); }), Contains("no training example"));
   o.epochs = 0;
-  CHECK_THAT(error_of([&] { finetune(model, marker_task(4, 1), o, eval); }), Contains("at least 1"));
+  CHECK_THAT(error_of([&] { finetune(model, marker_task(4, 1), o, eval); }),
+             Contains("at least 1"));
 }
 
-TEST_CASE("sweep summary: median over seeds per learning rate, the best learning rate", "[finetune][sweep]") {
+TEST_CASE("sweep summary: median over seeds per learning rate, the best learning rate",
+          "[finetune][sweep]") {
   CHECK(median({3, 1, 2}) == 2);
   CHECK(median({4, 1, 2, 3}) == 2.5);
   CHECK(median({5}) == 5);
@@ -255,8 +273,9 @@ TEST_CASE("sweep summary: median over seeds per learning rate, the best learning
     return r;
   };
   // lr 1e-5: scores 0.6, 0.7, 0.95 (median 0.7); lr 2e-5: 0.8, 0.8, 0.5 (median 0.8, best).
-  std::vector<SweepRun> runs = {run(1e-5, 1, 0.6, 0.6), run(1e-5, 2, 0.7, 0.7), run(1e-5, 3, 0.9, 1.0),
-                                run(2e-5, 1, 0.8, 0.8), run(2e-5, 2, 0.7, 0.9), run(2e-5, 3, 0.5, 0.5)};
+  std::vector<SweepRun> runs = {run(1e-5, 1, 0.6, 0.6), run(1e-5, 2, 0.7, 0.7),
+                                run(1e-5, 3, 0.9, 1.0), run(2e-5, 1, 0.8, 0.8),
+                                run(2e-5, 2, 0.7, 0.9), run(2e-5, 3, 0.5, 0.5)};
   SweepSummary s = summarize_sweep(runs);
   REQUIRE(s.rows.size() == 2);
   CHECK(s.rows[0].lr == 1e-5);

@@ -23,8 +23,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::vector<std::string> kWords = {"the", "cat", "dog", "sat", "on", "mat", "yes", "no", "lives", "in",
-                                         "paris", "rome", "where", "?", "."};
+const std::vector<std::string> kWords = {"the",   "cat",  "dog",   "sat",   "on",
+                                         "mat",   "yes",  "no",    "lives", "in",
+                                         "paris", "rome", "where", "?",     "."};
 
 struct Fixture {
   TempDir dir;
@@ -48,10 +49,12 @@ struct Fixture {
     checkpoint = dir / "init.safetensors";
     save_checkpoint(checkpoint, init);
     // RTE: entailment iff sentence2 holds "yes".
-    std::string train = "index\tsentence1\tsentence2\tlabel\n", dev = train, test = "index\tsentence1\tsentence2\n";
+    std::string train = "index\tsentence1\tsentence2\tlabel\n", dev = train,
+                test = "index\tsentence1\tsentence2\n";
     for (int i = 0; i < 24; ++i) {
-      const std::string row = std::to_string(i) + "\tthe cat sat on the mat\tthe dog " + (i % 2 ? "no" : "yes") +
-                              "\t" + (i % 2 ? "not_entailment" : "entailment") + "\n";
+      const std::string row = std::to_string(i) + "\tthe cat sat on the mat\tthe dog " +
+                              (i % 2 ? "no" : "yes") + "\t" +
+                              (i % 2 ? "not_entailment" : "entailment") + "\n";
       (i < 16 ? train : dev) += row;
       if (i < 5) test += std::to_string(i) + "\tthe cat\tthe dog yes\n";
     }
@@ -59,10 +62,11 @@ struct Fixture {
     dir.write("glue/RTE/dev.tsv", dev);
     dir.write("glue/RTE/test.tsv", test);
     // STS-B: a regression task with its own layout.
-    std::string sts = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n";
+    std::string sts =
+        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n";
     for (int i = 0; i < 10; ++i)
-      sts += std::to_string(i) + "\tmain\tf\t2012\t" + std::to_string(i) + "\tnone\tnone\tthe cat\tthe dog\t" +
-             std::to_string(i % 5) + ".0\n";
+      sts += std::to_string(i) + "\tmain\tf\t2012\t" + std::to_string(i) +
+             "\tnone\tnone\tthe cat\tthe dog\t" + std::to_string(i % 5) + ".0\n";
     dir.write("glue/STS-B/train.tsv", sts);
     dir.write("glue/STS-B/dev.tsv", sts);
     // SQuAD v2.0: every third question has no answer.
@@ -70,13 +74,19 @@ struct Fixture {
     for (int i = 0; i < 9; ++i) {
       const bool impossible = i % 3 == 2;
       const std::string city = i % 2 ? "rome" : "paris";
-      const std::string ctx = impossible ? "the cat sat on the mat ." : "the cat lives in " + city + " .";
-      nlohmann::json qa = {{"id", "q" + std::to_string(i)}, {"question", "where lives the cat ?"},
-                           {"is_impossible", impossible}, {"answers", nlohmann::json::array()}};
+      const std::string ctx =
+          impossible ? "the cat sat on the mat ." : "the cat lives in " + city + " .";
+      nlohmann::json qa = {{"id", "q" + std::to_string(i)},
+                           {"question", "where lives the cat ?"},
+                           {"is_impossible", impossible},
+                           {"answers", nlohmann::json::array()}};
       if (!impossible) qa["answers"].push_back({{"text", city}, {"answer_start", ctx.find(city)}});
       paragraphs.push_back({{"context", ctx}, {"qas", {qa}}});
     }
-    const std::string squad = nlohmann::json{{"version", "v2.0"}, {"data", {{{"title", "t"}, {"paragraphs", paragraphs}}}}}.dump();
+    const std::string squad =
+        nlohmann::json{{"version", "v2.0"},
+                       {"data", {{{"title", "t"}, {"paragraphs", paragraphs}}}}}
+            .dump();
     dir.write("squad/train-v2.0.json", squad);
     dir.write("squad/dev-v2.0.json", squad);
   }
@@ -104,7 +114,8 @@ TEST_CASE("GLUE task runner: encoding, evaluation and prediction files", "[finet
   CHECK_FALSE(rte->is_squad());
   REQUIRE(rte->train().size() == 16);
   // [CLS] a [SEP] b [SEP] with segment ids, as data::encode_pair makes them.
-  const data::EncodedPair p = data::encode_pair(*f.tok, "the cat sat on the mat", "the dog yes", 24);
+  const data::EncodedPair p =
+      data::encode_pair(*f.tok, "the cat sat on the mat", "the dog yes", 24);
   CHECK(std::vector<int32_t>(rte->train()[0].ids) == p.ids);
   CHECK(rte->train()[0].label == 0);  // entailment is label 0
   CHECK(rte->train()[1].label == 1);
@@ -133,9 +144,13 @@ TEST_CASE("GLUE task runner: encoding, evaluation and prediction files", "[finet
   CHECK(sts->num_labels() == 1);
   CHECK(sts->train()[3].score == 3.0);
 
-  CHECK_THAT(error_of([&] { make_glue_task(data::glue_task("MRPC"), f.dir / "glue", *f.tok, TaskDataOptions{}); }),
+  CHECK_THAT(error_of([&] {
+               make_glue_task(data::glue_task("MRPC"), f.dir / "glue", *f.tok, TaskDataOptions{});
+             }),
              Contains("MRPC/train.tsv: no such file"));
-  CHECK_THAT(error_of([&] { make_glue_task(data::glue_task("AX"), f.dir / "glue", *f.tok, TaskDataOptions{}); }),
+  CHECK_THAT(error_of([&] {
+               make_glue_task(data::glue_task("AX"), f.dir / "glue", *f.tok, TaskDataOptions{});
+             }),
              Contains("has no training data"));
 }
 
@@ -161,7 +176,8 @@ TEST_CASE("SQuAD task runner: windows, v2.0 metrics and prediction files", "[fin
   const EvalResult r = squad->evaluate(model, 4);
   std::vector<std::string> names;
   for (auto& [n, v] : r.metrics) names.push_back(n);
-  CHECK(names == std::vector<std::string>{"exact", "f1", "has_ans_f1", "no_ans_exact", "best_f1", "best_f1_thresh"});
+  CHECK(names == std::vector<std::string>{"exact", "f1", "has_ans_f1", "no_ans_exact", "best_f1",
+                                          "best_f1_thresh"});
   const fs::path out = f.dir.path / "squad_pred";
   fs::create_directories(out);
   squad->write_predictions(model, 4, out, true);
@@ -176,7 +192,8 @@ TEST_CASE("SQuAD task runner: windows, v2.0 metrics and prediction files", "[fin
              Contains("that is SQuAD v2.0 data"));
 }
 
-TEST_CASE("run_sweep writes every run, results.json, results.md and the submission", "[finetune][tasks]") {
+TEST_CASE("run_sweep writes every run, results.json, results.md and the submission",
+          "[finetune][tasks]") {
   Fixture f;
   TaskDataOptions o;
   o.max_len = 24;
@@ -208,10 +225,12 @@ TEST_CASE("run_sweep writes every run, results.json, results.md and the submissi
   CHECK(fs::exists(f.dir.path / "sweep/runs/lr0.001_seed2/dev_predictions.tsv"));
   CHECK(count_lines(f.read("sweep/submission/RTE.tsv")) == 1 + 5);
   s.lrs = {};
-  CHECK_THAT(error_of([&] { run_sweep(*rte, f.config, f.checkpoint, s); }), Contains("at least one learning rate"));
+  CHECK_THAT(error_of([&] { run_sweep(*rte, f.config, f.checkpoint, s); }),
+             Contains("at least one learning rate"));
 }
 
-TEST_CASE("dump_first_batch writes the batch, logits, loss and every gradient", "[finetune][tasks]") {
+TEST_CASE("dump_first_batch writes the batch, logits, loss and every gradient",
+          "[finetune][tasks]") {
   Fixture f;
   auto rte = make_glue_task(data::glue_task("RTE"), f.dir / "glue", *f.tok, TaskDataOptions{});
   BertForFinetuning model(f.config, rte->head(), 2, 1);

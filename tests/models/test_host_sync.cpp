@@ -33,7 +33,8 @@ BertConfig tiny(const std::string& preset, const std::string& reset = "paper") {
   c.ffn_size = 32;
   c.max_positions = 24;
   c.type_vocab_size = 2;
-  c.hidden_dropout = c.attention_dropout = 0.1;  // dropout on: its stream must not cost reads either
+  c.hidden_dropout = c.attention_dropout =
+      0.1;  // dropout on: its stream must not cost reads either
   apply_position_preset(c.position, preset, reset);
   c.position.rpe_clip = 5;
   c.validate();
@@ -42,15 +43,18 @@ BertConfig tiny(const std::string& preset, const std::string& reset = "paper") {
 
 // A host batch of B x T with padding in the last row, segment ids and a few predicted positions.
 data::MlmBatch host_batch(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
-  std::vector<int64_t> ids(size_t(b * t)), mask(ids.size(), 1), labels(ids.size(), -100), types(ids.size(), 0);
+  std::vector<int64_t> ids(size_t(b * t)), mask(ids.size(), 1), labels(ids.size(), -100),
+      types(ids.size(), 0);
   for (size_t i = 0; i < ids.size(); ++i) {
     ids[i] = 1 + int64_t((i * 7 + seed * 13) % size_t(vocab - 1));
     if (i % 5 == uint64_t(seed % 5)) labels[i] = int64_t((i * 3 + seed) % size_t(vocab));
     types[i] = int64_t(i % size_t(t)) >= t / 2;
   }
-  for (int64_t j = t - 3; j < t; ++j) mask[size_t((b - 1) * t + j)] = 0, labels[size_t((b - 1) * t + j)] = -100;
+  for (int64_t j = t - 3; j < t; ++j)
+    mask[size_t((b - 1) * t + j)] = 0, labels[size_t((b - 1) * t + j)] = -100;
   return data::make_mlm_batch(Tensor::from_vector(ids, {b, t}), Tensor::from_vector(mask, {b, t}),
-                              Tensor::from_vector(labels, {b, t}), Tensor::from_vector(types, {b, t}), vocab, "test");
+                              Tensor::from_vector(labels, {b, t}),
+                              Tensor::from_vector(types, {b, t}), vocab, "test");
 }
 
 std::vector<std::pair<std::string, std::string>> presets() {
@@ -62,8 +66,9 @@ std::vector<std::pair<std::string, std::string>> presets() {
 
 }  // namespace
 
-TEST_CASE("host_sync: a step with 3 micro-batches reads back one tensor and uploads none, every preset",
-          "[host_sync]") {
+TEST_CASE(
+    "host_sync: a step with 3 micro-batches reads back one tensor and uploads none, every preset",
+    "[host_sync]") {
   for (const auto& [preset, reset] : presets()) {
     INFO(preset << " cls_reset " << reset);
     BertForMaskedLM model(tiny(preset, reset), 3);
@@ -73,7 +78,8 @@ TEST_CASE("host_sync: a step with 3 micro-batches reads back one tensor and uplo
     engine::Trainer trainer(flat, adam, {}, engine::constant_lr(1e-3));
     engine::Generator gen(5);
     std::vector<data::MlmBatch> micro;
-    for (uint64_t m = 0; m < 3; ++m) micro.push_back(host_batch(3, 12, 40, m).to(flat.data().device()));
+    for (uint64_t m = 0; m < 3; ++m)
+      micro.push_back(host_batch(3, 12, 40, m).to(flat.data().device()));
     const std::vector<double> weights = {0.3, 0.3, 0.4};
     auto loss_of = [&](int64_t m) { return model.forward(micro[size_t(m)], gen).loss; };
     trainer.step(3, loss_of, weights);  // the first step builds the position constants
@@ -86,14 +92,17 @@ TEST_CASE("host_sync: a step with 3 micro-batches reads back one tensor and uplo
   }
 }
 
-TEST_CASE("host_sync: the pretraining loop reads back one tensor per step", "[host_sync][pretrain]") {
+TEST_CASE("host_sync: the pretraining loop reads back one tensor per step",
+          "[host_sync][pretrain]") {
   // Batches made by the source, accumulation 3; no validation or checkpoint before the last step.
   class Source : public BatchSource {
    public:
     data::MlmBatch next_train() override { return host_batch(2, 10, 40, uint64_t(next_++)); }
     std::string position() const override { return std::to_string(next_); }
     void seek(const std::string& p) override { next_ = std::stoll(p); }
-    std::vector<data::MlmBatch> valid_batches(int64_t) override { return {host_batch(2, 10, 40, 99)}; }
+    std::vector<data::MlmBatch> valid_batches(int64_t) override {
+      return {host_batch(2, 10, 40, 99)};
+    }
     int64_t next_ = 0;
   };
   engine::testing::TempDir dir;
@@ -118,8 +127,10 @@ TEST_CASE("host_sync: the pretraining loop reads back one tensor per step", "[ho
   }
 }
 
-TEST_CASE("position constants: built once per longest length; shorter lengths match a fresh model bit for bit",
-          "[bert][host_sync]") {
+TEST_CASE(
+    "position constants: built once per longest length; shorter lengths match a fresh model bit "
+    "for bit",
+    "[bert][host_sync]") {
   for (const auto& [preset, reset] : presets()) {
     INFO(preset << " cls_reset " << reset);
     BertConfig c = tiny(preset, reset);

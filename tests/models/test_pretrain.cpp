@@ -3,9 +3,9 @@
 // holds one object per log step, and bad options are clear errors.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 #include "engine/config.h"
 #include "engine/error.h"
@@ -13,8 +13,8 @@
 #include "models/pretrain_config.h"
 
 using namespace models;
-using engine::Tensor;
 using Catch::Contains;
+using engine::Tensor;
 namespace fs = std::filesystem;
 
 namespace {
@@ -46,7 +46,8 @@ class Synthetic : public BatchSource {
         ids[i * t + j] = 29;  // [MASK]
       }
     mask[b * t - 1] = 0;
-    return data::make_mlm_batch(Tensor::from_vector<int64_t>(ids, {b, t}), Tensor::from_vector<int64_t>(mask, {b, t}),
+    return data::make_mlm_batch(Tensor::from_vector<int64_t>(ids, {b, t}),
+                                Tensor::from_vector<int64_t>(mask, {b, t}),
                                 Tensor::from_vector<int64_t>(labels, {b, t}), {}, 30, "synthetic");
   }
   data::MlmBatch next_train() override { return make(next_++); }
@@ -61,7 +62,8 @@ class Synthetic : public BatchSource {
 };
 
 fs::path fresh_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("engine_test_pretrain_" + name + "_" + std::to_string(::getpid()));
+  fs::path p = fs::temp_directory_path() /
+               ("engine_test_pretrain_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(p);
   return p;
 }
@@ -125,7 +127,8 @@ TEST_CASE("pretraining resumes with bit-identical losses", "[pretrain]") {
   }
   // keep_last 2: steps 8 and 12 remain.
   int n = 0;
-  for (auto& e : fs::directory_iterator(b_dir / "checkpoints")) n += e.path().extension() == ".safetensors";
+  for (auto& e : fs::directory_iterator(b_dir / "checkpoints"))
+    n += e.path().extension() == ".safetensors";
   REQUIRE(n == 2);
   // metrics.jsonl: one line per step 1..12 (steps 9, 10 of the crashed run re-logged once).
   std::ifstream in(b_dir / "metrics.jsonl");
@@ -146,16 +149,20 @@ TEST_CASE("pretraining refuses to overwrite a run and to resume nothing", "[pret
   Synthetic data;
   PretrainOptions o = options(dir);
   o.steps = 4;
-  REQUIRE_THROWS_WITH(pretrain(model, data, o, adam(), 1, true), Contains("--resume: no checkpoint in"));
+  REQUIRE_THROWS_WITH(pretrain(model, data, o, adam(), 1, true),
+                      Contains("--resume: no checkpoint in"));
   pretrain(model, data, o, adam(), 1, false);
-  REQUIRE_THROWS_WITH(pretrain(model, data, o, adam(), 1, false), Contains("already holds checkpoints"));
+  REQUIRE_THROWS_WITH(pretrain(model, data, o, adam(), 1, false),
+                      Contains("already holds checkpoints"));
   // A checkpoint of another model.
   BertConfig other = tiny();
   other.num_layers = 1;
   BertForMaskedLM small(other, 1);
-  REQUIRE_THROWS_WITH(pretrain(small, data, o, adam(), 1, true), Contains("model.num_layers: 2 vs 1"));
+  REQUIRE_THROWS_WITH(pretrain(small, data, o, adam(), 1, true),
+                      Contains("model.num_layers: 2 vs 1"));
   o.precision = "fp16";
-  REQUIRE_THROWS_WITH(pretrain(model, data, o, adam(), 1, true), Contains("needs the CUDA mixed-precision path"));
+  REQUIRE_THROWS_WITH(pretrain(model, data, o, adam(), 1, true),
+                      Contains("needs the CUDA mixed-precision path"));
   fs::remove_all(dir);
 }
 
@@ -164,24 +171,32 @@ TEST_CASE("train options from YAML are checked", "[pretrain][config]") {
     engine::Config c = engine::Config::parse(yaml, "t.yaml");
     return read_train_options(c.root().section("train"));
   };
-  PretrainOptions o = parse("train:\n  steps: 50\n  precision: fp16\n  loss_scale:\n    init: 1024\n");
+  PretrainOptions o =
+      parse("train:\n  steps: 50\n  precision: fp16\n  loss_scale:\n    init: 1024\n");
   REQUIRE(o.steps == 50);
   REQUIRE(o.loss_scale.enabled);  // on by default for fp16
   REQUIRE(o.loss_scale.init_scale == 1024);
   REQUIRE_FALSE(parse("train:\n  steps: 5\n").loss_scale.enabled);
-  REQUIRE_THROWS_WITH(parse("train:\n  step: 5\n"), Contains("unknown key 'train.step'") && Contains("steps"));
-  REQUIRE_THROWS_WITH(parse("train:\n  steps: 0\n"), Contains("t.yaml:2: train.steps: must be positive"));
-  REQUIRE_THROWS_WITH(parse("train:\n  precision: fp8\n"), Contains("'fp8' is not one of: f32, bf16, fp16"));
-  REQUIRE_THROWS_WITH(parse("train:\n  loss_scale:\n    grow: 3\n"), Contains("unknown key 'train.loss_scale.grow'"));
+  REQUIRE_THROWS_WITH(parse("train:\n  step: 5\n"),
+                      Contains("unknown key 'train.step'") && Contains("steps"));
+  REQUIRE_THROWS_WITH(parse("train:\n  steps: 0\n"),
+                      Contains("t.yaml:2: train.steps: must be positive"));
+  REQUIRE_THROWS_WITH(parse("train:\n  precision: fp8\n"),
+                      Contains("'fp8' is not one of: f32, bf16, fp16"));
+  REQUIRE_THROWS_WITH(parse("train:\n  loss_scale:\n    grow: 3\n"),
+                      Contains("unknown key 'train.loss_scale.grow'"));
 }
 
-TEST_CASE("a pretraining config: every section read and checked in one place, errors at the key", "[pretrain][config]") {
+TEST_CASE("a pretraining config: every section read and checked in one place, errors at the key",
+          "[pretrain][config]") {
   auto read = [](const std::string& yaml) {
     return PretrainConfig::read(engine::Config::parse(yaml, "p.yaml"));
   };
   const PretrainConfig c = read(
-      "seed: 9\nmodel:\n  hidden_size: 32\n  num_layers: 1\n  num_heads: 2\n  ffn_size: 64\n  max_positions: 16\n"
-      "optim:\n  lr: 0.002\n  beta2: 0.98\ndata:\n  corpus: somewhere\n  seq_len: 16\ntrain:\n  steps: 7\n");
+      "seed: 9\nmodel:\n  hidden_size: 32\n  num_layers: 1\n  num_heads: 2\n  ffn_size: 64\n  "
+      "max_positions: 16\n"
+      "optim:\n  lr: 0.002\n  beta2: 0.98\ndata:\n  corpus: somewhere\n  seq_len: 16\ntrain:\n  "
+      "steps: 7\n");
   CHECK(c.seed == 9);
   CHECK(c.has_model);
   CHECK_FALSE(c.has_vocab_size);
@@ -192,16 +207,22 @@ TEST_CASE("a pretraining config: every section read and checked in one place, er
   CHECK(c.train.steps == 7);
   CHECK_FALSE(read("train:\n  steps: 3\n").has_model);
 
-  REQUIRE_THROWS_WITH(read("optim:\n  lr: -1\n"), Contains("p.yaml:2: optim.lr: must be a finite value >= 0"));
-  REQUIRE_THROWS_WITH(read("optim:\n  beta1: 1.0\n"), Contains("p.yaml:2: optim.beta1: must be in [0, 1)"));
+  REQUIRE_THROWS_WITH(read("optim:\n  lr: -1\n"),
+                      Contains("p.yaml:2: optim.lr: must be a finite value >= 0"));
+  REQUIRE_THROWS_WITH(read("optim:\n  beta1: 1.0\n"),
+                      Contains("p.yaml:2: optim.beta1: must be in [0, 1)"));
   REQUIRE_THROWS_WITH(read("optim:\n  weight_decay: -0.1\n"), Contains("optim.weight_decay"));
   REQUIRE_THROWS_WITH(read("optim:\n  momentum: 0.9\n"), Contains("unknown key 'optim.momentum'"));
-  REQUIRE_THROWS_WITH(read("data:\n  seq_len: 2\n"), Contains("p.yaml:2: data.seq_len: must be at least 3"));
-  REQUIRE_THROWS_WITH(read("data:\n  batch_size: 0\n"), Contains("data.batch_size: must be at least 1"));
+  REQUIRE_THROWS_WITH(read("data:\n  seq_len: 2\n"),
+                      Contains("p.yaml:2: data.seq_len: must be at least 3"));
+  REQUIRE_THROWS_WITH(read("data:\n  batch_size: 0\n"),
+                      Contains("data.batch_size: must be at least 1"));
   REQUIRE_THROWS_WITH(read("train:\n  loss_scale:\n    backoff_factor: 1.5\n"),
                       Contains("p.yaml:3: train.loss_scale.backoff_factor: must be in (0, 1)"));
-  REQUIRE_THROWS_WITH(read("train:\n  loss_scale:\n    growth_factor: 1\n"), Contains("growth_factor: must be > 1"));
-  REQUIRE_THROWS_WITH(read("train:\n  loss_scale:\n    init: 4\n    min: 8\n"), Contains("train.loss_scale.min"));
+  REQUIRE_THROWS_WITH(read("train:\n  loss_scale:\n    growth_factor: 1\n"),
+                      Contains("growth_factor: must be > 1"));
+  REQUIRE_THROWS_WITH(read("train:\n  loss_scale:\n    init: 4\n    min: 8\n"),
+                      Contains("train.loss_scale.min"));
   REQUIRE_THROWS_WITH(read("seed: -2\n"), Contains("p.yaml:1: seed: must be >= 0"));
   REQUIRE_THROWS_WITH(read("sead: 2\n"), Contains("unknown key 'sead'"));
 
@@ -212,8 +233,9 @@ TEST_CASE("a pretraining config: every section read and checked in one place, er
   m.vocab_size = 100;
   REQUIRE_THROWS_WITH(long_seq.check_for_corpus(m, 100, "vocab.txt"),
                       Contains("p.yaml:4: data.seq_len: 128 exceeds model.max_positions 64"));
-  REQUIRE_THROWS_WITH(long_seq.check_for_corpus(m, 99, "vocab.txt"),
-                      Contains("model.vocab_size: 100 does not match the tokenizer vocab.txt (99 tokens)"));
+  REQUIRE_THROWS_WITH(
+      long_seq.check_for_corpus(m, 99, "vocab.txt"),
+      Contains("model.vocab_size: 100 does not match the tokenizer vocab.txt (99 tokens)"));
   m.position.input = InputPosition::sinusoid;  // no table: any length
   apply_position_preset(m.position, "sin_ape");
   long_seq.check_for_corpus(m, 100, "vocab.txt");

@@ -16,8 +16,8 @@
 #include "test_support.h"
 
 using Catch::Contains;
-using engine::testing::TempDir;
 using engine::testing::error_of;
+using engine::testing::TempDir;
 
 namespace {
 
@@ -78,7 +78,8 @@ const float kInf = std::numeric_limits<float>::infinity();
 
 }  // namespace
 
-TEST_CASE("viridis: matplotlib's endpoints, midpoint and quartiles, clamped outside [0, 1]", "[plot]") {
+TEST_CASE("viridis: matplotlib's endpoints, midpoint and quartiles, clamped outside [0, 1]",
+          "[plot]") {
   CHECK(rgb(plot::viridis(0)) == Color{68, 1, 84});
   CHECK(rgb(plot::viridis(1)) == Color{253, 231, 37});
   // matplotlib's _viridis_data entries 128, 64, 192, 25 and 230 (t = index / 256), within 3.
@@ -92,13 +93,16 @@ TEST_CASE("viridis: matplotlib's endpoints, midpoint and quartiles, clamped outs
   CHECK(rgb(plot::viridis(std::nan(""))) == rgb(plot::viridis(0)));
 }
 
-TEST_CASE("write_heatmap_grid: cells, NaN, frames, colour bar and text land on the right pixels", "[plot]") {
+TEST_CASE("write_heatmap_grid: cells, NaN, frames, colour bar and text land on the right pixels",
+          "[plot]") {
   TempDir dir;
-  // Panel 0: 0..15 row-major with a NaN at (2, 1); panel 1: the mid value, 0, the max and a quarter.
+  // Panel 0: 0..15 row-major with a NaN at (2, 1); panel 1: the mid value, 0, the max and a
+  // quarter.
   std::vector<float> v0(16);
   for (int i = 0; i < 16; ++i) v0[size_t(i)] = float(i);
   v0[2 * 4 + 1] = kNaN;
-  std::vector<plot::Panel> panels{panel("head 1", 4, 4, v0), panel("head 2", 2, 2, {7.5f, 0, 15, 3.75f})};
+  std::vector<plot::Panel> panels{panel("head 1", 4, 4, v0),
+                                  panel("head 2", 2, 2, {7.5f, 0, 15, 3.75f})};
   plot::GridOptions o;
   o.title = "Positional correlations";
   o.subtitle = "rows: query position i, columns: key position j";
@@ -155,22 +159,23 @@ TEST_CASE("write_heatmap_grid: cells, NaN, frames, colour bar and text land on t
   CHECK(near(img.at(l.colorbar_x + 5, bar_mid), rgb(plot::viridis(0.5)), 3));
   CHECK(img.at(l.colorbar_x - 1, l.colorbar_y + 50) == kBlack);
 
-  // Text: the titles above the panels, tick labels beside and below panel 0, the colour bar's numbers
-  // and label; and nothing between the panels' boxes away from the tick labels.
-  // The title (scale 2: 18 px tall from the 16-px margin) centred, then the subtitle below it.
+  // Text: the titles above the panels, tick labels beside and below panel 0, the colour bar's
+  // numbers and label; and nothing between the panels' boxes away from the tick labels. The title
+  // (scale 2: 18 px tall from the 16-px margin) centred, then the subtitle below it.
   CHECK(img.dark(0, 0, img.width / 2, 37) > 50);
   CHECK(img.dark(img.width / 2, 0, img.width, 37) > 50);
   CHECK(img.dark(0, 37, img.width, y0 - 30) > 200);
-  CHECK(img.dark(x0, y0 - 30, x0 + 256, y0 - 2) > 40);                  // "head 1"
-  CHECK(img.dark(x0 - 40, y0, x0 - 2, y0 + 16) > 5);                    // "0" at the top left
-  CHECK(img.dark(x0 - 40, y0 + 240, x0 - 2, y0 + 256) > 5);             // "3" at the bottom left
-  CHECK(img.dark(x0, y0 + 258, x0 + 30, y0 + 280) > 5);                 // "0" below, left
-  CHECK(img.dark(x0 + 226, y0 + 258, x0 + 256, y0 + 280) > 5);          // "3" below, right
+  CHECK(img.dark(x0, y0 - 30, x0 + 256, y0 - 2) > 40);          // "head 1"
+  CHECK(img.dark(x0 - 40, y0, x0 - 2, y0 + 16) > 5);            // "0" at the top left
+  CHECK(img.dark(x0 - 40, y0 + 240, x0 - 2, y0 + 256) > 5);     // "3" at the bottom left
+  CHECK(img.dark(x0, y0 + 258, x0 + 30, y0 + 280) > 5);         // "0" below, left
+  CHECK(img.dark(x0 + 226, y0 + 258, x0 + 256, y0 + 280) > 5);  // "3" below, right
   const int64_t bar_right = l.colorbar_x + l.colorbar_width + 1;
   CHECK(img.dark(bar_right, l.colorbar_y - 8, img.width, l.colorbar_y + 8) > 20);  // "15"
   CHECK(img.dark(bar_right, l.colorbar_y + l.colorbar_height - 8, img.width,
-                 l.colorbar_y + l.colorbar_height + 8) > 5);                       // "0"
-  CHECK(img.dark(l.colorbar_x, l.colorbar_y - 32, img.width, l.colorbar_y - 9) > 40);  // "correlation"
+                 l.colorbar_y + l.colorbar_height + 8) > 5);  // "0"
+  CHECK(img.dark(l.colorbar_x, l.colorbar_y - 32, img.width, l.colorbar_y - 9) >
+        40);  // "correlation"
   CHECK(img.dark(x0 + 258, y0 + 20, x1 - 2, y0 + 236) == 0);
   CHECK(img.dark(x0 + 258, y0 - 40, x1 - 40, y0 + 300) == 0);
   CHECK(img.dark(0, y0 + 300, img.width, img.height) == 0);  // below the labels: blank margin
@@ -179,12 +184,14 @@ TEST_CASE("write_heatmap_grid: cells, NaN, frames, colour bar and text land on t
   CHECK(img.dark(0, 0, 4, img.height) + img.dark(img.width - 4, 0, img.width, img.height) == 0);
 }
 
-TEST_CASE("write_heatmap_grid: an explicit range clamps, constant and all-NaN panels draw", "[plot]") {
+TEST_CASE("write_heatmap_grid: an explicit range clamps, constant and all-NaN panels draw",
+          "[plot]") {
   TempDir dir;
   plot::GridOptions o;
   o.panel_width = 30, o.panel_height = 10;
   o.has_range = true, o.range_min = 0, o.range_max = 1;
-  plot::GridLayout l = plot::write_heatmap_grid(dir.file("a.png"), {panel("", 1, 3, {-5, 0.5f, 5})}, o);
+  plot::GridLayout l =
+      plot::write_heatmap_grid(dir.file("a.png"), {panel("", 1, 3, {-5, 0.5f, 5})}, o);
   CHECK(l.range_min == 0);
   CHECK(l.range_max == 1);
   Image img = decode(dir.file("a.png"));
@@ -199,7 +206,8 @@ TEST_CASE("write_heatmap_grid: an explicit range clamps, constant and all-NaN pa
   CHECK(img.at(l.colorbar_x, l.colorbar_y + 200) == kBlack);
   CHECK(img.height > l.colorbar_y + 210);
 
-  // A constant matrix is the middle of min-0.5 .. min+0.5; infinities are grey and not in the range.
+  // A constant matrix is the middle of min-0.5 .. min+0.5; infinities are grey and not in the
+  // range.
   o.has_range = false;
   l = plot::write_heatmap_grid(dir.file("b.png"), {panel("c", 2, 2, {3, 3, kInf, 3})}, o);
   CHECK(l.range_min == 2.5);
@@ -220,14 +228,17 @@ TEST_CASE("write_heatmap_grid: an explicit range clamps, constant and all-NaN pa
     for (int64_t px = 0; px < 30; ++px) CHECK(img.at(x + px, y + py) == kGrey);
 }
 
-TEST_CASE("write_heatmap_grid: non-square panels map cells to pixel blocks, and downsample", "[plot]") {
+TEST_CASE("write_heatmap_grid: non-square panels map cells to pixel blocks, and downsample",
+          "[plot]") {
   TempDir dir;
-  // 3 x 255 in a 512 x 48 box: rows are 16 px; column c covers [floor(c*512/255), floor((c+1)*512/255)).
+  // 3 x 255 in a 512 x 48 box: rows are 16 px; column c covers [floor(c*512/255),
+  // floor((c+1)*512/255)).
   std::vector<float> v(3 * 255);
   for (size_t i = 0; i < v.size(); ++i) v[i] = float(i);
   plot::GridOptions o;
   o.panel_width = 512, o.panel_height = 48;
-  const plot::GridLayout l = plot::write_heatmap_grid(dir.file("wide.png"), {panel("wide", 3, 255, v)}, o);
+  const plot::GridLayout l =
+      plot::write_heatmap_grid(dir.file("wide.png"), {panel("wide", 3, 255, v)}, o);
   const Image img = decode(dir.file("wide.png"));
   const int64_t x0 = l.panel_origin[0][0], y0 = l.panel_origin[0][1];
   int64_t checked = 0;
@@ -245,10 +256,12 @@ TEST_CASE("write_heatmap_grid: non-square panels map cells to pixel blocks, and 
   std::vector<float> w(600);
   for (size_t i = 0; i < w.size(); ++i) w[i] = float(i);
   o.panel_width = 300, o.panel_height = 10;
-  const plot::GridLayout l2 = plot::write_heatmap_grid(dir.file("down.png"), {panel("down", 1, 600, w)}, o);
+  const plot::GridLayout l2 =
+      plot::write_heatmap_grid(dir.file("down.png"), {panel("down", 1, 600, w)}, o);
   const Image img2 = decode(dir.file("down.png"));
   for (int64_t px = 0; px < 300; ++px)
-    if (img2.at(l2.panel_origin[0][0] + px, l2.panel_origin[0][1] + 3) != rgb(plot::viridis(2 * px / 599.0)))
+    if (img2.at(l2.panel_origin[0][0] + px, l2.panel_origin[0][1] + 3) !=
+        rgb(plot::viridis(2 * px / 599.0)))
       FAIL("downsampled pixel " << px);
 }
 
@@ -264,7 +277,8 @@ TEST_CASE("write_heatmap_grid: bad panels, options and paths are clear errors", 
                                               panel("head 2", 2, 3, std::vector<float>(5))};
   CHECK_THAT(error_of([&] { plot::write_heatmap_grid(path, short_values, ok); }),
              Contains("[plot] panel 1 (\"head 2\") has 5 values, expected rows*cols = 2*3 = 6"));
-  CHECK_THAT(error_of([&] { plot::layout_grid(short_values, ok); }), Contains("panel 1 (\"head 2\")"));
+  CHECK_THAT(error_of([&] { plot::layout_grid(short_values, ok); }),
+             Contains("panel 1 (\"head 2\")"));
   CHECK_THAT(error_of([&] { plot::write_heatmap_grid(path, {panel("z", 0, 3, {})}, ok); }),
              Contains("[plot] panel 0 (\"z\") has 0 rows and 3 cols; rows and cols must be >= 1"));
   CHECK_THAT(error_of([&] { plot::write_heatmap_grid(path, {panel("z", 2, -1, {})}, ok); }),
@@ -283,7 +297,8 @@ TEST_CASE("write_heatmap_grid: bad panels, options and paths are clear errors", 
   CHECK_THAT(error_of([&] { plot::write_heatmap_grid(path, one, o); }),
              Contains("[plot] range_max (1) must be greater than range_min (2)"));
   o.range_max = 2;
-  CHECK_THAT(error_of([&] { plot::write_heatmap_grid(path, one, o); }), Contains("[plot] range_max (2)"));
+  CHECK_THAT(error_of([&] { plot::write_heatmap_grid(path, one, o); }),
+             Contains("[plot] range_max (2)"));
   CHECK_FALSE(std::filesystem::exists(path));
 
   const std::string unwritable = dir.file("missing/dir/x.png");
