@@ -190,6 +190,8 @@ TEST_CASE("sum_to of BERT-Base bias gradients equals the reference bit for bit",
     check_case({{32 * 128, 768}, {768}}, dtype, Layout::contiguous, {1, 2, 4}, 11);
     check_case({{32 * 128, 768}, {768}}, dtype, Layout::transposed, {1, 2, 4}, 12);
   }
+  // Above the vectorised threshold (2^24 source elements): the threaded row-into-row path.
+  check_case({{16384, 1040}, {1040}}, DType::f32, Layout::contiguous, {1, 2}, 13);
   omp_set_num_threads(max_threads);
 }
 
