@@ -15,6 +15,19 @@ namespace {
 constexpr int kThreads = 256;  // a power of two: the shared-memory trees below halve it
 constexpr int kBlocks = 1024;  // partials; also the threads of the final pass
 
+// Sums a[0 .. blockDim.x) into a[0] and b[..] into b[0] (blockDim.x a power of two) in a fixed
+// tree order; every thread of the block calls it after writing its own a and b entries.
+__device__ void tree_sum_pair(double* a, double* b) {
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      a[threadIdx.x] += a[threadIdx.x + half];
+      b[threadIdx.x] += b[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+}
+
 template <class T>
 __global__ void unscale_check_partials(T* x, int64_t n, T factor, bool unscale, double* sums,
                                        double* bad) {
@@ -34,14 +47,7 @@ __global__ void unscale_check_partials(T* x, int64_t n, T factor, bool unscale, 
   }
   s_sum[threadIdx.x] = acc;
   s_bad[threadIdx.x] = nonfinite;
-  __syncthreads();
-  for (int half = blockDim.x / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) {
-      s_sum[threadIdx.x] += s_sum[threadIdx.x + half];
-      s_bad[threadIdx.x] += s_bad[threadIdx.x + half];
-    }
-    __syncthreads();
-  }
+  tree_sum_pair(s_sum, s_bad);
   if (threadIdx.x == 0) {
     sums[blockIdx.x] = s_sum[0];
     bad[blockIdx.x] = s_bad[0];
@@ -54,14 +60,7 @@ __global__ void unscale_check_finish(const double* sums, const double* bad, doub
   __shared__ double s_bad[kBlocks];
   s_sum[threadIdx.x] = sums[threadIdx.x];
   s_bad[threadIdx.x] = bad[threadIdx.x];
-  __syncthreads();
-  for (int half = blockDim.x / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) {
-      s_sum[threadIdx.x] += s_sum[threadIdx.x + half];
-      s_bad[threadIdx.x] += s_bad[threadIdx.x + half];
-    }
-    __syncthreads();
-  }
+  tree_sum_pair(s_sum, s_bad);
   if (threadIdx.x == 0) {
     stats[0] = s_sum[0];
     stats[1] = s_bad[0];
