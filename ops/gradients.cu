@@ -6,6 +6,8 @@
 #include <algorithm>
 
 #include "engine/cuda/check.h"
+#include "engine/cuda/context.h"
+#include "engine/cuda/launch.h"
 #include "engine/error.h"
 #include "ops/gradients.h"
 
@@ -88,29 +90,30 @@ void dispatch_f32_f64(DType t, const char* op, F&& f) {
 }
 
 void unscale_check(const Tensor& x, double inv_scale, const Tensor& stats) {
-  ENGINE_CUDA_CHECK(cudaSetDevice(x.device().index));
+  DeviceGuard guard(x.device().index);
+  cudaStream_t stream = compute_stream(x.device().index);
   Tensor partials = Tensor::empty({2, kBlocks}, DType::f64, x.device());
   double* sums = partials.data<double>();
   dispatch_f32_f64(x.dtype(), "unscale_and_check_", [&]<class T>() {
-    unscale_check_partials<T><<<kBlocks, kThreads>>>(static_cast<T*>(x.raw_data()), x.numel(),
-                                                     static_cast<T>(inv_scale), inv_scale != 1.0,
-                                                     sums, sums + kBlocks);
+    ENGINE_LAUNCH(unscale_check_partials<T>,
+                  (LaunchConfig{dim3(kBlocks), dim3(kThreads), 0, stream}),
+                  static_cast<T*>(x.raw_data()), x.numel(), static_cast<T>(inv_scale),
+                  inv_scale != 1.0, sums, sums + kBlocks);
   });
-  ENGINE_CUDA_CHECK_LAUNCH();
-  unscale_check_finish<<<1, kBlocks>>>(sums, sums + kBlocks, stats.data<double>());
-  ENGINE_CUDA_CHECK_LAUNCH();
+  ENGINE_LAUNCH(unscale_check_finish, (LaunchConfig{dim3(1), dim3(kBlocks), 0, stream}), sums,
+                sums + kBlocks, stats.data<double>());
 }
 
 void scale(const Tensor& x, double factor) {
   const int64_t n = x.numel();
   if (n == 0) return;
-  ENGINE_CUDA_CHECK(cudaSetDevice(x.device().index));
+  DeviceGuard guard(x.device().index);
+  cudaStream_t stream = compute_stream(x.device().index);
   const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
   dispatch_f32_f64(x.dtype(), "scale_", [&]<class T>() {
-    scale_kernel_impl<T>
-        <<<blocks, kThreads>>>(static_cast<T*>(x.raw_data()), n, static_cast<T>(factor));
+    ENGINE_LAUNCH(scale_kernel_impl<T>, (LaunchConfig{dim3(blocks), dim3(kThreads), 0, stream}),
+                  static_cast<T*>(x.raw_data()), n, static_cast<T>(factor));
   });
-  ENGINE_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

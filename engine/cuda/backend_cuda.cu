@@ -10,6 +10,8 @@
 
 #include "engine/backend.h"
 #include "engine/cuda/check.h"
+#include "engine/cuda/context.h"
+#include "engine/cuda/launch.h"
 #include "engine/cuda/strided.cuh"
 
 namespace engine::cuda {
@@ -107,6 +109,11 @@ void dispatch_all(DType t, F&& f) {
 }
 
 constexpr int kThreads = 256;
+// A grid-stride launch over n elements on the device's compute stream.
+LaunchConfig grid_for(int64_t n, const Tensor& t) {
+  return LaunchConfig{dim3(blocks_for(n, kThreads)), dim3(kThreads), 0,
+                      compute_stream(t.device().index)};
+}
 
 template <class S, class D>
 __global__ void copy_kernel(const S* src, D* dst, StridedIndexer<2> ix, int64_t n) {
@@ -186,19 +193,19 @@ class CudaBackend final : public Backend {
     int64_t n = dst.numel();
     if (!n) return;
     if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
-      ENGINE_CUDA_CHECK(
-          cudaMemcpy(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDeviceToDevice));
+      ENGINE_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(),
+                                        cudaMemcpyDeviceToDevice,
+                                        compute_stream(dst.device().index)));
       return;
     }
     const std::vector<int64_t>* sts[2] = {&dst.strides(), &src.strides()};
     auto ix = make_indexer<2>(dst.shape(), sts);
     dispatch_all(src.dtype(), [&]<class S>() {
       dispatch_all(dst.dtype(), [&]<class D>() {
-        copy_kernel<S, D><<<blocks_for(n, kThreads), kThreads>>>(
-            static_cast<const S*>(src.raw_data()), static_cast<D*>(dst.raw_data()), ix, n);
+        ENGINE_LAUNCH((copy_kernel<S, D>), grid_for(n, dst), static_cast<const S*>(src.raw_data()),
+                      static_cast<D*>(dst.raw_data()), ix, n);
       });
     });
-    ENGINE_CUDA_CHECK_LAUNCH();
   }
 
   void fill(const Tensor& dst, double value) override {
@@ -214,10 +221,8 @@ class CudaBackend final : public Backend {
         v = __float2half(static_cast<float>(value));
       else
         v = static_cast<T>(value);
-      fill_kernel<T>
-          <<<blocks_for(n, kThreads), kThreads>>>(static_cast<T*>(dst.raw_data()), v, ix, n);
+      ENGINE_LAUNCH(fill_kernel<T>, grid_for(n, dst), static_cast<T*>(dst.raw_data()), v, ix, n);
     });
-    ENGINE_CUDA_CHECK_LAUNCH();
   }
 
   void add_(const Tensor& dst, const Tensor& src, double alpha) override {
@@ -226,10 +231,9 @@ class CudaBackend final : public Backend {
     const std::vector<int64_t>* sts[2] = {&dst.strides(), &src.strides()};
     auto ix = make_indexer<2>(dst.shape(), sts);
     dispatch_all(dst.dtype(), [&]<class T>() {
-      add_kernel<T><<<blocks_for(n, kThreads), kThreads>>>(
-          static_cast<T*>(dst.raw_data()), static_cast<const T*>(src.raw_data()), alpha, ix, n);
+      ENGINE_LAUNCH(add_kernel<T>, grid_for(n, dst), static_cast<T*>(dst.raw_data()),
+                    static_cast<const T*>(src.raw_data()), alpha, ix, n);
     });
-    ENGINE_CUDA_CHECK_LAUNCH();
   }
 
   void sum_to(const Tensor& src, const Tensor& dst) override {
@@ -253,21 +257,23 @@ class CudaBackend final : public Backend {
     auto red = make_indexer<1>(red_shape, rs);
     int64_t n_red = shape_numel(red_shape);
     dispatch_all(src.dtype(), [&]<class T>() {
-      sum_to_kernel<T><<<blocks_for(n_out, kThreads), kThreads>>>(
-          static_cast<const T*>(src.raw_data()), static_cast<T*>(dst.raw_data()), kept, red, n_out,
-          n_red);
+      ENGINE_LAUNCH(sum_to_kernel<T>, grid_for(n_out, dst), static_cast<const T*>(src.raw_data()),
+                    static_cast<T*>(dst.raw_data()), kept, red, n_out, n_red);
     });
-    ENGINE_CUDA_CHECK_LAUNCH();
   }
 
  protected:
   void write_from_host(void* dst, const void* src, size_t n, int index) override {
-    ENGINE_CUDA_CHECK(cudaSetDevice(index));
-    ENGINE_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+    DeviceGuard guard(index);
+    cudaStream_t s = compute_stream(index);
+    ENGINE_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s));
+    ENGINE_CUDA_CHECK(cudaStreamSynchronize(s));  // the host buffer may be reused at once
   }
   void read_to_host(void* dst, const void* src, size_t n, int index) override {
-    ENGINE_CUDA_CHECK(cudaSetDevice(index));
-    ENGINE_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+    DeviceGuard guard(index);
+    cudaStream_t s = compute_stream(index);
+    ENGINE_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s));
+    ENGINE_CUDA_CHECK(cudaStreamSynchronize(s));
   }
 
  private:

@@ -1,12 +1,14 @@
-// NCCL collectives for CUDA tensors (see nccl.h). The engine's kernels run on the legacy default
-// stream; collectives run on a non-blocking stream of their own, ordered after the compute queued
-// so far by an event, so backward keeps computing while a gradient bucket is reduced.
+// NCCL collectives for CUDA tensors (see nccl.h). The engine's kernels run on the device's compute
+// stream (context.h); collectives run on a non-blocking stream of their own, ordered after the
+// compute queued so far by an event, so backward keeps computing while a gradient bucket is
+// reduced.
 #include <nccl.h>
 
 #include <cstring>
 #include <vector>
 
 #include "engine/cuda/check.h"
+#include "engine/cuda/context.h"
 #include "engine/cuda/nccl.h"
 #include "engine/error.h"
 
@@ -59,14 +61,18 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 
 class NcclWork final : public CommWork {
  public:
-  NcclWork(Tensor keep, cudaEvent_t done) : keep_(std::move(keep)), done_(done) {}
+  NcclWork(Tensor keep, cudaEvent_t done, int device)
+      : keep_(std::move(keep)), done_(done), device_(device) {}
   ~NcclWork() override { cudaEventDestroy(done_); }
-  void wait() override { ENGINE_CUDA_CHECK(cudaStreamWaitEvent(cudaStreamLegacy, done_, 0)); }
+  void wait() override {
+    ENGINE_CUDA_CHECK(cudaStreamWaitEvent(compute_stream(device_), done_, 0));
+  }
   bool test() override { return cudaEventQuery(done_) == cudaSuccess; }
 
  private:
   Tensor keep_;  // alive until the collective is done with its memory
   cudaEvent_t done_;
+  int device_;
 };
 
 class Channel final : public NcclChannel {
@@ -120,7 +126,7 @@ class Channel final : public NcclChannel {
   void order_after_compute() {
     cudaEvent_t ready;
     ENGINE_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    ENGINE_CUDA_CHECK(cudaEventRecord(ready, cudaStreamLegacy));
+    ENGINE_CUDA_CHECK(cudaEventRecord(ready, compute_stream(device_)));
     ENGINE_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
     cudaEventDestroy(ready);  // released once the wait has been recorded
   }
@@ -128,7 +134,7 @@ class Channel final : public NcclChannel {
     cudaEvent_t done;
     ENGINE_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     ENGINE_CUDA_CHECK(cudaEventRecord(done, stream_));
-    return std::make_unique<NcclWork>(t, done);
+    return std::make_unique<NcclWork>(t, done, device_);
   }
 
   int device_;

@@ -1,0 +1,643 @@
+// The CUDA runtime of the emulation build: the functions of cuda_runtime_api.h the engine uses,
+// over host memory, with the real API's error codes. Streams are deferred in-order queues (see
+// runtime.h); the legacy default stream orders itself against every blocking stream of its
+// device; events mark a point in a stream. Device memory is host memory, poisoned with 0xFF (NaN
+// in every float type) when allocated, and every pointer a copy or memset is given is checked
+// against the live allocations.
+#include "emu/runtime.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "emu/simt.h"
+
+struct CUstream_st {
+  int device = 0;
+  bool blocking = true;  // orders itself against the legacy stream
+  bool legacy = false;
+  struct Op {
+    std::function<void()> work;
+    const char* what;
+    std::vector<std::pair<CUstream_st*, uint64_t>> deps;  // (stream, sequence) to finish first
+  };
+  std::deque<Op> queue;
+  uint64_t enqueued = 0, done = 0;
+  bool destroyed = false;
+};
+
+struct CUevent_st {
+  CUstream_st* stream = nullptr;
+  uint64_t seq = 0;  // done when stream->done >= seq
+  bool timing = true;
+  double time_ms = 0;
+};
+
+namespace emu {
+namespace {
+
+constexpr int kMaxDevices = 8;
+
+int device_count_env() {
+  const char* s = std::getenv("EMU_DEVICES");
+  int n = s ? std::atoi(s) : 1;
+  return std::clamp(n, 0, kMaxDevices);
+}
+
+size_t device_memory_cap() {
+  const char* s = std::getenv("EMU_DEVICE_MEMORY_MB");
+  size_t mb = s ? std::strtoull(s, nullptr, 10) : 16384;
+  return mb << 20;
+}
+
+struct Allocation {
+  size_t bytes;
+  int device;
+};
+
+struct Runtime {
+  std::recursive_mutex mu;
+  int devices = device_count_env();
+  std::map<uintptr_t, Allocation> allocations;
+  size_t used[kMaxDevices] = {};
+  std::unique_ptr<CUstream_st> legacy[kMaxDevices];
+  std::vector<CUstream_st*> streams[kMaxDevices];  // blocking and non-blocking streams created
+  cudaError_t sticky = cudaSuccess;
+  std::deque<std::string> fault_messages;       // stable c_str()s for cudaGetErrorString
+  std::map<const void*, int> max_dynamic_smem;  // cudaFuncAttributeMaxDynamicSharedMemorySize
+  Runtime() {
+    for (int d = 0; d < kMaxDevices; ++d) {
+      legacy[d] = std::make_unique<CUstream_st>();
+      legacy[d]->device = d;
+      legacy[d]->legacy = true;
+    }
+  }
+};
+
+Runtime& rt() {
+  static Runtime* r = new Runtime;  // never destroyed: streams may be used from static destructors
+  return *r;
+}
+
+thread_local cudaError_t t_last_error = cudaSuccess;
+thread_local int t_device = 0;
+
+cudaError_t fail(cudaError_t e) {
+  t_last_error = e;
+  return e;
+}
+
+CUstream_st* resolve(cudaStream_t s) {
+  if (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread)
+    return rt().legacy[t_device].get();
+  return s;
+}
+
+void run_op(CUstream_st* s);
+
+void flush_to(CUstream_st* s, uint64_t seq) {
+  while (s->done < seq && !s->queue.empty()) run_op(s);
+}
+
+void run_op(CUstream_st* s) {
+  Runtime& r = rt();
+  CUstream_st::Op op = std::move(s->queue.front());
+  s->queue.pop_front();
+  for (auto& [other, seq] : op.deps) flush_to(other, seq);
+  if (r.sticky == cudaSuccess && op.work) {
+    const int saved = t_device;
+    t_device = s->device;
+    try {
+      op.work();
+    } catch (const Fault& f) {
+      r.sticky = cudaErrorLaunchFailure;
+      r.fault_messages.push_back(f.message);
+      std::fprintf(stderr, "%s\n", f.message.c_str());
+    }
+    t_device = saved;
+  }
+  ++s->done;
+}
+
+// The blocking-stream ordering of the legacy default stream: work on one of them waits for what
+// was queued on the others before it.
+std::vector<std::pair<CUstream_st*, uint64_t>> implicit_deps(CUstream_st* s) {
+  Runtime& r = rt();
+  std::vector<std::pair<CUstream_st*, uint64_t>> deps;
+  if (s->legacy) {
+    for (CUstream_st* o : r.streams[s->device])
+      if (o->blocking && o->enqueued > o->done) deps.emplace_back(o, o->enqueued);
+  } else if (s->blocking) {
+    CUstream_st* l = r.legacy[s->device].get();
+    if (l->enqueued > l->done) deps.emplace_back(l, l->enqueued);
+  }
+  return deps;
+}
+
+void enqueue(CUstream_st* s, std::function<void()> work, const char* what,
+             std::vector<std::pair<CUstream_st*, uint64_t>> extra = {}) {
+  auto deps = implicit_deps(s);
+  deps.insert(deps.end(), extra.begin(), extra.end());
+  s->queue.push_back(CUstream_st::Op{std::move(work), what, std::move(deps)});
+  ++s->enqueued;
+}
+
+void flush_device(int d) {
+  Runtime& r = rt();
+  flush_to(r.legacy[d].get(), r.legacy[d]->enqueued);
+  for (CUstream_st* s : r.streams[d]) flush_to(s, s->enqueued);
+}
+
+bool valid_stream(CUstream_st* s) {
+  if (s->legacy) return true;
+  for (int d = 0; d < rt().devices; ++d)
+    for (CUstream_st* o : rt().streams[d])
+      if (o == s) return true;
+  return false;
+}
+
+bool is_device_range_locked(const void* p, size_t n) {
+  Runtime& r = rt();
+  const auto u = reinterpret_cast<uintptr_t>(p);
+  auto it = r.allocations.upper_bound(u);
+  if (it == r.allocations.begin()) return false;
+  --it;
+  return u >= it->first && u + n <= it->first + std::max<size_t>(it->second.bytes, 1);
+}
+
+// A copy's endpoints must match its kind (device pointers inside live allocations).
+cudaError_t check_copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  if (n == 0) return cudaSuccess;
+  const bool dd = is_device_range_locked(dst, n), sd = is_device_range_locked(src, n);
+  switch (kind) {
+    case cudaMemcpyHostToDevice:
+      return dd ? cudaSuccess : cudaErrorInvalidValue;
+    case cudaMemcpyDeviceToHost:
+      return sd ? cudaSuccess : cudaErrorInvalidValue;
+    case cudaMemcpyDeviceToDevice:
+      return dd && sd ? cudaSuccess : cudaErrorInvalidValue;
+    case cudaMemcpyHostToHost:
+    case cudaMemcpyDefault:
+      return cudaSuccess;
+  }
+  return cudaErrorInvalidMemcpyDirection;
+}
+
+}  // namespace
+
+void stream_enqueue(cudaStream_t stream, std::function<void()> work, const char* what) {
+  std::lock_guard<std::recursive_mutex> lock(rt().mu);
+  enqueue(resolve(stream), std::move(work), what);
+}
+
+void stream_flush(cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(rt().mu);
+  CUstream_st* s = resolve(stream);
+  flush_to(s, s->enqueued);
+}
+
+int stream_device(cudaStream_t stream) {
+  std::lock_guard<std::recursive_mutex> lock(rt().mu);
+  return resolve(stream)->device;
+}
+
+bool is_device_range(const void* p, size_t n) {
+  std::lock_guard<std::recursive_mutex> lock(rt().mu);
+  return is_device_range_locked(p, n);
+}
+
+cudaError_t set_last_error(cudaError_t err) { return fail(err); }
+int current_device() { return t_device; }
+
+int max_dynamic_shared(const void* kernel) {
+  std::lock_guard<std::recursive_mutex> lock(rt().mu);
+  auto it = rt().max_dynamic_smem.find(kernel);
+  return it == rt().max_dynamic_smem.end() ? 48 * 1024 : it->second;
+}
+
+}  // namespace emu
+
+using emu::fail;
+using emu::rt;
+
+#define EMU_LOCK std::lock_guard<std::recursive_mutex> emu_lock_(rt().mu)
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (!count) return fail(cudaErrorInvalidValue);
+  *count = rt().devices;
+  if (rt().devices == 0) return fail(cudaErrorNoDevice);
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= rt().devices) return fail(cudaErrorInvalidDevice);
+  emu::t_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  if (!device) return fail(cudaErrorInvalidValue);
+  *device = emu::t_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
+  if (!p) return fail(cudaErrorInvalidValue);
+  if (device < 0 || device >= rt().devices) return fail(cudaErrorInvalidDevice);
+  std::memset(p, 0, sizeof *p);
+  std::snprintf(p->name, sizeof p->name, "NVIDIA H100 80GB HBM3 (emulated)");
+  p->totalGlobalMem = emu::device_memory_cap();
+  p->sharedMemPerBlock = 48 * 1024;
+  p->sharedMemPerBlockOptin = 227 * 1024;
+  p->sharedMemPerMultiprocessor = 228 * 1024;
+  p->regsPerBlock = 65536;
+  p->regsPerMultiprocessor = 65536;
+  p->warpSize = 32;
+  p->maxThreadsPerBlock = 1024;
+  p->maxThreadsDim[0] = 1024, p->maxThreadsDim[1] = 1024, p->maxThreadsDim[2] = 64;
+  p->maxGridSize[0] = 0x7fffffff, p->maxGridSize[1] = 65535, p->maxGridSize[2] = 65535;
+  p->totalConstMem = 65536;
+  p->major = 9;
+  p->minor = 0;
+  p->multiProcessorCount = 132;
+  p->maxThreadsPerMultiProcessor = 2048;
+  p->maxBlocksPerMultiProcessor = 32;
+  p->l2CacheSize = 50 * 1024 * 1024;
+  p->memoryBusWidth = 5120;
+  p->concurrentKernels = 1;
+  p->asyncEngineCount = 3;
+  p->unifiedAddressing = 1;
+  p->pciBusID = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (!value) return fail(cudaErrorInvalidValue);
+  cudaDeviceProp p;
+  if (cudaError_t e = cudaGetDeviceProperties(&p, device); e != cudaSuccess) return e;
+  switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = p.maxThreadsPerBlock;
+      break;
+    case cudaDevAttrMultiProcessorCount:
+      *value = p.multiProcessorCount;
+      break;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = p.major;
+      break;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = p.minor;
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+      *value = static_cast<int>(p.sharedMemPerBlock);
+      break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = static_cast<int>(p.sharedMemPerBlockOptin);
+      break;
+    case cudaDevAttrWarpSize:
+      *value = 32;
+      break;
+    case cudaDevAttrL2CacheSize:
+      *value = p.l2CacheSize;
+      break;
+    case cudaDevAttrMaxGridDimX:
+      *value = p.maxGridSize[0];
+      break;
+    default:
+      return fail(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int* v) {
+  if (!v) return fail(cudaErrorInvalidValue);
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* v) { return cudaDriverGetVersion(v); }
+
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+  if (!ptr) return fail(cudaErrorInvalidValue);
+  EMU_LOCK;
+  auto& r = rt();
+  const int d = emu::t_device;
+  if (r.used[d] + size > emu::device_memory_cap()) {
+    *ptr = nullptr;
+    return fail(cudaErrorMemoryAllocation);
+  }
+  const size_t bytes = std::max<size_t>((size + 255) / 256 * 256, 256);
+  void* p = std::aligned_alloc(256, bytes);
+  if (!p) {
+    *ptr = nullptr;
+    return fail(cudaErrorMemoryAllocation);
+  }
+  std::memset(p, 0xFF, bytes);  // uninitialised device memory reads as NaN
+  r.allocations[reinterpret_cast<uintptr_t>(p)] = emu::Allocation{size, d};
+  r.used[d] += size;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (!ptr) return cudaSuccess;
+  EMU_LOCK;
+  auto& r = rt();
+  auto it = r.allocations.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == r.allocations.end()) return fail(cudaErrorInvalidValue);
+  // cudaFree synchronises the device: work still queued may use the memory.
+  emu::flush_device(it->second.device);
+  r.used[it->second.device] -= it->second.bytes;
+  r.allocations.erase(it);
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  if (!ptr) return fail(cudaErrorInvalidValue);
+  *ptr = std::aligned_alloc(256, std::max<size_t>((size + 255) / 256 * 256, 256));
+  return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) {
+  return cudaMallocHost(ptr, size);
+}
+cudaError_t cudaFreeHost(void* ptr) {
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+  EMU_LOCK;
+  const size_t cap = emu::device_memory_cap();
+  if (free_bytes) *free_bytes = cap - rt().used[emu::t_device];
+  if (total) *total = cap;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  EMU_LOCK;
+  if (cudaError_t e = emu::check_copy(dst, src, n, kind); e != cudaSuccess) return fail(e);
+  CUstream_st* s = emu::resolve(stream);
+  if (!emu::valid_stream(s)) return fail(cudaErrorInvalidResourceHandle);
+  if (n)
+    emu::enqueue(
+        s, [dst, src, n] { std::memmove(dst, src, n); }, "cudaMemcpyAsync");
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  EMU_LOCK;
+  if (cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, nullptr); e != cudaSuccess) return e;
+  emu::flush_device(emu::t_device);
+  return rt().sticky == cudaSuccess ? cudaSuccess : fail(rt().sticky);
+}
+
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t stream) {
+  EMU_LOCK;
+  if (n && !emu::is_device_range_locked(dst, n)) return fail(cudaErrorInvalidValue);
+  CUstream_st* s = emu::resolve(stream);
+  if (!emu::valid_stream(s)) return fail(cudaErrorInvalidResourceHandle);
+  if (n)
+    emu::enqueue(
+        s, [dst, value, n] { std::memset(dst, value, n); }, "cudaMemset");
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void* dst, int value, size_t n) {
+  return cudaMemsetAsync(dst, value, n, nullptr);
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  if (!stream) return fail(cudaErrorInvalidValue);
+  EMU_LOCK;
+  auto* s = new CUstream_st;
+  s->device = emu::t_device;
+  s->blocking = !(flags & cudaStreamNonBlocking);
+  rt().streams[s->device].push_back(s);
+  *stream = s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int) {
+  return cudaStreamCreateWithFlags(stream, flags);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  EMU_LOCK;
+  if (!stream || stream == cudaStreamLegacy || stream == cudaStreamPerThread ||
+      !emu::valid_stream(stream))
+    return fail(cudaErrorInvalidResourceHandle);
+  // Work already queued completes (the real call returns at once and lets it finish).
+  emu::flush_to(stream, stream->enqueued);
+  auto& v = rt().streams[stream->device];
+  v.erase(std::find(v.begin(), v.end(), stream));
+  delete stream;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  EMU_LOCK;
+  CUstream_st* s = emu::resolve(stream);
+  if (!emu::valid_stream(s)) return fail(cudaErrorInvalidResourceHandle);
+  emu::flush_to(s, s->enqueued);
+  return rt().sticky == cudaSuccess ? cudaSuccess : fail(rt().sticky);
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  std::unique_lock<std::recursive_mutex> lock(rt().mu, std::try_to_lock);
+  if (!lock.owns_lock()) return cudaErrorNotReady;
+  CUstream_st* s = emu::resolve(stream);
+  if (!emu::valid_stream(s)) return fail(cudaErrorInvalidResourceHandle);
+  emu::flush_to(s, s->enqueued);  // progress: a polling loop must see the work finish
+  return rt().sticky == cudaSuccess ? cudaSuccess : fail(rt().sticky);
+}
+
+cudaError_t cudaDeviceSynchronize() {
+  EMU_LOCK;
+  emu::flush_device(emu::t_device);
+  return rt().sticky == cudaSuccess ? cudaSuccess : fail(rt().sticky);
+}
+
+}  // extern "C"
+
+namespace emu {
+void clear_sticky_error() {
+  EMU_LOCK;
+  auto& r = rt();
+  const int d = t_device;
+  r.legacy[d]->queue.clear();
+  r.legacy[d]->done = r.legacy[d]->enqueued;
+  for (CUstream_st* s : r.streams[d]) {
+    s->queue.clear();
+    s->done = s->enqueued;
+  }
+  r.sticky = cudaSuccess;
+  t_last_error = cudaSuccess;
+}
+}  // namespace emu
+
+extern "C" {
+
+cudaError_t cudaDeviceReset() {
+  EMU_LOCK;
+  auto& r = rt();
+  const int d = emu::t_device;
+  emu::clear_sticky_error();
+  for (auto it = r.allocations.begin(); it != r.allocations.end();) {
+    if (it->second.device == d) {
+      r.used[d] -= it->second.bytes;
+      std::free(reinterpret_cast<void*>(it->first));
+      it = r.allocations.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  if (!event) return fail(cudaErrorInvalidValue);
+  auto* e = new CUevent_st;
+  e->timing = !(flags & cudaEventDisableTiming);
+  *event = e;
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  delete event;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  EMU_LOCK;
+  CUstream_st* s = emu::resolve(stream);
+  if (!emu::valid_stream(s)) return fail(cudaErrorInvalidResourceHandle);
+  emu::enqueue(s, nullptr, "cudaEventRecord");
+  event->stream = s;
+  event->seq = s->enqueued;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  EMU_LOCK;
+  if (event->stream) emu::flush_to(event->stream, event->seq);
+  return rt().sticky == cudaSuccess ? cudaSuccess : fail(rt().sticky);
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  std::unique_lock<std::recursive_mutex> lock(rt().mu, std::try_to_lock);
+  if (!lock.owns_lock()) return cudaErrorNotReady;
+  if (event->stream) emu::flush_to(event->stream, event->seq);
+  return rt().sticky == cudaSuccess ? cudaSuccess : fail(rt().sticky);
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!ms || !start || !end) return fail(cudaErrorInvalidValue);
+  if (!start->timing || !end->timing) return fail(cudaErrorInvalidResourceHandle);
+  *ms = 0.0f;  // no device clock: emulated time is not GPU time
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  if (!event) return fail(cudaErrorInvalidResourceHandle);
+  EMU_LOCK;
+  CUstream_st* s = emu::resolve(stream);
+  if (!emu::valid_stream(s)) return fail(cudaErrorInvalidResourceHandle);
+  if (event->stream) emu::enqueue(s, nullptr, "cudaStreamWaitEvent", {{event->stream, event->seq}});
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+  if (value < 0 || value > 227 * 1024) return fail(cudaErrorInvalidValue);
+  EMU_LOCK;
+  rt().max_dynamic_smem[func] = value;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError() {
+  cudaError_t e = emu::t_last_error;
+  emu::t_last_error = cudaSuccess;
+  if (e == cudaSuccess && rt().sticky != cudaSuccess) return rt().sticky;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError() {
+  if (emu::t_last_error == cudaSuccess && rt().sticky != cudaSuccess) return rt().sticky;
+  return emu::t_last_error;
+}
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    default:
+      return "cudaErrorUnknown";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorLaunchFailure: {
+      EMU_LOCK;
+      auto& m = rt().fault_messages;
+      if (m.empty()) return "unspecified launch failure";
+      static thread_local std::string text;
+      text = "unspecified launch failure: " + m.back();
+      return text.c_str();
+    }
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorNotReady:
+      return "device not ready";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    case cudaErrorInvalidMemcpyDirection:
+      return "invalid copy direction for memcpy";
+    default:
+      return "unknown error";
+  }
+}
+
+}  // extern "C"
