@@ -37,6 +37,7 @@ class CpuAllocator final : public Allocator {
     s.peak_bytes = peak_.load();
     s.num_allocs = allocs_.load();
     s.reserved_bytes = s.live_bytes;
+    s.driver_allocs = s.num_allocs;  // every block comes from the system allocator
     return s;
   }
   void reset_peak() override { peak_.store(live_.load()); }

@@ -16,6 +16,8 @@ struct AllocatorStats {
   int64_t peak_bytes = 0;      // maximum of live_bytes since the last reset_peak()
   int64_t num_allocs = 0;      // allocations served since start
   int64_t reserved_bytes = 0;  // bytes held from the system (>= live for caching allocators)
+  int64_t driver_allocs = 0;   // allocations asked of the system (cudaMalloc) since start
+  int64_t driver_frees = 0;    // blocks given back to the system (cache flushes, out of memory)
 };
 
 class Allocator {

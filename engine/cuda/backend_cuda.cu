@@ -1,6 +1,6 @@
-// The CUDA backend: device memory (plain cudaMalloc with live/peak counters; the caching
-// allocator replaces it behind the same interface), host<->device transfers, and the core's
-// layout primitives as grid-stride kernels over strided indexers.
+// The CUDA backend: device memory (the caching allocator, allocator.h), host<->device transfers
+// on the device's compute stream, and the core's layout primitives as grid-stride kernels over
+// strided indexers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/cuda/allocator.h"
 #include "engine/cuda/check.h"
 #include "engine/cuda/context.h"
 #include "engine/cuda/launch.h"
@@ -16,45 +17,6 @@
 
 namespace engine::cuda {
 namespace {
-
-class CudaAllocator final : public Allocator {
- public:
-  explicit CudaAllocator(int index) : index_(index) {}
-  void* allocate(size_t nbytes) override {
-    if (nbytes == 0) return nullptr;
-    ENGINE_CUDA_CHECK(cudaSetDevice(index_));
-    void* p = nullptr;
-    cudaError_t err = cudaMalloc(&p, nbytes);
-    ENGINE_CHECK(err == cudaSuccess, "[alloc] out of memory on cuda:", index_, ": could not ",
-                 "allocate ", nbytes, " bytes (", live_.load(), " bytes live, peak ", peak_.load(),
-                 "): ", cudaGetErrorString(err));
-    int64_t live = live_.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
-    int64_t peak = peak_.load();
-    while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
-    }
-    ++allocs_;
-    return p;
-  }
-  void deallocate(void* p, size_t nbytes) override {
-    if (!p) return;
-    cudaFree(p);  // no throw from destructors
-    live_.fetch_sub(static_cast<int64_t>(nbytes));
-  }
-  AllocatorStats stats() const override {
-    AllocatorStats s;
-    s.live_bytes = live_.load();
-    s.peak_bytes = peak_.load();
-    s.num_allocs = allocs_.load();
-    s.reserved_bytes = s.live_bytes;
-    return s;
-  }
-  void reset_peak() override { peak_.store(live_.load()); }
-  Device device() const override { return Device::cuda(index_); }
-
- private:
-  int index_;
-  std::atomic<int64_t> live_{0}, peak_{0}, allocs_{0};
-};
 
 template <class T>
 struct Acc {
@@ -177,12 +139,9 @@ class CudaBackend final : public Backend {
     return n;
   }
   Allocator& allocator(int index) override {
-    std::lock_guard<std::mutex> lock(mu_);
     ENGINE_CHECK(index >= 0 && index < device_count(), "[device] cuda:", index, " does not exist (",
                  device_count(), " CUDA devices visible)");
-    if (allocators_.size() <= static_cast<size_t>(index)) allocators_.resize(index + 1);
-    if (!allocators_[index]) allocators_[index] = std::make_unique<CudaAllocator>(index);
-    return *allocators_[index];
+    return caching_allocator(index);
   }
   void synchronize(int index) override {
     ENGINE_CUDA_CHECK(cudaSetDevice(index));
@@ -275,10 +234,6 @@ class CudaBackend final : public Backend {
     ENGINE_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s));
     ENGINE_CUDA_CHECK(cudaStreamSynchronize(s));
   }
-
- private:
-  std::mutex mu_;
-  std::vector<std::unique_ptr<CudaAllocator>> allocators_;
 };
 
 CudaBackend g_cuda_backend;

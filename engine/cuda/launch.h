@@ -41,7 +41,10 @@ void launch_kernel(const char* name, void (*kernel)(Params...), const LaunchConf
   if (err != cudaSuccess) cudaGetLastError();  // the launch's error is reported below, once
   const cudaError_t e = static_cast<cudaError_t>(err);
 #else
-  kernel<<<cfg.grid, cfg.block, cfg.shared_bytes, cfg.stream> > >(std::forward<Args>(args)...);
+  // clang-format reads this header as C++ and would split the chevrons.
+  // clang-format off
+  kernel<<<cfg.grid, cfg.block, cfg.shared_bytes, cfg.stream>>>(std::forward<Args>(args)...);
+  // clang-format on
   const cudaError_t e = cudaGetLastError();
 #endif
   if (e != cudaSuccess)

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "engine/cuda/allocator.h"
 #include "engine/cuda/check.h"
 #include "engine/cuda/context.h"
 #include "engine/cuda/nccl.h"
@@ -131,6 +132,9 @@ class Channel final : public NcclChannel {
     cudaEventDestroy(ready);  // released once the wait has been recorded
   }
   std::unique_ptr<CommWork> finish(const Tensor& t) {
+    // The collective reads and writes t's memory on the communication stream: the caching
+    // allocator must not hand it out again before that stream has passed this point.
+    caching_allocator(device_).record_stream(t.storage()->data(), stream_);
     cudaEvent_t done;
     ENGINE_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     ENGINE_CUDA_CHECK(cudaEventRecord(done, stream_));
