@@ -1,6 +1,7 @@
 // The CUDA caching allocator (see allocator.h).
 #include "engine/cuda/allocator.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>

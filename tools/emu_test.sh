@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The CUDA backend on the SIMT emulator (run by tools/test.sh after the real build's suite):
+#   build-emu/       the emulation build: the [cuda] tests in forward, reverse and random fiber
+#                    order and the emulator's own tests (CTest labels cuda, emulator);
+#   build-emu-tsan/  the same kernels and tests under ThreadSanitizer (fiber-aware: a shared-memory
+#                    race between threads of a block is reported);
+#   build-emu-asan/  and under AddressSanitizer (out-of-bounds global and shared accesses).
+# Usage: tools/emu_test.sh [plain|tsan|asan ...]   (default: all three). Exits non-zero on any
+# failure. Binaries in build-emu*/bin/.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+JOBS="$(nproc)"
+variants=("$@")
+[ ${#variants[@]} -eq 0 ] && variants=(plain tsan asan)
+
+configure_and_build() {  # dir, build type, extra flags
+  local dir="$1" type="$2" flags="$3"
+  cmake -S "$ROOT" -B "$dir" -G Ninja -DENGINE_CUDA_EMULATE=ON -DCMAKE_BUILD_TYPE="$type" \
+    -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" \
+    -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
+  cmake --build "$dir" -j "$JOBS"
+}
+
+for v in "${variants[@]}"; do
+  case "$v" in
+    plain)
+      configure_and_build "$ROOT/build-emu" Release ""
+      ctest --test-dir "$ROOT/build-emu" --output-on-failure -j "$JOBS"
+      ;;
+    tsan)
+      # libgomp is not instrumented: the CPU reference runs on one OpenMP thread here.
+      configure_and_build "$ROOT/build-emu-tsan" RelWithDebInfo "-fsanitize=thread"
+      OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+        ctest --test-dir "$ROOT/build-emu-tsan" --output-on-failure -j "$JOBS" -L cuda -E "_reverse|_random"
+      ;;
+    asan)
+      configure_and_build "$ROOT/build-emu-asan" RelWithDebInfo "-fsanitize=address -fno-omit-frame-pointer"
+      ASAN_OPTIONS="detect_leaks=0" \
+        ctest --test-dir "$ROOT/build-emu-asan" --output-on-failure -j "$JOBS" -L cuda -E "_reverse|_random"
+      ;;
+    *)
+      echo "emu_test: unknown variant '$v' (plain, tsan, asan)" >&2
+      exit 2
+      ;;
+  esac
+done
