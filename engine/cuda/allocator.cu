@@ -16,7 +16,7 @@ namespace engine::cuda {
 namespace {
 
 struct BlockInfo {
-  size_t size = 0;                         // its size class
+  size_t size = 0;                          // its size class
   std::vector<cudaStream_t> other_streams;  // streams besides compute that used it
 };
 
@@ -127,8 +127,8 @@ class DeviceCachingAllocator final : public CachingAllocator {
       cudaMemGetInfo(&free_b, &total);
       ENGINE_FAIL("[alloc] out of memory on cuda:", index_, ": could not allocate ", requested,
                   " bytes (", size, " with rounding): ", live_, " bytes in use (peak ", peak_,
-                  "), ", reserved_, " reserved by the engine, the device reports ", free_b,
-                  " of ", total, " bytes free: ", cudaGetErrorString(err));
+                  "), ", reserved_, " reserved by the engine, the device reports ", free_b, " of ",
+                  total, " bytes free: ", cudaGetErrorString(err));
     }
     reserved_ += static_cast<int64_t>(size);
     ++driver_allocs_;
@@ -176,7 +176,7 @@ class DeviceCachingAllocator final : public CachingAllocator {
 
   int index_;
   mutable std::mutex mu_;
-  std::map<size_t, std::vector<void*>> free_;  // size class -> free blocks
+  std::map<size_t, std::vector<void*>> free_;    // size class -> free blocks
   std::unordered_map<void*, BlockInfo> blocks_;  // live blocks
   std::vector<Pending> pending_;
   int64_t live_ = 0, peak_ = 0, allocs_ = 0, reserved_ = 0, driver_allocs_ = 0, driver_frees_ = 0;
@@ -200,7 +200,8 @@ CachingAllocator& caching_allocator(int device) {
   context(device);  // validates the index, creates the streams
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_allocators.size() <= static_cast<size_t>(device)) g_allocators.resize(device + 1);
-  if (!g_allocators[device]) g_allocators[device] = std::make_unique<DeviceCachingAllocator>(device);
+  if (!g_allocators[device])
+    g_allocators[device] = std::make_unique<DeviceCachingAllocator>(device);
   return *g_allocators[device];
 }
 
