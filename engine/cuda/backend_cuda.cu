@@ -1,9 +1,6 @@
 // The CUDA backend: device memory (the caching allocator, allocator.h), host<->device transfers
 // on the device's compute stream, and the core's layout primitives as grid-stride kernels over
 // strided indexers.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <atomic>
 #include <mutex>
 #include <vector>
@@ -12,68 +9,16 @@
 #include "engine/cuda/allocator.h"
 #include "engine/cuda/check.h"
 #include "engine/cuda/context.h"
+#include "engine/cuda/kernels.cuh"
 #include "engine/cuda/launch.h"
 #include "engine/cuda/strided.cuh"
 
 namespace engine::cuda {
 namespace {
 
-template <class T>
-struct Acc {
-  using type = T;
-};
-template <>
-struct Acc<__nv_bfloat16> {
-  using type = float;
-};
-template <>
-struct Acc<__half> {
-  using type = float;
-};
-
-template <class T>
-__device__ typename Acc<T>::type ld(T x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(x);
-  else if constexpr (std::is_same_v<T, __half>)
-    return __half2float(x);
-  else
-    return x;
-}
-template <class T, class V>
-__device__ T st(V v) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __float2bfloat16(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, __half>)
-    return __float2half(static_cast<float>(v));
-  else
-    return static_cast<T>(v);
-}
-
-template <class F>
-void dispatch_all(DType t, F&& f) {
-  switch (t) {
-    case DType::f32:
-      return f.template operator()<float>();
-    case DType::f64:
-      return f.template operator()<double>();
-    case DType::bf16:
-      return f.template operator()<__nv_bfloat16>();
-    case DType::f16:
-      return f.template operator()<__half>();
-    case DType::i32:
-      return f.template operator()<int32_t>();
-    case DType::i64:
-      return f.template operator()<int64_t>();
-    case DType::u8:
-      return f.template operator()<uint8_t>();
-  }
-}
-
-constexpr int kThreads = 256;
 // A grid-stride launch over n elements on the device's compute stream.
 LaunchConfig grid_for(int64_t n, const Tensor& t) {
-  return LaunchConfig{dim3(blocks_for(n, kThreads)), dim3(kThreads), 0,
+  return LaunchConfig{dim3(grid_blocks(n, kElementwiseThreads)), dim3(kElementwiseThreads), 0,
                       compute_stream(t.device().index)};
 }
 
@@ -83,7 +28,7 @@ __global__ void copy_kernel(const S* src, D* dst, StridedIndexer<2> ix, int64_t 
        i += int64_t(gridDim.x) * blockDim.x) {
     int64_t off[2];
     ix.offsets(i, off);
-    dst[off[0]] = st<D>(ld(src[off[1]]));
+    dst[off[0]] = from_acc<D>(to_acc(src[off[1]]));
   }
 }
 
@@ -99,12 +44,12 @@ __global__ void fill_kernel(T* dst, T v, StridedIndexer<1> ix, int64_t n) {
 
 template <class T>
 __global__ void add_kernel(T* dst, const T* src, double alpha, StridedIndexer<2> ix, int64_t n) {
-  using V = typename Acc<T>::type;
+  using V = Acc<T>;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     int64_t off[2];
     ix.offsets(i, off);
-    dst[off[0]] = st<T>(ld(dst[off[0]]) + static_cast<V>(alpha) * ld(src[off[1]]));
+    dst[off[0]] = from_acc<T>(to_acc(dst[off[0]]) + static_cast<V>(alpha) * to_acc(src[off[1]]));
   }
 }
 
@@ -121,9 +66,9 @@ __global__ void sum_to_kernel(const T* src, T* dst, StridedIndexer<1> kept,
     for (int64_t r = 0; r < n_red; ++r) {
       int64_t off[1];
       reduced.offsets(r, off);
-      acc += static_cast<double>(ld(src[base[0] + off[0]]));
+      acc += static_cast<double>(to_acc(src[base[0] + off[0]]));
     }
-    dst[o] = st<T>(acc);
+    dst[o] = from_acc<T>(acc);
   }
 }
 
@@ -173,13 +118,7 @@ class CudaBackend final : public Backend {
     const std::vector<int64_t>* sts[1] = {&dst.strides()};
     auto ix = make_indexer<1>(dst.shape(), sts);
     dispatch_all(dst.dtype(), [&]<class T>() {
-      T v;
-      if constexpr (std::is_same_v<T, __nv_bfloat16>)
-        v = __float2bfloat16(static_cast<float>(value));
-      else if constexpr (std::is_same_v<T, __half>)
-        v = __float2half(static_cast<float>(value));
-      else
-        v = static_cast<T>(value);
+      const T v = from_acc<T>(value);
       ENGINE_LAUNCH(fill_kernel<T>, grid_for(n, dst), static_cast<T*>(dst.raw_data()), v, ix, n);
     });
   }

@@ -40,9 +40,4 @@ StridedIndexer<N> make_indexer(const Shape& shape, const std::vector<int64_t>* c
   return ix;
 }
 
-inline int blocks_for(int64_t n, int threads) {
-  int64_t b = (n + threads - 1) / threads;
-  return static_cast<int>(b < 65535 * 32 ? b : 65535 * 32);
-}
-
 }  // namespace engine::cuda
