@@ -22,6 +22,8 @@ void __tsan_destroy_fiber(void* fiber);
 void __tsan_switch_to_fiber(void* fiber, unsigned flags);
 void __tsan_acquire(void* addr);
 void __tsan_release(void* addr);
+void __tsan_ignore_thread_begin(void);
+void __tsan_ignore_thread_end(void);
 }
 #endif
 #if defined(EMU_ASAN)
@@ -41,6 +43,12 @@ inline constexpr bool kSanitized = false;
 #endif
 
 namespace san {
+
+#if defined(EMU_TSAN)
+inline constexpr bool kTsan = true;
+#else
+inline constexpr bool kTsan = false;
+#endif
 
 inline void* current_fiber() {
 #if defined(EMU_TSAN)
@@ -65,11 +73,15 @@ inline void destroy_fiber(void* f) {
 }
 // Before a stack switch to `fiber` (TSan) whose stack is [bottom, bottom + size) (ASan). `save`
 // keeps the current context's ASan fake stack until after_switch(*save) when it is resumed; null
-// when the current context dies with this switch.
-inline void before_switch(void** save, void* fiber, const void* bottom, size_t size) {
+// when the current context dies with this switch. A switch orders memory only when `sync` (the
+// first entry into a CUDA thread's fiber: what the host and the worker did before the block
+// happens before the thread); CUDA threads order among themselves only through barriers.
+inline void before_switch(void** save, void* fiber, const void* bottom, size_t size,
+                          bool sync = false) {
 #if defined(EMU_TSAN)
-  __tsan_switch_to_fiber(fiber, 1 /* __tsan_switch_to_fiber_no_sync */);
+  __tsan_switch_to_fiber(fiber, sync ? 0 : 1 /* __tsan_switch_to_fiber_no_sync */);
 #endif
+  (void)sync;
 #if defined(EMU_ASAN)
   __sanitizer_start_switch_fiber(save, bottom, size);
 #endif
@@ -83,6 +95,31 @@ inline void after_switch(void* save, const void** from_bottom = nullptr,
 #endif
   (void)save, (void)from_bottom, (void)from_size;
 }
+// The emulator's own bookkeeping (the scheduler, the fields a CUDA thread fills for a barrier or
+// a shuffle) is not CUDA memory: TSan ignores the accesses of the current context (thread or
+// fiber) inside an Ignore's scope. Synchronisation (release / acquire) is still recorded.
+struct Ignore {
+#if defined(EMU_TSAN)
+  Ignore() { __tsan_ignore_thread_begin(); }
+  ~Ignore() { __tsan_ignore_thread_end(); }
+#else
+  Ignore() {}
+#endif
+  Ignore(const Ignore&) = delete;
+  // For a scope that begins in one context and ends in another (a fiber's first steps).
+  static void begin() {
+#if defined(EMU_TSAN)
+    __tsan_ignore_thread_begin();
+#endif
+  }
+  static void end() {
+#if defined(EMU_TSAN)
+    __tsan_ignore_thread_end();
+#endif
+  }
+  Ignore& operator=(const Ignore&) = delete;
+};
+
 inline void release(void* addr) {
 #if defined(EMU_TSAN)
   __tsan_release(addr);

@@ -108,8 +108,10 @@ struct PoolAllocator {
 
 enum class State : int { runnable, at_barrier, at_warp, done };
 
+struct Slot;
+
 struct Thread {
-  ctx::fiber fiber;  // to resume this thread
+  Slot* slot = nullptr;  // the worker's fiber that runs this CUDA thread
   uint3 idx{};
   int linear = 0;
   State state = State::runnable;
@@ -122,9 +124,7 @@ struct Thread {
   unsigned char in[16]{}, out[16]{};
   int predicate = 0, reduced = 0;  // __syncthreads_count/and/or
   int reduce_kind = -1;
-  void* tsan_fiber = nullptr;
-  const void* stack_bottom = nullptr;
-  size_t stack_size = 0;
+  bool entered = false;  // the first switch into the fiber in this block orders memory (TSan)
 };
 
 struct Block {
@@ -133,7 +133,6 @@ struct Block {
   dim3 dim{};
   std::vector<Thread> threads;
   Thread* current = nullptr;
-  ctx::fiber scheduler;  // to return to the scheduler
   const std::function<void()>* body = nullptr;
   // dynamic shared memory: the region, a canary after it, and which bytes were written
   std::vector<unsigned char> smem;
@@ -143,12 +142,28 @@ struct Block {
   std::string fault;
   char barrier_sync = 0;  // sanitizer happens-before object for __syncthreads
   char warp_sync[32] = {};
-  void* scheduler_tsan = nullptr;
-  const void* sched_bottom = nullptr;  // the worker's stack (ASan)
-  size_t sched_size = 0;
 };
 
 thread_local Block* t_block = nullptr;
+
+// A worker's scheduler and its fibers. Each fiber is a thread slot: it runs CUDA thread i of
+// every block the worker runs, in a loop, and never returns (a fiber that returned would switch
+// away inside its own epilogue, which TSan's shadow stacks cannot follow; reusing fibers also
+// spares a fiber creation per CUDA thread).
+struct Scheduler {
+  ctx::fiber resume;                   // to return to the scheduler
+  void* tsan = nullptr;                // its TSan identity
+  const void* stack_bottom = nullptr;  // and its stack (ASan)
+  size_t stack_size = 0;
+};
+thread_local Scheduler t_scheduler;
+
+struct Slot {
+  ctx::fiber fiber;
+  void* tsan = nullptr;
+  const void* stack_bottom = nullptr;
+  size_t stack_size = 0;
+};
 constexpr size_t kCanary = 64;
 
 std::string dim_str(uint3 d) {
@@ -169,11 +184,18 @@ std::string site_str(Site s) { return std::string(s.file) + ":" + std::to_string
 // Thrown inside a fiber to leave the kernel body after a fault was recorded.
 struct FaultUnwind {};
 
-void switch_to_scheduler(Block& b, Thread& t) {
+// Inside a fiber: back to the scheduler until it resumes this fiber. Runs under a TSan ignore
+// (the switch is the emulator's business), which the caller holds.
+void yield_to_scheduler() {
   void* save = nullptr;
-  san::before_switch(&save, b.scheduler_tsan, b.sched_bottom, b.sched_size);
-  b.scheduler = std::move(b.scheduler).resume();
+  san::before_switch(&save, t_scheduler.tsan, t_scheduler.stack_bottom, t_scheduler.stack_size);
+  t_scheduler.resume = std::move(t_scheduler.resume).resume();
   san::after_switch(save);
+}
+
+void switch_to_scheduler(Block& b, Thread& t) {
+  san::Ignore ignore;
+  yield_to_scheduler();
   t_thread_idx = t.idx;
   t_block = &b;
   if (b.faulted) throw FaultUnwind{};
@@ -181,6 +203,7 @@ void switch_to_scheduler(Block& b, Thread& t) {
 
 // Called inside the running fiber: park it in `state` until the scheduler releases it.
 void park(State state) {
+  san::Ignore ignore;
   Block& b = *t_block;
   Thread& t = *b.current;
   t.state = state;
@@ -188,6 +211,7 @@ void park(State state) {
 }
 
 void record_fault(Block& b, std::string msg) {
+  san::Ignore ignore;
   if (!b.faulted) {
     b.faulted = true;
     b.fault = std::move(msg);
@@ -386,11 +410,15 @@ bool resolve_barrier(Block& b) {
 }
 
 void run_thread(Block& b, Thread& t) {
-  b.current = &t;
-  t_thread_idx = t.idx;
+  b.current = &t;  // the fiber sets t_thread_idx itself once it runs
   void* save = nullptr;
-  san::before_switch(&save, t.tsan_fiber, t.stack_bottom, t.stack_size);
-  t.fiber = std::move(t.fiber).resume();
+  Slot& s = *t.slot;
+  const bool first = !t.entered;
+  t.entered = true;
+  // From here TSan sees the fiber as running: the rest of the switch is its code, which it
+  // ignores (every fiber parks inside an ignore).
+  san::before_switch(&save, s.tsan, s.stack_bottom, s.stack_size, first);
+  s.fiber = std::move(s.fiber).resume();
   san::after_switch(save);
   t_block = &b;
 }
@@ -403,13 +431,58 @@ std::vector<int> order_for(size_t n, Schedule s, std::mt19937_64& rng) {
   return order;
 }
 
+// The body of a thread slot's fiber: one CUDA thread of each block, for ever. The scheduler
+// sets t_block and the block's current thread before it resumes the fiber.
+void slot_loop() {
+  for (;;) {
+    Block& b = *t_block;
+    Thread& t = *b.current;
+    t_thread_idx = t.idx;
+    san::Ignore::end();  // the kernel's accesses are checked
+    try {
+      if (!b.faulted) (*b.body)();
+    } catch (const FaultUnwind&) {
+    } catch (const std::exception& e) {
+      record_fault(b, where(b, &t) + ": " + e.what());
+    }
+    san::Ignore::begin();
+    t.state = State::done;
+    san::release(&g_threads);  // after this thread's last access to the block
+    yield_to_scheduler();      // until the next block
+  }
+}
+
+// Thread slot i of this worker, created on first use; never destroyed (see Scheduler).
+Slot& slot(int i) {
+  static thread_local std::vector<Slot*> slots;
+  while (static_cast<int>(slots.size()) <= i) {
+    auto* s = new Slot;
+    s->stack_size = stack_bytes();
+    san::Ignore::end();  // a TSan fiber inherits its creator's ignores: create it without
+    s->tsan = san::create_fiber();
+    san::Ignore::begin();
+    s->fiber = ctx::fiber(
+        std::allocator_arg, PoolAllocator{&s->stack_bottom}, [](ctx::fiber&& sched) -> ctx::fiber {
+          san::Ignore::begin();  // as every fiber is when it is resumed
+          t_scheduler.resume = std::move(sched);
+          san::after_switch(nullptr, &t_scheduler.stack_bottom, &t_scheduler.stack_size);
+          slot_loop();
+          return {};  // never reached
+        });
+    slots.push_back(s);
+  }
+  return *slots[i];
+}
+
 void run_block(Block& b, const std::function<void()>& body, Schedule sched, uint64_t seed) {
+  san::Ignore ignore;  // the scheduler's bookkeeping; the kernel runs in the fibers
   t_block = &b;
   t_block_idx = b.idx;
   const int n = static_cast<int>(b.dim.x * b.dim.y * b.dim.z);
   b.threads.clear();
   b.threads.resize(n);
-  b.scheduler_tsan = san::current_fiber();
+  t_scheduler.tsan = san::current_fiber();
+  b.body = &body;
   san::acquire(&g_threads);  // what earlier blocks on this worker did happens before this one
   for (int i = 0; i < n; ++i) {
     Thread& t = b.threads[i];
@@ -417,27 +490,7 @@ void run_block(Block& b, const std::function<void()>& body, Schedule sched, uint
     t.idx =
         uint3{static_cast<unsigned>(i % b.dim.x), static_cast<unsigned>((i / b.dim.x) % b.dim.y),
               static_cast<unsigned>(i / (b.dim.x * b.dim.y))};
-    t.tsan_fiber = san::create_fiber();
-    t.stack_size = stack_bytes();
-    t.fiber = ctx::fiber(
-        std::allocator_arg, PoolAllocator{&t.stack_bottom}, [&b, &t, &body](ctx::fiber&& sched) {
-          b.scheduler = std::move(sched);
-          san::after_switch(nullptr, &b.sched_bottom, &b.sched_size);
-          t_block = &b;
-          t_thread_idx = t.idx;
-          try {
-            if (!b.faulted) body();
-          } catch (const FaultUnwind&) {
-          } catch (const ctx::detail::forced_unwind&) {
-            throw;
-          } catch (const std::exception& e) {
-            record_fault(b, where(b, &t) + ": " + e.what());
-          }
-          t.state = State::done;
-          san::release(&g_threads);
-          san::before_switch(nullptr, b.scheduler_tsan, b.sched_bottom, b.sched_size);
-          return std::move(b.scheduler);
-        });
+    t.slot = &slot(i);
   }
   std::mt19937_64 rng(seed ^ (uint64_t(b.idx.x) * 0x9E3779B97F4A7C15ull) ^
                       (uint64_t(b.idx.y) << 20) ^ (uint64_t(b.idx.z) << 40));
@@ -464,11 +517,10 @@ void run_block(Block& b, const std::function<void()>& body, Schedule sched, uint
   }
   // Abandon the fibers of a faulted block (their stacks unwind) and check the canary.
   for (Thread& t : b.threads) {
-    if (t.fiber) {
+    if (t.entered && t.state != State::done) {
       b.current = &t;
       run_thread(b, t);  // resumes with b.faulted set: the fiber unwinds via FaultUnwind
     }
-    san::destroy_fiber(t.tsan_fiber);
   }
   if (!b.faulted && b.smem_bytes) {
     for (size_t i = 0; i < kCanary; ++i)
@@ -482,6 +534,7 @@ void run_block(Block& b, const std::function<void()>& body, Schedule sched, uint
   g_threads.fetch_add(n, std::memory_order_relaxed);
   g_blocks.fetch_add(1, std::memory_order_relaxed);
   t_block = nullptr;
+  san::acquire(&g_threads);  // what the block's threads did happens before what follows it
 }
 
 // ---- the worker pool ------------------------------------------------------------------------
@@ -556,6 +609,7 @@ Pool& pool() {
 // ---- device side ------------------------------------------------------------------------------
 
 void device_fault(const std::string& what) {
+  san::Ignore ignore;
   Block& b = *t_block;
   record_fault(b, where(b, b.current) + ": " + what);
   throw FaultUnwind{};
@@ -564,6 +618,7 @@ void device_fault(const std::string& what) {
 void syncthreads(Site site) { syncthreads_reduce(site, -1, 0); }
 
 int syncthreads_reduce(Site site, int kind, int predicate) {
+  san::Ignore ignore;  // the emulator's fields; the barrier's ordering is release / acquire
   Block& b = *t_block;
   Thread& t = *b.current;
   t.site = site;
@@ -581,6 +636,7 @@ void syncwarp(Site site, unsigned mask) {
 
 void warp_exchange(Site site, WarpOp op, unsigned mask, const void* in, size_t n, int arg,
                    int width, void* out) {
+  san::Ignore ignore;
   Block& b = *t_block;
   Thread& t = *b.current;
   if (width <= 0 || width > 32 || (width & (width - 1)))
@@ -612,6 +668,7 @@ void* dynamic_shared_base() {
 size_t dynamic_shared_bytes() { return t_block->smem_bytes; }
 
 void shared_check(const void* p, size_t n, bool write) {
+  san::Ignore ignore;
   Block& b = *t_block;
   const auto* base = b.smem.data();
   const auto* q = static_cast<const unsigned char*>(p);
