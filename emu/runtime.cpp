@@ -5,6 +5,7 @@
 // in every float type) when allocated, and every pointer a copy or memset is given is checked
 // against the live allocations.
 #include "emu/runtime.h"
+#include "emu/sanitizer.h"
 
 #include <cuda_runtime_api.h>
 
@@ -343,6 +344,9 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
     return fail(cudaErrorMemoryAllocation);
   }
   std::memset(p, 0xFF, bytes);  // uninitialised device memory reads as NaN
+  // Under ASan an access past the requested size is reported, though the GPU's rounding would
+  // hide it.
+  emu::san::poison(static_cast<char*>(p) + size, bytes - size);
   r.allocations[reinterpret_cast<uintptr_t>(p)] = emu::Allocation{size, d};
   r.used[d] += size;
   *ptr = p;
@@ -358,6 +362,7 @@ cudaError_t cudaFree(void* ptr) {
   // cudaFree synchronises the device: work still queued may use the memory.
   emu::flush_device(it->second.device);
   r.used[it->second.device] -= it->second.bytes;
+  emu::san::unpoison(ptr, std::max<size_t>((it->second.bytes + 255) / 256 * 256, 256));
   r.allocations.erase(it);
   std::free(ptr);
   return cudaSuccess;
@@ -496,6 +501,8 @@ cudaError_t cudaDeviceReset() {
   for (auto it = r.allocations.begin(); it != r.allocations.end();) {
     if (it->second.device == d) {
       r.used[d] -= it->second.bytes;
+      emu::san::unpoison(reinterpret_cast<void*>(it->first),
+                         std::max<size_t>((it->second.bytes + 255) / 256 * 256, 256));
       std::free(reinterpret_cast<void*>(it->first));
       it = r.allocations.erase(it);
     } else {

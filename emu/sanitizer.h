@@ -28,6 +28,8 @@ void __tsan_ignore_thread_end(void);
 #endif
 #if defined(EMU_ASAN)
 extern "C" {
+void __asan_poison_memory_region(void const volatile* addr, size_t size);
+void __asan_unpoison_memory_region(void const volatile* addr, size_t size);
 void __sanitizer_start_switch_fiber(void** fake_stack_save, const void* bottom, size_t size);
 void __sanitizer_finish_switch_fiber(void* fake_stack_save, const void** bottom_old,
                                      size_t* size_old);
@@ -119,6 +121,22 @@ struct Ignore {
   }
   Ignore& operator=(const Ignore&) = delete;
 };
+
+// ASan: bytes no kernel may touch (the rounding past a cudaMalloc'd size), and back.
+inline void poison(const void* p, size_t n) {
+#if defined(EMU_ASAN)
+  __asan_poison_memory_region(p, n);
+#else
+  (void)p, (void)n;
+#endif
+}
+inline void unpoison(const void* p, size_t n) {
+#if defined(EMU_ASAN)
+  __asan_unpoison_memory_region(p, n);
+#else
+  (void)p, (void)n;
+#endif
+}
 
 inline void release(void* addr) {
 #if defined(EMU_TSAN)

@@ -31,12 +31,12 @@ for v in "${variants[@]}"; do
       # libgomp is not instrumented: the CPU reference runs on one OpenMP thread here.
       configure_and_build "$ROOT/build-emu-tsan" RelWithDebInfo "-fsanitize=thread"
       OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-        ctest --test-dir "$ROOT/build-emu-tsan" --output-on-failure -j "$JOBS" -L cuda -E "_reverse|_random"
+        ctest --test-dir "$ROOT/build-emu-tsan" --output-on-failure -j "$JOBS" -L "cuda|sanitizer" -E "_reverse|_random"
       ;;
     asan)
       configure_and_build "$ROOT/build-emu-asan" RelWithDebInfo "-fsanitize=address -fno-omit-frame-pointer"
       ASAN_OPTIONS="detect_leaks=0" \
-        ctest --test-dir "$ROOT/build-emu-asan" --output-on-failure -j "$JOBS" -L cuda -E "_reverse|_random"
+        ctest --test-dir "$ROOT/build-emu-asan" --output-on-failure -j "$JOBS" -L "cuda|sanitizer" -E "_reverse|_random"
       ;;
     *)
       echo "emu_test: unknown variant '$v' (plain, tsan, asan)" >&2

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: installs what is missing, configures, builds, and runs the whole
-# CTest suite. Exits non-zero on any failure. [cuda] tests report "Skipped" without a GPU.
+# CTest suite, then the emulation build's (tools/emu_test.sh). Exits non-zero on any failure.
+# In build/, [cuda] tests report "Skipped" without a GPU; in build-emu* they run emulated.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
@@ -10,3 +11,7 @@ BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 EXTRA_PACKAGES="python3 python3-numpy python3-torch clang-format ${EXTRA_PACKAGES:-}" "$ROOT/tools/setup.sh"
 "$ROOT/tools/check_format.sh"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
+# The CUDA backend on the SIMT emulator (docs/cuda.md): build-emu/ in three fiber orders, then the
+# cuda tests under ThreadSanitizer and AddressSanitizer. EMU_VARIANTS narrows it (e.g. "plain").
+# shellcheck disable=SC2086
+"$ROOT/tools/emu_test.sh" ${EMU_VARIANTS:-plain tsan asan}
