@@ -4,6 +4,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "engine/autograd.h"
@@ -203,6 +204,14 @@ constexpr double kSmallGemmWork = 256.0 * 256.0 * 256.0;
 // Less total work than this is not worth starting threads for.
 constexpr double kMinParallelWork = 32.0 * 32.0 * 32.0;
 
+// cuBLASLt's GELU epilogue: the tanh form (see GemmEpilogue).
+template <class T>
+T gelu_tanh(T x) {
+  const T k = static_cast<T>(0.7978845608028654);  // sqrt(2 / pi)
+  return static_cast<T>(0.5) * x *
+         (static_cast<T>(1) + std::tanh(k * (x + static_cast<T>(0.044715) * x * x * x)));
+}
+
 // OA / OB: Eigen storage order that makes the stored matrix read as op(A) (m x k) / op(B)
 // (k x n): row-major as stored, or column-major when the flag asks for the transpose.
 template <class T, int OA, int OB>
@@ -218,6 +227,16 @@ void gemm_typed(const GemmArgs& g) {
   T* pc = static_cast<T*>(g.c);
   const T alpha = static_cast<T>(g.alpha), beta = static_cast<T>(g.beta);
 
+  const bool with_bias =
+      g.epilogue == GemmEpilogue::bias || g.epilogue == GemmEpilogue::bias_gelu_tanh;
+  const bool with_gelu =
+      g.epilogue == GemmEpilogue::gelu_tanh || g.epilogue == GemmEpilogue::bias_gelu_tanh;
+  auto epilogue = [&](MapC& c) {
+    if (with_bias)
+      c.rowwise() +=
+          Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(static_cast<const T*>(g.bias), g.n);
+    if (with_gelu) c = c.unaryExpr([](T x) { return gelu_tanh(x); });
+  };
   auto one = [&](int64_t i) {
     MapC c(pc + i * g.stride_c, g.m, g.n, Eigen::OuterStride<>(g.ldc));
     if (g.k == 0) {  // an empty sum: C = beta C
@@ -225,6 +244,7 @@ void gemm_typed(const GemmArgs& g) {
         c.setZero();
       else
         c *= beta;
+      epilogue(c);
       return;
     }
     MapA a(pa + i * g.stride_a, g.m, g.k, Eigen::OuterStride<>(g.lda));
@@ -235,6 +255,7 @@ void gemm_typed(const GemmArgs& g) {
       if (g.beta != 1.0) c *= beta;
       c.noalias() += alpha * (a * b);
     }
+    epilogue(c);
   };
 
   const double work =
@@ -271,7 +292,7 @@ ENGINE_REGISTER_KERNEL(gemm_kernel, DeviceType::CPU, cpu::gemm);
 // ---- public ----------------------------------------------------------------------------------
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-          double alpha, double beta) {
+          double alpha, double beta, GemmEpilogue epilogue, const Tensor& bias) {
   ENGINE_CHECK(a.defined() && b.defined() && c.defined(), "[gemm] got an undefined tensor: a ",
                describe(a), ", b ", describe(b), ", c ", describe(c));
   ENGINE_CHECK(a.device() == c.device() && b.device() == c.device(),
@@ -312,7 +333,26 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
   check_layout(lb, b, "b");
   check_layout(lc, c, "c");
 
+  const bool with_bias = epilogue == GemmEpilogue::bias || epilogue == GemmEpilogue::bias_gelu_tanh;
+  if (with_bias) {
+    ENGINE_CHECK(bias.defined() && bias.dim() == 1 && bias.size(0) == n && bias.is_contiguous() &&
+                     bias.dtype() == c.dtype() && bias.device() == c.device(),
+                 "[gemm] the bias epilogue needs a contiguous (", n,
+                 ") bias of c's dtype and "
+                 "device, got ",
+                 describe(bias), " for c ", describe(c));
+    ENGINE_CHECK(!lc.transposed, "[gemm] the bias epilogue needs a row-major c, got ", describe(c),
+                 " with strides ", shape_str(c.strides()));
+  } else {
+    ENGINE_CHECK(!bias.defined(), "[gemm] a bias was given without a bias epilogue");
+  }
+  ENGINE_CHECK(epilogue == GemmEpilogue::none || !lc.transposed,
+               "[gemm] an epilogue needs a row-major c, got ", describe(c), " with strides ",
+               shape_str(c.strides()));
+
   GemmArgs g;
+  g.epilogue = epilogue;
+  g.bias = with_bias ? bias.raw_data() : nullptr;
   g.k = k;
   g.batch = batch;
   g.alpha = alpha;

@@ -19,15 +19,23 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // The leading dims of x are folded into one GEMM, forward and backward.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
+// What a GEMM applies to its result before storing it (cuBLASLt's epilogues): a bias per column
+// of C (bias[j] added to C[:, j], e.g. linear's bias), then optionally GELU in its tanh form
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) -- the form cuBLASLt's GELU epilogue computes
+// (the erf form, which the gelu op and BERT use, differs by up to ~1e-3).
+enum class GemmEpilogue : uint8_t { none, bias, gelu_tanh, bias_gelu_tanh };
+
 // Raw GEMM on existing tensors, outside autograd (for ops that build their own backward):
-//   c[i] = alpha * op(a[i]) @ op(b[i]) + beta * c[i]
+//   c[i] = epilogue(alpha * op(a[i]) @ op(b[i]) + beta * c[i])
 // where op(t) is t^T over the last two dims when the flag is set. a, b and c are 2-D (rows, cols)
 // or 3-D (batch, rows, cols); a 2-D operand or a 3-D one with batch 1 is shared by every batch
 // item of c. Each operand needs stride 1 in its last dim (row-major) or its second-last dim (a
 // transposed view) and a single batch stride; c must not alias a or b. With beta == 0, c is
-// not read (it may hold garbage). Throws "[gemm] ..." for anything else.
+// not read (it may hold garbage). With a bias epilogue, `bias` is a contiguous (n) tensor of c's
+// dtype and device, and c must be row-major. Throws "[gemm] ..." for anything else.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-          double alpha = 1.0, double beta = 0.0);
+          double alpha = 1.0, double beta = 0.0, GemmEpilogue epilogue = GemmEpilogue::none,
+          const Tensor& bias = Tensor());
 
 // ---- kernels (one table per launch; backends register implementations) ----------------------
 
@@ -49,6 +57,10 @@ struct GemmArgs {
   int64_t ldc = 0, stride_c = 0;
   int64_t batch = 1;
   double alpha = 1.0, beta = 0.0;
+  // Applied to C[i] = alpha op(A[i]) op(B[i]) + beta C[i]; bias: n elements of `dtype`, added to
+  // every row of C (one per column), used by the bias epilogues only.
+  GemmEpilogue epilogue = GemmEpilogue::none;
+  const void* bias = nullptr;
   DType dtype = DType::f32;
   // Which device the pointers live on: a CUDA implementation picks its handle and stream by it
   // (the table itself dispatches on the device type only).

@@ -414,3 +414,34 @@ TEST_CASE("matmul, linear and gemm errors name the op and the shapes", "[matmul]
                            Tensor::empty({2, 4, 3})),
                       Catch::Contains("[gemm] b (3, 7, 3) f32 cpu has batch 3"));
 }
+
+TEST_CASE("gemm epilogues add a bias per column and apply GELU's tanh form", "[matmul]") {
+  Tensor a = Tensor::from_vector<double>({1, 2, -3, 0.5, -1, 2}, {2, 3});
+  Tensor b = Tensor::from_vector<double>({1, 0, 2, -1, 1, 0}, {3, 2});  // a @ b = [-1 3; 0.5 -0.5]
+  Tensor bias = Tensor::from_vector<double>({0.25, -2}, {2});
+  const std::vector<double> plain = {-1, 3, 0.5, -0.5};
+  auto gelu_tanh = [](double x) {
+    return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+  };
+  for (GemmEpilogue e : {GemmEpilogue::none, GemmEpilogue::bias, GemmEpilogue::gelu_tanh,
+                         GemmEpilogue::bias_gelu_tanh}) {
+    const bool with_bias = e == GemmEpilogue::bias || e == GemmEpilogue::bias_gelu_tanh;
+    const bool with_gelu = e == GemmEpilogue::gelu_tanh || e == GemmEpilogue::bias_gelu_tanh;
+    Tensor c = Tensor::full({2, 2}, 7.0, DType::f64);
+    gemm(a, false, b, false, c, 1.0, 0.0, e, with_bias ? bias : Tensor());
+    const std::vector<double> got = c.to_vector<double>();
+    for (int i = 0; i < 4; ++i) {
+      double want = plain[i] + (with_bias ? (i % 2 ? -2.0 : 0.25) : 0.0);
+      if (with_gelu) want = gelu_tanh(want);
+      REQUIRE(got[i] == Approx(want).epsilon(1e-15));
+    }
+  }
+  Tensor c = Tensor::zeros({2, 2}, DType::f64);
+  REQUIRE_THROWS_WITH(gemm(a, false, b, false, c, 1.0, 0.0, GemmEpilogue::bias),
+                      Catch::Contains("the bias epilogue needs a contiguous (2) bias"));
+  REQUIRE_THROWS_WITH(gemm(a, false, b, false, c, 1.0, 0.0, GemmEpilogue::none, bias),
+                      Catch::Contains("a bias was given without a bias epilogue"));
+  REQUIRE_THROWS_WITH(gemm(a, false, b, false, Tensor::zeros({2, 2}, DType::f64).transpose(0, 1),
+                           1.0, 0.0, GemmEpilogue::gelu_tanh),
+                      Catch::Contains("an epilogue needs a row-major c"));
+}

@@ -8,14 +8,6 @@
 #include "engine/cuda/check.h"
 #include "engine/error.h"
 
-#define ENGINE_CUBLAS_CHECK(call)                                                           \
-  do {                                                                                      \
-    cublasStatus_t engine_st_ = (call);                                                     \
-    if (engine_st_ != CUBLAS_STATUS_SUCCESS)                                                \
-      ENGINE_FAIL("[cublas] ", #call, " failed with status ", static_cast<int>(engine_st_), \
-                  " at ", __FILE__, ":", __LINE__);                                         \
-  } while (0)
-
 namespace engine::cuda {
 namespace {
 

@@ -1,0 +1,169 @@
+// [cuda] GEMM through cuBLASLt against the CPU backend: every transpose combination, strided
+// batches with a shared (stride 0) operand, alpha / beta with beta != 0, sizes that are not
+// multiples of anything (1, 3, 17, 33, 65), f32 / f64 / bf16 / f16 inputs (f32 accumulation),
+// the bias and GELU epilogues, and matmul / linear forward and backward with autograd.
+// In the emulation build the product runs in the cuBLASLt shim (emu/cublaslt.cpp), which reads
+// back the real descriptors the engine built.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "ops/ops.h"
+
+using namespace engine;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+// |got - want| <= rel * scale + abs for every element, where scale is the largest |want|: GEMM
+// sums in different orders (cuBLASLt vs Eigen), so element-wise relative error is meaningless
+// where terms cancel.
+void require_close(const Tensor& got, const Tensor& want, double rel, double abs = 0.0) {
+  REQUIRE(got.shape() == want.shape());
+  const std::vector<double> g = got.to(Device::cpu()).to(DType::f64).to_vector<double>();
+  const std::vector<double> w = want.to(Device::cpu()).to(DType::f64).to_vector<double>();
+  double scale = 0;
+  for (double v : w) scale = std::max(scale, std::abs(v));
+  for (size_t i = 0; i < g.size(); ++i) {
+    INFO("element " << i << ": got " << g[i] << ", want " << w[i] << " (scale " << scale << ")");
+    REQUIRE(std::abs(g[i] - w[i]) <= rel * scale + abs);
+  }
+}
+
+// The same values in dtype `dt` on the CPU (f32 / f64 compute there) and on the device.
+struct Pair {
+  Tensor cpu, gpu;
+};
+Pair pair(const Shape& s, Generator& g, DType dt) {
+  Tensor h = Tensor::randn(s, g, 0, 1, DType::f32).to(dt);
+  return {h, h.to(kGpu)};
+}
+
+}  // namespace
+
+TEST_CASE("gemm: transposes, batches, shared operands, alpha and beta (f32, f64)", "[cuda]") {
+  Generator g(21);
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (int64_t m : {1, 3, 17, 65}) {
+      for (int64_t n : {1, 33}) {
+        for (int64_t k : {1, 17, 65}) {
+          for (bool ta : {false, true}) {
+            for (bool tb : {false, true}) {
+              for (int64_t batch : {1, 3}) {
+                INFO(dtype_name(dt) << " m " << m << " n " << n << " k " << k << " ta " << ta
+                                    << " tb " << tb << " batch " << batch);
+                // a is batched; b is shared by the batch (2-D) when batch > 1.
+                Pair a = pair(ta ? Shape{batch, k, m} : Shape{batch, m, k}, g, dt);
+                Pair b = pair(tb ? Shape{n, k} : Shape{k, n}, g, dt);
+                Pair c = pair({batch, m, n}, g, dt);
+                const double alpha = 0.75, beta = batch == 3 ? 0.5 : 0.0;
+                gemm(a.cpu, ta, b.cpu, tb, c.cpu, alpha, beta);
+                gemm(a.gpu, ta, b.gpu, tb, c.gpu, alpha, beta);
+                require_close(c.gpu, c.cpu, dt == DType::f64 ? 1e-12 : 1e-6);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("gemm on transposed views and column-major outputs", "[cuda]") {
+  Generator g(22);
+  Pair a = pair({5, 7}, g, DType::f32), b = pair({9, 7}, g, DType::f32);
+  // c as the transpose of a contiguous (9, 5): the kernel is handed C^T = B A^T.
+  Tensor cc = Tensor::zeros({9, 5}), cg = Tensor::zeros({9, 5}, DType::f32, kGpu);
+  gemm(a.cpu, false, b.cpu.transpose(0, 1), false, cc.transpose(0, 1));
+  gemm(a.gpu, false, b.gpu.transpose(0, 1), false, cg.transpose(0, 1));
+  require_close(cg, cc, 1e-6);
+}
+
+TEST_CASE("gemm epilogues: bias, GELU (tanh form), both", "[cuda]") {
+  Generator g(23);
+  for (GemmEpilogue e :
+       {GemmEpilogue::bias, GemmEpilogue::gelu_tanh, GemmEpilogue::bias_gelu_tanh}) {
+    for (int64_t batch : {1, 2}) {
+      INFO("epilogue " << static_cast<int>(e) << " batch " << batch);
+      Pair a = pair({batch, 17, 33}, g, DType::f32), b = pair({65, 33}, g, DType::f32);
+      Pair bias = pair({65}, g, DType::f32);
+      const bool with_bias = e != GemmEpilogue::gelu_tanh;
+      Tensor cc = Tensor::zeros({batch, 17, 65}),
+             cg = Tensor::zeros({batch, 17, 65}, DType::f32, kGpu);
+      gemm(a.cpu, false, b.cpu, true, cc, 1.0, 0.0, e, with_bias ? bias.cpu : Tensor());
+      gemm(a.gpu, false, b.gpu, true, cg, 1.0, 0.0, e, with_bias ? bias.gpu : Tensor());
+      require_close(cg, cc, 1e-6);
+      // The epilogue did something: against the plain product plus the bias by hand.
+      Tensor plain = Tensor::zeros({batch, 17, 65});
+      gemm(a.cpu, false, b.cpu, true, plain);
+      if (with_bias) plain = plain + bias.cpu;  // on the CPU
+      if (e == GemmEpilogue::bias) {
+        require_close(cc, plain, 1e-6);
+      } else {
+        std::vector<float> x = plain.to_vector<float>(), y = cc.to_vector<float>();
+        for (size_t i = 0; i < x.size(); ++i) {
+          const double v = x[i];
+          const double want =
+              0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+          REQUIRE(y[i] == Approx(want).margin(1e-5));
+        }
+      }
+    }
+  }
+  Pair a = pair({3, 4}, g, DType::f32), b = pair({4, 5}, g, DType::f32);
+  Tensor c = Tensor::zeros({3, 5}, DType::f32, kGpu);
+  REQUIRE_THROWS_WITH(gemm(a.gpu, false, b.gpu, false, c, 1.0, 0.0, GemmEpilogue::bias,
+                           Tensor::zeros({4}, DType::f32, kGpu)),
+                      Catch::Contains("bias epilogue needs a contiguous (5) bias"));
+}
+
+TEST_CASE("gemm with bf16 and f16 inputs accumulates in f32", "[cuda]") {
+  Generator g(24);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    for (bool tb : {false, true}) {
+      INFO(dtype_name(dt) << " tb " << tb);
+      const int64_t m = 17, n = 33, k = 65, batch = 2;
+      Pair a = pair({batch, m, k}, g, dt),
+           b = pair(tb ? Shape{batch, n, k} : Shape{batch, k, n}, g, dt);
+      Tensor cg = Tensor::zeros({batch, m, n}, dt, kGpu);
+      gemm(a.gpu, false, b.gpu, tb, cg);
+      // The reference: the same rounded inputs multiplied in f32 on the CPU, rounded once.
+      Tensor cf = Tensor::zeros({batch, m, n});
+      gemm(a.cpu.to(DType::f32), false, b.cpu.to(DType::f32), tb, cf);
+      // One rounding of the result: 2^-8 relative for bf16, 2^-11 for f16 (of the largest
+      // element, since the f32 sums differ in order too).
+      require_close(cg, cf.to(dt), dt == DType::bf16 ? 1.0 / 128 : 1.0 / 1024);
+      REQUIRE(cg.dtype() == dt);
+    }
+  }
+}
+
+TEST_CASE("matmul and linear forward and backward on the device match the CPU", "[cuda]") {
+  Generator g(25);
+  // linear: x (2, 5, 17) @ W (33, 17)^T + b (33)
+  Tensor x = Tensor::randn({2, 5, 17}, g), w = Tensor::randn({33, 17}, g),
+         b = Tensor::randn({33}, g);
+  Tensor xg = x.to(kGpu), wg = w.to(kGpu), bg = b.to(kGpu);
+  for (Tensor* t : {&x, &w, &b, &xg, &wg, &bg}) t->set_requires_grad();
+  Tensor y = linear(x, w, b), yg = linear(xg, wg, bg);
+  require_close(yg, y, 1e-6);
+  Tensor dy = Tensor::randn(y.shape(), g);
+  y.backward(dy);
+  yg.backward(dy.to(kGpu));
+  require_close(xg.grad(), x.grad(), 1e-6);
+  require_close(wg.grad(), w.grad(), 1e-6);
+  require_close(bg.grad(), b.grad(), 1e-6);
+  // matmul with broadcast batch dims: (2, 1, 7, 3) @ (4, 3, 5)
+  Tensor p = Tensor::randn({2, 1, 7, 3}, g), q = Tensor::randn({4, 3, 5}, g);
+  Tensor pg = p.to(kGpu), qg = q.to(kGpu);
+  for (Tensor* t : {&p, &q, &pg, &qg}) t->set_requires_grad();
+  Tensor r = matmul(p, q), rg = matmul(pg, qg);
+  require_close(rg, r, 1e-6);
+  Tensor dr = Tensor::randn(r.shape(), g);
+  r.backward(dr);
+  rg.backward(dr.to(kGpu));
+  require_close(pg.grad(), p.grad(), 1e-5);
+  require_close(qg.grad(), q.grad(), 1e-5);
+}
