@@ -7,9 +7,10 @@
 // backward formulas) both compilers may fuse them into an FMA: nvcc does by default, and so does
 // g++ for the CPU build (C++ mode contracts by default; -march=native has FMA); the emulation
 // build compiles these expressions with the CPU's flags, so it contracts them as the CPU does.
-// add / sub / mul / div and affine are bit-identical to the CPU. The transcendental functions
-// (erf, tanh, sin, cos, exp) are the CUDA math library's; the CPU's f32 kernels use Eigen's
-// vectorised approximations, so those agree to a few ulp, not bit for bit.
+// add / sub / mul / div are bit-identical to the CPU, and affine is when both fuse (the default
+// ENGINE_NATIVE build on FMA hardware; a CPU built without FMA differs by an ulp). The
+// transcendental functions (erf, tanh, sin, cos, exp) are the CUDA math library's; the CPU's f32
+// kernels use Eigen's vectorised approximations, so those agree to a few ulp, not bit for bit.
 #include <cuda_runtime.h>
 
 #include <initializer_list>
