@@ -13,7 +13,6 @@
 #include "engine/error.h"
 
 namespace engine {
-namespace {
 
 const char* binary_name(BinaryOp op) {
   switch (op) {
@@ -28,6 +27,22 @@ const char* binary_name(BinaryOp op) {
   }
   return "binary";
 }
+
+const char* unary_name(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::gelu:
+      return "gelu";
+    case UnaryOp::tanh:
+      return "tanh";
+    case UnaryOp::sin:
+      return "sin";
+    case UnaryOp::cos:
+      return "cos";
+  }
+  return "unary";
+}
+
+namespace {
 
 void check_same(const Tensor& a, const Tensor& b, const char* op) {
   ENGINE_CHECK(a.defined() && b.defined(), "[", op, "] got an undefined input");
@@ -114,20 +129,6 @@ struct AffineNode : Node {
     return {affine_raw(g[0], alpha, 0.0)};
   }
 };
-
-const char* unary_name(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::gelu:
-      return "gelu";
-    case UnaryOp::tanh:
-      return "tanh";
-    case UnaryOp::sin:
-      return "sin";
-    case UnaryOp::cos:
-      return "cos";
-  }
-  return "unary";
-}
 
 struct UnaryNode : Node {
   UnaryOp op;

@@ -35,6 +35,9 @@ inline Tensor operator-(const Tensor& x, double s) { return affine(x, 1.0, -s); 
 // ---- kernels (one table per launch; backends register implementations) ----------------------
 enum class BinaryOp : uint8_t { add, sub, mul, div };
 enum class UnaryOp : uint8_t { gelu, tanh, sin, cos };
+// The op's name ("add", "gelu", ...) for error messages, shared by the backends' kernels.
+const char* binary_name(BinaryOp op);
+const char* unary_name(UnaryOp op);
 
 // out = a (op) b; a and b are already expanded to out's shape (stride-0 broadcast views).
 inline Kernel<void(BinaryOp, const Tensor& a, const Tensor& b, const Tensor& out)> binary_kernel{

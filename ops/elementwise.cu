@@ -1,0 +1,284 @@
+// CUDA kernels of the elementwise ops (see elementwise.h): add/sub/mul/div over broadcast views,
+// affine, and GELU / tanh / sin / cos forward and backward, in f32, f64, bf16 and f16.
+//
+// The math is the CPU kernels' (elementwise.cpp), written as the same expressions in the same
+// order: f32 and f64 compute in their own type, bf16 and f16 in f32 (to_acc) and are rounded once
+// at the store (from_acc). Where an expression has a product followed by a sum (affine, the
+// backward formulas) both compilers may fuse them into an FMA: nvcc does by default, and so does
+// g++ for the CPU build (C++ mode contracts by default; -march=native has FMA); the emulation
+// build compiles these expressions with the CPU's flags, so it contracts them as the CPU does.
+// add / sub / mul / div are bit-identical to the CPU, and affine is when both fuse (the default
+// ENGINE_NATIVE build on FMA hardware; a CPU built without FMA differs by an ulp). The
+// transcendental functions (erf, tanh, sin, cos, exp) are the CUDA math library's; the CPU's f32
+// kernels use Eigen's vectorised approximations, so those agree to a few ulp, not bit for bit.
+#include <cuda_runtime.h>
+
+#include <initializer_list>
+#include <vector>
+
+#include "engine/cuda/check.h"
+#include "engine/cuda/context.h"
+#include "engine/cuda/kernels.cuh"
+#include "engine/cuda/launch.h"
+#include "engine/cuda/strided.cuh"
+#include "engine/error.h"
+#include "ops/elementwise.h"
+
+namespace engine::cuda {
+namespace {
+
+constexpr double kInvSqrt2 = 0.70710678118654752440;
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;
+
+// ---- scalar math in the compute type (float or double); :: because engine::sin, cos, tanh (the
+// tensor ops) hide the global functions here --------------------------------------------------
+
+__device__ inline float erf_(float x) { return ::erff(x); }
+__device__ inline double erf_(double x) { return ::erf(x); }
+__device__ inline float tanh_(float x) { return ::tanhf(x); }
+__device__ inline double tanh_(double x) { return ::tanh(x); }
+__device__ inline float sin_(float x) { return ::sinf(x); }
+__device__ inline double sin_(double x) { return ::sin(x); }
+__device__ inline float cos_(float x) { return ::cosf(x); }
+__device__ inline double cos_(double x) { return ::cos(x); }
+__device__ inline float exp_(float x) { return ::expf(x); }
+__device__ inline double exp_(double x) { return ::exp(x); }
+
+// ---- functors (V is the compute type: Acc<T>) -------------------------------------------------
+
+template <class V>
+struct AddOp {
+  __device__ V operator()(V a, V b) const { return a + b; }
+};
+template <class V>
+struct SubOp {
+  __device__ V operator()(V a, V b) const { return a - b; }
+};
+template <class V>
+struct MulOp {
+  __device__ V operator()(V a, V b) const { return a * b; }
+};
+template <class V>
+struct DivOp {
+  __device__ V operator()(V a, V b) const { return a / b; }
+};
+
+// alpha and beta are rounded to the compute type first, as the CPU kernel does; alpha * x + beta
+// is one FMA on the GPU and on the CPU built with -march=native.
+template <class V>
+struct AffineOp {
+  V alpha, beta;
+  __device__ V operator()(V x) const { return alpha * x + beta; }
+};
+
+// 0.5 x (1 + erf(x / sqrt 2)), evaluated as (0.5 x) (1 + erf(x k)) like the CPU.
+template <class V>
+struct GeluOp {
+  __device__ V operator()(V x) const { return V(0.5) * x * (V(1) + erf_(x * V(kInvSqrt2))); }
+};
+template <class V>
+struct TanhOp {
+  __device__ V operator()(V x) const { return tanh_(x); }
+};
+template <class V>
+struct SinOp {
+  __device__ V operator()(V x) const { return sin_(x); }
+};
+template <class V>
+struct CosOp {
+  __device__ V operator()(V x) const { return cos_(x); }
+};
+
+// Backward functors: (saved, grad_y) -> grad_y * f'(saved).
+// d/dx [x Phi(x)] = Phi(x) + x phi(x). The CPU's f32 (Eigen) and f64 (scalar) kernels group the
+// factors differently; each dtype here follows its CPU counterpart (bf16 / f16 follow f32).
+template <class V>
+struct GeluBackwardOp {
+  __device__ V operator()(V x, V g) const {
+    const V cdf = V(0.5) * (V(1) + erf_(x * V(kInvSqrt2)));
+    if constexpr (std::is_same_v<V, double>) {
+      // T(kInvSqrt2Pi) * exp(T(-0.5) * x * x); cdf + x * pdf
+      const V pdf = V(kInvSqrt2Pi) * exp_(V(-0.5) * x * x);
+      return g * (cdf + x * pdf);
+    } else {
+      // 0.5 (1 + erf(x k)) + (x k') exp(-0.5 x^2)
+      return g * (cdf + x * V(kInvSqrt2Pi) * exp_(V(-0.5) * (x * x)));
+    }
+  }
+};
+// `y` is tanh's output: 1 - y^2 needs nothing else.
+template <class V>
+struct TanhBackwardOp {
+  __device__ V operator()(V y, V g) const { return g * (V(1) - y * y); }
+};
+template <class V>
+struct SinBackwardOp {
+  __device__ V operator()(V x, V g) const { return g * cos_(x); }
+};
+template <class V>
+struct CosBackwardOp {
+  __device__ V operator()(V x, V g) const { return -g * sin_(x); }
+};
+
+// ---- strided kernels (broadcast / non-contiguous operands) ------------------------------------
+
+// out[o0] = op(a[o1], b[o2]) with the offsets from an indexer over out's shape.
+template <class Op, class T>
+__global__ void binary_strided(int64_t n, Op op, T* out, const T* a, const T* b,
+                               StridedIndexer<3> ix) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[3];
+    ix.offsets(i, off);
+    out[off[0]] = from_acc<T>(op(to_acc(a[off[1]]), to_acc(b[off[2]])));
+  }
+}
+
+template <class Op, class T>
+__global__ void unary_strided(int64_t n, Op op, T* out, const T* x, StridedIndexer<2> ix) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[2];
+    ix.offsets(i, off);
+    out[off[0]] = from_acc<T>(op(to_acc(x[off[1]])));
+  }
+}
+
+LaunchConfig grid_for(int64_t n, cudaStream_t stream) {
+  return LaunchConfig{dim3(grid_blocks(n, kElementwiseThreads)), dim3(kElementwiseThreads), 0,
+                      stream};
+}
+
+void check_operands(const char* op, std::initializer_list<const Tensor*> ts, const Tensor& out) {
+  for (const Tensor* t : ts) {
+    ENGINE_CHECK(
+        t->dtype() == out.dtype() && t->shape() == out.shape() && t->device() == out.device(), "[",
+        op,
+        "] the CUDA kernel expects operands of the output's shape, dtype and "
+        "device, got ",
+        describe(*t), " for ", describe(out));
+  }
+}
+
+// ---- kernels registered with the op's tables --------------------------------------------------
+
+void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  const char* name = binary_name(op);
+  check_operands(name, {&a, &b}, out);
+  const int64_t n = out.numel();
+  DeviceGuard guard(out.device().index);
+  cudaStream_t stream = compute_stream(out.device().index);
+  dispatch_floating(out.dtype(), name, [&]<class T>() {
+    using V = Acc<T>;
+    const T* pa = static_cast<const T*>(a.raw_data());
+    const T* pb = static_cast<const T*>(b.raw_data());
+    T* po = static_cast<T*>(out.raw_data());
+    auto run = [&](auto f) {
+      if (n == 0) return;
+      if (a.is_contiguous() && b.is_contiguous() && out.is_contiguous()) {
+        launch_elementwise(name, n, stream, f, po, pa, pb);
+        return;
+      }
+      const std::vector<int64_t>* sts[3] = {&out.strides(), &a.strides(), &b.strides()};
+      auto ix = make_indexer<3>(out.shape(), sts);
+      ENGINE_LAUNCH((binary_strided<decltype(f), T>), grid_for(n, stream), n, f, po, pa, pb, ix);
+    };
+    switch (op) {
+      case BinaryOp::add:
+        return run(AddOp<V>{});
+      case BinaryOp::sub:
+        return run(SubOp<V>{});
+      case BinaryOp::mul:
+        return run(MulOp<V>{});
+      case BinaryOp::div:
+        return run(DivOp<V>{});
+    }
+  });
+}
+
+void affine(const Tensor& x, double alpha, double beta, const Tensor& out) {
+  check_operands("affine", {&x}, out);
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  DeviceGuard guard(out.device().index);
+  cudaStream_t stream = compute_stream(out.device().index);
+  dispatch_floating(out.dtype(), "affine", [&]<class T>() {
+    using V = Acc<T>;
+    const AffineOp<V> f{static_cast<V>(alpha), static_cast<V>(beta)};
+    const T* px = static_cast<const T*>(x.raw_data());
+    T* po = static_cast<T*>(out.raw_data());
+    if (x.is_contiguous() && out.is_contiguous()) {
+      launch_elementwise("affine", n, stream, f, po, px);
+      return;
+    }
+    const std::vector<int64_t>* sts[2] = {&out.strides(), &x.strides()};
+    auto ix = make_indexer<2>(out.shape(), sts);
+    ENGINE_LAUNCH((unary_strided<AffineOp<V>, T>), grid_for(n, stream), n, f, po, px, ix);
+  });
+}
+
+// x and y contiguous (the op passes x.contiguous()).
+void unary(UnaryOp op, const Tensor& x, const Tensor& y) {
+  const char* name = unary_name(op);
+  check_operands(name, {&x}, y);
+  ENGINE_CHECK(x.is_contiguous() && y.is_contiguous(), "[", name,
+               "] the CUDA kernel expects contiguous tensors, got ", describe(x), " -> ",
+               describe(y));
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  DeviceGuard guard(x.device().index);
+  cudaStream_t stream = compute_stream(x.device().index);
+  dispatch_floating(x.dtype(), name, [&]<class T>() {
+    using V = Acc<T>;
+    const T* px = static_cast<const T*>(x.raw_data());
+    T* py = static_cast<T*>(y.raw_data());
+    switch (op) {
+      case UnaryOp::gelu:
+        return launch_elementwise(name, n, stream, GeluOp<V>{}, py, px);
+      case UnaryOp::tanh:
+        return launch_elementwise(name, n, stream, TanhOp<V>{}, py, px);
+      case UnaryOp::sin:
+        return launch_elementwise(name, n, stream, SinOp<V>{}, py, px);
+      case UnaryOp::cos:
+        return launch_elementwise(name, n, stream, CosOp<V>{}, py, px);
+    }
+  });
+}
+
+// grad_x = grad_y * f'(saved); all three contiguous.
+void unary_backward(UnaryOp op, const Tensor& saved, const Tensor& gy, const Tensor& gx) {
+  const char* name = unary_name(op);
+  check_operands(name, {&saved, &gy}, gx);
+  ENGINE_CHECK(saved.is_contiguous() && gy.is_contiguous() && gx.is_contiguous(), "[", name,
+               "] the CUDA backward kernel expects contiguous tensors, got ", describe(saved), ", ",
+               describe(gy), " -> ", describe(gx));
+  const int64_t n = gx.numel();
+  if (n == 0) return;
+  DeviceGuard guard(gx.device().index);
+  cudaStream_t stream = compute_stream(gx.device().index);
+  dispatch_floating(gx.dtype(), name, [&]<class T>() {
+    using V = Acc<T>;
+    const T* ps = static_cast<const T*>(saved.raw_data());
+    const T* pg = static_cast<const T*>(gy.raw_data());
+    T* po = static_cast<T*>(gx.raw_data());
+    switch (op) {
+      case UnaryOp::gelu:
+        return launch_elementwise(name, n, stream, GeluBackwardOp<V>{}, po, ps, pg);
+      case UnaryOp::tanh:
+        return launch_elementwise(name, n, stream, TanhBackwardOp<V>{}, po, ps, pg);
+      case UnaryOp::sin:
+        return launch_elementwise(name, n, stream, SinBackwardOp<V>{}, po, ps, pg);
+      case UnaryOp::cos:
+        return launch_elementwise(name, n, stream, CosBackwardOp<V>{}, po, ps, pg);
+    }
+  });
+}
+
+}  // namespace
+
+ENGINE_REGISTER_KERNEL(binary_kernel, DeviceType::CUDA, binary);
+ENGINE_REGISTER_KERNEL(affine_kernel, DeviceType::CUDA, affine);
+ENGINE_REGISTER_KERNEL(unary_kernel, DeviceType::CUDA, unary);
+ENGINE_REGISTER_KERNEL(unary_backward_kernel, DeviceType::CUDA, unary_backward);
+
+}  // namespace engine::cuda
