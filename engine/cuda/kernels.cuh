@@ -70,8 +70,9 @@ __host__ __device__ inline T from_acc(V v) {
 
 // ---- host-side dtype dispatch: f.template operator()<T>() with T the device element type ------
 
-template <class F>
-void dispatch_float(DType t, const char* op, F&& f) {
+namespace detail {
+template <bool kWithF64, class F>
+void dispatch_floating_impl(DType t, const char* op, F&& f) {
   switch (t) {
     case DType::f32:
       return f.template operator()<float>();
@@ -79,15 +80,24 @@ void dispatch_float(DType t, const char* op, F&& f) {
       return f.template operator()<__nv_bfloat16>();
     case DType::f16:
       return f.template operator()<__half>();
+    case DType::f64:
+      if constexpr (kWithF64) return f.template operator()<double>();
+      [[fallthrough]];
     default:
-      ENGINE_FAIL("[", op, "] the CUDA kernel takes f32, bf16 or f16, got ", dtype_name(t));
+      ENGINE_FAIL("[", op, "] the CUDA kernel takes f32, ", kWithF64 ? "f64, " : "",
+                  "bf16 or f16, got ", dtype_name(t));
   }
+}
+}  // namespace detail
+
+template <class F>
+void dispatch_float(DType t, const char* op, F&& f) {
+  detail::dispatch_floating_impl<false>(t, op, static_cast<F&&>(f));
 }
 
 template <class F>
 void dispatch_floating(DType t, const char* op, F&& f) {
-  if (t == DType::f64) return f.template operator()<double>();
-  dispatch_float(t, op, static_cast<F&&>(f));
+  detail::dispatch_floating_impl<true>(t, op, static_cast<F&&>(f));
 }
 
 template <class F>
