@@ -417,9 +417,9 @@ TEST_CASE("matmul, linear and gemm errors name the op and the shapes", "[matmul]
 
 TEST_CASE("gemm epilogues add a bias per column and apply GELU's tanh form", "[matmul]") {
   Tensor a = Tensor::from_vector<double>({1, 2, -3, 0.5, -1, 2}, {2, 3});
-  Tensor b = Tensor::from_vector<double>({1, 0, 2, -1, 1, 0}, {3, 2});  // a @ b = [-1 3; 0.5 -0.5]
+  Tensor b = Tensor::from_vector<double>({1, 0, 2, -1, 1, 0}, {3, 2});  // a @ b = [2 -2; 0.5 1]
   Tensor bias = Tensor::from_vector<double>({0.25, -2}, {2});
-  const std::vector<double> plain = {-1, 3, 0.5, -0.5};
+  const std::vector<double> plain = {2, -2, 0.5, 1};
   auto gelu_tanh = [](double x) {
     return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
   };
