@@ -151,6 +151,18 @@ inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
+// Round-to-nearest products the compiler may not fuse into an FMA (as nvcc guarantees for these
+// intrinsics): the empty asm makes the rounded product opaque to contraction.
+inline float __fmul_rn(float x, float y) {
+  float r = x * y;
+  __asm__("" : "+x"(r));
+  return r;
+}
+inline double __dmul_rn(double x, double y) {
+  double r = x * y;
+  __asm__("" : "+x"(r));
+  return r;
+}
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }

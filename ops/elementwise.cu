@@ -30,20 +30,6 @@ namespace {
 constexpr double kInvSqrt2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 
-// ---- scalar math in the compute type (float or double); :: because engine::sin, cos, tanh (the
-// tensor ops) hide the global functions here --------------------------------------------------
-
-__device__ inline float erf_(float x) { return ::erff(x); }
-__device__ inline double erf_(double x) { return ::erf(x); }
-__device__ inline float tanh_(float x) { return ::tanhf(x); }
-__device__ inline double tanh_(double x) { return ::tanh(x); }
-__device__ inline float sin_(float x) { return ::sinf(x); }
-__device__ inline double sin_(double x) { return ::sin(x); }
-__device__ inline float cos_(float x) { return ::cosf(x); }
-__device__ inline double cos_(double x) { return ::cos(x); }
-__device__ inline float exp_(float x) { return ::expf(x); }
-__device__ inline double exp_(double x) { return ::exp(x); }
-
 // ---- functors (V is the compute type: Acc<T>) -------------------------------------------------
 
 template <class V>
@@ -74,19 +60,19 @@ struct AffineOp {
 // 0.5 x (1 + erf(x / sqrt 2)), evaluated as (0.5 x) (1 + erf(x k)) like the CPU.
 template <class V>
 struct GeluOp {
-  __device__ V operator()(V x) const { return V(0.5) * x * (V(1) + erf_(x * V(kInvSqrt2))); }
+  __device__ V operator()(V x) const { return V(0.5) * x * (V(1) + dmath::erf(x * V(kInvSqrt2))); }
 };
 template <class V>
 struct TanhOp {
-  __device__ V operator()(V x) const { return tanh_(x); }
+  __device__ V operator()(V x) const { return dmath::tanh(x); }
 };
 template <class V>
 struct SinOp {
-  __device__ V operator()(V x) const { return sin_(x); }
+  __device__ V operator()(V x) const { return dmath::sin(x); }
 };
 template <class V>
 struct CosOp {
-  __device__ V operator()(V x) const { return cos_(x); }
+  __device__ V operator()(V x) const { return dmath::cos(x); }
 };
 
 // Backward functors: (saved, grad_y) -> grad_y * f'(saved).
@@ -95,14 +81,14 @@ struct CosOp {
 template <class V>
 struct GeluBackwardOp {
   __device__ V operator()(V x, V g) const {
-    const V cdf = V(0.5) * (V(1) + erf_(x * V(kInvSqrt2)));
+    const V cdf = V(0.5) * (V(1) + dmath::erf(x * V(kInvSqrt2)));
     if constexpr (std::is_same_v<V, double>) {
       // T(kInvSqrt2Pi) * exp(T(-0.5) * x * x); cdf + x * pdf
-      const V pdf = V(kInvSqrt2Pi) * exp_(V(-0.5) * x * x);
+      const V pdf = V(kInvSqrt2Pi) * dmath::exp(V(-0.5) * x * x);
       return g * (cdf + x * pdf);
     } else {
       // 0.5 (1 + erf(x k)) + (x k') exp(-0.5 x^2)
-      return g * (cdf + x * V(kInvSqrt2Pi) * exp_(V(-0.5) * (x * x)));
+      return g * (cdf + x * V(kInvSqrt2Pi) * dmath::exp(V(-0.5) * (x * x)));
     }
   }
 };
@@ -113,11 +99,11 @@ struct TanhBackwardOp {
 };
 template <class V>
 struct SinBackwardOp {
-  __device__ V operator()(V x, V g) const { return g * cos_(x); }
+  __device__ V operator()(V x, V g) const { return g * dmath::cos(x); }
 };
 template <class V>
 struct CosBackwardOp {
-  __device__ V operator()(V x, V g) const { return -g * sin_(x); }
+  __device__ V operator()(V x, V g) const { return -g * dmath::sin(x); }
 };
 
 // ---- strided kernels (broadcast / non-contiguous operands) ------------------------------------

@@ -3,7 +3,8 @@
 //   - dtype dispatch on the host: dispatch_float (f32 / bf16 / f16, the compute dtypes),
 //     dispatch_floating (+ f64), dispatch_all (every DType), each naming the op when it refuses;
 //   - element conversion: Acc<T> (the accumulation type: float for bf16 / f16, T otherwise),
-//     to_acc(x) and from_acc<T>(v), usable on host and device;
+//     to_acc(x) and from_acc<T>(v), usable on host and device; dmath:: erf, tanh, sin, cos,
+//     exp, log, sqrt and mul_rn (a product never fused into an FMA) for float and double;
 //   - a vectorised grid-stride elementwise launcher over contiguous operands:
 //       launch_elementwise("gelu", n, stream, GeluOp{}, y, x);   // y[i] = op(x[i])
 //     (16-byte vector loads and stores when every pointer is aligned, a scalar tail);
@@ -119,6 +120,30 @@ void dispatch_all(DType t, F&& f) {
       return f.template operator()<uint8_t>();
   }
 }
+
+// ---- device math in the compute type (float or double), named apart from the engine's tensor
+// ops (engine::sin, engine::tanh, ... would hide the global functions inside namespace engine) ---
+
+namespace dmath {
+__device__ inline float erf(float x) { return ::erff(x); }
+__device__ inline double erf(double x) { return ::erf(x); }
+__device__ inline float tanh(float x) { return ::tanhf(x); }
+__device__ inline double tanh(double x) { return ::tanh(x); }
+__device__ inline float sin(float x) { return ::sinf(x); }
+__device__ inline double sin(double x) { return ::sin(x); }
+__device__ inline float cos(float x) { return ::cosf(x); }
+__device__ inline double cos(double x) { return ::cos(x); }
+__device__ inline float exp(float x) { return ::expf(x); }
+__device__ inline double exp(double x) { return ::exp(x); }
+__device__ inline float log(float x) { return ::logf(x); }
+__device__ inline double log(double x) { return ::log(x); }
+__device__ inline float sqrt(float x) { return ::sqrtf(x); }
+__device__ inline double sqrt(double x) { return ::sqrt(x); }
+// A product rounded on its own, never fused with a following add into an FMA (where a kernel
+// must match a CPU computation that stores the product first).
+__device__ inline float mul_rn(float x, float y) { return __fmul_rn(x, y); }
+__device__ inline double mul_rn(double x, double y) { return __dmul_rn(x, y); }
+}  // namespace dmath
 
 // ---- grid sizing ------------------------------------------------------------------------------
 

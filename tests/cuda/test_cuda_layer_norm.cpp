@@ -1,0 +1,99 @@
+// [cuda] layer_norm on the device against the CPU backend, forward and backward: rows of 1 and
+// rows longer than a block, with and without weight and bias, f32 / f64 and bf16 / f16 (against
+// the CPU's f32 on the same rounded inputs), and the parameter gradients reduced in a fixed order
+// (a rerun gives the same bits).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "ops/ops.h"
+
+using namespace engine;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+// |got - want| <= rel |want| + abs + scaled * max |want|: the last term for gradients, whose
+// elements cancel (y (dy - sum(dy y)), dxhat - mean(dxhat) - ...) so that a sum taken in another
+// order moves small elements by more than their own relative tolerance.
+void require_close(const Tensor& got, const Tensor& want, double rel, double abs,
+                   double scaled = 0.0) {
+  REQUIRE(got.shape() == want.shape());
+  const std::vector<double> g = got.to(Device::cpu()).to(DType::f64).to_vector<double>();
+  const std::vector<double> w = want.to(Device::cpu()).to(DType::f64).to_vector<double>();
+  double scale = 0;
+  for (double v : w) scale = std::max(scale, std::abs(v));
+  for (size_t i = 0; i < g.size(); ++i) {
+    INFO("element " << i << ": got " << g[i] << ", want " << w[i] << " (max " << scale << ")");
+    REQUIRE(std::abs(g[i] - w[i]) <= rel * std::abs(w[i]) + abs + scaled * scale);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("layer_norm forward and backward match the CPU", "[cuda]") {
+  Generator g(41);
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (Shape s : {Shape{1, 1}, Shape{3, 1}, Shape{2, 33}, Shape{4, 1031}, Shape{2, 3, 768}}) {
+      for (int affine = 0; affine < 4; ++affine) {
+        const bool with_w = affine & 1, with_b = affine & 2;
+        INFO(dtype_name(dt) << " shape " << shape_str(s) << " weight " << with_w << " bias "
+                            << with_b);
+        const double rel = dt == DType::f64 ? 1e-11 : 1e-5, abs = dt == DType::f64 ? 1e-13 : 1e-5;
+        const int64_t c = s.back();
+        Tensor x = Tensor::randn(s, g, 1.0, 2.0, dt).set_requires_grad();
+        Tensor w = with_w ? Tensor::randn({c}, g, 1, 0.5, dt).set_requires_grad() : Tensor();
+        Tensor b = with_b ? Tensor::randn({c}, g, 0, 0.5, dt).set_requires_grad() : Tensor();
+        Tensor xg = x.detach().to(kGpu).set_requires_grad();
+        Tensor wg = with_w ? w.detach().to(kGpu).set_requires_grad() : Tensor();
+        Tensor bg = with_b ? b.detach().to(kGpu).set_requires_grad() : Tensor();
+        Tensor y = layer_norm(x, w, b, 1e-5), yg = layer_norm(xg, wg, bg, 1e-5);
+        require_close(yg, y, rel, abs);
+        Tensor dy = Tensor::randn(s, g, 0, 1, dt);
+        y.backward(dy);
+        yg.backward(dy.to(kGpu));
+        require_close(xg.grad(), x.grad(), rel, abs, rel);
+        if (with_w) require_close(wg.grad(), w.grad(), rel, abs, rel);
+        if (with_b) require_close(bg.grad(), b.grad(), rel, abs, rel);
+      }
+    }
+  }
+}
+
+TEST_CASE("layer_norm parameter gradients are the same bits on every rerun", "[cuda]") {
+  Generator g(42);
+  Tensor x = Tensor::randn({70, 96}, g).to(kGpu);
+  Tensor w = Tensor::randn({96}, g).to(kGpu), b = Tensor::randn({96}, g).to(kGpu);
+  Tensor dy = Tensor::randn({70, 96}, g).to(kGpu);
+  std::vector<float> first_w, first_b;
+  for (int run = 0; run < 3; ++run) {
+    Tensor xr = x.detach().set_requires_grad(), wr = w.detach().set_requires_grad(),
+           br = b.detach().set_requires_grad();
+    layer_norm(xr, wr, br).backward(dy);
+    const std::vector<float> gw = wr.grad().to(Device::cpu()).to_vector<float>();
+    const std::vector<float> gb = br.grad().to(Device::cpu()).to_vector<float>();
+    if (run == 0) {
+      first_w = gw, first_b = gb;
+    } else {
+      REQUIRE(gw == first_w);
+      REQUIRE(gb == first_b);
+    }
+  }
+}
+
+TEST_CASE("layer_norm in bf16 and f16 keeps f32 statistics", "[cuda]") {
+  Generator g(43);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    INFO(dtype_name(dt));
+    const double rel = dt == DType::bf16 ? 1.0 / 64 : 1.0 / 512;
+    Tensor x = Tensor::randn({5, 768}, g, 0.5, 2).to(dt);
+    Tensor w = Tensor::randn({768}, g, 1, 0.2).to(dt), b = Tensor::randn({768}, g, 0, 0.2).to(dt);
+    Tensor want = layer_norm(x.to(DType::f32), w.to(DType::f32), b.to(DType::f32));
+    Tensor got = layer_norm(x.to(kGpu), w.to(kGpu), b.to(kGpu));
+    REQUIRE(got.dtype() == dt);
+    require_close(got, want, rel, rel);
+  }
+}
