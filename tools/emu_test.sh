@@ -3,7 +3,8 @@
 #   build-emu/       the emulation build: the [cuda] tests in forward, reverse and random fiber
 #                    order and the emulator's own tests (CTest labels cuda, emulator);
 #   build-emu-tsan/  the same kernels and tests under ThreadSanitizer (fiber-aware: a shared-memory
-#                    race between threads of a block is reported);
+#                    race between threads of a block is reported; not the mpirun tests: MPI is not
+#                    instrumented);
 #   build-emu-asan/  and under AddressSanitizer (out-of-bounds global and shared accesses).
 # Usage: tools/emu_test.sh [plain|tsan|asan ...]   (default: all three). Exits non-zero on any
 # failure. Binaries in build-emu*/bin/.
@@ -31,12 +32,12 @@ for v in "${variants[@]}"; do
       # libgomp is not instrumented: the CPU reference runs on one OpenMP thread here.
       configure_and_build "$ROOT/build-emu-tsan" RelWithDebInfo "-fsanitize=thread"
       OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-        ctest --test-dir "$ROOT/build-emu-tsan" --output-on-failure -j "$JOBS" -L "cuda|sanitizer" -E "_reverse|_random"
+        ctest --test-dir "$ROOT/build-emu-tsan" --output-on-failure -j "$JOBS" -L "cuda|sanitizer" -LE dist -E "_reverse|_random"
       ;;
     asan)
       configure_and_build "$ROOT/build-emu-asan" RelWithDebInfo "-fsanitize=address -fno-omit-frame-pointer"
       ASAN_OPTIONS="detect_leaks=0" \
-        ctest --test-dir "$ROOT/build-emu-asan" --output-on-failure -j "$JOBS" -L "cuda|sanitizer" -E "_reverse|_random"
+        ctest --test-dir "$ROOT/build-emu-asan" --output-on-failure -j "$JOBS" -L "cuda|sanitizer" -LE dist -E "_reverse|_random"
       ;;
     *)
       echo "emu_test: unknown variant '$v' (plain, tsan, asan)" >&2
