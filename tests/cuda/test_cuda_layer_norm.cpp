@@ -8,31 +8,12 @@
 #include <cmath>
 #include <vector>
 
+#include "cuda_test_support.h"
 #include "ops/ops.h"
 
 using namespace engine;
-
-namespace {
-
-const Device kGpu = Device::cuda(0);
-
-// |got - want| <= rel |want| + abs + scaled * max |want|: the last term for gradients, whose
-// elements cancel (y (dy - sum(dy y)), dxhat - mean(dxhat) - ...) so that a sum taken in another
-// order moves small elements by more than their own relative tolerance.
-void require_close(const Tensor& got, const Tensor& want, double rel, double abs,
-                   double scaled = 0.0) {
-  REQUIRE(got.shape() == want.shape());
-  const std::vector<double> g = got.to(Device::cpu()).to(DType::f64).to_vector<double>();
-  const std::vector<double> w = want.to(Device::cpu()).to(DType::f64).to_vector<double>();
-  double scale = 0;
-  for (double v : w) scale = std::max(scale, std::abs(v));
-  for (size_t i = 0; i < g.size(); ++i) {
-    INFO("element " << i << ": got " << g[i] << ", want " << w[i] << " (max " << scale << ")");
-    REQUIRE(std::abs(g[i] - w[i]) <= rel * std::abs(w[i]) + abs + scaled * scale);
-  }
-}
-
-}  // namespace
+using engine::testing::kGpu;
+using engine::testing::require_close;
 
 TEST_CASE("layer_norm forward and backward match the CPU", "[cuda]") {
   Generator g(41);

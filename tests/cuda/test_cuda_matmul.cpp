@@ -9,28 +9,14 @@
 #include <cmath>
 #include <vector>
 
+#include "cuda_test_support.h"
 #include "ops/ops.h"
 
 using namespace engine;
+using engine::testing::kGpu;
+using engine::testing::require_close;
 
 namespace {
-
-const Device kGpu = Device::cuda(0);
-
-// |got - want| <= rel * scale + abs for every element, where scale is the largest |want|: GEMM
-// sums in different orders (cuBLASLt vs Eigen), so element-wise relative error is meaningless
-// where terms cancel.
-void require_close(const Tensor& got, const Tensor& want, double rel, double abs = 0.0) {
-  REQUIRE(got.shape() == want.shape());
-  const std::vector<double> g = got.to(Device::cpu()).to(DType::f64).to_vector<double>();
-  const std::vector<double> w = want.to(Device::cpu()).to(DType::f64).to_vector<double>();
-  double scale = 0;
-  for (double v : w) scale = std::max(scale, std::abs(v));
-  for (size_t i = 0; i < g.size(); ++i) {
-    INFO("element " << i << ": got " << g[i] << ", want " << w[i] << " (scale " << scale << ")");
-    REQUIRE(std::abs(g[i] - w[i]) <= rel * scale + abs);
-  }
-}
 
 // The same values in dtype `dt` on the CPU (f32 / f64 compute there) and on the device.
 struct Pair {
@@ -61,7 +47,7 @@ TEST_CASE("gemm: transposes, batches, shared operands, alpha and beta (f32, f64)
                 const double alpha = 0.75, beta = batch == 3 ? 0.5 : 0.0;
                 gemm(a.cpu, ta, b.cpu, tb, c.cpu, alpha, beta);
                 gemm(a.gpu, ta, b.gpu, tb, c.gpu, alpha, beta);
-                require_close(c.gpu, c.cpu, dt == DType::f64 ? 1e-12 : 1e-6);
+                require_close(c.gpu, c.cpu, 0, 0, dt == DType::f64 ? 1e-12 : 1e-6);
               }
             }
           }
@@ -78,7 +64,7 @@ TEST_CASE("gemm on transposed views and column-major outputs", "[cuda]") {
   Tensor cc = Tensor::zeros({9, 5}), cg = Tensor::zeros({9, 5}, DType::f32, kGpu);
   gemm(a.cpu, false, b.cpu.transpose(0, 1), false, cc.transpose(0, 1));
   gemm(a.gpu, false, b.gpu.transpose(0, 1), false, cg.transpose(0, 1));
-  require_close(cg, cc, 1e-6);
+  require_close(cg, cc, 0, 0, 1e-6);
 }
 
 TEST_CASE("gemm epilogues: bias, GELU (tanh form), both", "[cuda]") {
@@ -94,13 +80,13 @@ TEST_CASE("gemm epilogues: bias, GELU (tanh form), both", "[cuda]") {
              cg = Tensor::zeros({batch, 17, 65}, DType::f32, kGpu);
       gemm(a.cpu, false, b.cpu, true, cc, 1.0, 0.0, e, with_bias ? bias.cpu : Tensor());
       gemm(a.gpu, false, b.gpu, true, cg, 1.0, 0.0, e, with_bias ? bias.gpu : Tensor());
-      require_close(cg, cc, 1e-6);
+      require_close(cg, cc, 0, 0, 1e-6);
       // The epilogue did something: against the plain product plus the bias by hand.
       Tensor plain = Tensor::zeros({batch, 17, 65});
       gemm(a.cpu, false, b.cpu, true, plain);
       if (with_bias) plain = plain + bias.cpu;  // on the CPU
       if (e == GemmEpilogue::bias) {
-        require_close(cc, plain, 1e-6);
+        require_close(cc, plain, 0, 0, 1e-6);
       } else {
         std::vector<float> x = plain.to_vector<float>(), y = cc.to_vector<float>();
         for (size_t i = 0; i < x.size(); ++i) {
@@ -134,7 +120,7 @@ TEST_CASE("gemm with bf16 and f16 inputs accumulates in f32", "[cuda]") {
       gemm(a.cpu.to(DType::f32), false, b.cpu.to(DType::f32), tb, cf);
       // One rounding of the result: 2^-8 relative for bf16, 2^-11 for f16 (of the largest
       // element, since the f32 sums differ in order too).
-      require_close(cg, cf.to(dt), dt == DType::bf16 ? 1.0 / 128 : 1.0 / 1024);
+      require_close(cg, cf.to(dt), 0, 0, dt == DType::bf16 ? 1.0 / 128 : 1.0 / 1024);
       REQUIRE(cg.dtype() == dt);
     }
   }
@@ -148,22 +134,22 @@ TEST_CASE("matmul and linear forward and backward on the device match the CPU", 
   Tensor xg = x.to(kGpu), wg = w.to(kGpu), bg = b.to(kGpu);
   for (Tensor* t : {&x, &w, &b, &xg, &wg, &bg}) t->set_requires_grad();
   Tensor y = linear(x, w, b), yg = linear(xg, wg, bg);
-  require_close(yg, y, 1e-6);
+  require_close(yg, y, 0, 0, 1e-6);
   Tensor dy = Tensor::randn(y.shape(), g);
   y.backward(dy);
   yg.backward(dy.to(kGpu));
-  require_close(xg.grad(), x.grad(), 1e-6);
-  require_close(wg.grad(), w.grad(), 1e-6);
-  require_close(bg.grad(), b.grad(), 1e-6);
+  require_close(xg.grad(), x.grad(), 0, 0, 1e-6);
+  require_close(wg.grad(), w.grad(), 0, 0, 1e-6);
+  require_close(bg.grad(), b.grad(), 0, 0, 1e-6);
   // matmul with broadcast batch dims: (2, 1, 7, 3) @ (4, 3, 5)
   Tensor p = Tensor::randn({2, 1, 7, 3}, g), q = Tensor::randn({4, 3, 5}, g);
   Tensor pg = p.to(kGpu), qg = q.to(kGpu);
   for (Tensor* t : {&p, &q, &pg, &qg}) t->set_requires_grad();
   Tensor r = matmul(p, q), rg = matmul(pg, qg);
-  require_close(rg, r, 1e-6);
+  require_close(rg, r, 0, 0, 1e-6);
   Tensor dr = Tensor::randn(r.shape(), g);
   r.backward(dr);
   rg.backward(dr.to(kGpu));
-  require_close(pg.grad(), p.grad(), 1e-5);
-  require_close(qg.grad(), q.grad(), 1e-5);
+  require_close(pg.grad(), p.grad(), 0, 0, 1e-5);
+  require_close(qg.grad(), q.grad(), 0, 0, 1e-5);
 }

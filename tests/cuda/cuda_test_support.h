@@ -1,0 +1,33 @@
+// Shared by the [cuda] parity tests: the device they run on and one closeness check.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace engine::testing {
+
+inline const Device kGpu = Device::cuda(0);
+
+// Requires |got - want| <= rel |want| + abs + scaled * max |want| for every element (both moved
+// to the CPU in f64). The `scaled` term is for results whose elements cancel (GEMM sums, the
+// gradients of softmax and layer_norm): a sum taken in another order moves a small element by
+// more than its own relative tolerance, but not by more than a fraction of the largest one.
+inline void require_close(const Tensor& got, const Tensor& want, double rel, double abs = 0.0,
+                          double scaled = 0.0) {
+  REQUIRE(got.shape() == want.shape());
+  const std::vector<double> g = got.to(Device::cpu()).to(DType::f64).to_vector<double>();
+  const std::vector<double> w = want.to(Device::cpu()).to(DType::f64).to_vector<double>();
+  double scale = 0;
+  for (double v : w) scale = std::max(scale, std::abs(v));
+  for (size_t i = 0; i < g.size(); ++i) {
+    INFO("element " << i << ": got " << g[i] << ", want " << w[i] << " (max " << scale << ")");
+    REQUIRE(std::abs(g[i] - w[i]) <= rel * std::abs(w[i]) + abs + scaled * scale);
+  }
+}
+
+}  // namespace engine::testing
