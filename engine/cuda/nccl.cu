@@ -1,7 +1,6 @@
 // NCCL collectives for CUDA tensors (see nccl.h). The engine's kernels run on the device's compute
-// stream (context.h); collectives run on a non-blocking stream of their own, ordered after the
-// compute queued so far by an event, so backward keeps computing while a gradient bucket is
-// reduced.
+// stream (context.h); collectives run on its communication stream, ordered after the compute
+// queued so far by an event, so backward keeps computing while a gradient bucket is reduced.
 #include <nccl.h>
 
 #include <cstring>
@@ -80,14 +79,13 @@ class Channel final : public NcclChannel {
  public:
   Channel(int rank, int size, int device, const ncclUniqueId& id) : device_(device) {
     ENGINE_CUDA_CHECK(cudaSetDevice(device));
-    ENGINE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    stream_ = context(device).comm;  // the device's communication stream
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 1;
     ENGINE_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size, id, rank, &config));
   }
   ~Channel() override {
     if (comm_) ncclCommDestroy(comm_);
-    if (stream_) cudaStreamDestroy(stream_);
   }
 
   std::unique_ptr<CommWork> all_reduce_async(const Tensor& t, ReduceOp op) override {
