@@ -1,7 +1,10 @@
 // The backend registry and the error for kernels a device does not have.
 #include "engine/backend.h"
 
+#include <algorithm>
 #include <atomic>
+#include <string_view>
+#include <vector>
 
 #include "engine/error.h"
 #include "engine/kernel.h"
@@ -47,6 +50,33 @@ Tensor sum_to_shape(const Tensor& g, const Shape& shape) {
 
 bool cuda_available() {
   return has_backend(DeviceType::CUDA) && backend(DeviceType::CUDA).device_count() > 0;
+}
+
+namespace {
+struct NotedTable {
+  const void* table;
+  KernelTableInfo info;
+};
+// Function-local: registrations run from static initialisers of any translation unit.
+std::vector<NotedTable>& noted_tables() {
+  static std::vector<NotedTable> tables;
+  return tables;
+}
+}  // namespace
+
+void note_kernel_table(const void* table, const char* op, bool (*has)(DeviceType)) {
+  for (const NotedTable& t : noted_tables())
+    if (t.table == table) return;
+  noted_tables().push_back({table, {op, has}});
+}
+
+std::vector<KernelTableInfo> kernel_tables() {
+  std::vector<KernelTableInfo> out;
+  for (const NotedTable& t : noted_tables()) out.push_back(t.info);
+  std::sort(out.begin(), out.end(), [](const KernelTableInfo& a, const KernelTableInfo& b) {
+    return std::string_view(a.op) < std::string_view(b.op);
+  });
+  return out;
 }
 
 void missing_kernel(const char* op, DeviceType type) {

@@ -11,13 +11,27 @@
 // "[gelu] has no CUDA kernel ..." instead of failing to link, so a CPU-only build needs no stubs.
 // Tables are constant-initialised (constexpr constructor), so registration from static
 // initialisers in any translation unit is safe.
+//
+// Every table some backend registers into is listed by kernel_tables(), so a test can require
+// that each one has an implementation for a given device (tests/cuda: kernel_coverage).
 #pragma once
+
+#include <vector>
 
 #include "engine/device.h"
 
 namespace engine {
 
 [[noreturn]] void missing_kernel(const char* op, DeviceType type);
+
+struct KernelTableInfo {
+  const char* op;
+  bool (*has)(DeviceType);  // whether the table holds an implementation for that device
+};
+// Every kernel table with at least one registered implementation, once each, sorted by op name.
+std::vector<KernelTableInfo> kernel_tables();
+// Called by ENGINE_REGISTER_KERNEL; duplicates (one table, several backends) are recorded once.
+void note_kernel_table(const void* table, const char* op, bool (*has)(DeviceType));
 
 template <class Sig>
 class Kernel;
@@ -34,6 +48,7 @@ class Kernel<R(Args...)> {
     if (!fn) missing_kernel(op_, type);
     return fn;
   }
+  bool has(DeviceType type) const { return fns_[static_cast<int>(type)] != nullptr; }
   R operator()(Device device, Args... args) const { return get(device.type)(args...); }
   const char* op() const { return op_; }
 
@@ -46,6 +61,9 @@ class Kernel<R(Args...)> {
 
 #define ENGINE_CONCAT_INNER(a, b) a##b
 #define ENGINE_CONCAT(a, b) ENGINE_CONCAT_INNER(a, b)
-#define ENGINE_REGISTER_KERNEL(table, device_type, fn)                             \
-  [[maybe_unused]] static const bool ENGINE_CONCAT(engine_kernel_reg_, __LINE__) = \
-      ((table).set((device_type), (fn)), true)
+#define ENGINE_REGISTER_KERNEL(table, device_type, fn)                                        \
+  [[maybe_unused]] static const bool ENGINE_CONCAT(engine_kernel_reg_, __LINE__) =            \
+      ((table).set((device_type), (fn)),                                                      \
+       ::engine::note_kernel_table(&(table), (table).op(),                                    \
+                                   +[](::engine::DeviceType t) { return (table).has(t); }), \
+       true)
