@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
 
 // Execution spaces are plain functions; __shared__ variables are one per block (a block runs on
@@ -47,6 +48,9 @@ inline constexpr int warpSize = 32;
 #define __syncthreads_and(p) ::emu::syncthreads_reduce(::emu::Site{__FILE__, __LINE__}, 1, (p))
 #define __syncthreads_or(p) ::emu::syncthreads_reduce(::emu::Site{__FILE__, __LINE__}, 2, (p))
 #define __syncwarp(...) ::emu::syncwarp(::emu::Site{__FILE__, __LINE__}, ##__VA_ARGS__ + 0u)
+// A device-side abort (a kernel's own bounds check): the launch faults, the error is sticky.
+#define __trap() \
+  ::emu::device_fault(std::string("__trap() at ") + __FILE__ + ":" + std::to_string(__LINE__))
 
 namespace emu::intrinsics {
 inline constexpr unsigned kFull = 0xffffffffu;

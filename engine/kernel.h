@@ -61,9 +61,9 @@ class Kernel<R(Args...)> {
 
 #define ENGINE_CONCAT_INNER(a, b) a##b
 #define ENGINE_CONCAT(a, b) ENGINE_CONCAT_INNER(a, b)
-#define ENGINE_REGISTER_KERNEL(table, device_type, fn)                                        \
-  [[maybe_unused]] static const bool ENGINE_CONCAT(engine_kernel_reg_, __LINE__) =            \
-      ((table).set((device_type), (fn)),                                                      \
-       ::engine::note_kernel_table(&(table), (table).op(),                                    \
-                                   +[](::engine::DeviceType t) { return (table).has(t); }), \
+#define ENGINE_REGISTER_KERNEL(table, device_type, fn)                                      \
+  [[maybe_unused]] static const bool ENGINE_CONCAT(engine_kernel_reg_, __LINE__) =          \
+      ((table).set((device_type), (fn)),                                                    \
+       ::engine::note_kernel_table(                                                         \
+           &(table), (table).op(), +[](::engine::DeviceType t) { return (table).has(t); }), \
        true)

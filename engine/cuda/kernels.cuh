@@ -26,11 +26,19 @@
 #include "engine/cuda/launch.h"
 #include "engine/dtype.h"
 #include "engine/error.h"
+#include "engine/tensor.h"
 
 namespace engine::cuda {
 
 inline constexpr int kWarpSize = 32;
 inline constexpr unsigned kFullMask = 0xffffffffu;
+
+// A tensor's device data as T* (T may be __nv_bfloat16 / __half, which Tensor::data<T> does not
+// name); nullptr for an undefined tensor. The dispatch that chose T has checked the dtype.
+template <class T>
+inline T* dptr(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.raw_data()) : nullptr;
+}
 
 // ---- element types ----------------------------------------------------------------------------
 

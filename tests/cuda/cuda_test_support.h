@@ -30,4 +30,16 @@ inline void require_close(const Tensor& got, const Tensor& want, double rel, dou
   }
 }
 
+// The same values bit for bit (compared as f64 on the CPU; NaNs must match as NaNs).
+inline void require_equal(const Tensor& got, const Tensor& want) {
+  REQUIRE(got.shape() == want.shape());
+  REQUIRE(got.dtype() == want.dtype());
+  const std::vector<double> g = got.to(Device::cpu()).to(DType::f64).to_vector<double>();
+  const std::vector<double> w = want.to(Device::cpu()).to(DType::f64).to_vector<double>();
+  for (size_t i = 0; i < g.size(); ++i) {
+    INFO("element " << i << ": got " << g[i] << ", want " << w[i]);
+    REQUIRE((g[i] == w[i] || (std::isnan(g[i]) && std::isnan(w[i]))));
+  }
+}
+
 }  // namespace engine::testing

@@ -1,0 +1,86 @@
+// CUDA kernels of dropout (see dropout.h): one thread per Philox block of four words, so each
+// thread draws once and decides four consecutive elements with the same integer test as the
+// CPU (dropout_keep on philox_word(state, i)): CPU and CUDA masks agree bit for bit, and
+// x * (1 / (1 - p)) is the same single f32 (f64) product. bf16 / f16 scale in f32, round once.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/cuda/context.h"
+#include "engine/cuda/kernels.cuh"
+#include "engine/cuda/launch.h"
+#include "engine/error.h"
+#include "ops/dropout.h"
+
+namespace engine::cuda {
+namespace {
+
+template <class T>
+__global__ void dropout_blocks(const T* x, T* y, int64_t n, Acc<T> scale, uint32_t threshold,
+                               PhiloxState s) {
+  const int64_t blocks = (n + 3) / 4;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < blocks; b += stride) {
+    uint32_t w[4];
+    philox_block(s.seed, s.offset + static_cast<uint64_t>(b), w);
+    const int64_t i0 = 4 * b;
+    const int end = n - i0 < 4 ? static_cast<int>(n - i0) : 4;
+    for (int k = 0; k < end; ++k)
+      y[i0 + k] = dropout_keep(w[k], threshold) ? from_acc<T>(to_acc(x[i0 + k]) * scale)
+                                                : from_acc<T>(Acc<T>(0));
+  }
+}
+
+template <class T>
+__global__ void dropout_mask_blocks(T* mask, int64_t n, uint32_t threshold, PhiloxState s) {
+  const int64_t blocks = (n + 3) / 4;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < blocks; b += stride) {
+    uint32_t w[4];
+    philox_block(s.seed, s.offset + static_cast<uint64_t>(b), w);
+    const int64_t i0 = 4 * b;
+    const int end = n - i0 < 4 ? static_cast<int>(n - i0) : 4;
+    for (int k = 0; k < end; ++k) mask[i0 + k] = dropout_keep(w[k], threshold) ? T(1) : T(0);
+  }
+}
+
+LaunchConfig blocks_config(int64_t n, const Tensor& t) {
+  const int threads = kElementwiseThreads;
+  return LaunchConfig{dim3(grid_blocks((n + 3) / 4, threads)), dim3(threads), 0,
+                      compute_stream(t.device().index)};
+}
+
+void dropout(const Tensor& x, const Tensor& y, double p, PhiloxState s) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  DeviceGuard guard(x.device().index);
+  const uint32_t threshold = dropout_threshold(p);
+  dispatch_floating(x.dtype(), "dropout", [&]<class T>() {
+    const Acc<T> scale = static_cast<Acc<T>>(1.0 / (1.0 - p));
+    ENGINE_LAUNCH(dropout_blocks<T>, blocks_config(n, x), dptr<const T>(x), dptr<T>(y), n, scale,
+                  threshold, s);
+  });
+}
+
+void dropout_mask(const Tensor& mask, double p, PhiloxState s) {
+  const int64_t n = mask.numel();
+  if (n == 0) return;
+  DeviceGuard guard(mask.device().index);
+  const uint32_t threshold = dropout_threshold(p);
+  auto fill = [&]<class T>() {
+    ENGINE_LAUNCH(dropout_mask_blocks<T>, blocks_config(n, mask), static_cast<T*>(mask.raw_data()),
+                  n, threshold, s);
+  };
+  if (mask.dtype() == DType::u8) {
+    fill.template operator()<uint8_t>();
+  } else {
+    dispatch_floating(mask.dtype(), "dropout_mask", fill);
+  }
+}
+
+}  // namespace
+
+ENGINE_REGISTER_KERNEL(dropout_kernel, DeviceType::CUDA, dropout);
+ENGINE_REGISTER_KERNEL(dropout_mask_kernel, DeviceType::CUDA, dropout_mask);
+
+}  // namespace engine::cuda

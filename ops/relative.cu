@@ -1,0 +1,123 @@
+// CUDA kernels of relative_gather / relative_scatter (see relative.h).
+//
+// gather: one thread per output element, a copy in the storage type.
+//
+// scatter, deterministic and without atomics: the (Tq, Tk) index is first inverted into a CSR
+// per query row (bucket -> the keys j that name it, in increasing j), by one thread per row;
+// then one thread per output element (l, i, r) sums y[l, i, j] over its bucket's keys in that
+// order, in f32 (f64 for f64), and writes once. A bucket's sum is thus formed in j order, as on
+// the CPU (the same f32 bits), and buckets no key names are 0. The inversion costs O(Tq (Tk+R))
+// once per call, small next to the L Tq Tk values.
+//
+// An index value outside [0, R) traps (the launch faults) before anything reads with it.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/cuda/context.h"
+#include "engine/cuda/kernels.cuh"
+#include "engine/cuda/launch.h"
+#include "engine/error.h"
+#include "ops/relative.h"
+
+namespace engine::cuda {
+namespace {
+
+template <class T>
+__global__ void relative_gather_elems(const T* x, const int64_t* index, T* out, int64_t rows,
+                                      int64_t tq, int64_t tk, int64_t r) {
+  const int64_t n = rows * tk;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += stride) {
+    const int64_t row = e / tk, j = e - row * tk;
+    const int64_t b = index[(row % tq) * tk + j];
+    if (b < 0 || b >= r) __trap();
+    out[e] = x[row * r + b];
+  }
+}
+
+// offsets (Tq, R + 1): bucket b of row i holds keys[i * tk + offsets[i][b] .. offsets[i][b+1]);
+// cursor (Tq, R) is scratch.
+__global__ void relative_invert_index(const int64_t* index, int64_t tq, int64_t tk, int64_t r,
+                                      int32_t* offsets, int32_t* cursor, int32_t* keys) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i >= tq) return;
+  const int64_t* ir = index + i * tk;
+  int32_t* off = offsets + i * (r + 1);
+  int32_t* cur = cursor + i * r;
+  for (int64_t b = 0; b <= r; ++b) off[b] = 0;
+  for (int64_t j = 0; j < tk; ++j) {
+    const int64_t b = ir[j];
+    if (b < 0 || b >= r) __trap();
+    ++off[b + 1];
+  }
+  for (int64_t b = 0; b < r; ++b) {
+    off[b + 1] += off[b];
+    cur[b] = off[b];
+  }
+  for (int64_t j = 0; j < tk; ++j) keys[i * tk + cur[ir[j]]++] = static_cast<int32_t>(j);
+}
+
+template <class T>
+__global__ void relative_scatter_elems(const T* y, const int32_t* offsets, const int32_t* keys,
+                                       T* out, int64_t rows, int64_t tq, int64_t tk, int64_t r) {
+  const int64_t n = rows * r;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += stride) {
+    const int64_t row = e / r, b = e - row * r, i = row % tq;
+    const int32_t* off = offsets + i * (r + 1);
+    const int32_t* ki = keys + i * tk;
+    const T* yr = y + row * tk;
+    Acc<T> sum = 0;
+    for (int32_t k = off[b]; k < off[b + 1]; ++k) sum += to_acc(yr[ki[k]]);
+    out[e] = from_acc<T>(sum);
+  }
+}
+
+LaunchConfig flat_config(int64_t n, const Tensor& t) {
+  const int threads = kElementwiseThreads;
+  return LaunchConfig{dim3(grid_blocks(n, threads)), dim3(threads), 0,
+                      compute_stream(t.device().index)};
+}
+
+void relative_gather(const Tensor& x, const Tensor& index, const Tensor& out) {
+  const int64_t tq = x.shape()[1], r = x.shape()[2], tk = out.shape()[2];
+  const int64_t rows = x.shape()[0] * tq;
+  if (rows == 0 || tk == 0) return;
+  DeviceGuard guard(x.device().index);
+  dispatch_all(x.dtype(), [&]<class T>() {
+    ENGINE_LAUNCH(relative_gather_elems<T>, flat_config(rows * tk, x), dptr<const T>(x),
+                  dptr<const int64_t>(index), dptr<T>(out), rows, tq, tk, r);
+  });
+}
+
+void relative_scatter(const Tensor& y, const Tensor& index, const Tensor& out) {
+  const int64_t tq = y.shape()[1], tk = y.shape()[2], r = out.shape()[2];
+  const int64_t rows = y.shape()[0] * tq;
+  if (rows == 0 || r == 0) return;
+  ENGINE_CHECK(tk < (int64_t(1) << 31) && (r + 1) * tq < (int64_t(1) << 31),
+               "[relative_scatter] index (", tq, ", ", tk, ") with ", r,
+               " buckets is too large for the 32-bit inverted index");
+  DeviceGuard guard(y.device().index);
+  const Device dev = y.device();
+  Tensor offsets = Tensor::empty({tq, r + 1}, DType::i32, dev);
+  Tensor cursor = Tensor::empty({tq, r}, DType::i32, dev);
+  Tensor keys = Tensor::empty({tq, tk > 0 ? tk : 1}, DType::i32, dev);
+  const int threads = 128;
+  const LaunchConfig invert{dim3(static_cast<unsigned>((tq + threads - 1) / threads)),
+                            dim3(threads), 0, compute_stream(dev.index)};
+  ENGINE_LAUNCH(relative_invert_index, invert, dptr<const int64_t>(index), tq, tk, r,
+                dptr<int32_t>(offsets), dptr<int32_t>(cursor), dptr<int32_t>(keys));
+  dispatch_floating(y.dtype(), "relative_scatter", [&]<class T>() {
+    ENGINE_LAUNCH(relative_scatter_elems<T>, flat_config(rows * r, y), dptr<const T>(y),
+                  dptr<const int32_t>(offsets), dptr<const int32_t>(keys), dptr<T>(out), rows, tq,
+                  tk, r);
+  });
+}
+
+}  // namespace
+
+ENGINE_REGISTER_KERNEL(relative_gather_kernel, DeviceType::CUDA, relative_gather);
+ENGINE_REGISTER_KERNEL(relative_scatter_kernel, DeviceType::CUDA, relative_scatter);
+
+}  // namespace engine::cuda

@@ -1,0 +1,216 @@
+// [cuda] dropout, index_select / embedding, relative_gather / relative_scatter, cross_entropy and
+// the AdamW step on the device against the CPU backend, forward and backward. Where the kernels
+// are specified to compute the same operations in the same order the check is bit for bit
+// (dropout masks, row gathers, index-order scatter sums, the AdamW step); cross_entropy within
+// 1e-5 relative. Awkward shapes: sizes not a multiple of 4 (a partial Philox block), of the
+// warp or of the vector width, rows longer than a block, one row, empty batches.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cuda_test_support.h"
+#include "engine/optim.h"
+#include "ops/ops.h"
+
+using namespace engine;
+using engine::testing::kGpu;
+using engine::testing::require_close;
+using engine::testing::require_equal;
+
+namespace {
+
+Tensor shaw_index(int64_t tq, int64_t tk, int64_t k) {
+  std::vector<int64_t> v;
+  for (int64_t i = 0; i < tq; ++i)
+    for (int64_t j = 0; j < tk; ++j) v.push_back(std::clamp(j - i, -k, k) + k);
+  return Tensor::from_vector(v, {tq, tk});
+}
+
+}  // namespace
+
+TEST_CASE("dropout masks and values on the device equal the CPU's bit for bit", "[cuda]") {
+  Generator g(41);
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (Shape s : {Shape{1}, Shape{3}, Shape{7, 5}, Shape{2, 3, 1031}, Shape{0, 4}}) {
+      for (double p : {0.1, 0.5, 0.9}) {
+        INFO(dtype_name(dt) << " " << shape_str(s) << " p " << p);
+        Tensor x = Tensor::randn(s, g, 0, 1, dt).set_requires_grad();
+        Tensor xg = x.detach().to(kGpu).set_requires_grad();
+        Generator a(7), b(7);
+        a.set_state({99, 13});
+        b.set_state({99, 13});
+        Tensor y = dropout(x, p, true, a), yg = dropout(xg, p, true, b);
+        REQUIRE(a.offset() == b.offset());
+        require_equal(yg, y);
+        Tensor dy = Tensor::randn(s, g, 0, 1, dt);
+        y.backward(dy);
+        yg.backward(dy.to(kGpu));
+        require_equal(xg.grad(), x.grad());
+      }
+    }
+  }
+  for (DType mt : {DType::u8, DType::f32, DType::f64}) {
+    const PhiloxState st{1234, 5};
+    require_equal(dropout_mask({3, 37}, 0.3, st, mt, kGpu), dropout_mask({3, 37}, 0.3, st, mt));
+  }
+}
+
+TEST_CASE("dropout in bf16 and f16 keeps the CPU's mask and scales in f32", "[cuda]") {
+  Generator g(42);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    INFO(dtype_name(dt));
+    Tensor x = Tensor::randn({5, 77}, g).to(dt).to(DType::f32);  // representable inputs
+    const PhiloxState st{3, 8};
+    Tensor want = Tensor::empty(x.shape());
+    dropout_kernel(Device::cpu(), x, want, 0.25, st);
+    Tensor got = Tensor::empty(x.shape(), dt, kGpu);
+    dropout_kernel(kGpu, x.to(dt).to(kGpu), got, 0.25, st);
+    // Same zeros; kept values are x / 0.75 rounded once to the half type.
+    require_equal(got.to(Device::cpu()).to(DType::f32), want.to(dt).to(DType::f32));
+  }
+}
+
+TEST_CASE("index_select and embedding on the device equal the CPU, with a deterministic backward",
+          "[cuda]") {
+  Generator g(43);
+  for (DType it : {DType::i32, DType::i64}) {
+    for (auto [n, d, m] :
+         {std::array<int64_t, 3>{1, 1, 1}, {5, 33, 17}, {3, 700, 300}, {50, 8, 0}, {7, 1, 1000}}) {
+      INFO(dtype_name(it) << " table (" << n << ", " << d << "), " << m << " ids");
+      std::vector<int64_t> ids(static_cast<size_t>(m));
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7 + i / 3) % n);
+      Tensor idx = Tensor::from_vector(ids, {m}).to(it);
+      Tensor w = Tensor::randn({n, d}, g).set_requires_grad();
+      Tensor wg = w.detach().to(kGpu).set_requires_grad();
+      Tensor y = embedding(w, idx), yg = embedding(wg, idx.to(kGpu));
+      require_equal(yg, y);
+      Tensor dy = Tensor::randn(y.shape(), g);
+      y.backward(dy);
+      yg.backward(dy.to(kGpu));
+      require_equal(wg.grad(), w.grad());  // sums in index order on both devices
+    }
+  }
+  // index_select over a 3-D tensor, and a bf16 table (a row copy in any dtype).
+  Tensor x = Tensor::randn({6, 3, 5}, g);
+  Tensor idx = Tensor::from_vector(std::vector<int64_t>{5, 0, 0, 2}, {4});
+  require_equal(index_select(x.to(kGpu), idx.to(kGpu)), index_select(x, idx));
+  Tensor xb = x.to(DType::bf16);
+  require_equal(index_select(xb.to(kGpu), idx.to(kGpu)).to(Device::cpu()).to(DType::f32),
+                index_select(xb.to(DType::f32), idx));
+}
+
+TEST_CASE("relative_gather and relative_scatter on the device equal the CPU bit for bit",
+          "[cuda]") {
+  Generator g(44);
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (auto [l, tq, tk, k] : {std::array<int64_t, 4>{1, 1, 1, 0},
+                                {3, 5, 7, 2},
+                                {2, 33, 40, 8},
+                                {0, 4, 4, 1},
+                                {2, 9, 300, 130}}) {
+      INFO(dtype_name(dt) << " L " << l << " Tq " << tq << " Tk " << tk << " k " << k);
+      Tensor index = shaw_index(tq, tk, k);
+      const int64_t r = 2 * k + 1;
+      Tensor x = Tensor::randn({l, tq, r}, g, 0, 1, dt).set_requires_grad();
+      Tensor xg = x.detach().to(kGpu).set_requires_grad();
+      Tensor y = relative_gather(x, index), yg = relative_gather(xg, index.to(kGpu));
+      require_equal(yg, y);
+      Tensor dy = Tensor::randn(y.shape(), g, 0, 1, dt);
+      y.backward(dy);
+      yg.backward(dy.to(kGpu));
+      require_equal(xg.grad(), x.grad());  // the scatter: bucket sums in j order
+
+      // Scatter into more buckets than any index names (the unnamed ones are 0), a
+      // non-contiguous input (a transposed view).
+      Tensor ys = Tensor::randn({l, tk, tq}, g, 0, 1, dt).transpose(1, 2);
+      require_equal(relative_scatter(ys.to(kGpu), index.to(kGpu), r + 3),
+                    relative_scatter(ys, index, r + 3));
+    }
+  }
+  // bf16: the gather is a copy; the scatter sums in f32 and rounds once.
+  Tensor index = shaw_index(6, 6, 2);
+  Tensor y = Tensor::randn({2, 6, 6}, g).to(DType::bf16);
+  Tensor want = relative_scatter(y.to(DType::f32), index, 5).to(DType::bf16);
+  require_equal(relative_scatter(y.to(kGpu), index.to(kGpu), 5).to(Device::cpu()), want);
+}
+
+TEST_CASE("cross_entropy on the device matches the CPU with ignored rows and every reduction",
+          "[cuda]") {
+  Generator g(45);
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (auto [n, c] : {std::array<int64_t, 2>{1, 1}, {5, 3}, {7, 33}, {4, 3000}, {0, 5}}) {
+      for (Reduction red : {Reduction::mean, Reduction::sum, Reduction::none}) {
+        INFO(dtype_name(dt) << " (" << n << ", " << c << ") reduction " << static_cast<int>(red));
+        const double rel = dt == DType::f64 ? 1e-12 : 1e-5, abs = dt == DType::f64 ? 1e-14 : 1e-7;
+        std::vector<int64_t> t(static_cast<size_t>(n));
+        for (size_t i = 0; i < t.size(); ++i) t[i] = i % 3 == 1 ? -100 : (i * 5) % c;
+        Tensor targets = Tensor::from_vector(t, {n});
+        Tensor x = Tensor::randn({n, c}, g, 0, 3, dt).set_requires_grad();
+        Tensor xg = x.detach().to(kGpu).set_requires_grad();
+        Tensor loss = cross_entropy(x, targets, -100, red);
+        Tensor lossg = cross_entropy(xg, targets.to(kGpu).to(DType::i32), -100, red);
+        require_close(lossg, loss, rel, abs);
+        Tensor dl = Tensor::randn(loss.shape(), g, 0, 1, dt);
+        loss.backward(dl);
+        lossg.backward(dl.to(kGpu));
+        require_close(xg.grad(), x.grad(), rel, abs);
+      }
+    }
+  }
+  // Every row ignored: mean is 0 and the gradient is 0, as on the CPU.
+  Tensor x = Tensor::randn({3, 4}, g).to(kGpu).set_requires_grad();
+  Tensor t = Tensor::full({3}, -100, DType::i64, kGpu);
+  Tensor loss = cross_entropy(x, t);
+  REQUIRE(loss.item() == 0.0);
+  loss.backward();
+  require_equal(x.grad(), Tensor::zeros({3, 4}, DType::f32, kGpu));
+}
+
+TEST_CASE("cross_entropy on bf16 and f16 logits keeps f32 statistics", "[cuda]") {
+  Generator g(46);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    INFO(dtype_name(dt));
+    Tensor x = Tensor::randn({6, 50}, g, 0, 2).to(dt);
+    Tensor targets = Tensor::from_vector(std::vector<int64_t>{0, 49, -100, 7, 7, 3}, {6});
+    Tensor xc = x.to(DType::f32).set_requires_grad();  // the same rounded logits in f32
+    Tensor xg = x.to(kGpu).set_requires_grad();
+    Tensor loss = cross_entropy(xc, targets), lossg = cross_entropy(xg, targets.to(kGpu));
+    REQUIRE(lossg.dtype() == dt);
+    // f32 statistics: only the final rounding to the half type differs.
+    const double tol = dt == DType::bf16 ? 1.0 / 128 : 1.0 / 1024;
+    require_close(lossg, loss, tol);
+    loss.backward();
+    lossg.backward();
+    require_close(xg.grad(), xc.grad(), tol, 1e-3 * tol);
+  }
+}
+
+TEST_CASE("the AdamW step on the device equals the CPU step bit for bit", "[cuda]") {
+  Generator g(47);
+  for (int64_t n : {1, 5, 1027, 70001}) {
+    INFO("slab of " << n);
+    Tensor p = Tensor::randn({n}, g), grad = Tensor::randn({n}, g, 0, 0.1);
+    Tensor m = Tensor::randn({n}, g, 0, 0.01), v = scale(Tensor::rand({n}, g), 1e-4);
+    std::vector<uint8_t> mask(static_cast<size_t>(n));
+    for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<uint8_t>(i % 3 != 0);
+    Tensor mk = Tensor::from_vector(mask, {n});
+    Tensor pg = p.to(kGpu), mg = m.to(kGpu), vg = v.to(kGpu);
+    AdamWStepScalars s;
+    s.beta1 = 0.9;
+    s.beta2 = 0.999;
+    s.eps = 1e-6;
+    for (int step = 1; step <= 3; ++step) {
+      const double lr = 1e-3 * step;
+      s.decay_factor = 1.0 - lr * 0.01;
+      s.step_size = lr / (1.0 - std::pow(0.9, step));
+      s.bias_correction2_sqrt = std::sqrt(1.0 - std::pow(0.999, step));
+      adamw_kernel(Device::cpu(), p, grad, m, v, mk, s);
+      adamw_kernel(kGpu, pg, grad.to(kGpu), mg, vg, mk.to(kGpu), s);
+    }
+    require_equal(pg, p);
+    require_equal(mg, m);
+    require_equal(vg, v);
+  }
+}
