@@ -1,6 +1,9 @@
-// The attention op: a composition of raw kernels (GEMM, softmax with bias and mask, dropout), so
-// every backend that has those kernels runs it; a fused flash-style kernel can replace the body
-// for CUDA without changing the interface. Backward by hand:
+// The attention op: two strided-batched GEMMs around one fused kernel each way
+// (attention_softmax: scale + positional bias + key mask + softmax + dropout; its backward:
+// dropout + softmax backward), so every backend that has those kernels runs it; a flash-style
+// kernel can replace the body for CUDA without changing the interface. The bias (TUPE's
+// (1, H, T, T) positional term) is read through a stride-0 view, once per layer's forward, never
+// expanded over the batch. Backward by hand:
 //   dV = P_d^T dO,  dP_d = dO V^T,  dP = dropout(dP_d),  dS = P (dP - rowsum(dP * P)),
 //   dQ = scale dS K,  dK = scale dS^T Q,  dbias = sum of dS over the broadcast dims.
 #include "ops/attention.h"
@@ -32,7 +35,7 @@ struct AttentionNode : Node {
     Tensor dout = grads[0].contiguous().view({bh, tq, dv});
 
     Tensor pd = probs;  // the probabilities the forward multiplied V with
-    if (p > 0) {
+    if (p > 0 && needs_input_grad(2)) {
       pd = Tensor::empty(probs.shape(), dt, dev);
       dropout_kernel(dev, probs, pd, p, state);
     }
@@ -43,9 +46,8 @@ struct AttentionNode : Node {
     }
     if (needs_input_grad(0) || needs_input_grad(1) || needs_input_grad(3)) {
       Tensor ds = Tensor::empty({bh, tq, tk}, dt, dev);
-      gemm(dout, false, v, true, ds);                    // dP_d
-      if (p > 0) dropout_kernel(dev, ds, ds, p, state);  // dP (same mask and scale)
-      softmax_backward_raw(probs, ds, ds);               // dS, in place
+      gemm(dout, false, v, true, ds);                           // dP_d
+      attention_softmax_backward_raw(probs, ds, p, state, ds);  // dS: dropout + softmax, in place
       if (needs_input_grad(0)) {
         dq = Tensor::empty({bh, tq, d}, dt, dev);
         gemm(ds, false, k, false, dq, scale);
@@ -117,18 +119,18 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
   Tensor v3 = v.detach().contiguous().view({b * h, tk, dv});
 
   Tensor probs = Tensor::empty({b * h, tq, tk}, dt, dev);
-  gemm(q3, false, k3, true, probs, scale);  // scores
+  gemm(q3, false, k3, true, probs);  // raw scores q k^T
   Tensor bias = opt.bias.defined() ? opt.bias.detach() : Tensor();
-  softmax_forward_raw(probs.view(probs_shape4), bias, mask4, probs.view(probs_shape4));
-
   Tensor mixed = probs;
   PhiloxState state;
   if (p > 0) {
     Generator& gen = opt.generator ? *opt.generator : default_generator();
     state = gen.reserve_words(static_cast<uint64_t>(probs.numel()));
     mixed = Tensor::empty(probs.shape(), dt, dev);
-    dropout_kernel(dev, probs, mixed, p, state);
   }
+  // One kernel: scale, bias, mask, softmax (probs, kept for the backward) and dropout (mixed).
+  attention_softmax_raw(probs.view(probs_shape4), scale, bias, mask4, p, state,
+                        probs.view(probs_shape4), p > 0 ? mixed.view(probs_shape4) : Tensor());
   Tensor out3 = Tensor::empty({b * h, tq, dv}, dt, dev);
   gemm(mixed, false, v3, false, out3);
   Tensor out = out3.view({b, h, tq, dv});

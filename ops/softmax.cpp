@@ -12,6 +12,8 @@
 #include "engine/cpu/vmath.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
+#include "ops/dropout.h"
+#include "ops/elementwise.h"
 
 namespace engine {
 namespace {
@@ -222,8 +224,36 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
   });
 }
 
+// The attention form as the CPU's own kernels in sequence (the CUDA kernel fuses them): scale
+// (affine), softmax with bias and mask in place, dropout into `dropped`.
+void attention_softmax_forward(const Tensor& x, double scale, const Tensor& bias,
+                               const Tensor& mask, double p, PhiloxState state, const Tensor& probs,
+                               const Tensor& dropped) {
+  if (scale != 1.0) {
+    affine_kernel(Device::cpu(), x, scale, 0.0, probs);
+    softmax_forward(probs, bias, mask, probs);
+  } else {
+    softmax_forward(x, bias, mask, probs);
+  }
+  if (dropped.defined()) dropout_kernel(Device::cpu(), probs, dropped, p, state);
+}
+
+void attention_softmax_backward(const Tensor& probs, const Tensor& dpd, double p, PhiloxState state,
+                                const Tensor& ds) {
+  if (p > 0) {
+    dropout_kernel(Device::cpu(), dpd, ds, p, state);
+    softmax_backward(probs, ds, ds);
+  } else {
+    softmax_backward(probs, dpd, ds);
+  }
+}
+
 }  // namespace cpu
 
+ENGINE_REGISTER_KERNEL(attention_softmax_forward_kernel, DeviceType::CPU,
+                       cpu::attention_softmax_forward);
+ENGINE_REGISTER_KERNEL(attention_softmax_backward_kernel, DeviceType::CPU,
+                       cpu::attention_softmax_backward);
 ENGINE_REGISTER_KERNEL(softmax_forward_kernel, DeviceType::CPU, cpu::softmax_forward);
 ENGINE_REGISTER_KERNEL(softmax_backward_kernel, DeviceType::CPU, cpu::softmax_backward);
 ENGINE_REGISTER_KERNEL(log_softmax_forward_kernel, DeviceType::CPU, cpu::log_softmax_forward);
@@ -239,6 +269,34 @@ void softmax_forward_raw(const Tensor& x, const Tensor& bias, const Tensor& mask
   Tensor b = bias.defined() ? bias.detach().expand(x.shape()) : Tensor();
   Tensor m = mask.defined() ? mask.detach().expand(x.shape()) : Tensor();
   softmax_forward_kernel(x.device(), x.detach().contiguous(), b, m, y);
+}
+
+void attention_softmax_raw(const Tensor& x, double scale, const Tensor& bias, const Tensor& mask,
+                           double p, PhiloxState state, const Tensor& probs,
+                           const Tensor& dropped) {
+  check_input(x, "attention_softmax");
+  check_bias_mask(x, bias, mask);
+  check_out(x, probs, "attention_softmax", "probs");
+  if (dropped.defined()) check_out(x, dropped, "attention_softmax", "dropped");
+  ENGINE_CHECK(std::isfinite(scale), "[attention_softmax] scale must be finite, got ", scale);
+  ENGINE_CHECK(p >= 0.0 && p < 1.0, "[attention_softmax] p must be in [0, 1), got ", p);
+  Tensor b = bias.defined() ? bias.detach().expand(x.shape()) : Tensor();
+  Tensor m = mask.defined() ? mask.detach().expand(x.shape()) : Tensor();
+  attention_softmax_forward_kernel(x.device(), x.detach().contiguous(), scale, b, m, p, state,
+                                   probs, dropped);
+}
+
+void attention_softmax_backward_raw(const Tensor& probs, const Tensor& dpd, double p,
+                                    PhiloxState state, const Tensor& ds) {
+  ENGINE_CHECK(probs.defined() && probs.is_contiguous(),
+               "[attention_softmax_backward] probs must be contiguous");
+  ENGINE_CHECK(dpd.defined() && dpd.shape() == probs.shape() && dpd.dtype() == probs.dtype() &&
+                   dpd.device() == probs.device(),
+               "[attention_softmax_backward] dpd ",
+               dpd.defined() ? describe(dpd) : std::string("undefined"), " does not match probs ",
+               describe(probs));
+  check_out(probs, ds, "attention_softmax_backward", "ds");
+  attention_softmax_backward_kernel(probs.device(), probs, dpd.detach().contiguous(), p, state, ds);
 }
 
 void softmax_backward_raw(const Tensor& y, const Tensor& dy, const Tensor& dx) {

@@ -9,6 +9,11 @@
 // row with no kept position is all zeros, as on the CPU. The logits are recomputed in each pass
 // rather than stored in y, so bf16 / f16 rows keep f32 logits, and y may alias x (each thread
 // reads and writes only its own elements, after the reductions).
+//
+// The same kernels are the attention op's fused step: scale * scores + positional bias + key
+// mask + softmax + dropout in one pass (the probabilities and their dropped copy written once
+// each), and backward dropout + softmax backward in one. The Philox word of element i is drawn
+// where the element is, so the mask is the CPU's bit for bit.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -21,6 +26,7 @@
 #include "engine/cuda/launch.h"
 #include "engine/cuda/strided.cuh"
 #include "engine/error.h"
+#include "ops/dropout.h"
 #include "ops/softmax.h"
 
 namespace engine::cuda {
@@ -50,10 +56,21 @@ __device__ inline bool kept(M v) {
   }
 }
 
-// M = bool: no mask (never read).
+// Dropout on the probabilities (the attention form): element i of the Philox stream is the flat
+// index into y; kept values are y (already rounded to T) * keep_scale, as dropout_kernel does.
+struct RowDropout {
+  PhiloxState state;
+  uint32_t threshold = 0;
+  double keep_scale = 1;  // 1 / (1 - p)
+};
+
+// M = bool: no mask (never read). z = scale * x + bias, the product rounded on its own (in f32
+// for bf16 / f16 x), as the CPU's separate scaling pass rounds it; dropped (when non-null) =
+// dropout(y).
 template <class T, class M>
 __global__ void softmax_forward_rows(const T* x, const T* bias, const M* mask, T* y, int64_t n,
-                                     StridedIndexer<2> lead, int64_t bias_step, int64_t mask_step) {
+                                     StridedIndexer<2> lead, int64_t bias_step, int64_t mask_step,
+                                     Acc<T> scale, T* dropped, RowDropout drop) {
   using V = Acc<T>;
   const int64_t r = blockIdx.x;
   int64_t off[2];
@@ -66,6 +83,7 @@ __global__ void softmax_forward_rows(const T* x, const T* bias, const M* mask, T
   auto logit = [&](int64_t j) -> V {
     if (mr && !kept(mr[j * mask_step])) return neg_inf;
     V z = to_acc(xr[j]);
+    if (scale != V(1)) z = dmath::mul_rn(scale, z);
     if (br) z += to_acc(br[j * bias_step]);
     return z;
   };
@@ -73,29 +91,52 @@ __global__ void softmax_forward_rows(const T* x, const T* bias, const M* mask, T
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) mx = max_nan(mx, logit(j));
   mx = block_max(mx, neg_inf);
   if (mx == neg_inf) {  // nothing kept: zeros, not exp(-inf - -inf) = NaN
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) yr[j] = from_acc<T>(V(0));
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      yr[j] = from_acc<T>(V(0));
+      if (dropped) dropped[r * n + j] = from_acc<T>(V(0));
+    }
     return;
   }
   V sum = 0;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) sum += dmath::exp(logit(j) - mx);
   const V inv = V(1) / block_sum(sum);
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-    yr[j] = from_acc<T>(dmath::exp(logit(j) - mx) * inv);
+  const V keep_scale = static_cast<V>(drop.keep_scale);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    const T yj = from_acc<T>(dmath::exp(logit(j) - mx) * inv);
+    yr[j] = yj;
+    if (dropped) {
+      const uint64_t i = static_cast<uint64_t>(r * n + j);
+      dropped[i] = dropout_keep(philox_word(drop.state, i), drop.threshold)
+                       ? from_acc<T>(to_acc(yj) * keep_scale)
+                       : from_acc<T>(V(0));
+    }
+  }
 }
 
+// dx = y * (g - sum(g * y)) with g = dy, or g = dropout(dy) (rounded to T, as the CPU's separate
+// dropout pass stores it) when `dropout` is set.
 template <class T>
-__global__ void softmax_backward_rows(const T* y, const T* dy, T* dx, int64_t n) {
+__global__ void softmax_backward_rows(const T* y, const T* dy, T* dx, int64_t n, bool dropout,
+                                      RowDropout drop) {
   using V = Acc<T>;
   const int64_t r = blockIdx.x;
   const T* yr = y + r * n;
   const T* gr = dy + r * n;
   T* orow = dx + r * n;
+  const V keep_scale = static_cast<V>(drop.keep_scale);
+  auto grad = [&](int64_t j) -> V {
+    if (!dropout) return to_acc(gr[j]);
+    const uint64_t i = static_cast<uint64_t>(r * n + j);
+    return dropout_keep(philox_word(drop.state, i), drop.threshold)
+               ? to_acc(from_acc<T>(to_acc(gr[j]) * keep_scale))
+               : V(0);
+  };
   V dot = 0;
-  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) dot += to_acc(gr[j]) * to_acc(yr[j]);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) dot += grad(j) * to_acc(yr[j]);
   dot = block_sum(dot);
   // Masked positions have y = 0, hence dx = 0 there without looking at the mask.
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-    orow[j] = from_acc<T>(to_acc(yr[j]) * (to_acc(gr[j]) - dot));
+    orow[j] = from_acc<T>(to_acc(yr[j]) * (grad(j) - dot));
 }
 
 template <class T>
@@ -133,7 +174,17 @@ int64_t row_count(const Tensor& t, int64_t& n) {
   return n == 0 ? 0 : t.numel() / n;
 }
 
-void softmax_forward(const Tensor& x, const Tensor& bias, const Tensor& mask, const Tensor& y) {
+RowDropout row_dropout(double p, PhiloxState state) {
+  RowDropout d;
+  d.state = state;
+  d.threshold = dropout_threshold(p);
+  d.keep_scale = 1.0 / (1.0 - p);
+  return d;
+}
+
+// softmax(scale * x + bias, mask) -> y, and dropout(y) -> dropped when it is defined.
+void launch_softmax_forward(const Tensor& x, double scale, const Tensor& bias, const Tensor& mask,
+                            const Tensor& y, const Tensor& dropped, RowDropout drop) {
   int64_t n = 0;
   const int64_t rows = row_count(x, n);
   if (rows == 0) return;
@@ -155,31 +206,50 @@ void softmax_forward(const Tensor& x, const Tensor& bias, const Tensor& mask, co
   const StridedIndexer<2> lead = make_indexer<2>(lead_shape, st);
   const LaunchConfig cfg = rows_config(rows, n, x);
   dispatch_floating(x.dtype(), "softmax", [&]<class T>() {
-    const T* px = static_cast<const T*>(x.raw_data());
-    const T* pb = bias.defined() ? static_cast<const T*>(bias.raw_data()) : nullptr;
-    T* py = static_cast<T*>(y.raw_data());
+    const Acc<T> s = static_cast<Acc<T>>(scale);
     if (!mask.defined()) {
-      ENGINE_LAUNCH((softmax_forward_rows<T, bool>), cfg, px, pb, static_cast<const bool*>(nullptr),
-                    py, n, lead, bias_step, mask_step);
+      ENGINE_LAUNCH((softmax_forward_rows<T, bool>), cfg, dptr<const T>(x), dptr<const T>(bias),
+                    static_cast<const bool*>(nullptr), dptr<T>(y), n, lead, bias_step, mask_step, s,
+                    dptr<T>(dropped), drop);
       return;
     }
     dispatch_all(mask.dtype(), [&]<class M>() {
-      ENGINE_LAUNCH((softmax_forward_rows<T, M>), cfg, px, pb,
-                    static_cast<const M*>(mask.raw_data()), py, n, lead, bias_step, mask_step);
+      ENGINE_LAUNCH((softmax_forward_rows<T, M>), cfg, dptr<const T>(x), dptr<const T>(bias),
+                    dptr<const M>(mask), dptr<T>(y), n, lead, bias_step, mask_step, s,
+                    dptr<T>(dropped), drop);
     });
   });
 }
 
-void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+void launch_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool dropout,
+                             RowDropout drop) {
   int64_t n = 0;
   const int64_t rows = row_count(y, n);
   if (rows == 0) return;
   DeviceGuard guard(y.device().index);
   dispatch_floating(y.dtype(), "softmax_backward", [&]<class T>() {
-    ENGINE_LAUNCH(softmax_backward_rows<T>, rows_config(rows, n, y),
-                  static_cast<const T*>(y.raw_data()), static_cast<const T*>(dy.raw_data()),
-                  static_cast<T*>(dx.raw_data()), n);
+    ENGINE_LAUNCH(softmax_backward_rows<T>, rows_config(rows, n, y), dptr<const T>(y),
+                  dptr<const T>(dy), dptr<T>(dx), n, dropout, drop);
   });
+}
+
+void softmax_forward(const Tensor& x, const Tensor& bias, const Tensor& mask, const Tensor& y) {
+  launch_softmax_forward(x, 1.0, bias, mask, y, Tensor(), RowDropout{});
+}
+
+void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  launch_softmax_backward(y, dy, dx, false, RowDropout{});
+}
+
+void attention_softmax_forward(const Tensor& x, double scale, const Tensor& bias,
+                               const Tensor& mask, double p, PhiloxState state, const Tensor& probs,
+                               const Tensor& dropped) {
+  launch_softmax_forward(x, scale, bias, mask, probs, dropped, row_dropout(p, state));
+}
+
+void attention_softmax_backward(const Tensor& probs, const Tensor& dpd, double p, PhiloxState state,
+                                const Tensor& ds) {
+  launch_softmax_backward(probs, dpd, ds, p > 0, row_dropout(p, state));
 }
 
 void log_softmax_forward(const Tensor& x, const Tensor& y) {
@@ -208,6 +278,10 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
 }  // namespace
 
 ENGINE_REGISTER_KERNEL(softmax_forward_kernel, DeviceType::CUDA, softmax_forward);
+ENGINE_REGISTER_KERNEL(attention_softmax_forward_kernel, DeviceType::CUDA,
+                       attention_softmax_forward);
+ENGINE_REGISTER_KERNEL(attention_softmax_backward_kernel, DeviceType::CUDA,
+                       attention_softmax_backward);
 ENGINE_REGISTER_KERNEL(softmax_backward_kernel, DeviceType::CUDA, softmax_backward);
 ENGINE_REGISTER_KERNEL(log_softmax_forward_kernel, DeviceType::CUDA, log_softmax_forward);
 ENGINE_REGISTER_KERNEL(log_softmax_backward_kernel, DeviceType::CUDA, log_softmax_backward);

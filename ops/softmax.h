@@ -3,6 +3,7 @@
 #pragma once
 
 #include "engine/kernel.h"
+#include "engine/rng.h"
 #include "engine/tensor.h"
 
 namespace engine {
@@ -30,6 +31,19 @@ void softmax_forward_raw(const Tensor& x, const Tensor& bias, const Tensor& mask
 // shape and dtype; dx may be dy itself (in place).
 void softmax_backward_raw(const Tensor& y, const Tensor& dy, const Tensor& dx);
 
+// The attention form, one kernel each way (the attention op's scores -> probabilities step):
+//   probs   = softmax(scale * x + bias, mask)   (scale * x rounded on its own first)
+//   dropped = dropout(probs, p, state)          (when dropped is defined; element i of the
+//             Philox stream is the flat index into probs, as dropout_kernel draws it)
+// Arguments as for softmax_forward_raw; probs (and dropped) contiguous of x's shape; probs may
+// be x. The backward takes dpd, the gradient with respect to dropped (or probs when p == 0):
+//   ds = probs * (dP - sum(dP * probs)) with dP = dropout(dpd, p, state) (dpd itself at p = 0);
+// ds may be dpd (in place).
+void attention_softmax_raw(const Tensor& x, double scale, const Tensor& bias, const Tensor& mask,
+                           double p, PhiloxState state, const Tensor& probs, const Tensor& dropped);
+void attention_softmax_backward_raw(const Tensor& probs, const Tensor& dpd, double p,
+                                    PhiloxState state, const Tensor& ds);
+
 // ---- kernels (one table per launch; backends register implementations) ----------------------
 // y = softmax(x + bias) over the last dim with masked positions set to 0 and rows without a kept
 // position set to 0. x, y: contiguous, same shape (..., N) and floating dtype; y may alias x.
@@ -46,5 +60,16 @@ inline Kernel<void(const Tensor& x, const Tensor& y)> log_softmax_forward_kernel
 // dx = dy - exp(y) * sum(dy) per row; all contiguous, same shape and dtype; dx may alias dy.
 inline Kernel<void(const Tensor& y, const Tensor& dy, const Tensor& dx)>
     log_softmax_backward_kernel{"log_softmax_backward"};
+
+// The attention form (see attention_softmax_raw): x, probs, dropped contiguous; bias and mask
+// as for softmax_forward_kernel; dropped undefined when there is no dropout (0 <= p < 1).
+inline Kernel<void(const Tensor& x, double scale, const Tensor& bias, const Tensor& mask, double p,
+                   PhiloxState state, const Tensor& probs, const Tensor& dropped)>
+    attention_softmax_forward_kernel{"attention_softmax"};
+// ds = probs * (dP - sum(dP * probs)), dP = dropout(dpd) when p > 0; all contiguous; ds may
+// alias dpd.
+inline Kernel<void(const Tensor& probs, const Tensor& dpd, double p, PhiloxState state,
+                   const Tensor& ds)>
+    attention_softmax_backward_kernel{"attention_softmax_backward"};
 
 }  // namespace engine
