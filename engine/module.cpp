@@ -68,15 +68,25 @@ void Module::train(bool on) {
   for (auto& [n, c] : children_) c->train(on);
 }
 
-FlatParameters::FlatParameters(const NamedTensors& params) {
+namespace {
+Device first_device(const NamedTensors& params) {
+  ENGINE_CHECK(!params.empty(), "[flat_parameters] no parameters given");
+  return params[0].second.device();
+}
+}  // namespace
+
+FlatParameters::FlatParameters(const NamedTensors& params)
+    : FlatParameters(params, first_device(params)) {}
+
+FlatParameters::FlatParameters(const NamedTensors& params, Device dev) {
   ENGINE_CHECK(!params.empty(), "[flat_parameters] no parameters given");
   constexpr int64_t kAlign = 16;  // elements: 64 bytes for f32
   const DType dt = params[0].second.dtype();
-  const Device dev = params[0].second.device();
+  const Device from = params[0].second.device();
   int64_t total = 0;
   for (auto& [name, t] : params) {
-    ENGINE_CHECK(t.dtype() == dt && t.device() == dev, "[flat_parameters] parameter '", name,
-                 "' is ", describe(t), " but the first one is ", dtype_name(dt), " on ", dev.str(),
+    ENGINE_CHECK(t.dtype() == dt && t.device() == from, "[flat_parameters] parameter '", name,
+                 "' is ", describe(t), " but the first one is ", dtype_name(dt), " on ", from.str(),
                  "; a slab holds one dtype on one device");
     ENGINE_CHECK(is_floating(dt) && t.is_leaf(), "[flat_parameters] parameter '", name,
                  "' must be a floating leaf, got ", describe(t));
@@ -94,13 +104,13 @@ FlatParameters::FlatParameters(const NamedTensors& params) {
   for (Entry& e : entries_) {
     Tensor& p = e.param;
     Tensor dst = make_view(data_, p.shape(), contiguous_strides(p.shape()), e.offset);
-    dst.copy_(p.detach());
+    dst.copy_(p.detach().to(dev));
     TensorImpl* impl = p.impl();
     impl->storage = data_.storage();
     impl->offset = e.offset;
     impl->strides = contiguous_strides(p.shape());
     Tensor g = make_view(grad_, p.shape(), contiguous_strides(p.shape()), e.offset);
-    if (impl->autograd.grad.defined()) g.copy_(impl->autograd.grad);
+    if (impl->autograd.grad.defined()) g.copy_(impl->autograd.grad.to(dev));
     impl->autograd.grad = g;
   }
 }

@@ -55,6 +55,9 @@ class FlatParameters {
   // views the slab. Each parameter's .grad becomes a view into a zeroed gradient slab, where
   // backward accumulates. All parameters must be floating leaves of one dtype on one device.
   explicit FlatParameters(const NamedTensors& params);
+  // The same, with the slabs on `device`: the parameters (and any gradients they hold) are
+  // copied there, so this is how a model built on the CPU moves to a GPU, every handle included.
+  FlatParameters(const NamedTensors& params, Device device);
 
   const Tensor& data() const { return data_; }  // 1-D
   const Tensor& grad() const { return grad_; }  // 1-D, same layout

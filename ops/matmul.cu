@@ -14,6 +14,7 @@
 
 #include "engine/cuda/check.h"
 #include "engine/cuda/context.h"
+#include "engine/cuda/work_counts.h"
 #include "engine/error.h"
 #include "ops/matmul.h"
 
@@ -161,6 +162,7 @@ void gemm(const GemmArgs& g) {
   const float alpha32 = static_cast<float>(g.alpha), beta32 = static_cast<float>(g.beta);
   const bool f64 = t.scale == CUDA_R_64F;
   // With beta == 0, C is not read (cuBLASLt's contract, as GemmArgs'): D = C in place.
+  count_gemm();
   ENGINE_CUBLAS_CHECK(
       cublasLtMatmul(ctx.lt, d.op, f64 ? static_cast<const void*>(&alpha64) : &alpha32, g.b, d.a,
                      g.a, d.b, f64 ? static_cast<const void*>(&beta64) : &beta32, g.c, d.c, g.c,

@@ -1,14 +1,27 @@
 // Per-device contexts (see context.h).
 #include "engine/cuda/context.h"
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "engine/cuda/check.h"
+#include "engine/cuda/work_counts.h"
 #include "engine/error.h"
 
 namespace engine::cuda {
+namespace {
+std::atomic<int64_t> g_kernel_launches{0}, g_gemms{0};
+}  // namespace
+
+void count_kernel_launch() { g_kernel_launches.fetch_add(1, std::memory_order_relaxed); }
+void count_gemm() { g_gemms.fetch_add(1, std::memory_order_relaxed); }
+WorkCounts work_counts() {
+  return {g_kernel_launches.load(std::memory_order_relaxed),
+          g_gemms.load(std::memory_order_relaxed)};
+}
+
 namespace {
 
 // cuBLASLt's workspace: 32 MiB, what NVIDIA recommends for Hopper's split-K and stream-K kernels.

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "engine/cuda/check.h"
+#include "engine/cuda/work_counts.h"
 
 namespace engine::cuda {
 
@@ -33,6 +34,7 @@ template <class... Params, class... Args>
 void launch_kernel(const char* name, void (*kernel)(Params...), const LaunchConfig& cfg,
                    Args&&... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "kernel launched with the wrong arity");
+  count_kernel_launch();
 #if defined(ENGINE_CUDA_EMULATION)
   std::tuple<std::decay_t<Params>...> packed(std::forward<Args>(args)...);
   const int err = ::emu::launch(name, reinterpret_cast<const void*>(kernel),

@@ -1,0 +1,55 @@
+// Shared by the [cuda] model tests: a tiny BERT config per preset, a host MLM batch with padding,
+// segments and predicted positions, and the preset list (every preset plus TUPE-R's code reset).
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "data/batch.h"
+#include "models/bert.h"
+
+namespace engine::testing {
+
+inline models::BertConfig tiny_bert(const std::string& preset, const std::string& reset = "paper",
+                                    double dropout = 0.0) {
+  models::BertConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = 16;
+  c.num_layers = 2;
+  c.num_heads = 2;
+  c.ffn_size = 32;
+  c.max_positions = 24;
+  c.type_vocab_size = 2;
+  c.hidden_dropout = c.attention_dropout = dropout;
+  models::apply_position_preset(c.position, preset, reset);
+  c.position.rpe_clip = 5;
+  c.validate();
+  return c;
+}
+
+// B x T on the host, the last row padded over its last 3 positions, segment ids, every fifth
+// position predicted.
+inline data::MlmBatch host_mlm_batch(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
+  std::vector<int64_t> ids(size_t(b * t)), mask(ids.size(), 1), labels(ids.size(), -100),
+      types(ids.size(), 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = 1 + int64_t((i * 7 + seed * 13) % size_t(vocab - 1));
+    if (i % 5 == uint64_t(seed % 5)) labels[i] = int64_t((i * 3 + seed) % size_t(vocab));
+    types[i] = int64_t(i % size_t(t)) >= t / 2;
+  }
+  for (int64_t j = t - 3; j < t; ++j)
+    mask[size_t((b - 1) * t + j)] = 0, labels[size_t((b - 1) * t + j)] = -100;
+  return data::make_mlm_batch(Tensor::from_vector(ids, {b, t}), Tensor::from_vector(mask, {b, t}),
+                              Tensor::from_vector(labels, {b, t}),
+                              Tensor::from_vector(types, {b, t}), vocab, "test");
+}
+
+inline std::vector<std::pair<std::string, std::string>> all_presets() {
+  std::vector<std::pair<std::string, std::string>> v;
+  for (const std::string& p : models::position_presets()) v.emplace_back(p, "paper");
+  v.emplace_back("tupe_r", "code");
+  return v;
+}
+
+}  // namespace engine::testing
