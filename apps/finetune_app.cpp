@@ -37,6 +37,8 @@ Data:
                        checkpoint records (pretrain_app writes it into its checkpoints)
   --cased              WordPiece: keep case (default: lower-case, BERT-uncased)
   --out DIR            where results, logs and predictions go (default runs/finetune/<task>)
+  --device DEV         cpu (default), cuda or cuda:N: where the model trains and evaluates (in
+                       the emulation build build-emu/, the emulated GPU)
 
 Protocol (defaults: the TUPE / BERT papers'):
   --lr LIST            peak learning rates, comma-separated (default 2e-5,3e-5,4e-5,5e-5)
@@ -80,6 +82,7 @@ command line.
 
 struct Args {
   std::string task, checkpoint, data_dir, tokenizer, out, dump;
+  engine::Device device = engine::Device::cpu();
   std::vector<double> lrs = {2e-5, 3e-5, 4e-5, 5e-5};
   std::vector<uint64_t> seeds = {1, 2, 3, 4, 5};
   int64_t epochs = -1, batch_size = 32, max_len = -1, doc_stride = 128, max_query_len = 64;
@@ -108,7 +111,14 @@ Args parse_args(int argc, char** argv) {
       a.out = p.value();
     else if (arg == "--dump")
       a.dump = p.value();
-    else if (arg == "--cased")
+    else if (arg == "--device") {
+      const std::string v = p.value();
+      try {
+        a.device = engine::parse_device(v);
+      } catch (const engine::Error&) {
+        usage_error("--device expects cpu, cuda or cuda:N, got '" + v + "'");
+      }
+    } else if (arg == "--cased")
       a.cased = true;
     else if (arg == "--no-test")
       a.no_test = true;
@@ -244,7 +254,7 @@ int run(Args args) {
   if (!args.dump.empty()) {
     models::BertForFinetuning model(config, task->head(), task->num_labels(), args.seeds.front());
     models::load_encoder(args.checkpoint, model);
-    models::dump_first_batch(*task, model, args.batch_size, args.dump);
+    models::dump_first_batch(*task, model, args.batch_size, args.dump, args.device);
     return 0;
   }
 
@@ -267,6 +277,7 @@ int run(Args args) {
   s.loop.evals_per_epoch = args.evals_per_epoch;
   s.loop.log_every = args.log_every;
   s.loop.max_steps = args.max_steps;
+  s.loop.device = args.device;
   s.eval_batch_size = std::max<int64_t>(args.batch_size, 64);
   s.out_dir = args.out;
   s.test_predictions = !args.no_test;

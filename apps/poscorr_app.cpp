@@ -14,6 +14,7 @@
 
 #include "apps/cli.h"
 #include "apps/plot/heatmap.h"
+#include "engine/backend.h"
 #include "engine/error.h"
 #include "engine/file_io.h"
 #include "engine/npy.h"
@@ -59,6 +60,8 @@ options:
   --probe-tokens N       random tokens averaged by the identical-word probe (default 10)
   --probe-seed S         their seed (default 1234)
   --probe-ids I,J,...    explicit probe token ids instead
+  --device DEV           cpu (default), cuda or cuda:N: where the matrices are computed (in the
+                         emulation build build-emu/, the emulated GPU)
   --columns N            panels per row in the head grids (default 4)
   --range MIN,MAX        the colour scale of every picture (default: each picture's min and max),
                          to draw runs on one scale
@@ -69,6 +72,7 @@ struct Args {
   std::string checkpoint, out, matrix;
   std::vector<std::string> checkpoints;
   int64_t max_positions = -1, head = 0;
+  engine::Device device = engine::Device::cpu();
   plot::GridOptions grid;  // what every picture shares: panels per row, the colour range
   models::ProbeOptions probe;
 };
@@ -90,7 +94,14 @@ Args parse_args(int argc, char** argv) {
       a.max_positions = p.int_value(2);
     else if (arg == "--head")
       a.head = p.int_value(0);
-    else if (arg == "--columns")
+    else if (arg == "--device") {
+      const std::string v = p.value();
+      try {
+        a.device = engine::parse_device(v);
+      } catch (const engine::Error&) {
+        p.fail("--device expects cpu, cuda or cuda:N, got '" + v + "'");
+      }
+    } else if (arg == "--columns")
       a.grid.columns = p.int_value(1);
     else if (arg == "--probe-tokens")
       a.probe.tokens = p.int_value(1);
@@ -122,13 +133,15 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-// A checkpoint's encoder, loaded on the CPU, with its training step when it records one.
+// A checkpoint's encoder, loaded on the CPU and moved to `device`, with its training step when it
+// records one.
 struct Loaded {
   std::unique_ptr<models::BertModel> bert;
+  std::unique_ptr<engine::FlatParameters> on_device;  // the parameters' slab on the device
   int64_t step = -1;
 };
 
-Loaded load(const std::string& path) {
+Loaded load(const std::string& path, engine::Device device) {
   ENGINE_CHECK(fs::is_regular_file(path), "[poscorr] ", path, ": no such checkpoint file");
   Loaded l;
   engine::Generator init(0);
@@ -139,6 +152,10 @@ Loaded load(const std::string& path) {
     Tensor step = Tensor::zeros({}, engine::DType::i64);
     engine::load_safetensors_into(path, {{"trainer.step", step}}, engine::ExtraTensors::skip);
     l.step = int64_t(step.item());
+  }
+  if (!device.is_cpu()) {
+    engine::check_device(device);
+    l.on_device = std::make_unique<engine::FlatParameters>(l.bert->named_parameters(), device);
   }
   return l;
 }
@@ -225,7 +242,7 @@ void draw(const CorrelationMatrix& m, const std::string& path, const Args& a,
 }
 
 int dump_one(const Args& a) {
-  Loaded l = load(a.checkpoint);
+  Loaded l = load(a.checkpoint, a.device);
   const models::BertConfig& c = l.bert->config();
   const int64_t t = positions_for(a, c);
   fs::create_directories(a.out);
@@ -301,7 +318,7 @@ int evolution(const Args& a) {
   bool logits = false;
   for (size_t i = 0; i < a.checkpoints.size(); ++i) {
     const std::string& path = a.checkpoints[i];
-    Loaded l = load(path);
+    Loaded l = load(path, a.device);
     const models::BertConfig& config = l.bert->config();
     if (i == 0) {
       first_config = config;

@@ -18,6 +18,7 @@
 #include "data/corpus.h"
 #include "data/tokenizer.h"
 #include "engine/autograd.h"
+#include "engine/backend.h"
 #include "engine/comm.h"
 #include "engine/config.h"
 #include "engine/error.h"
@@ -67,6 +68,8 @@ Other options:
   --config CFG        YAML config: seed:, model: (sizes, position.preset, ...), optim:, data:,
                       train: (configs/README.md)
   --set KEY=VALUE     override a config value, e.g. --set model.position.preset=tupe_r
+  --device DEV        set train.device: cpu (default), cuda or cuda:N (the GPU; in the
+                      emulation build build-emu/, the emulated one)
   --count-params      print the parameter count by group and exit
   -h, --help          this text
 
@@ -79,7 +82,7 @@ command line.
 )";
 
 struct Args {
-  std::string config, init, batch_file, save, dump, out;
+  std::string config, init, batch_file, save, dump, out, device;
   std::vector<std::string> sets;
   int64_t steps = 0;
   bool steps_given = false, count_params = false, resume = false;
@@ -110,7 +113,14 @@ Args parse_args(int argc, char** argv) {
       a.resume = true;
     else if (arg == "--out")
       a.out = p.value();
-    else if (arg == "--steps") {
+    else if (arg == "--device") {
+      a.device = p.value();
+      try {
+        engine::parse_device(a.device);
+      } catch (const engine::Error&) {
+        usage_error("--device expects cpu, cuda or cuda:N, got '" + a.device + "'");
+      }
+    } else if (arg == "--steps") {
       a.steps = p.int_value(0);
       a.steps_given = true;
     } else
@@ -181,9 +191,10 @@ class CorpusSource : public models::BatchSource {
 };
 
 int single_batch(const Args& args, models::BertForMaskedLM& model, const engine::AdamWOptions& adam,
-                 uint64_t seed) {
+                 uint64_t seed, engine::Device device) {
   const models::BertConfig& config = model.config();
-  engine::FlatParameters flat(model.named_parameters());
+  engine::check_device(device);
+  engine::FlatParameters flat(model.named_parameters(), device);
   const data::MlmBatch batch =
       models::load_mlm_batch(args.batch_file, config).to(flat.data().device());
   model.train(false);  // single-batch mode: dropout off
@@ -235,6 +246,7 @@ int run(const Args& args) {
       args.config.empty() ? engine::Config() : engine::Config::load_file(args.config);
   for (const auto& s : args.sets) cfg.set_assignment(s);
   if (!args.out.empty()) cfg.set("train.out_dir", args.out);
+  if (!args.device.empty()) cfg.set("train.device", args.device);
   const models::PretrainConfig pc = models::PretrainConfig::read(cfg);  // every section, checked
   const models::DataOptions& data_opt = pc.data;
   const uint64_t seed = pc.seed;
@@ -287,7 +299,7 @@ int run(const Args& args) {
   if (!args.init.empty()) models::load_checkpoint(args.init, model);
   if (engine::world().is_root()) print_parameter_counts(model);
   if (args.count_params) return 0;
-  if (!args.batch_file.empty()) return single_batch(args, model, adam, seed);
+  if (!args.batch_file.empty()) return single_batch(args, model, adam, seed, train_opt.device);
 
   // Data parallel: data.batch_size is per rank; each rank reads its own shard of every global
   // batch (data/batches.h).

@@ -48,6 +48,17 @@ Tensor sum_to_shape(const Tensor& g, const Shape& shape) {
   return out;
 }
 
+void check_device(Device device) {
+  if (device.is_cpu()) return;
+  ENGINE_CHECK(has_backend(device.type), "[device] ", device.str(),
+               ": libengine was built without CUDA (configure with nvcc, or the emulation "
+               "build -DENGINE_CUDA_EMULATE=ON)");
+  const int n = backend(device.type).device_count();
+  ENGINE_CHECK(n > 0, "[device] ", device.str(), ": no CUDA device is visible");
+  ENGINE_CHECK(device.index >= 0 && device.index < n, "[device] ", device.str(),
+               " does not exist (", n, " CUDA device", n == 1 ? "" : "s", " visible)");
+}
+
 bool cuda_available() {
   return has_backend(DeviceType::CUDA) && backend(DeviceType::CUDA).device_count() > 0;
 }

@@ -63,4 +63,8 @@ Tensor sum_to_shape(const Tensor& g, const Shape& shape);
 // A CUDA backend is built in and at least one device is visible.
 bool cuda_available();
 
+// Throws unless `device` can hold tensors here: "[device] cuda:1 does not exist (1 CUDA device
+// visible)", "... libengine was built without CUDA", "... no CUDA device is visible".
+void check_device(Device device);
+
 }  // namespace engine

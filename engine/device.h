@@ -24,4 +24,8 @@ struct Device {
 
 const char* device_type_name(DeviceType t);
 
+// "cpu", "cuda" (= cuda:0) or "cuda:N" -> Device; anything else throws an engine::Error that
+// quotes the text and lists the accepted forms. Says nothing about whether the device exists.
+Device parse_device(const std::string& text);
+
 }  // namespace engine

@@ -52,6 +52,23 @@ bool is_integral(DType t) { return !is_floating(t); }
 
 const char* device_type_name(DeviceType t) { return t == DeviceType::CPU ? "cpu" : "cuda"; }
 
+Device parse_device(const std::string& text) {
+  if (text == "cpu") return Device::cpu();
+  if (text == "cuda") return Device::cuda(0);
+  if (text.rfind("cuda:", 0) == 0 && text.size() > 5 && text.size() <= 8) {
+    int index = 0;
+    for (size_t i = 5; i < text.size(); ++i) {
+      if (text[i] < '0' || text[i] > '9') {
+        index = -1;
+        break;
+      }
+      index = index * 10 + (text[i] - '0');
+    }
+    if (index >= 0) return Device::cuda(index);
+  }
+  ENGINE_FAIL("[device] '", text, "' is not a device (expected cpu, cuda or cuda:N)");
+}
+
 std::string Device::str() const {
   if (type == DeviceType::CPU) return "cpu";
   return std::string("cuda:") + std::to_string(index);

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "engine/autograd.h"
+#include "engine/backend.h"
 #include "engine/comm.h"
 #include "engine/data_parallel.h"
 #include "engine/error.h"
@@ -124,7 +125,8 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
   const int64_t total = per_epoch * o.epochs;
   const int64_t steps = o.max_steps > 0 ? std::min(o.max_steps, total) : total;
 
-  engine::FlatParameters flat(model.named_parameters());
+  engine::check_device(o.device);
+  engine::FlatParameters flat(model.named_parameters(), o.device);
   engine::AdamWOptions adam;
   adam.lr = o.lr;
   adam.beta1 = o.beta1;

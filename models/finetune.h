@@ -40,6 +40,7 @@ struct FinetuneOptions {
   std::string metrics_path;  // "": no metrics.jsonl
   bool verbose = true;       // progress lines on stdout (rank 0)
   int64_t bucket_mb = 25;
+  engine::Device device = engine::Device::cpu();  // where the model and its batches live
 };
 
 // One evaluation: the task's metrics (name, value), and `score`, the number that ranks

@@ -11,6 +11,7 @@
 #include "data/metrics.h"
 #include "data/squad.h"
 #include "engine/autograd.h"
+#include "engine/backend.h"
 #include "engine/comm.h"
 #include "engine/error.h"
 #include "engine/file_io.h"
@@ -491,14 +492,17 @@ SweepReport run_sweep(FinetuneTask& task, const BertConfig& config, const std::s
 }
 
 void dump_first_batch(FinetuneTask& task, BertForFinetuning& model, int64_t batch_size,
-                      const std::string& path) {
+                      const std::string& path, engine::Device device) {
+  engine::check_device(device);
+  engine::FlatParameters flat(model.named_parameters(), device);
   model.train(false);
   const auto& train = task.train();
   std::vector<int64_t> rows;
   for (int64_t i = 0; i < std::min<int64_t>(batch_size, int64_t(train.size())); ++i)
     rows.push_back(i);
   const data::TaskBatch batch =
-      data::make_task_batch(train, rows, model.kind(), model.config().type_vocab_size > 0);
+      data::make_task_batch(train, rows, model.kind(), model.config().type_vocab_size > 0)
+          .to(device);
   engine::Generator gen(0);
   FinetuneOutput out = model.forward(batch.inputs, batch.labels, gen);
   out.loss.backward();

@@ -95,7 +95,8 @@ std::string sweep_markdown(const std::string& task, bool squad, const std::vecto
 
 // The reference check's dump: with dropout off, the first `batch_size` training examples in file
 // order; inputs, labels, logits, loss, every parameter and its gradient, to `path` (safetensors).
+// The model moves to `device` first (its parameters into one slab there).
 void dump_first_batch(FinetuneTask& task, BertForFinetuning& model, int64_t batch_size,
-                      const std::string& path);
+                      const std::string& path, engine::Device device = engine::Device::cpu());
 
 }  // namespace models

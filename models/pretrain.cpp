@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "engine/autograd.h"
+#include "engine/backend.h"
 #include "engine/comm.h"
 #include "engine/error.h"
 #include "engine/file_io.h"
@@ -217,7 +218,8 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
                                      metrics_path = out_dir / "metrics.jsonl";
   if (root) fs::create_directories(ckpt_dir);
 
-  engine::FlatParameters flat(model.named_parameters());
+  engine::check_device(o.device);
+  engine::FlatParameters flat(model.named_parameters(), o.device);
   const engine::Device device = flat.data().device();
   const bool decay_all = o.decay_bias_and_norm;
   const int64_t warmup = o.warmup_steps >= 0

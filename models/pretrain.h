@@ -38,11 +38,12 @@ struct PretrainOptions {
   int64_t steps = 1000;       // optimizer steps
   int64_t warmup_steps = -1;  // -1: use warmup_ratio
   double warmup_ratio = 0.06;
-  int64_t accumulation = 1;              // micro-batches per optimizer step
-  double clip_norm = 1.0;                // 0 = no clipping
-  std::string precision = "f32";         // f32 | bf16 | fp16
-  engine::LossScalerOptions loss_scale;  // enabled by default for fp16 only
-  bool decay_bias_and_norm = false;      // false: no weight decay on biases and LayerNorms
+  int64_t accumulation = 1;                       // micro-batches per optimizer step
+  double clip_norm = 1.0;                         // 0 = no clipping
+  engine::Device device = engine::Device::cpu();  // where the model, batches and step run
+  std::string precision = "f32";                  // f32 | bf16 | fp16
+  engine::LossScalerOptions loss_scale;           // enabled by default for fp16 only
+  bool decay_bias_and_norm = false;               // false: no weight decay on biases and LayerNorms
   int64_t log_every = 10;
   int64_t valid_every = 200;  // 0 = only at the end
   int64_t valid_batches = 20;

@@ -42,6 +42,17 @@ DataOptions read_data_options(const engine::ConfigSection& t) {
   return o;
 }
 
+engine::Device read_device(const engine::ConfigSection& s, const std::string& key,
+                           engine::Device fallback) {
+  const std::string text = s.get_string(key, fallback.str());
+  try {
+    return engine::parse_device(text);
+  } catch (const engine::Error&) {
+    ENGINE_FAIL("[config] ", s.where(key), ": '", text,
+                "' is not a device (expected cpu, cuda or cuda:N)");
+  }
+}
+
 PretrainOptions read_train_options(const engine::ConfigSection& t) {
   PretrainOptions o;
   o.steps = t.get_int("steps", o.steps);
@@ -49,6 +60,7 @@ PretrainOptions read_train_options(const engine::ConfigSection& t) {
   o.warmup_ratio = t.get_double("warmup_ratio", o.warmup_ratio);
   o.accumulation = t.get_int("accumulation", o.accumulation);
   o.clip_norm = t.get_double("clip_norm", o.clip_norm);
+  o.device = read_device(t, "device", o.device);
   o.precision = t.get_choice("precision", o.precision, {"f32", "bf16", "fp16"});
   engine::ConfigSection ls = t.section("loss_scale");
   o.loss_scale.enabled = ls.get_bool("enabled", o.precision == "fp16");

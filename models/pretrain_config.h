@@ -47,5 +47,8 @@ struct PretrainConfig {
 engine::AdamWOptions read_optim_options(const engine::ConfigSection& optim);
 DataOptions read_data_options(const engine::ConfigSection& data);
 PretrainOptions read_train_options(const engine::ConfigSection& train);
+// `key` of section `s` as a device ("cpu", "cuda", "cuda:N"); the error names file, line and key.
+engine::Device read_device(const engine::ConfigSection& s, const std::string& key,
+                           engine::Device fallback);
 
 }  // namespace models

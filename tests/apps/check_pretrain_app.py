@@ -72,8 +72,16 @@ run(["--config", path("tiny.yaml"), "--batch-file", path("batch.st"), "--resume"
 run(["--config", path("tiny.yaml"), "--batch-file", path("batch.st"), "--steps", "x"], 2, "--steps expects an integer >= 0, got 'x'", "--steps x")
 run(["--config", path("tiny.yaml"), "--frobnicate"], 2, "unknown argument '--frobnicate'", "unknown flag")
 run(["--config"], 2, "--config needs a value", "flag without value")
+run(["--config", path("tiny.yaml"), "--batch-file", path("batch.st"), "--device", "gpu"], 2,
+    "--device expects cpu, cuda or cuda:N, got 'gpu'", "bad --device")
+run(["--config", path("tiny.yaml"), "--batch-file", path("batch.st"), "--device", "cuda:9"], 1,
+    "cuda:9", "--device naming a GPU this machine does not have")
 # Bad configs.
 run(["--config", path("missing.yaml")], 1, "missing.yaml: no such file", "missing config")
+with open(path("device.yaml"), "w") as f:
+    f.write("train:\n  device: tpu\n")
+run(["--config", path("device.yaml"), "--batch-file", path("batch.st")], 1,
+    "device.yaml:2: train.device: 'tpu' is not a device (expected cpu, cuda or cuda:N)", "bad train.device")
 with open(path("typo.yaml"), "w") as f:
     f.write("model:\n  num_layer: 2\n")
 run(["--config", path("typo.yaml")], 1, "typo.yaml:2: unknown key 'model.num_layer'", "unknown key")

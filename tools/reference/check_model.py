@@ -125,6 +125,7 @@ def main():
     ap.add_argument("--pre-ln", action="store_true")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--device", default="cpu", help="pretrain_app --device (cuda: the GPU, or the emulated one)")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -133,10 +134,11 @@ def main():
     write_config(w("config.yaml"), args.preset, args)
     batch = write_batch(w("batch.safetensors"), args)
 
+    dev = ["--device", args.device]
     run([args.app, "--config", w("config.yaml"), "--batch-file", w("batch.safetensors"),
-         "--steps", "0", "--save", w("init.safetensors"), "--dump", w("dump.safetensors")])
+         "--steps", "0", "--save", w("init.safetensors"), "--dump", w("dump.safetensors")] + dev)
     out = run([args.app, "--config", w("config.yaml"), "--init", w("init.safetensors"),
-               "--batch-file", w("batch.safetensors"), "--steps", str(args.steps)])
+               "--batch-file", w("batch.safetensors"), "--steps", str(args.steps)] + dev)
     engine_losses = [float(m.group(2)) for m in re.finditer(r"^step (\d+) loss (\S+)$", out, re.M)]
     if len(engine_losses) != args.steps:
         print(f"FAILED: expected {args.steps} 'step k loss v' lines, got:\n{out}")
