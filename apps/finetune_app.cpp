@@ -39,6 +39,8 @@ Data:
   --out DIR            where results, logs and predictions go (default runs/finetune/<task>)
   --device DEV         cpu (default), cuda or cuda:N: where the model trains and evaluates (in
                        the emulation build build-emu/, the emulated GPU)
+  --precision P        f32 (default), bf16 or fp16 (CUDA only): the forward's compute dtype, with
+                       f32 master weights (fp16 with dynamic loss scaling)
 
 Protocol (defaults: the TUPE / BERT papers'):
   --lr LIST            peak learning rates, comma-separated (default 2e-5,3e-5,4e-5,5e-5)
@@ -83,6 +85,7 @@ command line.
 struct Args {
   std::string task, checkpoint, data_dir, tokenizer, out, dump;
   engine::Device device = engine::Device::cpu();
+  std::string precision = "f32";
   std::vector<double> lrs = {2e-5, 3e-5, 4e-5, 5e-5};
   std::vector<uint64_t> seeds = {1, 2, 3, 4, 5};
   int64_t epochs = -1, batch_size = 32, max_len = -1, doc_stride = 128, max_query_len = 64;
@@ -111,7 +114,11 @@ Args parse_args(int argc, char** argv) {
       a.out = p.value();
     else if (arg == "--dump")
       a.dump = p.value();
-    else if (arg == "--device") {
+    else if (arg == "--precision") {
+      a.precision = p.value();
+      if (a.precision != "f32" && a.precision != "bf16" && a.precision != "fp16")
+        usage_error("--precision expects f32, bf16 or fp16, got '" + a.precision + "'");
+    } else if (arg == "--device") {
       const std::string v = p.value();
       try {
         a.device = engine::parse_device(v);
@@ -278,6 +285,7 @@ int run(Args args) {
   s.loop.log_every = args.log_every;
   s.loop.max_steps = args.max_steps;
   s.loop.device = args.device;
+  s.loop.precision = args.precision;
   s.eval_batch_size = std::max<int64_t>(args.batch_size, 64);
   s.out_dir = args.out;
   s.test_predictions = !args.no_test;

@@ -17,6 +17,7 @@
 #include "data/batches.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
 #include "engine/comm.h"
@@ -191,9 +192,11 @@ class CorpusSource : public models::BatchSource {
 };
 
 int single_batch(const Args& args, models::BertForMaskedLM& model, const engine::AdamWOptions& adam,
-                 uint64_t seed, engine::Device device) {
+                 uint64_t seed, const models::PretrainOptions& train) {
   const models::BertConfig& config = model.config();
+  const engine::Device device = train.device;
   engine::check_device(device);
+  const engine::DType compute = models::compute_dtype(device, train.precision);
   engine::FlatParameters flat(model.named_parameters(), device);
   const data::MlmBatch batch =
       models::load_mlm_batch(args.batch_file, config).to(flat.data().device());
@@ -204,12 +207,16 @@ int single_batch(const Args& args, models::BertForMaskedLM& model, const engine:
   // reference runs plain AdamW); no weight decay on biases and LayerNorm parameters (BERT's rule).
   engine::TrainerOptions options;
   options.clip_norm = 0;
+  options.loss_scale = train.loss_scale;  // fp16: dynamic loss scaling (train.loss_scale)
   engine::Trainer trainer(
       flat, adam, [](const std::string& n) { return !engine::default_no_decay(n); },
       engine::constant_lr(adam.lr), options);
 
   if (!args.dump.empty()) {
-    models::MlmOutput out = model.forward(batch, gen);
+    models::MlmOutput out = [&] {
+      engine::Autocast autocast(compute);
+      return model.forward(batch, gen);
+    }();
     out.loss.backward();
     engine::NamedTensors dump = {
         {"loss", out.loss.detach()}, {"logits", out.logits.detach()}, {"targets", batch.targets}};
@@ -222,14 +229,19 @@ int single_batch(const Args& args, models::BertForMaskedLM& model, const engine:
   }
   if (args.steps == 0) {
     engine::NoGrad ng;
+    engine::Autocast autocast(compute);
     models::MlmOutput out = model.forward(batch, gen);
     std::printf("eval loss %.9g\n", out.loss.item());
   }
   const double one = 1.0;
   for (int64_t k = 1; k <= args.steps; ++k) {
     // "step k loss v": the loss before step k's update.
-    const engine::StepStats s =
-        trainer.step(1, [&](int64_t) { return model.forward(batch, gen).loss; }, {&one, 1});
+    const engine::StepStats s = trainer.step(1,
+                                             [&](int64_t) {
+                                               engine::Autocast autocast(compute);
+                                               return model.forward(batch, gen).loss;
+                                             },
+                                             {&one, 1});
     std::printf("step %lld loss %.9g%s\n", (long long)k, s.loss,
                 s.applied ? "" : " (skipped: inf/NaN gradients)");
     std::fflush(stdout);
@@ -299,7 +311,7 @@ int run(const Args& args) {
   if (!args.init.empty()) models::load_checkpoint(args.init, model);
   if (engine::world().is_root()) print_parameter_counts(model);
   if (args.count_params) return 0;
-  if (!args.batch_file.empty()) return single_batch(args, model, adam, seed, train_opt.device);
+  if (!args.batch_file.empty()) return single_batch(args, model, adam, seed, train_opt);
 
   // Data parallel: data.batch_size is per rank; each rank reads its own shard of every global
   // batch (data/batches.h).

@@ -60,6 +60,18 @@ size_t device_memory_cap() {
   return mb << 20;
 }
 
+// EMU_DRY_RUN=1: device work is queued, ordered and counted but not executed (kernels,
+// copies, memsets, cuBLASLt, collectives), and large allocations are not touched, so a full-size
+// training step can be walked through for its launch record (apps/record_step.cpp) in seconds
+// and without the memory. Every value a dry run computes is meaningless.
+bool dry_run() {
+  static const bool on = [] {
+    const char* s = std::getenv("EMU_DRY_RUN");
+    return s && *s && std::string(s) != "0";
+  }();
+  return on;
+}
+
 struct Allocation {
   size_t bytes;
   int device;
@@ -114,7 +126,7 @@ void run_op(CUstream_st* s) {
   CUstream_st::Op op = std::move(s->queue.front());
   s->queue.pop_front();
   for (auto& [other, seq] : op.deps) flush_to(other, seq);
-  if (r.sticky == cudaSuccess && op.work) {
+  if (r.sticky == cudaSuccess && op.work && !dry_run()) {
     const int saved = t_device;
     t_device = s->device;
     try {
@@ -343,7 +355,10 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
     *ptr = nullptr;
     return fail(cudaErrorMemoryAllocation);
   }
-  std::memset(p, 0xFF, bytes);  // uninitialised device memory reads as NaN
+  if (!emu::dry_run())
+    std::memset(p, 0xFF, bytes);  // uninitialised device memory reads as NaN
+  else if (bytes < (size_t(1) << 20))
+    std::memset(p, 0, bytes);  // dry run: small blocks read as zeros (large ones are untouched)
   // Under ASan an access past the requested size is reported, though the GPU's rounding would
   // hide it.
   emu::san::poison(static_cast<char*>(p) + size, bytes - size);
@@ -395,6 +410,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
   if (cudaError_t e = emu::check_copy(dst, src, n, kind); e != cudaSuccess) return fail(e);
   CUstream_st* s = emu::resolve(stream);
   if (!emu::valid_stream(s)) return fail(cudaErrorInvalidResourceHandle);
+  // Dry run: what the host reads back is zeros (a defined value), never stale host memory.
+  if (n && emu::dry_run() && !emu::is_device_range_locked(dst, n)) std::memset(dst, 0, n);
   if (n)
     emu::enqueue(
         s, [dst, src, n] { std::memmove(dst, src, n); }, "cudaMemcpyAsync");

@@ -50,6 +50,12 @@ bool is_floating(DType t) {
 }
 bool is_integral(DType t) { return !is_floating(t); }
 
+DType promote_floating(DType a, DType b) {
+  if (a == b) return a;
+  if (a == DType::f64 || b == DType::f64) return DType::f64;
+  return DType::f32;  // f32 with a half type, or bf16 with f16
+}
+
 const char* device_type_name(DeviceType t) { return t == DeviceType::CPU ? "cpu" : "cuda"; }
 
 Device parse_device(const std::string& text) {

@@ -17,6 +17,8 @@ size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);
 bool is_floating(DType t);  // f32, f64, bf16, f16
 bool is_integral(DType t);  // i32, i64, u8
+// The dtype two floating dtypes meet in (PyTorch's promotion): the wider one; bf16 with f16 -> f32.
+DType promote_floating(DType a, DType b);
 
 // Storage types for the 16-bit floats (bit patterns; see engine/cpu/convert.h for arithmetic).
 struct bf16_t {

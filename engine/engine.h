@@ -2,6 +2,7 @@
 #pragma once
 
 #include "engine/allocator.h"
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
 #include "engine/comm.h"

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/device.h"
+#include "engine/work_log.h"
 
 namespace engine {
 
@@ -49,7 +50,15 @@ class Kernel<R(Args...)> {
     return fn;
   }
   bool has(DeviceType type) const { return fns_[static_cast<int>(type)] != nullptr; }
-  R operator()(Device device, Args... args) const { return get(device.type)(args...); }
+  R operator()(Device device, Args... args) const {
+    if (work_recording() && !device.is_cpu()) {  // the performance model's record (work_log.h)
+      WorkCost cost;
+      (add_work_cost(cost, args), ...);
+      WorkScope scope(op_, cost);
+      return get(device.type)(args...);
+    }
+    return get(device.type)(args...);
+  }
   const char* op() const { return op_; }
 
  private:

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/error.h"
 #include "ops/ops.h"
@@ -54,6 +55,8 @@ namespace {
 // (N, 2K) rows [sin(w_0 x), cos(w_0 x), sin(w_1 x), ...] for positions x (N) and frequencies
 // w (K); differentiable in w.
 Tensor sinusoid(const Tensor& positions, const Tensor& freqs) {
+  // Always f32, also under mixed precision: a bf16 angle of position 300 is off by a whole radian.
+  engine::Autocast f32(DType::f32);
   Tensor angles = engine::matmul(positions.unsqueeze(1), freqs.unsqueeze(0));  // (N, K)
   Tensor pair =
       engine::concat({engine::sin(angles).unsqueeze(2), engine::cos(angles).unsqueeze(2)}, 2);
@@ -109,6 +112,7 @@ PositionEncoding::PositionEncoding(const BertConfig& c, Generator& gen) : config
 }
 
 PositionEncoding::Constants PositionEncoding::build_constants(int64_t t, engine::Device dev) const {
+  engine::Autocast f32(DType::f32);  // constants are built in f32 whatever the compute dtype
   const PositionConfig& p = config_.position;
   NoGrad ng;
   ++constant_builds_;

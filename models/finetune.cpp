@@ -8,12 +8,14 @@
 #include <fstream>
 #include <numeric>
 
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
 #include "engine/comm.h"
 #include "engine/data_parallel.h"
 #include "engine/error.h"
 #include "engine/rng.h"
+#include "models/pretrain.h"
 #include "train/trainer.h"
 
 namespace models {
@@ -126,6 +128,7 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
   const int64_t steps = o.max_steps > 0 ? std::min(o.max_steps, total) : total;
 
   engine::check_device(o.device);
+  const engine::DType compute = compute_dtype(o.device, o.precision);
   engine::FlatParameters flat(model.named_parameters(), o.device);
   engine::AdamWOptions adam;
   adam.lr = o.lr;
@@ -138,6 +141,7 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
   engine::TrainerOptions trainer_options;
   trainer_options.clip_norm = o.clip_norm;
   trainer_options.bucket_mb = o.bucket_mb;
+  trainer_options.loss_scale.enabled = compute == engine::DType::f16;  // fp16: dynamic scaling
   engine::Trainer trainer(
       flat, adam, [](const std::string& name) { return !engine::default_no_decay(name); },
       [schedule](int64_t s) { return schedule.lr(s); }, trainer_options, comm);
@@ -190,9 +194,13 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
     const data::TaskBatch batch =
         data::make_task_batch(train, rows, model.kind(), with_types).to(device);
     const double weight = double(hi - lo) / double(count);  // this rank's share of the global mean
-    const engine::StepStats s = trainer.step(
-        1, [&](int64_t) { return model.forward(batch.inputs, batch.labels, dropout_gen).loss; },
-        {&weight, 1});
+    const engine::StepStats s =
+        trainer.step(1,
+                     [&](int64_t) {
+                       engine::Autocast autocast(compute);  // the forward only
+                       return model.forward(batch.inputs, batch.labels, dropout_gen).loss;
+                     },
+                     {&weight, 1});
     const double loss = s.loss, lr = s.lr, grad_norm = s.grad_norm;
     window_loss += loss;
     ++window;
@@ -213,7 +221,10 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
       window = 0;
     }
     if (std::find(eval_at.begin(), eval_at.end(), done) == eval_at.end()) continue;
-    EvalResult r = evaluate(model);
+    EvalResult r = [&] {
+      engine::Autocast autocast(compute);  // evaluation runs no backward
+      return evaluate(model);
+    }();
     model.train(true);
     result.history.emplace_back(done, r);
     const bool better = !have_best || r.score > result.best.score;

@@ -41,6 +41,7 @@ struct FinetuneOptions {
   bool verbose = true;       // progress lines on stdout (rank 0)
   int64_t bucket_mb = 25;
   engine::Device device = engine::Device::cpu();  // where the model and its batches live
+  std::string precision = "f32";  // f32 | bf16 | fp16: the forward's compute dtype (autocast)
 };
 
 // One evaluation: the task's metrics (name, value), and `score`, the number that ranks

@@ -12,6 +12,7 @@
 #include <regex>
 #include <sstream>
 
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
 #include "engine/comm.h"
@@ -163,8 +164,9 @@ struct ValidResult {
 
 // Over the first `max_batches` validation batches, batch i on rank i % size; sums reduced.
 ValidResult validate(BertForMaskedLM& model, BatchSource& data, int64_t max_batches,
-                     engine::Communicator& comm) {
+                     engine::Communicator& comm, engine::DType compute) {
   engine::NoGrad ng;
+  engine::Autocast autocast(compute);
   const bool was_training = model.training();
   model.train(false);
   engine::Generator unused(0);  // dropout is off
@@ -201,6 +203,15 @@ ValidResult validate(BertForMaskedLM& model, BatchSource& data, int64_t max_batc
 
 }  // namespace
 
+engine::DType compute_dtype(engine::Device device, const std::string& precision) {
+  const engine::DType dt = engine::precision_dtype(precision);
+  ENGINE_CHECK(dt == engine::DType::f32 || device.is_cuda(), "[pretrain] train.precision ",
+               precision, " computes in ", engine::dtype_name(dt), " on ", device.str(),
+               ", whose kernels compute in f32 and f64 only; set train.device: cuda (--device "
+               "cuda), or train.precision: f32");
+  return dt;
+}
+
 std::string latest_checkpoint(const std::string& out_dir) {
   auto list = list_checkpoints(fs::path(out_dir) / "checkpoints");
   return list.empty() ? "" : list.back().second.string();
@@ -210,8 +221,7 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
                         const engine::AdamWOptions& adam, uint64_t seed, bool resume,
                         const std::string& config_text,
                         const std::function<void(int64_t, double)>& on_step) {
-  ENGINE_CHECK(o.precision == "f32", "[pretrain] train.precision ", o.precision,
-               " needs the CUDA mixed-precision path, which this build does not have yet; use f32");
+  const engine::DType compute = compute_dtype(o.device, o.precision);
   engine::Communicator& comm = engine::world();
   const bool root = comm.is_root();  // the rank that logs and writes files
   const fs::path out_dir(o.out_dir), ckpt_dir = out_dir / "checkpoints",
@@ -323,7 +333,11 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
     for (const auto& b : micro)
       weights.push_back(counts[0] > 0 ? double(b.num_predicted()) / counts[0] : 0.0);
     const engine::StepStats s = trainer.step(
-        o.accumulation, [&](int64_t m) { return model.forward(micro[size_t(m)], gen).loss; },
+        o.accumulation,
+        [&](int64_t m) {
+          engine::Autocast autocast(compute);  // the forward only: backward follows its graph
+          return model.forward(micro[size_t(m)], gen).loss;
+        },
         weights);
     const int64_t step = trainer.steps_taken();
     const double loss = s.loss, lr = s.lr, grad_norm = s.grad_norm;
@@ -340,7 +354,7 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
     bool validated = false;
     ValidResult vr;
     if ((o.valid_every > 0 && step % o.valid_every == 0) || last) {
-      vr = validate(model, data, o.valid_batches, comm);
+      vr = validate(model, data, o.valid_batches, comm, compute);
       validated = true;
       result.last_valid_loss = vr.loss;
     }

@@ -58,6 +58,11 @@ struct PretrainOptions {
   // Read from a config's `train:` section by models/pretrain_config.h.
 };
 
+// The compute dtype of train.precision on `device`: f32, or bf16 / f16 under engine::Autocast
+// (f32 master weights, optimizer state and gradient slab). 16-bit precisions need a CUDA device:
+// on the CPU the error says so instead of training in f32 silently.
+engine::DType compute_dtype(engine::Device device, const std::string& precision);
+
 struct PretrainResult {
   int64_t start_step = 0, final_step = 0;
   std::vector<double> losses;  // per step run in this call

@@ -10,6 +10,7 @@
 
 #include <cmath>
 
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
 #include "engine/error.h"
@@ -70,7 +71,13 @@ struct AttentionNode : Node {
 
 }  // namespace
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt) {
+Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                 const AttentionOptions& opt_in) {
+  // Autocast: q, k, v and the bias in the compute dtype (recorded casts).
+  const Tensor q = autocast_to_compute(q_in), k = autocast_to_compute(k_in),
+               v = autocast_to_compute(v_in);
+  AttentionOptions opt = opt_in;
+  opt.bias = autocast_to_compute(opt_in.bias);
   ENGINE_CHECK(q.defined() && k.defined() && v.defined(), "[attention] q, k and v must be defined");
   ENGINE_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
                "[attention] expected q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv); got q ",

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/cpu/vmath.h"
 #include "engine/dispatch.h"
@@ -135,9 +136,10 @@ ENGINE_REGISTER_KERNEL(cross_entropy_backward_kernel, DeviceType::CPU, cpu::cros
 
 }  // namespace
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets, int64_t ignore_index,
                      Reduction reduction) {
-  ENGINE_CHECK(logits.defined() && targets.defined(), "[cross_entropy] got an undefined input");
+  ENGINE_CHECK(logits_in.defined() && targets.defined(), "[cross_entropy] got an undefined input");
+  const Tensor logits = autocast_to_f32(logits_in);  // autocast: the loss in f32
   ENGINE_CHECK(logits.dim() == 2, "[cross_entropy] logits must be (N, C), got ", describe(logits));
   ENGINE_CHECK(is_floating(logits.dtype()), "[cross_entropy] logits must be floating, got ",
                describe(logits));

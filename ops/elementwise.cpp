@@ -6,6 +6,7 @@
 #include <cmath>
 #include <unsupported/Eigen/SpecialFunctions>
 
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
 #include "engine/cpu/strided.h"
@@ -104,7 +105,14 @@ struct BinaryNode : Node {
   void release_saved() override { a = b = out = Tensor(); }
 };
 
-Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+Tensor binary(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
+  Tensor a = a_in, b = b_in;
+  if (autocast_active() && a.defined() && b.defined() && a.dtype() != b.dtype() &&
+      is_floating(a.dtype()) && is_floating(b.dtype())) {
+    const DType t = promote_floating(a.dtype(), b.dtype());
+    a = a.to(t);
+    b = b.to(t);
+  }
   check_same(a, b, binary_name(op));
   Tensor out = binary_raw(op, a, b);
   if (needs_grad(a, b)) {

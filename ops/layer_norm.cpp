@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/cpu/vmath.h"
 #include "engine/dispatch.h"
@@ -162,8 +163,11 @@ ENGINE_REGISTER_KERNEL(layer_norm_backward_kernel, DeviceType::CPU, cpu::layer_n
 
 DType layer_norm_stats_dtype(DType x) { return x == DType::f64 ? DType::f64 : DType::f32; }
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  ENGINE_CHECK(x.defined(), "[layer_norm] got an undefined input");
+Tensor layer_norm(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, double eps) {
+  ENGINE_CHECK(x_in.defined(), "[layer_norm] got an undefined input");
+  // Autocast: the compute dtype throughout (the kernels keep the statistics in f32).
+  const Tensor x = autocast_to_compute(x_in), weight = autocast_to_compute(weight_in),
+               bias = autocast_to_compute(bias_in);
   ENGINE_CHECK(is_floating(x.dtype()), "[layer_norm] expects a floating input, got ", describe(x));
   ENGINE_CHECK(x.dim() >= 1 && x.shape().back() > 0,
                "[layer_norm] expects a non-empty last dim to normalise over, got ", describe(x));

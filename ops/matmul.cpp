@@ -7,6 +7,7 @@
 #include <cmath>
 #include <optional>
 
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
 #include "engine/dispatch.h"
@@ -377,7 +378,23 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
   gemm_kernel(c.device(), g);
 }
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+void add_work_cost(WorkCost& cost, const GemmArgs& g) {
+  const double e = double(dtype_size(g.dtype));
+  const double ba = g.stride_a == 0 ? 1 : double(g.batch),
+               bb = g.stride_b == 0 ? 1 : double(g.batch);
+  cost.bytes += e * (ba * double(g.m * g.k) + bb * double(g.k * g.n) +
+                     double(g.batch) * double(g.m * g.n) * (g.beta != 0.0 ? 2 : 1) +
+                     (g.bias ? double(g.n) : 0.0));
+  cost.flops += 2.0 * double(g.batch) * double(g.m) * double(g.n) * double(g.k);
+  if (!cost.shape.empty()) cost.shape += " ";
+  cost.shape += "m" + std::to_string(g.m) + " n" + std::to_string(g.n) + " k" +
+                std::to_string(g.k) + " batch" + std::to_string(g.batch) + " " +
+                std::string(dtype_name(g.dtype)) + (g.trans_a ? " Ta" : "") +
+                (g.trans_b ? " Tb" : "") + (g.beta != 0.0 ? " beta" : "");
+}
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = autocast_to_compute(a_in), b = autocast_to_compute(b_in);
   check_pair(a, b, "matmul", "a", "b");
   ENGINE_CHECK(a.dim() >= 1 && b.dim() >= 1, "[matmul] expects tensors with at least 1 dim: a ",
                describe(a), " @ b ", describe(b));
@@ -413,7 +430,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+  const Tensor x = autocast_to_compute(x_in), weight = autocast_to_compute(weight_in),
+               bias = autocast_to_compute(bias_in);
   check_pair(x, weight, "linear", "x", "weight");
   ENGINE_CHECK(weight.dim() == 2, "[linear] weight must be 2-D (out, in), got weight ",
                describe(weight), " for x ", describe(x));

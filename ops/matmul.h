@@ -67,6 +67,11 @@ struct GemmArgs {
   Device device = Device::cpu();
 };
 
+// The performance model's cost of one GEMM call (engine/work_log.h): A, B (once each when shared
+// by the batch, stride 0), C written (and read when beta != 0), the bias; 2 m n k FLOPs per batch
+// entry.
+void add_work_cost(WorkCost& cost, const GemmArgs& g);
+
 // Called as gemm_kernel(device, args).
 inline Kernel<void(const GemmArgs& args)> gemm_kernel{"gemm"};
 

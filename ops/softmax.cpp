@@ -7,6 +7,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
 #include "engine/cpu/vmath.h"
@@ -309,8 +310,12 @@ void softmax_backward_raw(const Tensor& y, const Tensor& dy, const Tensor& dx) {
   softmax_backward_kernel(y.device(), y, dy.detach().contiguous(), dx);
 }
 
-Tensor softmax(const Tensor& x, const Tensor& bias, const Tensor& mask) {
+Tensor softmax(const Tensor& x, const Tensor& bias_in, const Tensor& mask) {
   check_input(x, "softmax");
+  // Autocast: a bias of another floating dtype is taken in x's.
+  const Tensor bias = autocast_active() && bias_in.defined() && is_floating(bias_in.dtype())
+                          ? bias_in.to(x.dtype())
+                          : bias_in;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   softmax_forward_raw(x, bias, mask, y);
   if (needs_grad(x, bias)) {

@@ -14,13 +14,22 @@ JOBS="$(nproc)"
 variants=("$@")
 [ ${#variants[@]} -eq 0 ] && variants=(plain tsan asan)
 
-configure_and_build() {  # dir, build type, extra flags
+configure_and_build() {  # dir, build type, extra flags, [targets...] (default: all)
   local dir="$1" type="$2" flags="$3"
+  shift 3
   cmake -S "$ROOT" -B "$dir" -G Ninja -DENGINE_CUDA_EMULATE=ON -DCMAKE_BUILD_TYPE="$type" \
     -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" \
     -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
-  cmake --build "$dir" -j "$JOBS"
+  if [ $# -gt 0 ]; then
+    cmake --build "$dir" -j "$JOBS" --target "$@"
+  else
+    cmake --build "$dir" -j "$JOBS"
+  fi
 }
+# The sanitiser builds run the kernel tests: the op kernels against the CPU, the kernel coverage
+# and the sanitiser probes (not the whole-model, reference and mpirun tests, which build-emu runs).
+SAN_TARGETS=(engine_cuda_tests kernel_coverage sanitizer_probe)
+SAN_EXCLUDE="dist|models|reference"
 
 for v in "${variants[@]}"; do
   case "$v" in
@@ -30,14 +39,17 @@ for v in "${variants[@]}"; do
       ;;
     tsan)
       # libgomp is not instrumented: the CPU reference runs on one OpenMP thread here.
-      configure_and_build "$ROOT/build-emu-tsan" RelWithDebInfo "-fsanitize=thread"
+      configure_and_build "$ROOT/build-emu-tsan" RelWithDebInfo "-fsanitize=thread" "${SAN_TARGETS[@]}"
       OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-        ctest --test-dir "$ROOT/build-emu-tsan" --output-on-failure -j "$JOBS" -L "cuda|sanitizer" -LE dist -E "_reverse|_random"
+        ctest --test-dir "$ROOT/build-emu-tsan" --output-on-failure -j "$JOBS" -L "cuda|sanitizer" \
+        -LE "$SAN_EXCLUDE" -E "_reverse|_random"
       ;;
     asan)
-      configure_and_build "$ROOT/build-emu-asan" RelWithDebInfo "-fsanitize=address -fno-omit-frame-pointer"
+      configure_and_build "$ROOT/build-emu-asan" RelWithDebInfo \
+        "-fsanitize=address -fno-omit-frame-pointer" "${SAN_TARGETS[@]}"
       ASAN_OPTIONS="detect_leaks=0" \
-        ctest --test-dir "$ROOT/build-emu-asan" --output-on-failure -j "$JOBS" -L "cuda|sanitizer" -LE dist -E "_reverse|_random"
+        ctest --test-dir "$ROOT/build-emu-asan" --output-on-failure -j "$JOBS" -L "cuda|sanitizer" \
+        -LE "$SAN_EXCLUDE" -E "_reverse|_random"
       ;;
     *)
       echo "emu_test: unknown variant '$v' (plain, tsan, asan)" >&2

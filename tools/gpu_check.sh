@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # For the first machine with a GPU: builds the real CUDA build (nvcc, sm_80 + sm_90, the real
-# libcudart / libcublasLt / libnccl), runs every [cuda] test on the GPU (a skip is a failure
-# here), the whole suite, and the benchmarks, and writes everything to one log:
+# libcudart / libcublasLt / libnccl), runs the kernel coverage, every [cuda] op and model test on
+# the GPU (a skip is a failure here), the PyTorch reference with --device cuda, the recorded
+# BERT-Base / Large steps with their measured times beside the performance model's predictions,
+# the whole suite, and the benchmarks, and writes everything to one log:
 #   tools/gpu_check.sh [LOG]      (default gpu_check_<host>_<date>.log in the current directory)
 # Nothing in this project has been run on a GPU yet; until this script has been, every CUDA
 # claim in the docs is "verified in emulation" (tools/emu_test.sh).
@@ -22,11 +24,32 @@ step "build (nvcc, sm_80 and sm_90)"
 CMAKE_ARGS="-DENGINE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=80;90 ${CMAKE_ARGS:-}" BUILD_DIR="$BUILD_DIR" \
   "$ROOT/tools/setup.sh" || exit 1
 
-step "[cuda] tests on the GPU"
-out="$("$BUILD_DIR/bin/engine_cuda_tests" 2>&1)"; rc=$?
-echo "$out"
-if [ $rc -eq 77 ]; then echo "gpu_check: the [cuda] tests skipped: the build sees no GPU" >&2; status=1
-elif [ $rc -ne 0 ]; then status=1; fi
+step "kernel coverage"
+"$BUILD_DIR/bin/kernel_coverage" || status=1
+
+for t in engine_cuda_tests engine_cuda_model_tests; do
+  step "$t on the GPU (op parity; whole-model parity in f32 / bf16 / fp16, resume, host reads)"
+  out="$("$BUILD_DIR/bin/$t" 2>&1)"; rc=$?
+  echo "$out"
+  if [ $rc -eq 77 ]; then echo "gpu_check: $t skipped: the build sees no GPU" >&2; status=1
+  elif [ $rc -ne 0 ]; then status=1; fi
+done
+
+step "the PyTorch reference on the GPU (pretrain_app --device cuda)"
+for preset in tupe_r tupe_a bert_a bert_r; do
+  /usr/bin/python3 "$ROOT/tools/reference/check_model.py" --app "$BUILD_DIR/bin/pretrain_app" \
+    --preset "$preset" --device cuda --workdir "$BUILD_DIR/gpu_check/ref_$preset" || status=1
+done
+
+step "recorded steps: measured time beside the model's prediction (docs/performance-model.md)"
+mkdir -p "$BUILD_DIR/gpu_check"
+for cfg in "bert_base_tupe_r 128" "bert_base_bert_a 128" "bert_large_tupe_r 512" "bert_large_bert_a 512"; do
+  read -r name seq <<<"$cfg"
+  "$BUILD_DIR/bin/record_step" --config "$ROOT/configs/$name.yaml" --batch-size 32 --seq-len "$seq" \
+    --out "$BUILD_DIR/gpu_check/${name}_s$seq.csv" || status=1
+  /usr/bin/python3 "$ROOT/tools/perf_model.py" "$BUILD_DIR/gpu_check/${name}_s$seq.csv" --batch 32 \
+    --label "$name s$seq (predicted)" --top 0 || status=1
+done
 
 step "the whole suite"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" || status=1

@@ -12,6 +12,7 @@
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/launch.h"
 #include "engine/cuda/strided.cuh"
+#include "engine/work_log.h"
 
 namespace engine::cuda {
 namespace {
@@ -94,6 +95,12 @@ class CudaBackend final : public Backend {
   }
 
   void copy(const Tensor& src, const Tensor& dst) override {
+    WorkCost cost;  // the performance model's record (work_log.h)
+    if (work_recording()) {
+      add_work_cost(cost, src);
+      add_work_cost(cost, dst);
+    }
+    WorkScope scope("copy", cost);
     int64_t n = dst.numel();
     if (!n) return;
     if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
@@ -113,6 +120,11 @@ class CudaBackend final : public Backend {
   }
 
   void fill(const Tensor& dst, double value) override {
+    WorkCost cost;  // the performance model's record (work_log.h)
+    if (work_recording()) {
+      add_work_cost(cost, dst);
+    }
+    WorkScope scope("fill", cost);
     int64_t n = dst.numel();
     if (!n) return;
     const std::vector<int64_t>* sts[1] = {&dst.strides()};
@@ -124,6 +136,13 @@ class CudaBackend final : public Backend {
   }
 
   void add_(const Tensor& dst, const Tensor& src, double alpha) override {
+    WorkCost cost;  // the performance model's record (work_log.h)
+    if (work_recording()) {
+      add_work_cost(cost, dst);
+      add_work_cost(cost, src);
+      add_work_cost(cost, dst);
+    }
+    WorkScope scope("add_", cost);
     int64_t n = dst.numel();
     if (!n) return;
     const std::vector<int64_t>* sts[2] = {&dst.strides(), &src.strides()};
@@ -135,6 +154,12 @@ class CudaBackend final : public Backend {
   }
 
   void sum_to(const Tensor& src, const Tensor& dst) override {
+    WorkCost cost;  // the performance model's record (work_log.h)
+    if (work_recording()) {
+      add_work_cost(cost, src);
+      add_work_cost(cost, dst);
+    }
+    WorkScope scope("sum_to", cost);
     ENGINE_CHECK(is_broadcastable_to(dst.shape(), src.shape()), "[sum_to] ", describe(dst),
                  " is not broadcastable to ", describe(src));
     int64_t n_out = dst.numel();

@@ -9,14 +9,21 @@
 #include "engine/cuda/check.h"
 #include "engine/cuda/work_counts.h"
 #include "engine/error.h"
+#include "engine/work_log.h"
 
 namespace engine::cuda {
 namespace {
 std::atomic<int64_t> g_kernel_launches{0}, g_gemms{0};
 }  // namespace
 
-void count_kernel_launch() { g_kernel_launches.fetch_add(1, std::memory_order_relaxed); }
-void count_gemm() { g_gemms.fetch_add(1, std::memory_order_relaxed); }
+void count_kernel_launch(const char* name) {
+  g_kernel_launches.fetch_add(1, std::memory_order_relaxed);
+  note_work_launch(name, false);
+}
+void count_gemm() {
+  g_gemms.fetch_add(1, std::memory_order_relaxed);
+  note_work_launch("cublasLtMatmul", true);
+}
 WorkCounts work_counts() {
   return {g_kernel_launches.load(std::memory_order_relaxed),
           g_gemms.load(std::memory_order_relaxed)};

@@ -34,7 +34,7 @@ template <class... Params, class... Args>
 void launch_kernel(const char* name, void (*kernel)(Params...), const LaunchConfig& cfg,
                    Args&&... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "kernel launched with the wrong arity");
-  count_kernel_launch();
+  count_kernel_launch(name);
 #if defined(ENGINE_CUDA_EMULATION)
   std::tuple<std::decay_t<Params>...> packed(std::forward<Args>(args)...);
   const int err = ::emu::launch(name, reinterpret_cast<const void*>(kernel),

@@ -14,7 +14,7 @@ struct WorkCounts {
 };
 WorkCounts work_counts();
 
-void count_kernel_launch();  // called by launch_kernel
-void count_gemm();           // called by the GEMM kernel (ops/matmul.cu)
+void count_kernel_launch(const char* name);  // called by launch_kernel
+void count_gemm();                           // called by the GEMM kernel (ops/matmul.cu)
 
 }  // namespace engine::cuda

@@ -9,7 +9,11 @@
      uninterrupted 2-rank run;
   3. a config error ends a 2-rank job with one message naming the rank.
 
-usage: check_distributed_training.py MPIRUN PRETRAIN_APP WORKDIR
+With --device cuda (the emulation build's pretrain_app: the emulated GPU, gradients through the
+NCCL shim's buckets on the communication stream) every run is on the device, and the 2-rank
+device run must also end with the 2-rank CPU (MPI) run's parameters within 1e-5.
+
+usage: check_distributed_training.py MPIRUN PRETRAIN_APP WORKDIR [--device cuda]
 """
 import glob
 import json
@@ -26,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiny_corpus import make_corpus  # noqa: E402
 
 mpirun, app, work = sys.argv[1], sys.argv[2], sys.argv[3]
+device = sys.argv[5] if len(sys.argv) > 5 and sys.argv[4] == "--device" else "cpu"
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 P = lambda *a: os.path.join(work, *a)  # noqa: E731
@@ -40,8 +45,8 @@ def check(ok, label, detail=""):
             print("     " + detail.strip().replace("\n", "\n     "))
 
 
-def launch(ranks, args, **kw):
-    cmd = ([mpirun, "-np", str(ranks)] if ranks else []) + [app] + args
+def launch(ranks, args, on=None, **kw):
+    cmd = ([mpirun, "-np", str(ranks)] if ranks else []) + [app] + args + ["--device", on or device]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)
 
 
@@ -119,6 +124,14 @@ for label, (ranks, cfg) in runs.items():
         params[label] = (read_safetensors(os.path.join(out, "model.safetensors")), losses(out))
         if ranks:
             check(f"global batch: 2 ranks x" in p.stdout, f"{label}: the global batch is reported", p.stdout[-1500:])
+if device != "cpu":
+    # The same 2-rank run on the CPU: MPI all-reduce of CPU gradients instead of NCCL on the device.
+    out = P("2_ranks_batch_4_cpu")
+    p = launch(2, ["--config", runs["2 ranks, batch 4"][1], "--out", out], on="cpu")
+    check(p.returncode == 0, "2 ranks, batch 4 on the CPU: 5 steps", p.stdout[-3000:] + p.stderr[-3000:])
+    if p.returncode == 0:
+        params["2 ranks, batch 4 (CPU, MPI)"] = (read_safetensors(os.path.join(out, "model.safetensors")),
+                                                losses(out))
 ref_label = "one rank, batch 8"
 if ref_label in params:
     ref, ref_loss = params[ref_label]
@@ -145,7 +158,7 @@ check(p.returncode == 0, "uninterrupted 2-rank run (24 steps, dropout on)", p.st
 whole = losses(P("whole")) if p.returncode == 0 else {}
 
 kill_dir = P("killed")
-proc = subprocess.Popen([mpirun, "-np", "2", app, "--config", cfg, "--out", kill_dir],
+proc = subprocess.Popen([mpirun, "-np", "2", app, "--config", cfg, "--out", kill_dir, "--device", device],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -162,7 +162,7 @@ TEST_CASE("pretraining refuses to overwrite a run and to resume nothing", "[pret
                       Contains("model.num_layers: 2 vs 1"));
   o.precision = "fp16";
   REQUIRE_THROWS_WITH(pretrain(model, data, o, adam(), 1, true),
-                      Contains("needs the CUDA mixed-precision path"));
+                      Contains("whose kernels compute in f32 and f64 only; set train.device: cuda"));
   fs::remove_all(dir);
 }
 

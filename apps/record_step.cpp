@@ -1,0 +1,172 @@
+// record_step: the device work of one training step, launch by launch, for the GPU performance
+// model (docs/performance-model.md, tools/perf_model.py). Builds the model of a pretraining
+// config, moves it to cuda:0, and records one optimizer step (after a warm-up step) of a random
+// MLM batch of B x T tokens with 15% predicted: every kernel-table call and layout call with its
+// shapes, minimum bytes, FLOPs and kernel launches (engine/work_log.h), as CSV.
+//
+// In the emulation build, run it with EMU_DRY_RUN=1: the work is walked through (queued, ordered,
+// recorded) without being executed, so BERT-Large at s = 512 takes seconds and no device memory
+// is touched. On a GPU it records a real step.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "apps/cli.h"
+#include "data/batch.h"
+#include "engine/autocast.h"
+#include "engine/backend.h"
+#include "engine/config.h"
+#include "engine/error.h"
+#include "engine/module.h"
+#include "engine/work_log.h"
+#include "models/bert.h"
+#include "models/pretrain_config.h"
+#include "train/trainer.h"
+
+namespace {
+
+const char* kUsage = R"(usage: record_step --config CFG --batch-size B --seq-len T --out FILE.csv
+                   [--precision bf16|fp16|f32] [--set KEY=VALUE ...]
+
+Records the device work of one training step of the config's model (forward, backward,
+gradient statistics, clipping, AdamW) on cuda:0 as CSV: index, op, kernel launches, library
+GEMMs, minimum bytes, FLOPs, shapes. In build-emu/, run with EMU_DRY_RUN=1 (nothing executes;
+the record is exact, the values are not). tools/perf_model.py turns the CSV into predicted times.
+)";
+
+struct Args {
+  std::string config, out, precision = "bf16";
+  std::vector<std::string> sets;
+  int64_t batch = 0, seq = 0;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  cli::ArgParser p("record_step", kUsage, argc, argv);
+  while (p.next()) {
+    if (p.arg() == "--config")
+      a.config = p.value();
+    else if (p.arg() == "--out")
+      a.out = p.value();
+    else if (p.arg() == "--batch-size")
+      a.batch = p.int_value(1);
+    else if (p.arg() == "--seq-len")
+      a.seq = p.int_value(2);
+    else if (p.arg() == "--precision")
+      a.precision = p.value();
+    else if (p.arg() == "--set")
+      a.sets.push_back(p.value());
+    else
+      p.unknown();
+  }
+  if (a.config.empty() || a.out.empty() || a.batch == 0 || a.seq == 0)
+    p.fail("--config, --batch-size, --seq-len and --out are required");
+  return a;
+}
+
+data::MlmBatch random_batch(int64_t b, int64_t t, int64_t vocab, bool segments) {
+  std::vector<int64_t> ids(size_t(b * t)), mask(ids.size(), 1), labels(ids.size(), -100),
+      types(ids.size(), 0);
+  uint64_t x = 88172645463325252ull;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    ids[i] = 5 + int64_t(x % uint64_t(vocab - 5));
+    if (x % 100 < 15) labels[i] = ids[i];
+    types[i] = int64_t(i % size_t(t)) >= t / 2;
+  }
+  return data::make_mlm_batch(
+      engine::Tensor::from_vector(ids, {b, t}), engine::Tensor::from_vector(mask, {b, t}),
+      engine::Tensor::from_vector(labels, {b, t}),
+      segments ? engine::Tensor::from_vector(types, {b, t}) : engine::Tensor(), vocab,
+      "record_step");
+}
+
+int run(const Args& a) {
+  engine::Config cfg = engine::Config::load_file(a.config);
+  for (const auto& s : a.sets) cfg.set_assignment(s);
+  const models::PretrainConfig pc = models::PretrainConfig::read(cfg);
+  models::BertConfig mc = pc.model;
+  mc.max_positions = std::max(mc.max_positions, a.seq);
+  const engine::Device gpu = engine::Device::cuda(0);
+  engine::check_device(gpu);
+  const engine::DType compute = engine::precision_dtype(a.precision);
+
+  std::printf("building %lld layers, width %lld, vocab %lld on the CPU...\n",
+              (long long)mc.num_layers, (long long)mc.hidden_size, (long long)mc.vocab_size);
+  models::BertForMaskedLM model(mc, pc.seed);
+  model.train(true);
+  engine::FlatParameters flat(model.named_parameters(), gpu);
+  engine::TrainerOptions opt;
+  opt.clip_norm = pc.train.clip_norm;
+  opt.loss_scale.enabled = compute == engine::DType::f16;
+  engine::Trainer trainer(flat, pc.optim, {}, engine::constant_lr(pc.optim.lr), opt);
+  const data::MlmBatch batch =
+      random_batch(a.batch, a.seq, mc.vocab_size, mc.type_vocab_size > 0).to(gpu);
+  engine::Generator gen(1);
+  const double one = 1.0;
+  auto step = [&] {
+    return trainer.step(1,
+                        [&](int64_t) {
+                          engine::Autocast autocast(compute);
+                          return model.forward(batch, gen).loss;
+                        },
+                        {&one, 1});
+  };
+  step();  // warm-up: position constants, the allocator's cache
+  engine::Backend& device = engine::backend(engine::DeviceType::CUDA);
+  device.synchronize(0);
+  const auto t0 = std::chrono::steady_clock::now();
+  engine::start_work_recording();
+  const engine::StepStats stats = step();
+  const std::vector<engine::WorkRecord> records = engine::stop_work_recording();
+  device.synchronize(0);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ENGINE_CHECK(stats.applied,
+               "[record_step] the recorded step was skipped (non-finite gradients), "
+               "so its record lacks the optimizer");
+
+  std::ofstream out(a.out);
+  ENGINE_CHECK(out, "[record_step] cannot write ", a.out);
+  out << "index,op,launches,gemms,bytes,flops,shape\n";
+  double bytes = 0, flops = 0;
+  int64_t launches = 0, gemms = 0;
+  for (size_t i = 0; i < records.size(); ++i) {
+    const engine::WorkRecord& r = records[i];
+    out << i << ',' << r.op << ',' << r.launches << ',' << r.gemms << ',' << r.bytes << ','
+        << r.flops << ",\"" << r.shape << "\"\n";
+    bytes += r.bytes, flops += r.flops, launches += r.launches, gemms += r.gemms;
+  }
+  std::printf(
+      "%s: %zu ops, %lld kernel launches, %lld GEMMs, %.3f GB moved at least, %.3f TFLOP "
+      "(B %lld, T %lld, %s)\n",
+      a.out.c_str(), records.size(), (long long)launches, (long long)gemms, bytes / 1e9,
+      flops / 1e12, (long long)a.batch, (long long)a.seq, a.precision.c_str());
+  // The textbook count (docs/performance.md), forward + backward = 3 x forward: per token the
+  // encoder's linear layers 6 (4 d^2 + 2 d ffn) L and attention 12 T d L; per predicted token the
+  // MLM head 6 (d^2 + d V). Positional terms and the gradient slab ops are not in it.
+  const double d = double(mc.hidden_size), ffn = double(mc.ffn_size), l = double(mc.num_layers);
+  const double tokens = double(a.batch * a.seq), t = double(a.seq), v = double(mc.vocab_size);
+  const double predicted = double(batch.num_predicted());
+  const double analytic = tokens * (6 * (4 * d * d + 2 * d * ffn) * l + 12 * t * d * l) +
+                          predicted * 6 * (d * d + d * v);
+#if defined(ENGINE_CUDA_EMULATION)
+  std::printf("wall clock of the recorded step: %.3f s (the emulated device: not a GPU time)\n",
+              seconds);
+#else
+  std::printf("measured step: %.3f ms, %.1f sequences/s (one step, recording on)\n", seconds * 1e3,
+              double(a.batch) / seconds);
+#endif
+  std::printf("analytic model FLOPs %.4e, recorded GEMM FLOPs %.4e, ratio %.4f\n", analytic, flops,
+              flops / analytic);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return engine::run_job("record_step", [&] { return run(parse(argc, argv)); });
+}

@@ -1,0 +1,50 @@
+// Mixed precision, autocast style. Inside an Autocast scope (per thread) the ops that do the bulk
+// of the arithmetic run in a 16-bit compute dtype while the parameters stay f32 (the master copy
+// the optimizer updates):
+//   - matmul, linear and attention cast their f32 inputs to the compute dtype (bf16 or f16); the
+//     GEMMs accumulate in f32 and store 16-bit results;
+//   - layer_norm runs on the compute dtype with its statistics in f32 (the kernels' rule);
+//   - softmax takes a bias of another dtype in the input's dtype;
+//   - cross_entropy takes f32 logits (logsumexp and the loss in f32);
+//   - binary ops whose operands differ meet in the wider dtype (promote_floating); outside a
+//     scope a dtype mismatch stays an error.
+// Every cast is an autograd-recorded Tensor::to, so a parameter's gradient arrives in f32 in its
+// f32 gradient slab. f64 tensors are never cast (gradient checks stay exact). Outside a scope
+// nothing changes. The CPU kernels compute in f32 / f64 only, so a CPU op reached in a 16-bit
+// dtype raises "[op] CPU kernels compute in f32 or f64, got bf16".
+//
+//   { engine::Autocast ac(DType::bf16); loss = model.forward(batch).loss; }  // forward only
+//   loss.backward();
+#pragma once
+
+#include "engine/dtype.h"
+#include "engine/tensor.h"
+
+namespace engine {
+
+class Autocast {
+ public:
+  // compute: bf16 or f16; f32 turns autocast off for the scope.
+  explicit Autocast(DType compute);
+  ~Autocast();
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+ private:
+  DType previous_;
+};
+
+// The compute dtype of the innermost active scope on this thread; f32 when there is none.
+DType autocast_dtype();
+inline bool autocast_active() { return autocast_dtype() != DType::f32; }
+
+// In a scope: an f32 / bf16 / f16 tensor converted to the compute dtype (recorded). Otherwise,
+// and for undefined, f64 or integer tensors: t itself.
+Tensor autocast_to_compute(const Tensor& t);
+// In a scope: a bf16 / f16 tensor converted to f32 (recorded). Otherwise t itself.
+Tensor autocast_to_f32(const Tensor& t);
+
+// "f32" | "bf16" | "fp16" (a config's train.precision) -> f32, bf16, f16; other text throws.
+DType precision_dtype(const std::string& precision);
+
+}  // namespace engine
