@@ -161,8 +161,9 @@ TEST_CASE("pretraining refuses to overwrite a run and to resume nothing", "[pret
   REQUIRE_THROWS_WITH(pretrain(small, data, o, adam(), 1, true),
                       Contains("model.num_layers: 2 vs 1"));
   o.precision = "fp16";
-  REQUIRE_THROWS_WITH(pretrain(model, data, o, adam(), 1, true),
-                      Contains("whose kernels compute in f32 and f64 only; set train.device: cuda"));
+  REQUIRE_THROWS_WITH(
+      pretrain(model, data, o, adam(), 1, true),
+      Contains("whose kernels compute in f32 and f64 only; set train.device: cuda"));
   fs::remove_all(dir);
 }
 
