@@ -6,23 +6,16 @@
 
 #include "gradcheck.h"
 #include "ops/ops.h"
+#include "relative_index.h"
 
 using namespace engine;
 using Catch::Contains;
 using engine::testing::gradcheck;
 using engine::testing::GradcheckReport;
 using engine::testing::rand_input;
+using engine::testing::shaw_index;
 
 namespace {
-
-// Shaw et al.'s clipped relative distance as a bucket: c(j - i) = clamp(j - i, -k, k) + k, so
-// R = 2k + 1 and every bucket on the edges repeats (which makes the scatter sum).
-Tensor shaw_index(int64_t tq, int64_t tk, int64_t k) {
-  std::vector<int64_t> v;
-  for (int64_t i = 0; i < tq; ++i)
-    for (int64_t j = 0; j < tk; ++j) v.push_back(std::clamp(j - i, -k, k) + k);
-  return Tensor::from_vector(v, {tq, tk});
-}
 
 double dot(const Tensor& a, const Tensor& b) {
   std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();

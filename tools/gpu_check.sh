@@ -41,6 +41,15 @@ for preset in tupe_r tupe_a bert_a bert_r; do
     --preset "$preset" --device cuda --workdir "$BUILD_DIR/gpu_check/ref_$preset" || status=1
 done
 
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && [ -x "$BUILD_DIR/bin/dist_cuda_tests" ]; then
+  step "data parallel on 2 GPUs: NCCL collectives, pretrain_app --device cuda under mpirun"
+  mpirun -np 2 "$BUILD_DIR/bin/dist_cuda_tests" || status=1
+  /usr/bin/python3 "$ROOT/tests/apps/check_distributed_training.py" mpirun "$BUILD_DIR/bin/pretrain_app" \
+    "$BUILD_DIR/gpu_check/dist_pretrain" --device cuda || status=1
+else
+  echo "gpu_check: fewer than 2 GPUs: the data-parallel GPU checks are not run" >&2
+fi
+
 step "recorded steps: measured time beside the model's prediction (docs/performance-model.md)"
 mkdir -p "$BUILD_DIR/gpu_check"
 for cfg in "bert_base_tupe_r 128" "bert_base_bert_a 128" "bert_large_tupe_r 512" "bert_large_bert_a 512"; do

@@ -13,22 +13,13 @@
 #include "cuda_test_support.h"
 #include "engine/optim.h"
 #include "ops/ops.h"
+#include "relative_index.h"
 
 using namespace engine;
 using engine::testing::kGpu;
 using engine::testing::require_close;
 using engine::testing::require_equal;
-
-namespace {
-
-Tensor shaw_index(int64_t tq, int64_t tk, int64_t k) {
-  std::vector<int64_t> v;
-  for (int64_t i = 0; i < tq; ++i)
-    for (int64_t j = 0; j < tk; ++j) v.push_back(std::clamp(j - i, -k, k) + k);
-  return Tensor::from_vector(v, {tq, tk});
-}
-
-}  // namespace
+using engine::testing::shaw_index;
 
 TEST_CASE("dropout masks and values on the device equal the CPU's bit for bit", "[cuda]") {
   Generator g(41);

@@ -13,6 +13,7 @@
 
 #include "engine/backend.h"
 #include "models/bert.h"
+#include "models/model_support.h"
 #include "models/pretrain.h"
 #include "test_support.h"
 #include "train/trainer.h"
@@ -24,44 +25,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The shared tiny model with dropout on (its stream must not cost reads either).
 BertConfig tiny(const std::string& preset, const std::string& reset = "paper") {
-  BertConfig c;
-  c.vocab_size = 40;
-  c.hidden_size = 16;
-  c.num_layers = 2;
-  c.num_heads = 2;
-  c.ffn_size = 32;
-  c.max_positions = 24;
-  c.type_vocab_size = 2;
-  c.hidden_dropout = c.attention_dropout =
-      0.1;  // dropout on: its stream must not cost reads either
-  apply_position_preset(c.position, preset, reset);
-  c.position.rpe_clip = 5;
-  c.validate();
-  return c;
+  return engine::testing::tiny_bert(preset, reset, 0.1);
 }
-
-// A host batch of B x T with padding in the last row, segment ids and a few predicted positions.
-data::MlmBatch host_batch(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
-  std::vector<int64_t> ids(size_t(b * t)), mask(ids.size(), 1), labels(ids.size(), -100),
-      types(ids.size(), 0);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ids[i] = 1 + int64_t((i * 7 + seed * 13) % size_t(vocab - 1));
-    if (i % 5 == uint64_t(seed % 5)) labels[i] = int64_t((i * 3 + seed) % size_t(vocab));
-    types[i] = int64_t(i % size_t(t)) >= t / 2;
-  }
-  for (int64_t j = t - 3; j < t; ++j)
-    mask[size_t((b - 1) * t + j)] = 0, labels[size_t((b - 1) * t + j)] = -100;
-  return data::make_mlm_batch(Tensor::from_vector(ids, {b, t}), Tensor::from_vector(mask, {b, t}),
-                              Tensor::from_vector(labels, {b, t}),
-                              Tensor::from_vector(types, {b, t}), vocab, "test");
-}
-
+using engine::testing::host_mlm_batch;
 std::vector<std::pair<std::string, std::string>> presets() {
-  std::vector<std::pair<std::string, std::string>> v;
-  for (const std::string& p : position_presets()) v.emplace_back(p, "paper");
-  v.emplace_back("tupe_r", "code");
-  return v;
+  return engine::testing::all_presets();
 }
 
 }  // namespace
@@ -79,7 +49,7 @@ TEST_CASE(
     engine::Generator gen(5);
     std::vector<data::MlmBatch> micro;
     for (uint64_t m = 0; m < 3; ++m)
-      micro.push_back(host_batch(3, 12, 40, m).to(flat.data().device()));
+      micro.push_back(host_mlm_batch(3, 12, 40, m).to(flat.data().device()));
     const std::vector<double> weights = {0.3, 0.3, 0.4};
     auto loss_of = [&](int64_t m) { return model.forward(micro[size_t(m)], gen).loss; };
     trainer.step(3, loss_of, weights);  // the first step builds the position constants
@@ -97,11 +67,11 @@ TEST_CASE("host_sync: the pretraining loop reads back one tensor per step",
   // Batches made by the source, accumulation 3; no validation or checkpoint before the last step.
   class Source : public BatchSource {
    public:
-    data::MlmBatch next_train() override { return host_batch(2, 10, 40, uint64_t(next_++)); }
+    data::MlmBatch next_train() override { return host_mlm_batch(2, 10, 40, uint64_t(next_++)); }
     std::string position() const override { return std::to_string(next_); }
     void seek(const std::string& p) override { next_ = std::stoll(p); }
     std::vector<data::MlmBatch> valid_batches(int64_t) override {
-      return {host_batch(2, 10, 40, 99)};
+      return {host_mlm_batch(2, 10, 40, 99)};
     }
     int64_t next_ = 0;
   };
@@ -140,7 +110,7 @@ TEST_CASE(
     a.train(false);
     b.train(false);
     engine::NoGrad ng;
-    auto inputs = [&](int64_t t) { return host_batch(2, t, c.vocab_size, 1).inputs; };
+    auto inputs = [&](int64_t t) { return host_mlm_batch(2, t, c.vocab_size, 1).inputs; };
     a.forward(inputs(12), gen);
     a.forward(inputs(12), gen);
     a.forward(inputs(20), gen);

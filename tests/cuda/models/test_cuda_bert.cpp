@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "cuda/cuda_test_support.h"
-#include "cuda_model_support.h"
 #include "engine/module.h"
 #include "models/bert.h"
+#include "models/model_support.h"
 #include "train/trainer.h"
 
 using namespace engine;

@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "cuda/cuda_test_support.h"
-#include "cuda_model_support.h"
 #include "engine/backend.h"
 #include "engine/cuda/work_counts.h"
 #include "engine/module.h"
 #include "models/bert.h"
+#include "models/model_support.h"
 #include "train/trainer.h"
 
 using namespace engine;

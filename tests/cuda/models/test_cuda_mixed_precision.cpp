@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "cuda/cuda_test_support.h"
-#include "cuda_model_support.h"
 #include "engine/autocast.h"
 #include "engine/module.h"
 #include "models/bert.h"
+#include "models/model_support.h"
 #include "ops/ops.h"
 #include "train/trainer.h"
 

@@ -13,6 +13,7 @@
 #include "cuda/cuda_test_support.h"
 #include "engine/error.h"
 #include "models/bert.h"
+#include "models/model_support.h"
 #include "models/pretrain.h"
 
 using namespace models;
@@ -23,46 +24,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-BertConfig tiny() {
-  BertConfig c;
-  c.vocab_size = 30;
-  c.hidden_size = 16;
-  c.num_layers = 2;
-  c.num_heads = 2;
-  c.ffn_size = 32;
-  c.max_positions = 16;
-  apply_position_preset(c.position, "tupe_r");
-  return c;  // dropout 0.1 stays on: the same Philox stream on both devices
-}
-
-// Batch k is a pure function of k.
-class Synthetic : public BatchSource {
- public:
-  data::MlmBatch make(int64_t k) const {
-    const int64_t b = 4, t = 12;
-    std::vector<int64_t> ids(b * t), mask(b * t, 1), labels(b * t, -100);
-    for (int64_t i = 0; i < b; ++i)
-      for (int64_t j = 0; j < t; ++j) ids[i * t + j] = j == 0 ? 1 : 2 + (i + j + k) % 7;
-    for (int64_t i = 0; i < b; ++i)
-      for (int64_t j = 1 + (k + i) % 3; j < t; j += 3) {
-        labels[i * t + j] = ids[i * t + j];
-        ids[i * t + j] = 29;  // [MASK]
-      }
-    mask[b * t - 1] = 0;
-    return data::make_mlm_batch(Tensor::from_vector<int64_t>(ids, {b, t}),
-                                Tensor::from_vector<int64_t>(mask, {b, t}),
-                                Tensor::from_vector<int64_t>(labels, {b, t}), {}, 30, "synthetic");
-  }
-  data::MlmBatch next_train() override { return make(next_++); }
-  std::string position() const override { return std::to_string(next_); }
-  void seek(const std::string& p) override { next_ = std::stoll(p); }
-  std::vector<data::MlmBatch> valid_batches(int64_t n) override {
-    std::vector<data::MlmBatch> v;
-    for (int64_t i = 0; i < std::min<int64_t>(n, 2); ++i) v.push_back(make(1000 + i));
-    return v;
-  }
-  int64_t next_ = 0;
-};
+BertConfig tiny() { return engine::testing::synthetic_bert(); }
+using Synthetic = engine::testing::SyntheticSource;
 
 fs::path fresh_dir(const std::string& name) {
   fs::path p = fs::temp_directory_path() /
