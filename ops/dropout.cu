@@ -15,9 +15,10 @@
 namespace engine::cuda {
 namespace {
 
-template <class T>
-__global__ void dropout_blocks(const T* x, T* y, int64_t n, Acc<T> scale, uint32_t threshold,
-                               PhiloxState s) {
+// One thread per Philox block of 4 elements (the CPU's stream layout): `write(i, keep)` stores
+// element i given its keep bit.
+template <class Write>
+__global__ void philox_blocks(int64_t n, uint32_t threshold, PhiloxState s, Write write) {
   const int64_t blocks = (n + 3) / 4;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < blocks; b += stride) {
@@ -25,24 +26,25 @@ __global__ void dropout_blocks(const T* x, T* y, int64_t n, Acc<T> scale, uint32
     philox_block(s.seed, s.offset + static_cast<uint64_t>(b), w);
     const int64_t i0 = 4 * b;
     const int end = n - i0 < 4 ? static_cast<int>(n - i0) : 4;
-    for (int k = 0; k < end; ++k)
-      y[i0 + k] = dropout_keep(w[k], threshold) ? from_acc<T>(to_acc(x[i0 + k]) * scale)
-                                                : from_acc<T>(Acc<T>(0));
+    for (int k = 0; k < end; ++k) write(i0 + k, dropout_keep(w[k], threshold));
   }
 }
 
 template <class T>
-__global__ void dropout_mask_blocks(T* mask, int64_t n, uint32_t threshold, PhiloxState s) {
-  const int64_t blocks = (n + 3) / 4;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < blocks; b += stride) {
-    uint32_t w[4];
-    philox_block(s.seed, s.offset + static_cast<uint64_t>(b), w);
-    const int64_t i0 = 4 * b;
-    const int end = n - i0 < 4 ? static_cast<int>(n - i0) : 4;
-    for (int k = 0; k < end; ++k) mask[i0 + k] = dropout_keep(w[k], threshold) ? T(1) : T(0);
+struct DropoutWrite {
+  const T* x;
+  T* y;
+  Acc<T> scale;
+  __device__ void operator()(int64_t i, bool keep) const {
+    y[i] = keep ? from_acc<T>(to_acc(x[i]) * scale) : from_acc<T>(Acc<T>(0));
   }
-}
+};
+
+template <class T>
+struct MaskWrite {
+  T* mask;
+  __device__ void operator()(int64_t i, bool keep) const { mask[i] = keep ? T(1) : T(0); }
+};
 
 LaunchConfig blocks_config(int64_t n, const Tensor& t) {
   const int threads = kElementwiseThreads;
@@ -57,8 +59,8 @@ void dropout(const Tensor& x, const Tensor& y, double p, PhiloxState s) {
   const uint32_t threshold = dropout_threshold(p);
   dispatch_floating(x.dtype(), "dropout", [&]<class T>() {
     const Acc<T> scale = static_cast<Acc<T>>(1.0 / (1.0 - p));
-    ENGINE_LAUNCH(dropout_blocks<T>, blocks_config(n, x), dptr<const T>(x), dptr<T>(y), n, scale,
-                  threshold, s);
+    ENGINE_LAUNCH(philox_blocks<DropoutWrite<T>>, blocks_config(n, x), n, threshold, s,
+                  DropoutWrite<T>{dptr<const T>(x), dptr<T>(y), scale});
   });
 }
 
@@ -68,8 +70,8 @@ void dropout_mask(const Tensor& mask, double p, PhiloxState s) {
   DeviceGuard guard(mask.device().index);
   const uint32_t threshold = dropout_threshold(p);
   auto fill = [&]<class T>() {
-    ENGINE_LAUNCH(dropout_mask_blocks<T>, blocks_config(n, mask), static_cast<T*>(mask.raw_data()),
-                  n, threshold, s);
+    ENGINE_LAUNCH(philox_blocks<MaskWrite<T>>, blocks_config(n, mask), n, threshold, s,
+                  MaskWrite<T>{static_cast<T*>(mask.raw_data())});
   };
   if (mask.dtype() == DType::u8) {
     fill.template operator()<uint8_t>();

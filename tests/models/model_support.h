@@ -4,12 +4,15 @@
 // loop.
 #pragma once
 
+#include <unistd.h>
 #include <algorithm>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "data/batch.h"
+#include "engine/optim.h"
 #include "models/bert.h"
 #include "models/pretrain.h"
 
@@ -97,6 +100,38 @@ inline models::BertConfig synthetic_bert() {
   c.max_positions = 16;
   models::apply_position_preset(c.position, "tupe_r");
   return c;
+}
+
+// An empty directory under the system temp dir, unique to this process.
+inline std::filesystem::path fresh_dir(const std::string& name) {
+  std::filesystem::path p = std::filesystem::temp_directory_path() /
+                            ("engine_test_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  return p;
+}
+
+// The 12-step pretraining run the resume tests use: checkpoints every 4 steps, validation every
+// 6, accumulation 2, on `device`.
+inline models::PretrainOptions short_pretrain(const std::filesystem::path& dir,
+                                              Device device = Device::cpu()) {
+  models::PretrainOptions o;
+  o.device = device;
+  o.steps = 12;
+  o.warmup_steps = 3;
+  o.save_every = 4;
+  o.valid_every = 6;
+  o.log_every = 1;
+  o.keep_last = 2;
+  o.accumulation = 2;
+  o.out_dir = dir.string();
+  o.progress = false;
+  return o;
+}
+
+inline AdamWOptions short_pretrain_adam() {
+  AdamWOptions a;
+  a.lr = 3e-3;
+  return a;
 }
 
 }  // namespace engine::testing

@@ -28,32 +28,12 @@ BertConfig tiny() { return engine::testing::synthetic_bert(); }
 using Synthetic = engine::testing::SyntheticSource;
 
 fs::path fresh_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() /
-               ("engine_test_cuda_pretrain_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  return p;
+  return engine::testing::fresh_dir("cuda_pretrain_" + name);
 }
-
 PretrainOptions options(const fs::path& dir, engine::Device device) {
-  PretrainOptions o;
-  o.device = device;
-  o.steps = 12;
-  o.warmup_steps = 3;
-  o.save_every = 4;
-  o.valid_every = 6;
-  o.log_every = 1;
-  o.keep_last = 2;
-  o.accumulation = 2;
-  o.out_dir = dir.string();
-  o.progress = false;
-  return o;
+  return engine::testing::short_pretrain(dir, device);
 }
-
-engine::AdamWOptions adam() {
-  engine::AdamWOptions a;
-  a.lr = 3e-3;
-  return a;
-}
+engine::AdamWOptions adam() { return engine::testing::short_pretrain_adam(); }
 
 std::vector<double> full_run(engine::Device device) {
   const fs::path dir = fresh_dir("full_" + device.str());
