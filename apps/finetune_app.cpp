@@ -224,12 +224,10 @@ int run(Args args) {
   bool lower_case = !args.cased;
   if (tok_path.empty()) {
     const auto meta = engine::read_safetensors_metadata(args.checkpoint);
-    auto it = meta.find("engine.tokenizer");
-    ENGINE_CHECK(it != meta.end(), "[finetune_app] ", args.checkpoint,
-                 ": records no tokenizer (engine.tokenizer); pass the pretraining vocabulary with "
-                 "--tokenizer");
-    tok_path = it->second;
-    auto lc = meta.find("engine.tokenizer_lower_case");
+    tok_path = models::checkpoint_tokenizer(args.checkpoint, meta);
+    ENGINE_CHECK(!tok_path.empty(), "[finetune_app] ", args.checkpoint, ": records no tokenizer (",
+                 models::kTokenizerKey, "); pass the pretraining vocabulary with --tokenizer");
+    auto lc = meta.find(models::kLowerCaseKey);
     if (lc != meta.end() && !args.cased) lower_case = lc->second != "false";
   }
   std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(tok_path, lower_case);

@@ -7,9 +7,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -23,10 +25,12 @@
 #include "engine/comm.h"
 #include "engine/config.h"
 #include "engine/error.h"
+#include "engine/file_io.h"
 #include "engine/optim.h"
 #include "engine/safetensors.h"
 #include "models/bert.h"
 #include "models/checkpoint.h"
+#include "models/hf_bert.h"
 #include "models/pretrain.h"
 #include "models/pretrain_config.h"
 #include "train/trainer.h"
@@ -39,6 +43,8 @@ const char* kUsage = R"(usage: pretrain_app --config CFG [--set KEY=VALUE ...] [
        pretrain_app prepare --tokenizer TOK --input FILE [FILE ...] --out DIR [--valid-ratio R]
                             [--seed S] [--overwrite] [--quiet] [--cased]
        pretrain_app --config CFG --batch-file BATCH [--steps N] [--init CKPT] [--save OUT]
+       pretrain_app convert --from-hf DIR --out FILE.safetensors
+       pretrain_app convert --to-hf CKPT --out DIR
 
 Masked-LM pretraining of a BERT encoder; model, data, training and optimizer from a YAML config
 (configs/README.md lists every key).
@@ -53,6 +59,13 @@ Data preparation:
   prepare             tokenize text (one sentence/paragraph per line, blank lines between
                       documents; .xz accepted) into memory-mapped train/valid shards; TOK is a
                       SentencePiece .model or a WordPiece vocab.txt (--cased keeps case)
+
+Hugging Face BERT (docs/hf-interop.md; both directions bit-exact):
+  convert --from-hf DIR   a HF BERT directory (config.json, model.safetensors, vocab.txt) to an
+                          engine checkpoint with the bert_a preset; the vocabulary is copied
+                          beside it (FILE's stem + .vocab.txt) for finetune_app
+  convert --to-hf CKPT    a bert_a checkpoint to a HF BERT directory (config.json,
+                          model.safetensors, vocab.txt when the vocabulary is WordPiece)
 
 Single-batch mode (dropout off, constant learning rate optim.lr):
   --batch-file FILE   safetensors batch: input_ids (B,T), attention_mask (B,T; 1 = token),
@@ -190,6 +203,28 @@ class CorpusSource : public models::BatchSource {
   data::BatchStream train_;
   data::EvalBatches valid_;
 };
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  ENGINE_CHECK(f, "[pretrain_app] cannot read ", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// The tokenizer into the run directory (once: an identical copy is kept, a different one is an
+// error rather than silently replaced).
+void copy_tokenizer(const std::string& from, const std::filesystem::path& to) {
+  const std::string bytes = file_bytes(from);
+  if (std::filesystem::exists(to)) {
+    ENGINE_CHECK(file_bytes(to.string()) == bytes, "[pretrain_app] ", to.string(),
+                 " exists and differs from the tokenizer ", from,
+                 " (train.out_dir holds another run's tokenizer); use another train.out_dir");
+    return;
+  }
+  std::filesystem::create_directories(to.parent_path());
+  engine::write_file_atomic(to.string(), bytes, "[pretrain_app]");
+}
 
 int single_batch(const Args& args, models::BertForMaskedLM& model, const engine::AdamWOptions& adam,
                  uint64_t seed, const models::PretrainOptions& train) {
@@ -338,11 +373,13 @@ int run(const Args& args) {
         comm.backend(engine::Device::cpu()).c_str());
     std::fflush(stdout);
   }
-  // finetune_app finds the vocabulary through the checkpoints.
-  train_opt.checkpoint_metadata["engine.tokenizer"] =
-      std::filesystem::absolute(tokenizer->path()).string();
-  train_opt.checkpoint_metadata["engine.tokenizer_lower_case"] =
-      data_opt.lower_case ? "true" : "false";
+  // finetune_app finds the vocabulary through the checkpoints: a copy in the run directory,
+  // recorded relative to each checkpoint, so the directory can move.
+  const std::filesystem::path tok_copy = std::filesystem::absolute(train_opt.out_dir) /
+                                         std::filesystem::path(tokenizer->path()).filename();
+  if (comm.is_root()) copy_tokenizer(tokenizer->path(), tok_copy);
+  train_opt.checkpoint_metadata[models::kTokenizerKey] = tok_copy.string();
+  train_opt.checkpoint_metadata[models::kLowerCaseKey] = data_opt.lower_case ? "true" : "false";
   models::PretrainResult r =
       models::pretrain(model, source, train_opt, adam, seed, args.resume, cfg.dump());
   if (comm.is_root()) {
@@ -437,15 +474,45 @@ int prepare_cmd(int argc, char** argv) {
   return 0;
 }
 
+int convert_cmd(int argc, char** argv) {
+  std::string from_hf, to_hf, out;
+  cli::ArgParser p("pretrain_app convert", kUsage, argc, argv, 2);
+  while (p.next()) {
+    const std::string& arg = p.arg();
+    if (arg == "--from-hf")
+      from_hf = p.value();
+    else if (arg == "--to-hf")
+      to_hf = p.value();
+    else if (arg == "--out")
+      out = p.value();
+    else
+      p.unknown();
+  }
+  if (from_hf.empty() == to_hf.empty())
+    usage_error("convert: give one of --from-hf DIR or --to-hf CKPT");
+  if (out.empty()) usage_error("convert: --out is required");
+  const models::HfConversion r =
+      from_hf.empty() ? models::convert_to_hf(to_hf, out) : models::convert_from_hf(from_hf, out);
+  if (from_hf.empty())
+    std::printf("wrote %s/config.json, %s/model.safetensors%s\n", out.c_str(), out.c_str(),
+                r.vocab.empty() ? "" : (", " + r.vocab).c_str());
+  else
+    std::printf("wrote %s (preset bert_a)%s\n", out.c_str(),
+                r.vocab.empty() ? "" : (" and its vocabulary " + r.vocab).c_str());
+  for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // Under mpirun: MPI (NCCL for GPU tensors) for data parallelism; otherwise one process.
   return engine::run_job("pretrain_app", [&] {
     const std::string cmd = argc > 1 ? argv[1] : "";
-    if (cmd == "train-tokenizer" || cmd == "prepare") {
+    if (cmd == "train-tokenizer" || cmd == "prepare" || cmd == "convert") {
       ENGINE_CHECK(engine::world().size() == 1, "[pretrain_app] ", cmd,
                    " runs in one process: start it without mpirun");
+      if (cmd == "convert") return convert_cmd(argc, argv);
       return cmd == "prepare" ? prepare_cmd(argc, argv) : train_tokenizer_cmd(argc, argv);
     }
     return run(parse_args(argc, argv));

@@ -1,6 +1,7 @@
 // Checkpoints and MLM batch files (see checkpoint.h).
 #include "models/checkpoint.h"
 
+#include <filesystem>
 #include <set>
 
 #include "engine/error.h"
@@ -12,6 +13,11 @@ using engine::DType;
 void save_checkpoint(const std::string& path, const BertForMaskedLM& model,
                      engine::SafetensorsMetadata extra, const engine::NamedTensors& extra_tensors) {
   extra[kConfigKey] = model.config().to_json();
+  auto tok = extra.find(kTokenizerKey);
+  if (tok != extra.end() && std::filesystem::path(tok->second).is_absolute()) {
+    const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
+    tok->second = std::filesystem::path(tok->second).lexically_relative(dir).string();
+  }
   extra[kKindKey] = "bert_mlm";
   extra["format"] = "pt";  // lets Hugging Face's safetensors tools open it
   engine::NamedTensors tensors;
@@ -30,9 +36,28 @@ BertConfig read_checkpoint_config(const std::string& path) {
 
 engine::SafetensorsContents load_checkpoint(const std::string& path, BertForMaskedLM& model,
                                             bool with_state) {
-  return engine::load_safetensors_into(
-      path, model.named_parameters(),
-      with_state ? engine::ExtraTensors::read : engine::ExtraTensors::error);
+  if (with_state)
+    return engine::load_safetensors_into(path, model.named_parameters(),
+                                         engine::ExtraTensors::read);
+  engine::SafetensorsContents c =
+      engine::load_safetensors_into(path, model.named_parameters(), engine::ExtraTensors::skip);
+  for (const std::string& name : c.skipped)
+    ENGINE_CHECK(name.rfind("hf.", 0) == 0, "[checkpoint] ", path, ": tensor '", name,
+                 "' is in the file but not in the model (", model.config().position.preset,
+                 "); the file holds more than a model");
+  return c;
+}
+
+std::string checkpoint_tokenizer(const std::string& path, const engine::SafetensorsMetadata& meta) {
+  auto it = meta.find(kTokenizerKey);
+  if (it == meta.end() || it->second.empty()) return "";
+  std::filesystem::path tok(it->second);
+  if (tok.is_relative()) tok = std::filesystem::absolute(path).parent_path() / tok;
+  tok = tok.lexically_normal();
+  ENGINE_CHECK(std::filesystem::exists(tok), "[checkpoint] ", path, ": its tokenizer ",
+               tok.string(), " (", kTokenizerKey, " = ", it->second,
+               ") does not exist; keep the tokenizer beside the checkpoint or pass --tokenizer");
+  return tok.string();
 }
 
 namespace {

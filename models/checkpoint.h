@@ -13,17 +13,23 @@ namespace models {
 // Metadata keys.
 inline constexpr const char* kConfigKey = "engine.model_config";  // BertConfig::to_json()
 inline constexpr const char* kKindKey = "engine.model";           // "bert_mlm"
+// The tokenizer the model was trained with, relative to the checkpoint's directory (so a run
+// directory can move), and whether WordPiece lower-cases ("true" / "false").
+inline constexpr const char* kTokenizerKey = "engine.tokenizer";
+inline constexpr const char* kLowerCaseKey = "engine.tokenizer_lower_case";
 
 // Writes the weights (and `extra_tensors`, e.g. optimizer state) with the model config and
-// `extra` in the metadata, atomically.
+// `extra` in the metadata, atomically. An absolute tokenizer path in `extra` (kTokenizerKey) is
+// stored relative to `path`'s directory.
 void save_checkpoint(const std::string& path, const BertForMaskedLM& model,
                      engine::SafetensorsMetadata extra = {},
                      const engine::NamedTensors& extra_tensors = {});
 // The config stored in a checkpoint; a clear error when it has none or it is invalid.
 BertConfig read_checkpoint_config(const std::string& path);
 // Loads the parameters (names, shapes and dtypes checked; the first mismatch is named). A file
-// with tensors beyond the model's is an error unless `with_state`; then those tensors (optimizer,
-// scaler, trainer state) and the metadata are returned from the same read.
+// with tensors beyond the model's is an error unless `with_state` (then those tensors — optimizer,
+// scaler, trainer state — and the metadata are returned from the same read) or they are the
+// hf.* tensors of a converted Hugging Face model (models/hf_bert.h), which are not read.
 engine::SafetensorsContents load_checkpoint(const std::string& path, BertForMaskedLM& model,
                                             bool with_state = false);
 
@@ -33,6 +39,11 @@ engine::SafetensorsContents load_checkpoint(const std::string& path, BertForMask
 // A bert.* tensor the model lacks is an error. The caller checks the stored config
 // (read_checkpoint_config) against the model's.
 engine::SafetensorsContents load_bert_encoder(const std::string& path, BertModel& bert);
+
+// The tokenizer a checkpoint records (kTokenizerKey in `meta`, its metadata), resolved against
+// the checkpoint's directory when relative; "" when it records none. A recorded file that does
+// not exist is an error naming both.
+std::string checkpoint_tokenizer(const std::string& path, const engine::SafetensorsMetadata& meta);
 
 // A batch file: a safetensors file with input_ids (B, T), attention_mask (B, T) of 0/1, labels
 // (B, T) with -100 for unpredicted positions, and optionally token_type_ids (B, T); any integer

@@ -1,6 +1,7 @@
 // Finetuning heads (see heads.h).
 #include "models/heads.h"
 
+#include <algorithm>
 #include <map>
 
 #include "engine/autograd.h"
@@ -84,8 +85,21 @@ int64_t load_encoder(const std::string& path, BertForFinetuning& model) {
   ENGINE_CHECK(diff.empty(), "[finetune] ", path, ": the checkpoint's model differs at model.",
                diff, " (checkpoint vs the model being finetuned)");
   // The MLM head and any training state are allowed and left out.
-  load_bert_encoder(path, model.bert);
-  return static_cast<int64_t>(model.bert.named_parameters().size());
+  const engine::SafetensorsContents rest = load_bert_encoder(path, model.bert);
+  int64_t loaded = static_cast<int64_t>(model.bert.named_parameters().size());
+  if (model.dense) {
+    for (const std::string prefix : {"hf.bert.pooler.dense.", "hf.pooler.dense."}) {
+      if (std::find(rest.skipped.begin(), rest.skipped.end(), prefix + "weight") ==
+          rest.skipped.end())
+        continue;
+      engine::load_safetensors_into(
+          path, {{prefix + "weight", model.dense->weight}, {prefix + "bias", model.dense->bias}},
+          engine::ExtraTensors::skip);
+      loaded += 2;
+      break;
+    }
+  }
+  return loaded;
 }
 
 }  // namespace models

@@ -96,6 +96,24 @@ check(len(valid) == 4 and valid[-1] < valid[0], f"validation loss falls: {valid}
 for key in ("step", "loss", "lr", "tokens_per_s", "loss_scale", "grad_norm"):
     check(all(key in r for r in a_rows), f"metrics.jsonl objects have '{key}'")
 
+
+# ---- the run directory carries its tokenizer, recorded relative to each checkpoint --------------
+
+
+def metadata(file):
+    with open(file, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(n)).get("__metadata__", {})
+
+
+shutil.copytree(P("a"), P("a_moved"))
+for ckpt in [P("a_moved", "model.safetensors")] + glob.glob(P("a_moved", "checkpoints", "step_*.safetensors")):
+    tok = metadata(ckpt).get("engine.tokenizer", "")
+    where = os.path.join(os.path.dirname(ckpt), tok)
+    check(tok and not os.path.isabs(tok) and os.path.realpath(where).startswith(os.path.realpath(P("a_moved")))
+          and open(where, "rb").read() == open(P("vocab.txt"), "rb").read(),
+          f"{os.path.relpath(ckpt, work)} records its tokenizer relative to itself, inside the run directory ({tok})")
+
 # ---- run B: killed again and again --------------------------------------------------------------
 b_dir = P("b")
 kills = during_write = 0
