@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -23,20 +24,28 @@
 namespace {
 
 const char* kUsage = R"(usage: finetune_app TASK --checkpoint CKPT --data-dir DIR [options]
+       finetune_app TASK --init FINETUNED --data-dir DIR --predict-only [--out DIR]
 
 Finetunes the encoder of a pretraining checkpoint on one task and reports the official dev
-metrics. TASK is glue/<name> (CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI) or squad/v1.1,
+metrics beside the majority-class baseline (SQuAD v2.0: the empty-answer baseline), flagging a
+model whose dev predictions are all one class. TASK is glue/<name> (CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI) or squad/v1.1,
 squad/v2.0.
 
 Data:
   --checkpoint CKPT    a checkpoint of pretrain_app (model.safetensors or a training checkpoint;
-                       the MLM head and optimizer state are ignored)
+                       the MLM head and optimizer state are ignored), or one converted from
+                       Hugging Face (pretrain_app convert --from-hf); --init is the same flag
+  --predict-only       no training: CKPT is a model finetuned on TASK (--save-model's
+                       runs/<run>/model.safetensors); scores dev, writes dev and test predictions
+                       and GLUE's submission/ files, results.json and results.md to --out
   --data-dir DIR       GLUE: the GLUE download (DIR/<task>/train.tsv, ...) or the task's folder;
                        SQuAD: the folder of train-v1.1.json and dev-v1.1.json (v2.0 likewise)
   --tokenizer TOK      the pretraining vocabulary (.model or vocab.txt); default: the one the
                        checkpoint records (pretrain_app writes it into its checkpoints)
   --cased              WordPiece: keep case (default: lower-case, BERT-uncased)
-  --out DIR            where results, logs and predictions go (default runs/finetune/<task>)
+  --out DIR            where results, logs and predictions go (default runs/finetune/<task>);
+                       one holding an earlier run's results is refused unless --overwrite
+  --overwrite          replace the earlier results in --out
   --device DEV         cpu (default), cuda or cuda:N: where the model trains and evaluates (in
                        the emulation build build-emu/, the emulated GPU)
   --precision P        f32 (default), bf16 or fp16 (CUDA only): the forward's compute dtype, with
@@ -93,7 +102,7 @@ struct Args {
          null_threshold = 0;
   int64_t evals_per_epoch = 1, log_every = 50, n_best = 20, max_answer_len = 30;
   int64_t max_train = 0, max_eval = 0, max_steps = 0;
-  bool cased = false, no_test = false, save_model = false;
+  bool cased = false, no_test = false, save_model = false, predict_only = false, overwrite = false;
 };
 
 Args parse_args(int argc, char** argv) {
@@ -104,8 +113,12 @@ Args parse_args(int argc, char** argv) {
     if (!p.is_flag()) {
       if (!a.task.empty()) usage_error("one TASK only (got '" + a.task + "' and '" + arg + "')");
       a.task = arg;
-    } else if (arg == "--checkpoint")
+    } else if (arg == "--checkpoint" || arg == "--init")
       a.checkpoint = p.value();
+    else if (arg == "--predict-only")
+      a.predict_only = true;
+    else if (arg == "--overwrite")
+      a.overwrite = true;
     else if (arg == "--data-dir")
       a.data_dir = p.value();
     else if (arg == "--tokenizer")
@@ -183,12 +196,38 @@ Args parse_args(int argc, char** argv) {
       usage_error("unknown argument '" + arg + "'");
   }
   if (a.task.empty()) usage_error("TASK is required (glue/RTE, glue/MNLI, squad/v1.1, ...)");
-  if (a.checkpoint.empty()) usage_error("--checkpoint is required");
+  if (a.checkpoint.empty()) usage_error("--checkpoint (or --init) is required");
+  if (a.predict_only && (!a.dump.empty() || a.save_model))
+    usage_error("--predict-only trains nothing: --dump and --save-model do not apply");
   if (a.data_dir.empty()) usage_error("--data-dir is required");
   return a;
 }
 
 // ---- main ----------------------------------------------------------------------------------
+
+// An --out holding an earlier run's results is refused; --overwrite removes them (and only them:
+// results.json, results.md, runs/, submission/, *_predictions.tsv) first.
+void refuse_earlier_results(const std::string& out, bool overwrite, bool root) {
+  namespace fs = std::filesystem;
+  const std::vector<std::string> ours = {"results.json", "results.md", "runs", "submission"};
+  std::vector<fs::path> found;
+  if (fs::is_directory(out))
+    for (auto& e : fs::directory_iterator(out)) {
+      const std::string n = e.path().filename().string();
+      if (std::find(ours.begin(), ours.end(), n) != ours.end() ||
+          (n.size() > 16 && n.substr(n.size() - 16) == "_predictions.tsv") ||
+          n == "predictions.json" || n == "nbest_predictions.json" || n == "null_odds.json")
+        found.push_back(e.path());
+    }
+  if (found.empty()) return;
+  ENGINE_CHECK(overwrite, "[finetune_app] --out ", out, " holds an earlier run's results (",
+               found.front().filename().string(),
+               "); pass --overwrite to replace them or choose another --out");
+  engine::world().barrier();  // every rank has looked before rank 0 removes anything
+  if (root)
+    for (const auto& p : found) fs::remove_all(p);
+  engine::world().barrier();
+}
 
 int run(Args args) {
   engine::Communicator& comm = engine::world();
@@ -208,8 +247,18 @@ int run(Args args) {
     args.epochs = squad                                                                   ? 2
                   : (glue->name == "MNLI" || glue->name == "QNLI" || glue->name == "QQP") ? 5
                                                                                           : 10;
+  if (args.predict_only) {
+    // The finetuned model first: what it is, and the max_len it was trained with.
+    const models::HeadKind head = squad              ? models::HeadKind::span
+                                  : glue->regression ? models::HeadKind::regression
+                                                     : models::HeadKind::classification;
+    const auto meta = models::check_finetuned(args.checkpoint, label, head);
+    auto ml = meta.find(models::kMaxLenKey);
+    if (args.max_len < 0 && ml != meta.end()) args.max_len = std::stoll(ml->second);
+  }
   if (args.max_len < 0) args.max_len = squad ? 384 : 128;
   if (args.out.empty()) args.out = "runs/finetune/" + (squad ? task_name.substr(6) : glue->name);
+  refuse_earlier_results(args.out, args.overwrite, root);
 
   // The model, from the checkpoint's config.
   models::BertConfig config = models::read_checkpoint_config(args.checkpoint);
@@ -237,6 +286,7 @@ int run(Args args) {
                ": pass the vocabulary it was pretrained with (--tokenizer)");
 
   models::TaskDataOptions data_options;
+  data_options.read_train = !args.predict_only;
   data_options.max_len = args.max_len;
   data_options.max_train = args.max_train;
   data_options.max_eval = args.max_eval;
@@ -254,6 +304,19 @@ int run(Args args) {
     task = models::make_squad_task(po.version_2, args.data_dir, *tok, fo, po, data_options);
   } else {
     task = models::make_glue_task(*glue, args.data_dir, *tok, data_options);
+  }
+
+  if (args.predict_only) {
+    models::PredictOptions po;
+    po.out_dir = args.out;
+    po.batch_size = std::max<int64_t>(args.batch_size, 64);
+    po.test_predictions = !args.no_test;
+    po.device = args.device;
+    const models::PredictReport r = models::predict_only(*task, args.checkpoint, po);
+    if (root)
+      std::printf("\n%s\nresults: %s/results.md, %s/results.json\n", r.table.c_str(),
+                  args.out.c_str(), args.out.c_str());
+    return 0;
   }
 
   if (!args.dump.empty()) {
@@ -288,6 +351,8 @@ int run(Args args) {
   s.out_dir = args.out;
   s.test_predictions = !args.no_test;
   s.save_models = args.save_model;
+  s.model_metadata[models::kTokenizerKey] = std::filesystem::absolute(tok_path).string();
+  s.model_metadata[models::kLowerCaseKey] = lower_case ? "true" : "false";
   s.max_len = args.max_len;
   s.doc_stride = squad ? args.doc_stride : 0;
   s.max_train = args.max_train;

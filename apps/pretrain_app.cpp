@@ -43,6 +43,8 @@ const char* kUsage = R"(usage: pretrain_app --config CFG [--set KEY=VALUE ...] [
        pretrain_app prepare --tokenizer TOK --input FILE [FILE ...] --out DIR [--valid-ratio R]
                             [--seed S] [--overwrite] [--quiet] [--cased]
        pretrain_app --config CFG --batch-file BATCH [--steps N] [--init CKPT] [--save OUT]
+       pretrain_app eval --init CKPT --corpus DIR [--split valid|train] [--batches N]
+                         [--batch-size B] [--seq-len T] [--device DEV] [--precision P]
        pretrain_app convert --from-hf DIR --out FILE.safetensors
        pretrain_app convert --to-hf CKPT --out DIR
 
@@ -59,6 +61,14 @@ Data preparation:
   prepare             tokenize text (one sentence/paragraph per line, blank lines between
                       documents; .xz accepted) into memory-mapped train/valid shards; TOK is a
                       SentencePiece .model or a WordPiece vocab.txt (--cased keeps case)
+
+Evaluation without training:
+  eval                masked-LM loss, perplexity and accuracy of CKPT on a prepared corpus's
+                      valid (default) or train split: every batch (or the first --batches N) of
+                      --batch-size sequences (default 32) of --seq-len tokens (default: the
+                      model's max_positions, at most 512), masked as in validation (fixed seed);
+                      the corpus's tokenizer must have the model's vocabulary size. Under mpirun
+                      the batches are shared by the ranks.
 
 Hugging Face BERT (docs/hf-interop.md; both directions bit-exact):
   convert --from-hf DIR   a HF BERT directory (config.json, model.safetensors, vocab.txt) to an
@@ -474,6 +484,86 @@ int prepare_cmd(int argc, char** argv) {
   return 0;
 }
 
+int eval_cmd(int argc, char** argv) {
+  std::string init, corpus_dir, split = "valid", device_s = "cpu", precision = "f32";
+  int64_t batches = 0, batch_size = 32, seq_len = 0;
+  cli::ArgParser p("pretrain_app eval", kUsage, argc, argv, 2);
+  while (p.next()) {
+    const std::string& arg = p.arg();
+    if (arg == "--init")
+      init = p.value();
+    else if (arg == "--corpus")
+      corpus_dir = p.value();
+    else if (arg == "--split")
+      split = p.value();
+    else if (arg == "--batches")
+      batches = p.int_value(1);
+    else if (arg == "--batch-size")
+      batch_size = p.int_value(1);
+    else if (arg == "--seq-len")
+      seq_len = p.int_value(8);
+    else if (arg == "--device")
+      device_s = p.value();
+    else if (arg == "--precision")
+      precision = p.value();
+    else
+      p.unknown();
+  }
+  if (init.empty()) usage_error("eval: --init CKPT is required");
+  if (corpus_dir.empty())
+    usage_error("eval: --corpus DIR (made by pretrain_app prepare) is required");
+  if (split != "valid" && split != "train")
+    usage_error("eval: --split expects valid or train, got '" + split + "'");
+  engine::Device device;
+  try {
+    device = engine::parse_device(device_s);
+  } catch (const engine::Error&) {
+    usage_error("--device expects cpu, cuda or cuda:N, got '" + device_s + "'");
+  }
+  if (precision != "f32" && precision != "bf16" && precision != "fp16")
+    usage_error("--precision expects f32, bf16 or fp16, got '" + precision + "'");
+
+  const models::BertConfig config = models::read_checkpoint_config(init);
+  data::Corpus corpus(corpus_dir);
+  std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(corpus.meta().tokenizer_path, true);
+  ENGINE_CHECK(corpus.meta().vocab_size == config.vocab_size, "[pretrain_app] the corpus ",
+               corpus_dir, " was prepared with a vocabulary of ", corpus.meta().vocab_size,
+               " tokens but the checkpoint ", init, " has vocab_size ", config.vocab_size,
+               ": prepare the corpus with the model's tokenizer");
+  if (seq_len == 0) seq_len = std::min<int64_t>(config.max_positions, 512);
+  if (config.position.has_position_table() && seq_len > config.max_positions)
+    usage_error("eval: --seq-len " + std::to_string(seq_len) +
+                " exceeds the model's max_positions " + std::to_string(config.max_positions));
+  engine::check_device(device);
+  const engine::DType compute = models::compute_dtype(device, precision);
+  models::BertForMaskedLM model(config, 0);
+  models::load_checkpoint(init, model);
+  engine::FlatParameters flat(model.named_parameters(), device);
+
+  data::EvalBatches source(corpus, split == "valid" ? data::Split::valid : data::Split::train, *tok,
+                           batch_size, seq_len);
+  std::vector<data::MlmBatch> list;
+  while (batches == 0 || int64_t(list.size()) < batches) {
+    std::optional<data::MlmBatch> b = source.next();
+    if (!b) break;
+    list.push_back(std::move(*b));
+  }
+  ENGINE_CHECK(!list.empty(), "[pretrain_app] the ", split, " split of ", corpus_dir,
+               " gives no batch of ", seq_len, " tokens");
+  engine::Communicator& comm = engine::world();
+  const models::MlmEval r = models::evaluate_mlm(model, list, comm, compute);
+  ENGINE_CHECK(r.predicted > 0, "[pretrain_app] the ", split, " split of ", corpus_dir,
+               " gave no masked token to predict");
+  if (comm.is_root())
+    std::printf(
+        "eval %s on %s (%s split): %lld batches of %lld x %lld, %lld predicted tokens: loss %.4f "
+        "perplexity %.2f accuracy %.4f\n",
+        init.c_str(), corpus_dir.c_str(), split.c_str(), (long long)r.batches,
+        (long long)batch_size, (long long)seq_len, (long long)r.predicted, r.loss, r.perplexity,
+        r.accuracy);
+  return 0;
+}
+
 int convert_cmd(int argc, char** argv) {
   std::string from_hf, to_hf, out;
   cli::ArgParser p("pretrain_app convert", kUsage, argc, argv, 2);
@@ -515,6 +605,7 @@ int main(int argc, char** argv) {
       if (cmd == "convert") return convert_cmd(argc, argv);
       return cmd == "prepare" ? prepare_cmd(argc, argv) : train_tokenizer_cmd(argc, argv);
     }
+    if (cmd == "eval") return eval_cmd(argc, argv);
     return run(parse_args(argc, argv));
   });
 }

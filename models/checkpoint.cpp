@@ -13,11 +13,7 @@ using engine::DType;
 void save_checkpoint(const std::string& path, const BertForMaskedLM& model,
                      engine::SafetensorsMetadata extra, const engine::NamedTensors& extra_tensors) {
   extra[kConfigKey] = model.config().to_json();
-  auto tok = extra.find(kTokenizerKey);
-  if (tok != extra.end() && std::filesystem::path(tok->second).is_absolute()) {
-    const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
-    tok->second = std::filesystem::path(tok->second).lexically_relative(dir).string();
-  }
+  make_tokenizer_relative(extra, path);
   extra[kKindKey] = "bert_mlm";
   extra["format"] = "pt";  // lets Hugging Face's safetensors tools open it
   engine::NamedTensors tensors;
@@ -46,6 +42,13 @@ engine::SafetensorsContents load_checkpoint(const std::string& path, BertForMask
                  "' is in the file but not in the model (", model.config().position.preset,
                  "); the file holds more than a model");
   return c;
+}
+
+void make_tokenizer_relative(engine::SafetensorsMetadata& meta, const std::string& path) {
+  auto tok = meta.find(kTokenizerKey);
+  if (tok == meta.end() || !std::filesystem::path(tok->second).is_absolute()) return;
+  const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
+  tok->second = std::filesystem::path(tok->second).lexically_relative(dir).string();
 }
 
 std::string checkpoint_tokenizer(const std::string& path, const engine::SafetensorsMetadata& meta) {

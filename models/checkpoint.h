@@ -12,7 +12,8 @@ namespace models {
 
 // Metadata keys.
 inline constexpr const char* kConfigKey = "engine.model_config";  // BertConfig::to_json()
-inline constexpr const char* kKindKey = "engine.model";           // "bert_mlm"
+inline constexpr const char* kKindKey = "engine.model";  // "bert_mlm", "bert_classification", ...
+inline constexpr const char* kTaskKey = "engine.task";   // a finetuned model's task, "glue/RTE"
 // The tokenizer the model was trained with, relative to the checkpoint's directory (so a run
 // directory can move), and whether WordPiece lower-cases ("true" / "false").
 inline constexpr const char* kTokenizerKey = "engine.tokenizer";
@@ -39,6 +40,10 @@ engine::SafetensorsContents load_checkpoint(const std::string& path, BertForMask
 // A bert.* tensor the model lacks is an error. The caller checks the stored config
 // (read_checkpoint_config) against the model's.
 engine::SafetensorsContents load_bert_encoder(const std::string& path, BertModel& bert);
+
+// Rewrites an absolute kTokenizerKey in `meta` relative to the directory of `path` (the file the
+// metadata is written to); save_checkpoint does this itself.
+void make_tokenizer_relative(engine::SafetensorsMetadata& meta, const std::string& path);
 
 // The tokenizer a checkpoint records (kTokenizerKey in `meta`, its metadata), resolved against
 // the checkpoint's directory when relative; "" when it records none. A recorded file that does

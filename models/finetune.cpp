@@ -241,9 +241,12 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
                 << ", \"eval\": true" << metrics_json(r) << "}\n"
                 << std::flush;
       if (o.verbose)
-        std::printf("  eval step %lld epoch %.2f: %s%s\n", (long long)done,
+        std::printf("  eval step %lld epoch %.2f: %s%s%s\n", (long long)done,
                     double(done) / double(per_epoch), metrics_text(r).c_str(),
-                    better ? " (best)" : "");
+                    better ? " (best)" : "",
+                    r.one_class.empty()
+                        ? ""
+                        : (" [one class: every dev prediction is " + r.one_class + "]").c_str());
       std::fflush(stdout);
     }
   }

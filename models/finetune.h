@@ -49,6 +49,9 @@ struct FinetuneOptions {
 struct EvalResult {
   std::vector<std::pair<std::string, double>> metrics;
   double score = 0;
+  // Non-empty when every dev prediction (of the first dev split) is the same class: that label
+  // ("\"\"" for SQuAD v2.0 answering nothing) — a model no better than a constant.
+  std::string one_class;
 };
 // Evaluates the model (in eval mode) on dev; called on every rank (it may call predict()).
 using Evaluator = std::function<EvalResult(BertForFinetuning&)>;

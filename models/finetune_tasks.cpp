@@ -52,18 +52,20 @@ class GlueTaskRunner : public FinetuneTask {
       glue_dir_ = dir.string();
       task_dir_ = (dir / task.dir).string();
     }
-    const std::string train_path = path("train");
-    ENGINE_CHECK(fs::exists(train_path), "[finetune] ", train_path, ": no such file (--data-dir ",
-                 dir_arg, " should be the GLUE folder holding ", task.dir,
-                 "/train.tsv, or that task folder)");
-    data::GlueReadStats stats;
-    std::vector<data::GlueExample> train = data::read_glue(task, train_path, false, &stats);
-    if (root && stats.skipped_rows > 0)
-      std::printf("%s: skipped %lld malformed rows (first at line %d), as HF's processor does\n",
-                  train_path.c_str(), (long long)stats.skipped_rows, stats.first_skipped_line);
-    if (max_train > 0 && int64_t(train.size()) > max_train) train.resize(size_t(max_train));
+    const std::string first = path(o.read_train ? "train" : task.dev_splits.front());
+    ENGINE_CHECK(fs::exists(first), "[finetune] ", first, ": no such file (--data-dir ", dir_arg,
+                 " should be the GLUE folder holding ", task.dir, "/",
+                 fs::path(first).filename().string(), ", or that task folder)");
     int64_t truncated = 0;
-    train_ = encode(train, &truncated);
+    if (o.read_train) {
+      data::GlueReadStats stats;
+      std::vector<data::GlueExample> train = data::read_glue(task, first, false, &stats);
+      if (root && stats.skipped_rows > 0)
+        std::printf("%s: skipped %lld malformed rows (first at line %d), as HF's processor does\n",
+                    first.c_str(), (long long)stats.skipped_rows, stats.first_skipped_line);
+      if (max_train > 0 && int64_t(train.size()) > max_train) train.resize(size_t(max_train));
+      train_ = encode(train, &truncated);
+    }
     for (const std::string& split : task.dev_splits) {
       std::vector<data::GlueExample> dev = data::read_glue(task, path(split), false);
       if (max_eval > 0 && int64_t(dev.size()) > max_eval) dev.resize(size_t(max_eval));
@@ -93,12 +95,33 @@ class GlueTaskRunner : public FinetuneTask {
       auto m = data::glue_metrics(task_, dev_[s].examples, labels, scores);
       // MNLI: the matched split ranks runs; the mismatched one is reported as *_mm.
       for (auto& [name, v] : m) r.metrics.emplace_back(s == 0 ? name : name + "_mm", v);
+      if (s == 0 && !labels.empty() &&
+          std::all_of(labels.begin(), labels.end(), [&](int64_t l) { return l == labels[0]; }))
+        r.one_class = task_.label_names[size_t(labels[0])];
       if (s == 0) {
         double sum = 0;
         for (auto& [name, v] : m) sum += v;
         r.score = sum / double(m.size());  // GLUE's convention: the mean of the task's metrics
       }
     }
+    return r;
+  }
+
+  EvalResult baseline() const override {
+    EvalResult r;
+    if (task_.regression || dev_.empty() || dev_[0].examples.empty()) return r;
+    const auto& ex = dev_[0].examples;
+    std::vector<int64_t> count(size_t(task_.num_labels), 0);
+    for (const auto& e : ex) ++count[size_t(e.label)];
+    const int64_t majority = std::max_element(count.begin(), count.end()) - count.begin();
+    const std::vector<int64_t> labels(ex.size(), majority);
+    double sum = 0;
+    for (auto& [name, v] : data::glue_metrics(task_, ex, labels, {})) {
+      r.metrics.emplace_back(name, v);
+      sum += v;
+    }
+    r.score = sum / double(r.metrics.size());
+    r.one_class = task_.label_names[size_t(majority)];
     return r;
   }
 
@@ -206,10 +229,11 @@ class SquadTaskRunner : public FinetuneTask {
     const std::string train_path = (fs::path(dir) / ("train-" + version + ".json")).string();
     const std::string dev_path = (fs::path(dir) / ("dev-" + version + ".json")).string();
     for (const auto& p : {train_path, dev_path})
-      ENGINE_CHECK(fs::exists(p), "[finetune] ", p,
+      ENGINE_CHECK(fs::exists(p) || (p == train_path && !o.read_train), "[finetune] ", p,
                    ": no such file (--data-dir should hold the official train-", version,
                    ".json and dev-", version, ".json)");
-    std::vector<data::SquadExample> train = data::read_squad(train_path);
+    std::vector<data::SquadExample> train;
+    if (o.read_train) train = data::read_squad(train_path);
     if (max_train > 0 && int64_t(train.size()) > max_train) train.resize(size_t(max_train));
     dev_ = data::read_squad(dev_path);
     if (max_eval > 0 && int64_t(dev_.size()) > max_eval) dev_.resize(size_t(max_eval));
@@ -252,6 +276,22 @@ class SquadTaskRunner : public FinetuneTask {
       r.metrics.emplace_back("best_f1_thresh", s.best_f1_thresh);
     }
     r.score = s.f1;
+    if (v2_ && !answers.empty() &&
+        std::all_of(answers.begin(), answers.end(),
+                    [](const data::SquadAnswer& a) { return a.text.empty(); }))
+      r.one_class = "\"\" (no answer)";
+    return r;
+  }
+
+  EvalResult baseline() const override {
+    EvalResult r;
+    if (!v2_ || dev_.empty()) return r;
+    std::map<std::string, std::string> empty;
+    for (const auto& e : dev_) empty[e.id] = "";
+    const data::SquadScores s = data::evaluate_squad(dev_, empty, nullptr, 0);
+    r.metrics = {{"exact", s.exact}, {"f1", s.f1}};
+    r.score = s.f1;
+    r.one_class = "\"\" (no answer)";
     return r;
   }
 
@@ -316,15 +356,46 @@ json eval_json(const EvalResult& r) {
   json m = json::object();
   for (auto& [name, v] : r.metrics) m[name] = v;
   m["score"] = r.score;
+  if (!r.one_class.empty()) m["one_class"] = r.one_class;
   return m;
+}
+
+json baseline_json(const EvalResult& b, bool squad) {
+  if (b.metrics.empty()) return nullptr;
+  json m = json::object();
+  for (auto& [name, v] : b.metrics) m[name] = v;
+  return {{"predictor", squad ? "every question answered with \"\"" : "majority class"},
+          {"prediction", b.one_class},
+          {"metrics", m}};
 }
 
 // The sweep table: one row per learning rate, each metric's median over seeds (percent), the
 // score of every seed, the best learning rate marked.
 }  // namespace
 
+std::string baseline_lines(const EvalResult& baseline, bool squad, const std::string& who,
+                           const EvalResult* r) {
+  std::ostringstream md;
+  char buf[64];
+  if (!baseline.metrics.empty()) {
+    md << (squad ? "Baseline (every question answered with \"\")"
+                 : "Baseline (majority class '" + baseline.one_class + "')")
+       << " on dev:";
+    for (auto& [name, v] : baseline.metrics) {
+      std::snprintf(buf, sizeof buf, " %s %.2f", name.c_str(), squad ? v : 100.0 * v);
+      md << buf;
+    }
+    md << ".\n";
+  }
+  if (r && !r->one_class.empty())
+    md << "**Warning**: " << who << " predicts " << r->one_class
+       << " for every dev example: it has learned nothing beyond a constant"
+       << (baseline.metrics.empty() ? "" : " (the baseline above)") << ".\n";
+  return md.str();
+}
+
 std::string sweep_markdown(const std::string& task, bool squad, const std::vector<SweepRun>& runs,
-                           const SweepSummary& s) {
+                           const SweepSummary& s, const EvalResult& baseline) {
   std::ostringstream md;
   const size_t seeds = s.rows.front().scores.size();
   md << "| lr |";
@@ -355,6 +426,12 @@ std::string sweep_markdown(const std::string& task, bool squad, const std::vecto
      << seeds << " seed" << (seeds == 1 ? "" : "s") << "); submission from its best run, seed "
      << best.seed << " (step " << best.result.best_step << ", epoch " << best.result.best_epoch
      << ").\n";
+  md << baseline_lines(baseline, squad, "", nullptr);
+  for (const auto& run : runs)
+    md << baseline_lines({}, squad,
+                         "run lr " + lr_str(run.lr) + " seed " + std::to_string(run.seed) +
+                             " (at its best evaluation)",
+                         &run.result.best);
   return md.str();
 }
 
@@ -409,11 +486,15 @@ SweepReport run_sweep(FinetuneTask& task, const BertConfig& config, const std::s
       if (root && o.save_models) {
         engine::NamedTensors weights;
         for (auto& [n, t] : model.named_parameters()) weights.emplace_back(n, t.detach());
-        engine::save_safetensors((dir / "model.safetensors").string(), weights,
-                                 {{kConfigKey, model.config().to_json()},
-                                  {kKindKey, std::string("bert_") + head_kind_name(model.kind())},
-                                  {"engine.task", label},
-                                  {"format", "pt"}});
+        engine::SafetensorsMetadata meta = o.model_metadata;
+        meta[kConfigKey] = model.config().to_json();
+        meta[kKindKey] = std::string("bert_") + head_kind_name(model.kind());
+        meta[kTaskKey] = label;
+        meta[kMaxLenKey] = std::to_string(o.max_len);
+        meta["format"] = "pt";
+        const std::string file = (dir / "model.safetensors").string();
+        make_tokenizer_relative(meta, file);
+        engine::save_safetensors(file, weights, meta);
       }
       runs.push_back({lr, seed, r});
       json hist = json::array();
@@ -432,7 +513,8 @@ SweepReport run_sweep(FinetuneTask& task, const BertConfig& config, const std::s
   SweepReport report;
   report.summary = summarize_sweep(runs);
   const SweepSummary& summary = report.summary;
-  report.table = sweep_markdown(label, squad, runs, summary);
+  const EvalResult baseline = task.baseline();
+  report.table = sweep_markdown(label, squad, runs, summary, baseline);
   report.runs = runs;
   if (!root) return report;
   const std::string& table = report.table;
@@ -469,6 +551,7 @@ SweepReport run_sweep(FinetuneTask& task, const BertConfig& config, const std::s
       {"runs", runs_json},
       {"by_lr", rows},
       {"best_lr", summary.rows[summary.best_row].lr},
+      {"baseline", baseline_json(baseline, squad)},
       {"best_run",
        {{"lr", best.lr}, {"seed", best.seed}, {"metrics", eval_json(best.result.best)}}}};
   if (squad) results["protocol"]["doc_stride"] = o.doc_stride;
@@ -488,6 +571,88 @@ SweepReport run_sweep(FinetuneTask& task, const BertConfig& config, const std::s
         fs::copy_file(e.path(), sub / n, fs::copy_options::overwrite_existing);
     }
   }
+  return report;
+}
+
+engine::SafetensorsMetadata check_finetuned(const std::string& checkpoint, const std::string& task,
+                                            HeadKind head) {
+  const engine::SafetensorsMetadata meta = engine::read_safetensors_metadata(checkpoint);
+  auto get = [&](const char* key) {
+    auto it = meta.find(key);
+    return it == meta.end() ? std::string() : it->second;
+  };
+  const std::string kind = get(kKindKey), want = std::string("bert_") + head_kind_name(head);
+  ENGINE_CHECK(kind != "bert_mlm", "[finetune] ", checkpoint, " is a pretraining checkpoint (",
+               kKindKey,
+               " bert_mlm) with no finetuned head; prediction needs a model finetuned on ", task,
+               " (finetune_app --save-model writes runs/<run>/model.safetensors)");
+  ENGINE_CHECK(kind == want, "[finetune] ", checkpoint, ": ", kKindKey, " is '", kind,
+               "', expected '", want, "' (a model finetuned on ", task, ")");
+  const std::string trained_on = get(kTaskKey);
+  ENGINE_CHECK(trained_on == task, "[finetune] ", checkpoint, " was finetuned on '", trained_on,
+               "', not ", task, " (", kTaskKey, ")");
+  return meta;
+}
+
+PredictReport predict_only(FinetuneTask& task, const std::string& checkpoint,
+                           const PredictOptions& o) {
+  const bool root = engine::world().is_root();
+  const bool squad = task.is_squad();
+  check_finetuned(checkpoint, task.name(), task.head());
+  const BertConfig config = read_checkpoint_config(checkpoint);
+  BertForFinetuning model(config, task.head(), task.num_labels(), 0);
+  engine::load_safetensors_into(checkpoint, model.named_parameters());
+  engine::check_device(o.device);
+  engine::FlatParameters flat(model.named_parameters(), o.device);
+  model.train(false);
+
+  PredictReport report;
+  report.dev = task.evaluate(model, o.batch_size);
+  report.baseline = task.baseline();
+  const fs::path out(o.out_dir);
+  if (root) fs::create_directories(out);
+  task.write_predictions(model, o.batch_size, out, o.test_predictions);
+  std::ostringstream md;
+  char buf[64];
+  md << "| metric | dev | baseline |\n|---|---:|---:|\n";
+  for (auto& [name, v] : report.dev.metrics) {
+    std::snprintf(buf, sizeof buf, "%.2f", squad ? v : 100.0 * v);
+    md << "| " << name << " | " << buf << " | ";
+    for (auto& [bn, bv] : report.baseline.metrics)
+      if (bn == name) {
+        std::snprintf(buf, sizeof buf, "%.2f", squad ? bv : 100.0 * bv);
+        md << buf;
+      }
+    md << " |\n";
+  }
+  md << "\n"
+     << task.name() << ": dev of " << checkpoint << " (prediction only, no training).\n"
+     << baseline_lines(report.baseline, squad, "the model", &report.dev);
+  report.table = md.str();
+  if (!root) return report;
+  if (!squad && o.test_predictions) {
+    // GLUE's submission folder: the test predictions under GLUE's file names.
+    const fs::path sub = out / "submission";
+    fs::create_directories(sub);
+    for (auto& e : fs::directory_iterator(out)) {
+      const std::string n = e.path().filename().string();
+      if (n.size() > 4 && n.substr(n.size() - 4) == ".tsv" &&
+          n.find("_predictions") == std::string::npos)
+        fs::rename(e.path(), sub / n);
+    }
+  }
+  const json results = {{"task", task.name()},
+                        {"checkpoint", checkpoint},
+                        {"mode", "predict-only"},
+                        {"model",
+                         {{"preset", config.position.preset},
+                          {"layers", config.num_layers},
+                          {"hidden_size", config.hidden_size}}},
+                        {"dev", eval_json(report.dev)},
+                        {"baseline", baseline_json(report.baseline, squad)}};
+  engine::write_file_atomic((out / "results.json").string(), results.dump(2) + "\n", "finetune");
+  engine::write_file_atomic((out / "results.md").string(),
+                            "# " + task.name() + "\n\n" + report.table, "finetune");
   return report;
 }
 

@@ -21,6 +21,7 @@
 #include "data/glue.h"
 #include "data/squad_features.h"
 #include "data/tokenizer.h"
+#include "engine/safetensors.h"
 #include "models/finetune.h"
 #include "models/heads.h"
 
@@ -36,6 +37,10 @@ class FinetuneTask {
   virtual const std::vector<EncodedExample>& train() const = 0;
   // The dev metrics (every rank calls it: prediction is data parallel); score ranks evaluations.
   virtual EvalResult evaluate(BertForFinetuning& model, int64_t batch_size) = 0;
+  // The dev metrics of the trivial predictor — the majority class of the first dev split (GLUE
+  // classification), every question unanswered (SQuAD v2.0) — with its description in
+  // `one_class`; no metrics when there is none (regression, SQuAD v1.1).
+  virtual EvalResult baseline() const = 0;
   // Dev predictions and, when `test`, test predictions (GLUE's file names) into `dir`; rank 0
   // writes, every rank predicts.
   virtual void write_predictions(BertForFinetuning& model, int64_t batch_size,
@@ -44,10 +49,11 @@ class FinetuneTask {
 
 // How much of a task's data to use.
 struct TaskDataOptions {
-  int64_t max_len = 128;  // tokens per input, [CLS] and [SEP] included (SQuAD: window length)
-  int64_t max_train = 0;  // > 0: the first N training examples
-  int64_t max_eval = 0;   // > 0: the first N examples of each dev split
-  bool verbose = true;    // rank 0 prints what was read
+  int64_t max_len = 128;   // tokens per input, [CLS] and [SEP] included (SQuAD: window length)
+  int64_t max_train = 0;   // > 0: the first N training examples
+  int64_t max_eval = 0;    // > 0: the first N examples of each dev split
+  bool read_train = true;  // false: dev (and test) only, for prediction from a finetuned model
+  bool verbose = true;     // rank 0 prints what was read
 };
 
 // `dir` is the GLUE folder (holding <task>/train.tsv, ...) or the task's own folder.
@@ -72,9 +78,10 @@ struct SweepOptions {
   std::string out_dir;           // results.md, results.json, runs/lr<lr>_seed<s>/, submission/
   bool test_predictions = true;  // test predictions per run and GLUE's submission/ folder
   bool save_models = false;      // runs/.../model.safetensors: each run's best weights
-  int64_t max_len = 128;         // recorded in results.json
-  int64_t doc_stride = 0;        // SQuAD: recorded in results.json
-  int64_t max_train = 0, max_eval = 0;  // recorded in results.json
+  engine::SafetensorsMetadata model_metadata;  // added to saved models (e.g. the tokenizer)
+  int64_t max_len = 128;                       // recorded in results.json
+  int64_t doc_stride = 0;                      // SQuAD: recorded in results.json
+  int64_t max_train = 0, max_eval = 0;         // recorded in results.json
 };
 
 // One run per (learning rate, seed), each from the checkpoint's encoder with a fresh head; writes
@@ -90,8 +97,39 @@ SweepReport run_sweep(FinetuneTask& task, const BertConfig& config, const std::s
 
 // The results.md table: per learning rate each metric's median over seeds (percent for GLUE),
 // every seed's score, the best learning rate marked, and where the submission comes from.
+// Below it: the trivial baseline's metrics (`baseline`, FinetuneTask::baseline()) and a warning
+// for every run whose best evaluation predicted one class only.
 std::string sweep_markdown(const std::string& task, bool squad, const std::vector<SweepRun>& runs,
-                           const SweepSummary& summary);
+                           const SweepSummary& summary, const EvalResult& baseline = {});
+
+// The lines results.md and the console show under a result: the baseline beside the metrics,
+// e.g. "baseline (majority class 'not_entailment'): acc 52.71", and, when `r` predicted one
+// class, a warning saying so. `percent`: GLUE's fractions are shown as percentages.
+std::string baseline_lines(const EvalResult& baseline, bool squad, const std::string& who,
+                           const EvalResult* r);
+
+// Evaluation and prediction without training: a model finetuned on this task (finetune_app
+// --save-model: engine.model bert_<head>, engine.task) is scored on dev, with the baseline and
+// the one-class check; dev predictions, test predictions and (GLUE) submission/ go to out_dir,
+// with results.json and results.md. Errors name what the checkpoint is when it is not such a
+// model (a pretraining checkpoint, another task, another head).
+// Checks that `checkpoint` is a model finetuned on `task` with a `head` head (one clear error
+// naming what it is otherwise) and returns its metadata (kMaxLenKey: the run's max_len).
+inline constexpr const char* kMaxLenKey = "engine.max_len";
+engine::SafetensorsMetadata check_finetuned(const std::string& checkpoint, const std::string& task,
+                                            HeadKind head);
+struct PredictOptions {
+  std::string out_dir;
+  int64_t batch_size = 64;
+  bool test_predictions = true;
+  engine::Device device = engine::Device::cpu();
+};
+struct PredictReport {
+  EvalResult dev, baseline;
+  std::string table;  // results.md's body
+};
+PredictReport predict_only(FinetuneTask& task, const std::string& checkpoint,
+                           const PredictOptions& options);
 
 // The reference check's dump: with dropout off, the first `batch_size` training examples in file
 // order; inputs, labels, logits, loss, every parameter and its gradient, to `path` (safetensors).

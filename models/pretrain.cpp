@@ -23,6 +23,43 @@
 
 namespace models {
 
+MlmEval evaluate_mlm(BertForMaskedLM& model, const std::vector<data::MlmBatch>& batches,
+                     engine::Communicator& comm, engine::DType compute) {
+  engine::NoGrad ng;
+  engine::Autocast autocast(compute);
+  const bool was_training = model.training();
+  model.train(false);
+  engine::Generator unused(0);  // dropout is off
+  MlmEval r;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  const engine::Device device = model.bert.token_embedding.device();
+  for (size_t i = size_t(comm.rank()); i < batches.size(); i += size_t(comm.size())) {
+    const data::MlmBatch b = batches[i].to(device);
+    MlmOutput out = model.forward(b, unused);
+    const int64_t m = out.logits.size(0), v = out.logits.size(1);
+    loss_sum += out.loss.item() * double(m);
+    // Accuracy on the host: evaluation is not in the training step.
+    std::vector<float> logits = out.logits.to(engine::DType::f32).to_vector<float>();
+    std::vector<int64_t> targets = batches[i].targets.to_vector<int64_t>();
+    for (int64_t k = 0; k < m; ++k) {
+      const float* row = logits.data() + k * v;
+      correct += (std::max_element(row, row + v) - row) == targets[size_t(k)];
+    }
+    r.predicted += m;
+  }
+  model.train(was_training);
+  double sums[3] = {loss_sum, double(correct), double(r.predicted)};
+  comm.all_reduce(sums);
+  r.batches = int64_t(batches.size());
+  r.predicted = static_cast<int64_t>(sums[2]);
+  if (r.predicted == 0) return r;
+  r.loss = sums[0] / double(r.predicted);
+  r.accuracy = sums[1] / double(r.predicted);
+  r.perplexity = std::exp(r.loss);
+  return r;
+}
+
 namespace fs = std::filesystem;
 using engine::DType;
 using engine::Tensor;
@@ -157,47 +194,13 @@ std::string fmt_duration(double s) {
   return buf;
 }
 
-struct ValidResult {
-  double loss = 0, accuracy = 0;
-  int64_t predicted = 0;
-};
+using ValidResult = MlmEval;
 
-// Over the first `max_batches` validation batches, batch i on rank i % size; sums reduced.
+// Over the first `max_batches` validation batches.
 ValidResult validate(BertForMaskedLM& model, BatchSource& data, int64_t max_batches,
                      engine::Communicator& comm, engine::DType compute) {
-  engine::NoGrad ng;
-  engine::Autocast autocast(compute);
-  const bool was_training = model.training();
-  model.train(false);
-  engine::Generator unused(0);  // dropout is off
-  ValidResult r;
-  double loss_sum = 0;
-  int64_t correct = 0;
-  const std::vector<data::MlmBatch> batches = data.valid_batches(max_batches);
-  const engine::Device device = model.bert.token_embedding.device();
-  for (size_t i = size_t(comm.rank()); i < batches.size(); i += size_t(comm.size())) {
-    const data::MlmBatch b = batches[i].to(device);
-    MlmOutput out = model.forward(b, unused);
-    const int64_t m = out.logits.size(0), v = out.logits.size(1);
-    loss_sum += out.loss.item() * double(m);
-    // Accuracy on the host: validation runs every valid_every steps, not in the step.
-    std::vector<float> logits = out.logits.to(DType::f32).to_vector<float>();
-    std::vector<int64_t> targets = batches[i].targets.to_vector<int64_t>();
-    for (int64_t i = 0; i < m; ++i) {
-      const float* row = logits.data() + i * v;
-      correct += (std::max_element(row, row + v) - row) == targets[size_t(i)];
-    }
-    r.predicted += m;
-  }
-  model.train(was_training);
-  double sums[3] = {loss_sum, double(correct), double(r.predicted)};
-  comm.all_reduce(sums);
-  loss_sum = sums[0];
-  correct = static_cast<int64_t>(sums[1]);
-  r.predicted = static_cast<int64_t>(sums[2]);
+  ValidResult r = evaluate_mlm(model, data.valid_batches(max_batches), comm, compute);
   ENGINE_CHECK(r.predicted > 0, "[pretrain] the validation split gave no predicted token");
-  r.loss = loss_sum / double(r.predicted);
-  r.accuracy = double(correct) / double(r.predicted);
   return r;
 }
 

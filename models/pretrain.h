@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "data/batch.h"
+#include "engine/comm.h"
 #include "engine/config.h"
 #include "engine/loss_scaler.h"
 #include "engine/optim.h"
@@ -33,6 +34,16 @@ class BatchSource {
   // The validation batches, the same ones every time (fixed masking); at most `max_batches`.
   virtual std::vector<data::MlmBatch> valid_batches(int64_t max_batches) = 0;
 };
+
+// Masked-LM evaluation: the loss (mean over predicted tokens), perplexity exp(loss) and top-1
+// accuracy of `model` over `batches` (batch i on rank i % size, sums reduced over ranks), with
+// dropout off under `compute` autocast; zeros when no token is predicted.
+struct MlmEval {
+  double loss = 0, perplexity = 0, accuracy = 0;
+  int64_t predicted = 0, batches = 0;
+};
+MlmEval evaluate_mlm(BertForMaskedLM& model, const std::vector<data::MlmBatch>& batches,
+                     engine::Communicator& comm, engine::DType compute);
 
 struct PretrainOptions {
   int64_t steps = 1000;       // optimizer steps

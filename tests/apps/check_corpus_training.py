@@ -97,6 +97,23 @@ for key in ("step", "loss", "lr", "tokens_per_s", "loss_scale", "grad_norm"):
     check(all(key in r for r in a_rows), f"metrics.jsonl objects have '{key}'")
 
 
+# ---- pretrain_app eval: the final model on the validation split gives the run's last valid loss ---
+p = run(["eval", "--init", P("a", "model.safetensors"), "--corpus", P("corpus"), "--batches", "2", "--batch-size", "8",
+         "--seq-len", "64"])
+try:
+    fields = p.stdout.split("loss ")[1].split()
+    ev_loss, ev_ppl, ev_acc = float(fields[0]), float(fields[2]), float(fields[4])
+    last = [r for r in a_rows if "valid_loss" in r][-1]
+    check(p.returncode == 0 and abs(ev_loss - last["valid_loss"]) < 1e-4 and abs(ev_acc - last["valid_accuracy"]) < 1e-4
+          and abs(ev_ppl - last["valid_ppl"]) < 1e-2 * last["valid_ppl"],
+          f"eval gives the run's last validation: loss {ev_loss} vs {last['valid_loss']:.4f}, accuracy {ev_acc}", p.stdout + p.stderr)
+except (IndexError, ValueError):
+    check(False, "pretrain_app eval prints loss, perplexity and accuracy", p.stdout + p.stderr)
+p = run(["eval", "--init", P("a", "model.safetensors"), "--corpus", P("nowhere")])
+check(p.returncode == 1 and "nowhere" in p.stderr, "eval on a missing corpus: one clear error", p.stderr)
+p = run(["eval", "--corpus", P("corpus")])
+check(p.returncode == 2 and "--init" in p.stderr, "eval without --init: a usage error", p.stderr)
+
 # ---- the run directory carries its tokenizer, recorded relative to each checkpoint --------------
 
 

@@ -198,6 +198,63 @@ if res:
     check(sub[0] == "index\tprediction" and len(sub) == 22, "submission RTE.tsv: header + 21 rows")
     check([l.split("\t")[0] for l in sub[1:]] == [str(i) for i in range(21)], "submission: every test index in order")
     check(all(l.split("\t")[1] in ("entailment", "not_entailment") for l in sub[1:]), "submission: label names")
+    # The majority-class baseline beside the metric (dev is 32/32, so 50%), and no one-class warning.
+    check(res["baseline"] == {"predictor": "majority class", "prediction": "entailment", "metrics": {"acc": 0.5}},
+          f"results.json: the majority-class baseline ({res.get('baseline')})")
+    check("Baseline (majority class 'entailment') on dev: acc 50.00." in md and "Baseline (majority" in out,
+          "results.md and the console show the baseline")
+    check("Warning" not in md, "no one-class warning for models that learned the task")
+
+# An --out with results is refused, --overwrite replaces them.
+run(["glue/RTE", *CKPT, "--data-dir", path("glue"), "--out", rte_out, *FAST], 1,
+    "holds an earlier run's results (", "an earlier run's --out is refused")
+check(os.path.exists(os.path.join(rte_out, "results.json")), "the refused run left the earlier results alone")
+
+# A model that predicts one class is flagged: lr 0 keeps the random head, which (dev being balanced
+# and the encoder untrained) must not pass; a constant-label dev set makes every model "one class".
+write("glue_one/RTE/train.tsv", tsv(rte_rows(16), ["index", "sentence1", "sentence2", "label"]))
+write("glue_one/RTE/dev.tsv", tsv([r[:3] + ("entailment",) for r in rte_rows(10)], ["index", "sentence1", "sentence2", "label"]))
+one_out = path("out_one")
+out = run(["glue/RTE", *CKPT, "--data-dir", path("glue_one"), "--out", one_out, "--lr", "1e-9", "--seed", "1",
+           "--epochs", "1", "--no-test", "--save-model", *FAST], 0, "best learning rate", "glue/RTE, an untrainable run")
+try:
+    one = json.load(open(os.path.join(one_out, "results.json")))
+    flagged = one["runs"][0]["best"].get("one_class")
+    md1 = open(os.path.join(one_out, "results.md")).read()
+    if flagged:
+        check("**Warning**: run lr 1e-09 seed 1 (at its best evaluation) predicts " + flagged in md1,
+              f"a one-class run is flagged in results.md ({flagged})")
+    else:
+        check("Warning" not in md1, "a run with two predicted classes is not flagged")
+    check(one["baseline"]["metrics"]["acc"] == 1.0, "baseline on a one-label dev set is 100%")
+except Exception as e:  # noqa: BLE001
+    check(False, f"one-class results readable ({e})")
+
+# ---- prediction only, from a finetuned model ------------------------------------------------------
+best = res["best_run"] if res else None
+if res:
+    run(["glue/RTE", *CKPT, "--data-dir", path("glue"), "--out", rte_out, "--lr", str(best["lr"]), "--seed",
+         str(best["seed"]), "--epochs", "8", "--save-model", "--overwrite", *FAST], 0, "best learning rate",
+        "--overwrite: the best run again, with --save-model")
+    model = os.path.join(rte_out, "runs", f"lr{best['lr']:g}_seed{best['seed']}", "model.safetensors")
+    pred_out = path("out_rte_predict")
+    out = run(["glue/RTE", "--init", model, "--data-dir", path("glue"), "--out", pred_out, "--predict-only"], 0,
+              "prediction only", "--predict-only from the finetuned model (its vocabulary recorded in it)")
+    try:
+        pr = json.load(open(os.path.join(pred_out, "results.json")))
+        again = json.load(open(os.path.join(rte_out, "results.json")))["best_run"]["metrics"]["acc"]
+        check(pr["mode"] == "predict-only" and abs(pr["dev"]["acc"] - again) < 1e-9,
+              f"--predict-only scores dev as the run did ({pr['dev']['acc']} vs {again})")
+        check(pr["baseline"]["metrics"]["acc"] == 0.5 and "| acc |" in out, "--predict-only shows the baseline")
+        sub = open(os.path.join(pred_out, "submission", "RTE.tsv")).read().splitlines()
+        check(len(sub) == 22, "--predict-only writes the GLUE submission file")
+        check(len(open(os.path.join(pred_out, "dev_predictions.tsv")).read().splitlines()) == 65,
+              "--predict-only writes the dev predictions")
+    except Exception as e:  # noqa: BLE001
+        check(False, f"--predict-only results readable ({e})")
+    run(["glue/RTE", "--init", path("init.safetensors"), "--tokenizer", path("vocab.txt"), "--data-dir",
+         path("glue"), "--out", path("out_pred_bad"), "--predict-only"], 1,
+        "is a pretraining checkpoint", "--predict-only of a pretraining checkpoint: one clear error")
 
 # ---- the other GLUE layouts ---------------------------------------------------------------------
 SHORT = ["--lr", "2e-3", "--seed", "1", "--epochs", "1", *FAST]
@@ -217,6 +274,9 @@ write("glue/CoLA/test.tsv", tsv([(i, sentence()) for i in range(5)], ["index", "
 out = run(["glue/CoLA", *CKPT, "--data-dir", path("glue", "CoLA"), "--out", path("out_cola"), *SHORT], 0, "mcc",
           "glue/CoLA (no header; --data-dir the task folder)")
 check(os.path.exists(path("out_cola", "submission", "CoLA.tsv")), "CoLA.tsv written")
+if res:
+    run(["glue/CoLA", "--init", model, "--data-dir", path("glue"), "--out", path("out_pred_bad2"), "--predict-only"],
+        1, "was finetuned on 'glue/RTE', not glue/CoLA", "--predict-only on another task: one clear error")
 
 mnli_train_h = ["index", "promptID", "pairID", "genre", "s1bp", "s2bp", "s1p", "s2p", "sentence1", "sentence2",
                 "label1", "gold_label"]
@@ -282,7 +342,7 @@ run(["glue/RTE", *CKPT, "--data-dir", path("glue"), "--dump", path("dump.st"), "
 # ---- bad inputs ---------------------------------------------------------------------------------
 base = ["--data-dir", path("glue"), "--out", path("out_bad"), *SHORT]
 run(["--checkpoint", path("init.safetensors")], 2, "TASK is required", "no task")
-run(["glue/RTE", "--data-dir", path("glue")], 2, "--checkpoint is required", "no checkpoint")
+run(["glue/RTE", "--data-dir", path("glue")], 2, "--checkpoint (or --init) is required", "no checkpoint")
 run(["glue/RTE", *CKPT, "--data-dir", path("glue"), "--lr", "fast"], 2, "--lr expects", "bad --lr")
 run(["glue/RTE", *CKPT, "--data-dir", path("glue"), "--seeds", "0"], 2, "--seeds expects", "bad --seeds")
 run(["glue/RTE", *CKPT, "--data-dir", path("glue"), "--bogus"], 2, "unknown argument '--bogus'", "unknown flag")
