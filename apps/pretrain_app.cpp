@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -39,7 +40,8 @@ namespace {
 
 const char* kUsage = R"(usage: pretrain_app --config CFG [--set KEY=VALUE ...] [--resume]
        pretrain_app train-tokenizer --input FILE [FILE ...] --out PREFIX [--vocab-size N]
-                                    [--max-lines N] [--seed S] [--verbose]
+                                    [--max-lines N] [--character-coverage C] [--seed S]
+                                    [--verbose]
        pretrain_app prepare --tokenizer TOK --input FILE [FILE ...] --out DIR [--valid-ratio R]
                             [--seed S] [--overwrite] [--quiet] [--cased]
        pretrain_app --config CFG --batch-file BATCH [--steps N] [--init CKPT] [--save OUT]
@@ -56,10 +58,12 @@ Pretraining on a prepared corpus (data.corpus in the config):
   --out DIR           set train.out_dir
 
 Data preparation:
-  train-tokenizer     train a SentencePiece BPE vocabulary (default 32768) from text files,
-                      on at most --max-lines sampled lines (default 2000000; 0 = all)
+  train-tokenizer     train a SentencePiece BPE vocabulary (default 32768) from text files
+                      (plain, .xz or .gz), on at most --max-lines sampled lines (default
+                      2000000; 0 = all); --character-coverage (default 0.9999) is the share of
+                      characters the vocabulary must cover
   prepare             tokenize text (one sentence/paragraph per line, blank lines between
-                      documents; .xz accepted) into memory-mapped train/valid shards; TOK is a
+                      documents; .xz and .gz accepted) into memory-mapped train/valid shards; TOK is a
                       SentencePiece .model or a WordPiece vocab.txt (--cased keeps case)
 
 Evaluation without training:
@@ -450,14 +454,35 @@ bool has_flag(const SubArgs& a, const std::string& f) {
 }
 
 int train_tokenizer_cmd(int argc, char** argv) {
-  SubArgs a =
-      parse_sub(argc, argv, {"--out", "--vocab-size", "--max-lines", "--seed"}, {"--verbose"});
+  SubArgs a = parse_sub(argc, argv,
+                        {"--out", "--vocab-size", "--max-lines", "--seed", "--character-coverage"},
+                        {"--verbose"});
   data::SentencePieceTrainOptions o;
   o.vocab_size = int_value(a, "--vocab-size", o.vocab_size);
   o.input_sentence_size = int_value(a, "--max-lines", o.input_sentence_size);
   o.seed = static_cast<uint64_t>(int_value(a, "--seed", 1));
   o.verbose = has_flag(a, "--verbose");
-  data::train_sentencepiece(a.inputs, a.values["--out"], o);
+  if (a.values.count("--character-coverage")) {
+    const std::string& v = a.values["--character-coverage"];
+    char* end = nullptr;
+    o.character_coverage = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !(o.character_coverage > 0 && o.character_coverage <= 1))
+      usage_error("--character-coverage expects a number in (0, 1], got '" + v + "'");
+  }
+  try {
+    data::train_sentencepiece(a.inputs, a.values["--out"], o);
+  } catch (const engine::Error& e) {
+    // The library names its options; say which flag sets each.
+    std::string msg = e.what();
+    const std::pair<const char*, const char*> flags[] = {
+        {"vocab_size", "--vocab-size"},
+        {"character_coverage", "--character-coverage"},
+        {"input_sentence_size", "--max-lines"}};
+    for (auto& [option, flag] : flags)
+      for (size_t at = 0; (at = msg.find(option, at)) != std::string::npos; at += std::strlen(flag))
+        msg.replace(at, std::strlen(option), flag);
+    ENGINE_FAIL(msg);
+  }
   std::printf("tokenizer: %s.model (%lld pieces)\n", a.values["--out"].c_str(),
               (long long)o.vocab_size);
   return 0;

@@ -1,9 +1,9 @@
 // Corpus preparation (text → token shards) and the memory-mapped shard reader (see corpus.h for
 // the on-disk format, docs/data.md for the full description).
 #include "data/corpus.h"
+#include "data/text_input.h"
 
 #include <fcntl.h>
-#include <lzma.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -42,134 +42,6 @@ constexpr uint32_t kSplitTag =
     0x53504c54u;  // "SPLT": keeps the split hash apart from other streams
 
 std::string errno_text() { return std::strerror(errno); }
-
-// ---- input: plain or xz-compressed files, read in chunks and cut into lines -------------------
-
-class InputFile {
- public:
-  explicit InputFile(const std::string& path) : path_(path) {
-    file_ = std::fopen(path.c_str(), "rb");
-    ENGINE_CHECK(file_ != nullptr, "[corpus] cannot open input file ", path, ": ", errno_text());
-    // The xz magic, not the file name, decides: a renamed archive still reads as text.
-    static constexpr unsigned char kXzMagic[6] = {0xFD, '7', 'z', 'X', 'Z', 0x00};
-    unsigned char head[6] = {};
-    const size_t got = std::fread(head, 1, sizeof(head), file_);
-    xz_ = got == sizeof(head) && std::memcmp(head, kXzMagic, sizeof(head)) == 0;
-    std::rewind(file_);
-    if (xz_) {
-      inbuf_.resize(1 << 16);
-      const lzma_ret ret = lzma_stream_decoder(&strm_, UINT64_MAX, LZMA_CONCATENATED);
-      ENGINE_CHECK(ret == LZMA_OK, "[corpus] cannot start the xz decoder for ", path,
-                   " (lzma error ", static_cast<int>(ret), ")");
-    }
-  }
-  ~InputFile() {
-    if (xz_) lzma_end(&strm_);
-    if (file_) std::fclose(file_);
-  }
-  InputFile(const InputFile&) = delete;
-  InputFile& operator=(const InputFile&) = delete;
-
-  bool compressed() const { return xz_; }
-  uint64_t consumed() const { return consumed_; }  // bytes of the file read so far
-
-  // Up to `cap` bytes of text; 0 at the end.
-  size_t read(char* dst, size_t cap) {
-    if (!xz_) {
-      const size_t n = std::fread(dst, 1, cap, file_);
-      ENGINE_CHECK(n == cap || !std::ferror(file_), "[corpus] error reading ", path_, ": ",
-                   errno_text());
-      consumed_ += n;
-      return n;
-    }
-    if (finished_) return 0;
-    strm_.next_out = reinterpret_cast<uint8_t*>(dst);
-    strm_.avail_out = cap;
-    while (strm_.avail_out == cap) {
-      if (strm_.avail_in == 0 && !in_eof_) {
-        const size_t n = std::fread(inbuf_.data(), 1, inbuf_.size(), file_);
-        ENGINE_CHECK(n == inbuf_.size() || !std::ferror(file_), "[corpus] error reading ", path_,
-                     ": ", errno_text());
-        consumed_ += n;
-        in_eof_ = n < inbuf_.size();
-        strm_.next_in = inbuf_.data();
-        strm_.avail_in = n;
-      }
-      const lzma_action action = (in_eof_ && strm_.avail_in == 0) ? LZMA_FINISH : LZMA_RUN;
-      const lzma_ret ret = lzma_code(&strm_, action);
-      if (ret == LZMA_STREAM_END) {
-        finished_ = true;
-        break;
-      }
-      if (ret != LZMA_OK) {
-        const char* why = ret == LZMA_MEM_ERROR      ? "out of memory"
-                          : ret == LZMA_FORMAT_ERROR ? "not in the xz format"
-                          : ret == LZMA_DATA_ERROR   ? "corrupt data"
-                          : ret == LZMA_BUF_ERROR    ? "truncated file"
-                                                     : "decoder error";
-        ENGINE_FAIL("[corpus] cannot decompress ", path_, ": ", why, " (lzma error ",
-                    static_cast<int>(ret), "; expected a complete .xz stream)");
-      }
-    }
-    return cap - strm_.avail_out;
-  }
-
- private:
-  std::string path_;
-  FILE* file_ = nullptr;
-  bool xz_ = false;
-  lzma_stream strm_ = LZMA_STREAM_INIT;
-  std::vector<uint8_t> inbuf_;
-  bool in_eof_ = false, finished_ = false;
-  uint64_t consumed_ = 0;
-};
-
-// Cuts a file into lines ("\n" or "\r\n"; a last line without a newline counts). Only the current
-// line and one read buffer are held.
-class LineReader {
- public:
-  explicit LineReader(InputFile& in) : in_(in), buf_(1 << 20) {}
-
-  bool next(std::string& line) {
-    line.clear();
-    bool got = false;
-    for (;;) {
-      if (pos_ == end_) {
-        if (eof_) break;
-        end_ = in_.read(buf_.data(), buf_.size());
-        pos_ = 0;
-        if (end_ == 0) {
-          eof_ = true;
-          break;
-        }
-      }
-      got = true;
-      const char* start = buf_.data() + pos_;
-      const void* nl = std::memchr(start, '\n', end_ - pos_);
-      if (nl) {
-        const size_t len = static_cast<const char*>(nl) - start;
-        line.append(start, len);
-        pos_ += len + 1;
-        break;
-      }
-      line.append(start, end_ - pos_);
-      pos_ = end_;
-    }
-    if (!got) return false;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (first_) {
-      first_ = false;
-      if (line.compare(0, 3, "\xEF\xBB\xBF") == 0) line.erase(0, 3);  // UTF-8 byte-order mark
-    }
-    return true;
-  }
-
- private:
-  InputFile& in_;
-  std::vector<char> buf_;
-  size_t pos_ = 0, end_ = 0;
-  bool eof_ = false, first_ = true;
-};
 
 bool is_blank(std::string_view s) {
   for (char c : s)
@@ -460,8 +332,8 @@ CorpusStats prepare_corpus(const std::vector<std::string>& inputs, const Tokeniz
 
     std::string raw, clean;
     for (const std::string& path : inputs) {
-      InputFile file(path);
-      LineReader lines(file);
+      TextFile file(path);
+      TextLines lines(file);
       while (lines.next(raw)) {
         stats.invalid_utf8 += sanitize_utf8(raw, clean);
         if (is_blank(clean)) {

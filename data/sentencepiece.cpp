@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -14,6 +15,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "data/text_input.h"
 #include "data/tokenizer.h"
 #include "engine/error.h"
 
@@ -190,36 +192,28 @@ class FileLines final : public sentencepiece::SentenceIterator {
 
  private:
   void advance() {
-    while (!done_) {
-      if (in_.is_open() && std::getline(in_, line_)) {
-        if (!line_.empty() && line_.back() == '\r') line_.pop_back();  // CRLF files
-        return;
-      }
-      if (in_.is_open()) {
-        if (in_.bad()) {
-          fail("read error");
+    try {
+      while (!done_) {
+        if (lines_ && lines_->next(line_)) return;
+        lines_.reset();
+        file_.reset();
+        if (next_ == files_.size()) {
+          done_ = true;
           return;
         }
-        in_.close();
+        file_ = std::make_unique<TextFile>(files_[next_++], "[tokenizer]");
+        lines_ = std::make_unique<TextLines>(*file_);
       }
-      if (next_ == files_.size()) {
-        done_ = true;
-        return;
-      }
-      in_.clear();
-      in_.open(files_[next_++], std::ios::binary);
-      if (!in_.is_open()) fail("cannot open");
+    } catch (const engine::Error& e) {  // the trainer takes errors as a status
+      status_ = sentencepiece::util::Status(sentencepiece::util::StatusCode::kInternal, e.what());
+      done_ = true;
     }
-  }
-  void fail(const char* what) {
-    status_ = sentencepiece::util::Status(sentencepiece::util::StatusCode::kInternal,
-                                          "[tokenizer] " + files_[next_ - 1] + ": " + what);
-    done_ = true;
   }
 
   const std::vector<std::string>& files_;
   size_t next_ = 0;
-  std::ifstream in_;
+  std::unique_ptr<TextFile> file_;
+  std::unique_ptr<TextLines> lines_;
   std::string line_;
   bool done_ = false;
   sentencepiece::util::Status status_;
@@ -251,10 +245,9 @@ std::vector<std::string> sample_lines(const std::vector<std::string>& files, siz
   uint64_t seen = 0;
   std::string line;
   for (const auto& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    ENGINE_CHECK(in.is_open(), "[tokenizer] ", f, ": cannot open");
-    while (std::getline(in, line)) {
-      if (!line.empty() && line.back() == '\r') line.pop_back();
+    TextFile file(f, "[tokenizer]");
+    TextLines in(file);
+    while (in.next(line)) {
       if (line.empty()) continue;
       ++seen;
       if (sample.size() < k) {
@@ -264,7 +257,6 @@ std::vector<std::string> sample_lines(const std::vector<std::string>& files, siz
         if (j < k) sample[size_t(j)] = line;
       }
     }
-    ENGINE_CHECK(!in.bad(), "[tokenizer] ", f, ": read error");
   }
   std::shuffle(sample.begin(), sample.end(), rng);
   return sample;
@@ -341,8 +333,30 @@ void train_sentencepiece(const std::vector<std::string>& inputs, const std::stri
     std::thread worker([&] { status = sentencepiece::SentencePieceTrainer::Train(args, &lines); });
     worker.join();
   }
-  ENGINE_CHECK(status.ok(), what, status.ToString(), " (inputs: ", inputs.front(),
-               inputs.size() > 1 ? " and others" : "", ")");
+  if (!status.ok()) {
+    // SentencePiece suggests its spm_train flags; name the options of this function instead.
+    std::string msg = status.ToString();
+    const std::pair<const char*, const char*> hints[] = {
+        {" with --character_coverage option", ""},
+        {"Vocabulary size too high", "vocab_size too high"},
+        {"Vocabulary size is smaller than required_chars",
+         "vocab_size is smaller than the "
+         "number of required characters"},
+        {"Consider using --input_sentence_size=<size> and --shuffle_input_sentence=true.",
+         "Consider a smaller input_sentence_size."},
+        {"The maximum length can be changed with --max_sentence_length=<size> flag.",
+         "(lines longer than 4192 bytes are skipped)"},
+    };
+    // "Internal: ./src/trainer_interface.cc(580) [condition] message": keep the message.
+    const size_t src = msg.find("./src/"), close = msg.find("] ");
+    if (src != std::string::npos && close != std::string::npos && close > src)
+      msg.erase(src, close + 2 - src);
+    for (auto& [from, to] : hints)
+      for (size_t at; (at = msg.find(from)) != std::string::npos;)
+        msg.replace(at, std::strlen(from), to);
+    ENGINE_FAIL(what, msg, " (inputs: ", inputs.front(), inputs.size() > 1 ? " and others" : "",
+                ")");
+  }
 }
 
 }  // namespace data

@@ -119,5 +119,35 @@ run(["--config", path("tiny.yaml"), "--set", "model.num_layers=3", "--init", pat
 run(["--config", path("tiny.yaml"), "--set", "model.vocab_size=41", "--init", path("after.st")], 1,
     "model.vocab_size: 40 vs 41", "vocabulary mismatch")
 
+# train-tokenizer reads .xz and .gz like prepare, and its errors name only its own flags.
+import lzma, gzip, random  # noqa: E401,E402
+r = random.Random(1)
+words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+text = "\n".join(" ".join(r.choice(words) for _ in range(8)) for _ in range(300)) + "\n"
+with open(path("tok.txt"), "w") as f:
+    f.write(text)
+with lzma.open(path("tok.txt.xz"), "wt") as f:
+    f.write(text)
+with gzip.open(path("tok.txt.gz"), "wt") as f:
+    f.write(text)
+for name in ("tok.txt", "tok.txt.xz", "tok.txt.gz"):
+    run(["train-tokenizer", "--input", path(name), "--out", path(name + ".spm"), "--vocab-size", "40"], 0,
+        "(40 pieces)", f"train-tokenizer on {name}")
+vocabs = []
+for name in ("tok.txt", "tok.txt.xz", "tok.txt.gz"):
+    with open(path(name + ".spm.vocab")) as f:
+        vocabs.append(f.read())
+check_ok = vocabs[0] == vocabs[1] == vocabs[2]
+print(("ok   " if check_ok else "FAIL ") + "the compressed inputs give the plain text's vocabulary")
+if not check_ok:
+    failures.append("compressed tokenizer inputs")
+out = run(["train-tokenizer", "--input", path("tok.txt.xz"), "--out", path("small"), "--vocab-size", "8"], 1,
+          "Increase --vocab-size or decrease --character-coverage", "too small a vocabulary names real flags")
+if "--character_coverage" in out or "trainer_spec" in out:
+    failures.append("SentencePiece's own flag names leak")
+    print("FAIL SentencePiece's own flag names leak:", out)
+run(["train-tokenizer", "--input", path("tok.txt"), "--out", path("cc"), "--character-coverage", "1.5"], 2,
+    "--character-coverage expects a number in (0, 1]", "--character-coverage out of range")
+
 print(f"{len(failures)} failure(s)" if failures else "all pretrain_app checks passed")
 sys.exit(1 if failures else 0)

@@ -332,19 +332,31 @@ TEST_CASE("a large valid share and a 4000-document corpus split about 1 in 200",
   CHECK(c.train().num_documents() == 4000);
 }
 
-TEST_CASE("prepare_corpus reads .xz input like plain text", "[corpus]") {
-  if (std::system("command -v xz >/dev/null 2>&1") != 0) {
-    WARN("xz not installed: .xz input not tested");
+TEST_CASE("prepare_corpus reads .xz and .gz input like plain text", "[corpus]") {
+  const std::string tool = GENERATE(std::string("xz"), std::string("gzip"));
+  if (std::system(("command -v " + tool + " >/dev/null 2>&1").c_str()) != 0) {
+    WARN(tool << " not installed: not tested");
     return;
   }
+  const std::string ext = tool == "xz" ? ".xz" : ".gz";
   TempDir dir;
   TestTokenizer tok;
   write_docs(dir / "in.txt", make_docs(300, 5));
-  REQUIRE(std::system(("xz -k -c " + (dir / "in.txt") + " > " + (dir / "in.txt.xz")).c_str()) == 0);
+  if (tool == "xz") {
+    REQUIRE(std::system(("xz -k -c " + (dir / "in.txt") + " > " + (dir / "in.txt.xz")).c_str()) ==
+            0);
+  } else {
+    // Two gzip members back to back (cat a.gz b.gz) read as one text.
+    const std::string half = "head -c 40000 " + (dir / "in.txt");
+    const std::string rest = "tail -c +40001 " + (dir / "in.txt");
+    REQUIRE(
+        std::system(("(" + half + " | gzip -c; " + rest + " | gzip -c) > " + (dir / "in.txt.gz"))
+                        .c_str()) == 0);
+  }
+  const std::string packed = dir / ("in.txt" + ext);
   const data::CorpusStats plain =
       data::prepare_corpus({dir / "in.txt"}, tok, dir / "p", quiet_options());
-  const data::CorpusStats xz =
-      data::prepare_corpus({dir / "in.txt.xz"}, tok, dir / "x", quiet_options());
+  const data::CorpusStats xz = data::prepare_corpus({packed}, tok, dir / "x", quiet_options());
   CHECK(xz.train.tokens == plain.train.tokens);
   CHECK(xz.valid.tokens == plain.valid.tokens);
   CHECK(xz.invalid_utf8 == plain.invalid_utf8);
@@ -353,11 +365,11 @@ TEST_CASE("prepare_corpus reads .xz input like plain text", "[corpus]") {
                    x.train().tokens().end()));
 
   // A truncated archive is an error naming the file, and leaves nothing behind.
-  const auto size = fs::file_size(dir / "in.txt.xz");
-  fs::resize_file(dir / "in.txt.xz", size / 2);
+  const auto size = fs::file_size(packed);
+  fs::resize_file(packed, size / 2);
   const std::string err =
-      error_of([&] { data::prepare_corpus({dir / "in.txt.xz"}, tok, dir / "y", quiet_options()); });
-  CHECK_THAT(err, Catch::Contains("[corpus]") && Catch::Contains("in.txt.xz"));
+      error_of([&] { data::prepare_corpus({packed}, tok, dir / "y", quiet_options()); });
+  CHECK_THAT(err, Catch::Contains("[corpus]") && Catch::Contains("in.txt" + ext));
   CHECK_FALSE(fs::exists(dir / "y"));
   CHECK(names_starting_with(dir.path, "y.tmp").empty());
 }

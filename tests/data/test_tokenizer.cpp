@@ -353,6 +353,41 @@ TEST_CASE("SentencePiece BPE: train, load, encode/decode, special ids", "[tokeni
   CHECK(markers_in_vocab(*data::load_sentencepiece(dir.path("all") + ".model")) == 21);
 }
 
+TEST_CASE("SentencePiece trains on .xz and .gz text as on the plain text", "[tokenizer]") {
+  TempDir dir;
+  const std::string a = dir.file("a.txt", english_like_corpus(250, 1, 0));
+  data::SentencePieceTrainOptions opt;
+  opt.vocab_size = 200;
+  opt.character_coverage = 1.0;
+  opt.input_sentence_size = 0;
+  opt.num_threads = 1;
+  data::train_sentencepiece({a}, dir.path("plain"), opt);
+  const auto plain = data::load_sentencepiece(dir.path("plain") + ".model");
+  for (const std::string tool : {"xz", "gzip"}) {
+    if (std::system(("command -v " + tool + " >/dev/null 2>&1").c_str()) != 0) {
+      WARN(tool << " not installed: not tested");
+      continue;
+    }
+    // Named .txt on purpose: the magic bytes decide, not the name.
+    const std::string packed = dir.path(tool + "_a.txt");
+    REQUIRE(std::system((tool + " -c " + a + " > " + packed).c_str()) == 0);
+    data::train_sentencepiece({packed}, dir.path(tool), opt);
+    const auto t = data::load_sentencepiece(dir.path(tool) + ".model");
+    bool same = t->vocab_size() == plain->vocab_size();
+    for (int32_t id = 0; same && id < int32_t(t->vocab_size()); ++id)
+      same = t->id_to_piece(id) == plain->id_to_piece(id);
+    CHECK(same);
+    // Sampling reads them too.
+    opt.input_sentence_size = 150;
+    data::train_sentencepiece({packed}, dir.path(tool + "_sampled"), opt);
+    opt.input_sentence_size = 0;
+    // A truncated archive is an error naming it.
+    fs::resize_file(packed, fs::file_size(packed) / 2);
+    CHECK_THROWS_WITH(data::train_sentencepiece({packed}, dir.path(tool + "_cut"), opt),
+                      Contains(packed) && Contains("cannot decompress"));
+  }
+}
+
 TEST_CASE("SentencePiece errors name the file", "[tokenizer][errors]") {
   TempDir dir;
   const std::string missing = dir.path("missing.model");
@@ -384,4 +419,9 @@ TEST_CASE("SentencePiece errors name the file", "[tokenizer][errors]") {
   opt.vocab_size = 100000;  // more pieces than the corpus can give: SentencePiece's own error
   CHECK_THROWS_WITH(data::train_sentencepiece({text}, dir.path("m"), opt),
                     Contains("training SentencePiece model " + dir.path("m") + ".model"));
+  // Its hints name this function's options, not spm_train's flags.
+  opt.vocab_size = 30;
+  opt.character_coverage = 1.0;
+  CHECK_THROWS_WITH(data::train_sentencepiece({text}, dir.path("m"), opt),
+                    !Contains("--character_coverage") && !Contains("--input_sentence_size"));
 }
