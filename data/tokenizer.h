@@ -61,7 +61,8 @@ struct SentencePieceTrainOptions {
   int num_threads = 0;   // 0 = hardware concurrency
   bool verbose = false;  // SentencePiece's INFO log on stderr (off: warnings and errors only)
 };
-// Trains a BPE model from text files (one sentence/paragraph per line; plain, .xz or .gz) and writes
+// Trains a BPE model from text files (one sentence/paragraph per line; plain, .xz or .gz) and
+// writes
 // `<model_prefix>.model` and `<model_prefix>.vocab`. Pieces <pad>=0, <unk>=1, <s>=2 ([CLS]),
 // </s>=3 ([SEP]) and the user symbol <mask>=4. SentencePiece's own errors come back with its
 // command-line hints replaced by the names of the options above (vocab_size,
