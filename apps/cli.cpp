@@ -1,5 +1,8 @@
 #include "apps/cli.h"
 
+#include "engine/comm.h"
+#include "engine/error.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -9,7 +12,10 @@
 namespace cli {
 
 void usage_error(const std::string& program, const std::string& msg) {
-  std::cerr << program << ": " << msg << "\n(run " << program << " --help for the options)\n";
+  const std::string help = "(run " + program + " --help for the options)";
+  // Under mpirun every rank parses the same command line: engine::run_job reports it once.
+  if (engine::world().size() > 1) throw engine::Error(msg + "\n" + help, 2);
+  std::cerr << program << ": " << msg << "\n" << help << "\n";
   std::exit(2);
 }
 
@@ -21,6 +27,10 @@ bool ArgParser::next() {
   arg_ = argv_[i_];
   if (arg_ == "-h" || arg_ == "--help") {
     std::cout << usage_;
+    std::exit(0);
+  }
+  if (arg_ == "--version") {
+    std::cout << program_.substr(0, program_.find(' ')) << " " << version() << "\n";
     std::exit(0);
   }
   return true;

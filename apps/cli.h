@@ -1,6 +1,6 @@
 // The command-line conventions every app shares: a bad command line prints one message naming the
 // flag, "<program>: <message>" and "(run <program> --help for the options)", and exits 2;
-// -h/--help prints the usage and exits 0.
+// -h/--help prints the usage and exits 0; --version prints the version and git commit and exits 0.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,13 @@
 
 namespace cli {
 
+// Prints "<program>: <msg>" and the --help hint and exits 2; under mpirun (inside
+// engine::run_job) it throws an engine::Error with exit code 2 instead, so the job reports it once.
 [[noreturn]] void usage_error(const std::string& program, const std::string& msg);
+
+// "0.1.0 (commit 1a2b3c4d5e6f)": the version and the git commit the program was built from;
+// every app prints it for --version (generated at build time by cmake/engine_version.cmake).
+const char* version();
 
 // Walks argv: `while (p.next()) { if (p.arg() == "--steps") n = p.int_value(0); ... else
 // p.unknown(); }`

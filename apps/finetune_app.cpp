@@ -85,6 +85,8 @@ Single-batch check (for the PyTorch reference, tools/reference/check_heads.py):
 
 Data parallel: `mpirun -np N finetune_app ...`; the batch is shared by the ranks, rank 0 writes.
 
+Other: --version prints the version and git commit; -h, --help this text.
+
 Exit status: 0 on success, 1 on an error (one message naming the file, line or key), 2 on a bad
 command line.
 )";

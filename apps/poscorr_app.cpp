@@ -65,6 +65,7 @@ options:
   --columns N            panels per row in the head grids (default 4)
   --range MIN,MAX        the colour scale of every picture (default: each picture's min and max),
                          to draw runs on one scale
+  --version              the version and git commit it was built from
   -h, --help             this text
 )";
 

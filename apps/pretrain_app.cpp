@@ -99,6 +99,7 @@ Other options:
   --device DEV        set train.device: cpu (default), cuda or cuda:N (the GPU; in the
                       emulation build build-emu/, the emulated one)
   --count-params      print the parameter count by group and exit
+  --version           the version and git commit it was built from
   -h, --help          this text
 
 Data parallel: start it with an MPI launcher, e.g. `mpirun -np 2 pretrain_app --config CFG`;

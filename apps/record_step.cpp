@@ -35,6 +35,7 @@ Records the device work of one training step of the config's model (forward, bac
 gradient statistics, clipping, AdamW) on cuda:0 as CSV: index, op, kernel launches, library
 GEMMs, minimum bytes, FLOPs, shapes. In build-emu/, run with EMU_DRY_RUN=1 (nothing executes;
 the record is exact, the values are not). tools/perf_model.py turns the CSV into predicted times.
+--version prints the version and git commit; -h, --help this text.
 )";
 
 struct Args {

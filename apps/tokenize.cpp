@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "apps/cli.h"
 #include "data/tokenizer.h"
 #include "engine/error.h"
 
@@ -22,6 +23,7 @@ Reads lines from stdin and prints each line's tokens, separated by single spaces
   --max-word-chars N    longer words become [UNK] (default 100)
   --model FILE          SentencePiece model
   --ids                 print token ids instead of pieces
+  --version             the version and git commit
   -h, --help            this text
 )";
 
@@ -57,6 +59,9 @@ int main(int argc, char** argv) {
       if (v.empty() || *end != '\0' || n <= 0 || n > 1000000)
         usage_error("--max-word-chars expects a positive integer, got '" + v + "'");
       max_word_chars = int(n);
+    } else if (a == "--version") {
+      std::cout << "tokenize " << cli::version() << "\n";
+      return 0;
     } else if (a == "-h" || a == "--help") {
       std::cout << kUsage;
       return 0;

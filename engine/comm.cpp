@@ -144,6 +144,7 @@ class MpiCommunicator final : public Communicator {
     MPI_Comm_free(&local);
     // Errors come back as codes (turned into engine::Error) instead of MPI's default abort.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_dup(MPI_COMM_WORLD, &fail_comm_);  // all_failing's barrier, apart from the work
     watchdog_ = std::thread([this] { watch(); });
     if (threaded) worker_ = std::thread([this] { work_loop(); });
   }
@@ -156,6 +157,7 @@ class MpiCommunicator final : public Communicator {
     queue_cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
     if (worker_.joinable()) worker_.join();
+    MPI_Comm_free(&fail_comm_);
   }
 
   int rank() const override { return rank_; }
@@ -217,6 +219,23 @@ class MpiCommunicator final : public Communicator {
     WaitGuard g(*this, "barrier");
     drain();
     check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+  }
+
+  bool all_failing(double timeout_s) override {
+    {  // MPI is SERIALIZED: only when the communication thread is idle may this thread call it.
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      if (busy_ || !queue_.empty()) return false;
+    }
+    MPI_Request req;
+    if (MPI_Ibarrier(fail_comm_, &req) != MPI_SUCCESS) return false;
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    int done = 0;
+    while (!done && std::chrono::steady_clock::now() < deadline) {
+      if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return done != 0;
   }
 
   [[noreturn]] void abort(int code) override {
@@ -345,6 +364,7 @@ class MpiCommunicator final : public Communicator {
   std::deque<MpiWork*> queue_;  // owned by their callers, who wait before dropping them
   bool busy_ = false;
   std::thread worker_;
+  MPI_Comm fail_comm_ = MPI_COMM_NULL;
 };
 
 WaitGuard::WaitGuard(MpiCommunicator& c, const char* what) : comm(c) { comm.begin_wait(what); }
@@ -461,6 +481,14 @@ DistributedSession::~DistributedSession() {
 int fail_job(const char* app, const std::string& message, int code) {
   Communicator& c = world();
   if (c.size() > 1) {
+    const char* t = std::getenv("ENGINE_FAIL_AGREE_S");
+    const double timeout = t ? std::atof(t) : 10.0;
+    if (c.all_failing(timeout)) {
+      if (c.rank() != 0) return 0;
+      std::fprintf(stderr, "%s: [all %d ranks] %s\n", app, c.size(), message.c_str());
+      std::fflush(stderr);
+      return code;
+    }
     std::fprintf(stderr, "%s: [rank %d/%d] %s\n", app, c.rank(), c.size(), message.c_str());
     std::fflush(stderr);
     c.abort(code);
@@ -476,7 +504,7 @@ int run_job(const char* app, const std::function<int()>& body) {
       return body();
     } catch (const Error& e) {
       // In a multi-rank job this ends every rank (the others may wait in a collective).
-      return fail_job(app, e.what(), 1);
+      return fail_job(app, e.what(), e.exit_code());
     } catch (const std::exception& e) {
       return fail_job(app, std::string("unexpected error: ") + e.what(), 1);
     }

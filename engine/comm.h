@@ -57,6 +57,11 @@ class Communicator {
   virtual void barrier() = 0;
   // Ends every process of the job with `code` (MPI_Abort); prints nothing itself.
   [[noreturn]] virtual void abort(int code) = 0;
+  // Called by a rank that is failing: true when every rank of the job fails too, within
+  // `timeout_s` (each calls this; a deterministic error such as a bad flag or config key fails
+  // everywhere), false when the others are elsewhere (e.g. waiting in a collective) or this rank
+  // cannot tell. One process: true.
+  virtual bool all_failing(double timeout_s) { return size() == 1; }
 
   // Built on the above.
   void all_reduce(std::span<double> values, ReduceOp op = ReduceOp::sum);
@@ -82,9 +87,12 @@ class DistributedSession {
   DistributedSession& operator=(const DistributedSession&) = delete;
 };
 
-// Reports an error that ends the program: "<app>: <message>" on stderr (prefixed with
-// "[rank r/n]" in a multi-process job) and returns `code`, for main to return. In a multi-process
-// job it aborts every rank instead (the others may be blocked in a collective) and never returns.
+// Reports an error that ends the program: "<app>: <message>" on stderr, and returns `code` for
+// main to return. In a multi-process job the message is printed once: when every rank fails
+// (Communicator::all_failing within ENGINE_FAIL_AGREE_S seconds, default 10) rank 0 prints
+// "<app>: [all N ranks] <message>" and returns `code`, the other ranks return 0, and MPI ends
+// normally (no MPI_Abort); otherwise the failing rank prints "<app>: [rank r/N] <message>" and
+// aborts the job (the others may be blocked in a collective) without returning.
 int fail_job(const char* app, const std::string& message, int code);
 
 // The body of an app's main() that may run under mpirun: starts the DistributedSession, runs

@@ -11,7 +11,13 @@ namespace engine {
 
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& what) : std::runtime_error(what) {}
+  // `exit_code`: the status a program ends with when this error ends it (2: a bad command line).
+  explicit Error(const std::string& what, int exit_code = 1)
+      : std::runtime_error(what), exit_code_(exit_code) {}
+  int exit_code() const { return exit_code_; }
+
+ private:
+  int exit_code_ = 1;
 };
 
 namespace detail {

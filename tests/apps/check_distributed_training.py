@@ -7,7 +7,7 @@
   2. a rank killed with SIGKILL mid-run ends the whole job non-zero within 60 s; the last
      checkpoint is intact, and `--resume` on 2 ranks continues from it to the same losses as an
      uninterrupted 2-rank run;
-  3. a config error ends a 2-rank job with one message naming the rank.
+  3. a config error or a bad flag ends a 2-rank job with one message (no MPI_Abort).
 
 With --device cuda (the emulation build's pretrain_app: the emulated GPU, gradients through the
 NCCL shim's buckets on the communication stream) every run is on the device, and the 2-rank
@@ -218,11 +218,16 @@ if victim:
         check(not diff and sorted(resumed) == sorted(whole),
               "killed-and-resumed 2-rank losses equal the uninterrupted 2-rank run bit for bit", str(diff))
 
-# ---- 3. an error on the ranks ends the job with one message per rank -----------------------------
+# ---- 3. an error on every rank ends the job with one message, no MPI_Abort ------------------------
 t0 = time.time()
 p = launch(2, ["--config", cfg, "--out", P("bad"), "--set", "train.bucket_mb=0"])
-check(p.returncode == 1 and "pretrain_app: [rank" in p.stderr and "bucket_mb" in p.stderr and time.time() - t0 < 60,
-      "a config error under mpirun ends the job with exit 1, naming the rank and the key", p.stderr[-2000:])
+check(p.returncode == 1 and p.stderr.count("bucket_mb") == 1 and "pretrain_app: [all 2 ranks]" in p.stderr
+      and "MPI_ABORT" not in p.stderr and time.time() - t0 < 60,
+      "a config error under mpirun: one message naming the ranks and the key, exit 1, no MPI_ABORT",
+      p.stderr[-2000:])
+p = launch(2, ["--config", cfg, "--frobnicate"])
+check(p.returncode == 2 and p.stderr.count("unknown argument '--frobnicate'") == 1 and "MPI_ABORT" not in p.stderr,
+      "a bad flag under mpirun: one message, exit 2, no MPI_ABORT", p.stderr[-2000:])
 
 print(f"{len(failures)} failure(s)" if failures else "all distributed training checks passed")
 sys.exit(1 if failures else 0)
