@@ -16,6 +16,7 @@
 #include "engine/error.h"
 #include "engine/rng.h"
 #include "models/pretrain.h"
+#include "models/progress.h"
 #include "train/trainer.h"
 
 namespace models {
@@ -173,6 +174,9 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
   double window_loss = 0;
   int64_t window = 0;
   const auto t0 = std::chrono::steady_clock::now();
+  ProgressLine progress(root && o.verbose && o.progress);
+  double window_start_s = 0;
+  int64_t window_examples = 0;
   model.train(true);
   for (int64_t step = 0; step < steps; ++step) {
     const int64_t epoch = step / per_epoch, in_epoch = step % per_epoch;
@@ -191,6 +195,7 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
     const int64_t lo = begin + count * comm.rank() / ranks,
                   hi = begin + count * (comm.rank() + 1) / ranks;
     std::vector<int64_t> rows(order.begin() + lo, order.begin() + hi);
+    window_examples += count;
     const data::TaskBatch batch =
         data::make_task_batch(train, rows, model.kind(), with_types).to(device);
     const double weight = double(hi - lo) / double(count);  // this rank's share of the global mean
@@ -213,10 +218,21 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
         metrics << "{\"step\": " << done << ", \"epoch\": " << double(done) / double(per_epoch)
                 << ", \"loss\": " << mean << ", \"lr\": " << lr << ", \"grad_norm\": " << grad_norm
                 << "}\n";
-      if (o.verbose)
-        std::printf("  step %lld/%lld epoch %.2f loss %.4f lr %.3e (%.0f s)\n", (long long)done,
-                    (long long)steps, double(done) / double(per_epoch), mean, lr, s);
-      std::fflush(stdout);
+      // The pretraining loop's progress line: rate over this log window, ETA of this run.
+      const double window_s = s - window_start_s;
+      const double ex_s = window_s > 0 ? double(window_examples) / window_s : 0.0;
+      const double eta = s / double(done) * double(steps - done);
+      window_start_s = s;
+      window_examples = 0;
+      if (o.verbose) {
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "  step %lld/%lld epoch %.2f loss %.4f lr %.3e grad_norm %.3f %.1f ex/s "
+                      "ETA %s",
+                      (long long)done, (long long)steps, double(done) / double(per_epoch), mean, lr,
+                      grad_norm, ex_s, format_duration(eta).c_str());
+        progress.print(line);
+      }
       window_loss = 0;
       window = 0;
     }
@@ -240,6 +256,7 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
         metrics << "{\"step\": " << done << ", \"epoch\": " << double(done) / double(per_epoch)
                 << ", \"eval\": true" << metrics_json(r) << "}\n"
                 << std::flush;
+      progress.end_line();
       if (o.verbose)
         std::printf("  eval step %lld epoch %.2f: %s%s%s\n", (long long)done,
                     double(done) / double(per_epoch), metrics_text(r).c_str(),
@@ -250,6 +267,7 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
       std::fflush(stdout);
     }
   }
+  progress.end_line();
   result.steps = steps;
   if (have_best) {
     engine::NoGrad ng;

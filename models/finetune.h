@@ -39,6 +39,7 @@ struct FinetuneOptions {
   int64_t log_every = 50;    // steps between train-loss lines
   std::string metrics_path;  // "": no metrics.jsonl
   bool verbose = true;       // progress lines on stdout (rank 0)
+  bool progress = true;      // on a terminal, the step line rewrites itself (stderr)
   int64_t bucket_mb = 25;
   engine::Device device = engine::Device::cpu();  // where the model and its batches live
   std::string precision = "f32";  // f32 | bf16 | fp16: the forward's compute dtype (autocast)

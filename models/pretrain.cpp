@@ -19,6 +19,7 @@
 #include "engine/error.h"
 #include "engine/file_io.h"
 #include "engine/safetensors.h"
+#include "models/progress.h"
 #include "train/trainer.h"
 
 namespace models {
@@ -183,17 +184,6 @@ void truncate_metrics(const fs::path& file, int64_t step) {
   engine::write_file_atomic(file.string(), kept.str(), "pretrain");
 }
 
-std::string fmt_duration(double s) {
-  char buf[32];
-  if (!std::isfinite(s) || s < 0) return "?";
-  const long long t = static_cast<long long>(s);
-  if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%lldh%02lldm", t / 3600, (t / 60) % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%lldm%02llds", t / 60, t % 60);
-  return buf;
-}
-
 using ValidResult = MlmEval;
 
 // Over the first `max_batches` validation batches.
@@ -302,7 +292,7 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
     metrics.open(metrics_path, std::ios::app);
     ENGINE_CHECK(metrics.good(), "[pretrain] cannot write ", metrics_path.string());
   }
-  const bool tty = root && o.progress && isatty(STDERR_FILENO);
+  ProgressLine progress(root && o.progress);
   model.train(true);
   const auto t_start = std::chrono::steady_clock::now();
   auto window_start = t_start;
@@ -397,13 +387,10 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
       std::snprintf(line, sizeof line,
                     "step %lld/%lld loss %.4f lr %.3e %.0f tok/s grad_norm %.3f%s ETA %s",
                     (long long)step, (long long)o.steps, loss, lr, tok_s, grad_norm,
-                    apply ? "" : " (skipped: inf/NaN gradients)", fmt_duration(eta).c_str());
-      if (tty)
-        std::fprintf(stderr, "\r\033[K%s", line);
-      else
-        std::printf("%s\n", line);
+                    apply ? "" : " (skipped: inf/NaN gradients)", format_duration(eta).c_str());
+      progress.print(line);
       if (validated) {
-        if (tty) std::fprintf(stderr, "\n");
+        progress.end_line();
         std::printf("valid step %lld loss %.4f ppl %.2f accuracy %.4f\n", (long long)step, vr.loss,
                     std::exp(vr.loss), vr.accuracy);
       }
@@ -411,7 +398,7 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
     }
     if (root && ((o.save_every > 0 && step % o.save_every == 0) || last)) save();
   }
-  if (tty) std::fprintf(stderr, "\n");
+  progress.end_line();
   if (result.final_checkpoint.empty()) result.final_checkpoint = latest_checkpoint(o.out_dir);
   result.final_step = trainer.steps_taken();
   // A weights-only model next to the checkpoints, for --init and finetuning.

@@ -16,6 +16,7 @@ With --mpirun, the RTE run goes through `MPIEXEC -np 2` and must give the dev ac
 import json
 import os
 import random
+import re
 import shutil
 import struct
 import subprocess
@@ -167,6 +168,8 @@ if mpirun:
 rte_out = path("out_rte")
 out = run(["glue/RTE", *CKPT, "--data-dir", path("glue"), "--out", rte_out, "--lr", "2e-3,4e-3", "--seeds", "2",
            "--epochs", "8", *FAST], 0, "best learning rate", "glue/RTE sweep: 2 learning rates x 2 seeds")
+check(re.search(r"step \d+/\d+ epoch [\d.]+ loss [\d.]+ lr \S+ grad_norm [\d.]+ [\d.]+ ex/s ETA \d+m\d\ds", out)
+      is not None, "the progress line: step, epoch, loss, lr, grad_norm, examples/s, ETA")
 try:
     res = json.load(open(os.path.join(rte_out, "results.json")))
 except Exception as e:  # noqa: BLE001
