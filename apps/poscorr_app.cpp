@@ -221,6 +221,10 @@ void draw(const CorrelationMatrix& m, const std::string& path, const Args& a,
   o.title = m.title;
   o.subtitle = axes_line(m);
   o.colorbar_label = m.logits ? "logit" : "dot product";
+  if (!m.per_offset && m.first > 0) {
+    o.separate_first = m.first;  // the [CLS] row and column on a scale of their own
+    o.subtitle += " (own scale)";
+  }
   const int64_t k = m.values.size(0), r = m.values.size(1), c = m.values.size(2);
   if (m.per_offset) {  // all heads in one panel: a row per head, a column per offset
     plot::Panel p{"heads 0-" + std::to_string(k - 1),       k, c,
@@ -317,6 +321,7 @@ int evolution(const Args& a) {
   std::string name;
   int64_t t = 0;
   bool logits = false;
+  int64_t first = 0;
   for (size_t i = 0; i < a.checkpoints.size(); ++i) {
     const std::string& path = a.checkpoints[i];
     Loaded l = load(path, a.device);
@@ -345,6 +350,7 @@ int evolution(const Args& a) {
     const Tensor frame = m->values.select(0, k).contiguous();  // (R, C); (1, 2T - 1) per offset
     frames.push_back(frame.unsqueeze(0));
     logits = m->logits;
+    first = m->per_offset ? 0 : m->first;
     json e = {{"checkpoint", path}, {"properties", measures(*m, k)}};
     if (l.step >= 0) e["step"] = l.step;
     const std::string label =
@@ -365,6 +371,11 @@ int evolution(const Args& a) {
   o.subtitle = name == "relative_bias" ? "columns: offset j - i"
                                        : "rows: query position i, columns: key position j";
   o.colorbar_label = logits ? "logit" : "dot product";
+  // TUPE's [CLS] row and column (the reset's theta) would wash out the rest of the scale.
+  if (first > 0) {
+    o.separate_first = first;
+    o.subtitle += "; [CLS] row and column on their own scale";
+  }
   if (panels[0].rows == 1)
     o.panel_height = 48, o.panel_width = std::clamp<int64_t>(2 * panels[0].cols, 256, 1024);
   else

@@ -163,6 +163,7 @@ void validate(const std::vector<Panel>& panels, const GridOptions& o) {
                    o.panel_height <= kMaxPanelSide,
                "[plot] panel_width and panel_height must be >= 1 (and <= ", kMaxPanelSide,
                "), got ", o.panel_width, " x ", o.panel_height);
+  ENGINE_CHECK(o.separate_first >= 0, "[plot] separate_first must be >= 0, got ", o.separate_first);
   ENGINE_CHECK(!o.has_range || (std::isfinite(o.range_min) && std::isfinite(o.range_max) &&
                                 o.range_max > o.range_min),
                "[plot] range_max (", o.range_max, ") must be greater than range_min (", o.range_min,
@@ -177,6 +178,10 @@ void validate(const std::vector<Panel>& panels, const GridOptions& o) {
                  "\") has ", p.values.size(), " values, expected rows*cols = ", p.rows, "*", p.cols,
                  " = ", p.rows * p.cols);
   }
+}
+
+bool in_separate(const GridOptions& o, int64_t r, int64_t c) {
+  return r < o.separate_first || c < o.separate_first;
 }
 
 }  // namespace
@@ -196,17 +201,26 @@ Rgb viridis(double t) {
 GridLayout layout_grid(const std::vector<Panel>& panels, const GridOptions& o) {
   validate(panels, o);
   GridLayout l;
-  if (o.has_range) {
-    l.range_min = o.range_min, l.range_max = o.range_max;
-  } else {
+  // min/max over the finite cells that are (first) or are not (!first) in the separate rows and
+  // columns.
+  auto range_of = [&](bool first, double& rmin, double& rmax) {
     double lo = std::numeric_limits<double>::infinity(), hi = -lo;
     for (const Panel& p : panels)
-      for (float v : p.values)
-        if (std::isfinite(v)) lo = std::min(lo, double(v)), hi = std::max(hi, double(v));
+      for (int64_t r = 0; r < p.rows; ++r)
+        for (int64_t c = 0; c < p.cols; ++c) {
+          if (in_separate(o, r, c) != first) continue;
+          const float v = p.values[size_t(r * p.cols + c)];
+          if (std::isfinite(v)) lo = std::min(lo, double(v)), hi = std::max(hi, double(v));
+        }
     if (lo > hi) lo = 0, hi = 1;  // nothing finite: any range will do
     if (lo == hi) lo -= 0.5, hi += 0.5;
-    l.range_min = lo, l.range_max = hi;
-  }
+    rmin = lo, rmax = hi;
+  };
+  if (o.has_range)
+    l.range_min = o.range_min, l.range_max = o.range_max;
+  else
+    range_of(false, l.range_min, l.range_max);
+  if (o.separate_first > 0) range_of(true, l.range2_min, l.range2_max);
 
   const Slots s = slots_of(panels, o);
   for (int64_t i = 0; i < int64_t(panels.size()); ++i) {
@@ -221,14 +235,19 @@ GridLayout layout_grid(const std::vector<Panel>& panels, const GridOptions& o) {
   l.colorbar_y = s.grid_top + s.title_band;
   l.colorbar_width = kBarWidth;
   l.colorbar_height = std::max((s.nrow - 1) * s.pitch_y + o.panel_height, kBarMinHeight);
-  int64_t tick_w = 0;
-  for (int k = 0; k <= 4; ++k)
-    tick_w = std::max(
-        tick_w,
-        text_width(format_bar(l.range_min + (l.range_max - l.range_min) * k / 4), kTickScale));
-  const int64_t bar_right =
-      std::max(l.colorbar_x + kBarWidth + 1 + kTickLen + kTickLabelGap + tick_w,
-               l.colorbar_x + text_width(o.colorbar_label, kTextScale));
+  auto bar_extent = [&](int64_t x, double lo, double hi, const std::string& label) {
+    int64_t tick_w = 0;
+    for (int k = 0; k <= 4; ++k)
+      tick_w = std::max(tick_w, text_width(format_bar(lo + (hi - lo) * k / 4), kTickScale));
+    return std::max(x + kBarWidth + 1 + kTickLen + kTickLabelGap + tick_w,
+                    x + text_width(label, kTextScale));
+  };
+  int64_t bar_right = bar_extent(l.colorbar_x, l.range_min, l.range_max, o.colorbar_label);
+  if (o.separate_first > 0) {
+    l.colorbar2_x = bar_right + kBarGap;
+    l.colorbar2_y = l.colorbar_y;
+    bar_right = bar_extent(l.colorbar2_x, l.range2_min, l.range2_max, o.separate_label);
+  }
   const int64_t titles_w =
       std::max(text_width(o.title, kTitleScale), text_width(o.subtitle, kTextScale));
   l.width = std::max(bar_right + kMargin, titles_w + 2 * kMargin);
@@ -244,9 +263,11 @@ GridLayout write_heatmap_grid(const std::string& path, const std::vector<Panel>&
   const GridLayout l = layout_grid(panels, o);
   const Slots s = slots_of(panels, o);
   Canvas cv(l.width, l.height);
-  const double span = l.range_max - l.range_min;
-  auto colour = [&](double v) {
-    return std::isfinite(v) ? viridis((v - l.range_min) / span) : kGrey;
+  const double span = l.range_max - l.range_min, span2 = l.range2_max - l.range2_min;
+  auto colour = [&](double v, int64_t r, int64_t c) {
+    if (!std::isfinite(v)) return kGrey;
+    return in_separate(o, r, c) ? viridis((v - l.range2_min) / span2)
+                                : viridis((v - l.range_min) / span);
   };
 
   // Titles, centred on the image.
@@ -264,9 +285,11 @@ GridLayout write_heatmap_grid(const std::string& path, const std::vector<Panel>&
     const int64_t x0 = l.panel_origin[i][0], y0 = l.panel_origin[i][1];
     const std::vector<int64_t> col_of = cell_of_pixel(W, p.cols), row_of = cell_of_pixel(H, p.rows);
     for (int64_t py = 0; py < H; ++py)
-      for (int64_t px = 0; px < W; ++px)
+      for (int64_t px = 0; px < W; ++px) {
+        const int64_t r = row_of[size_t(py)], c = col_of[size_t(px)];
         cv.fill(x0 + px, y0 + py, x0 + px + 1, y0 + py + 1,
-                colour(p.values[size_t(row_of[size_t(py)] * p.cols + col_of[size_t(px)])]));
+                colour(p.values[size_t(r * p.cols + c)], r, c));
+      }
     cv.frame(x0, y0, W, H, kBlack);
     cv.text(x0 + (W - text_width(p.title, kTextScale)) / 2, y0 - s.title_band + 1, p.title,
             kTextScale, kBlack);
@@ -287,19 +310,23 @@ GridLayout write_heatmap_grid(const std::string& path, const std::vector<Panel>&
       cv.text(x0 + W - text_width(c1, kTickScale) + kTickScale, label_y, c1, kTickScale, kBlack);
   }
 
-  // The colour bar: top row the maximum, bottom row the minimum, 5 ticks on its right.
-  const int64_t bx = l.colorbar_x, by = l.colorbar_y, bh = l.colorbar_height;
-  for (int64_t r = 0; r < bh; ++r)
-    cv.fill(bx, by + r, bx + kBarWidth, by + r + 1, viridis(1.0 - double(r) / double(bh - 1)));
-  cv.frame(bx, by, kBarWidth, bh, kBlack);
-  for (int k = 0; k <= 4; ++k) {
-    const int64_t ty = by + std::lround((1.0 - k / 4.0) * double(bh - 1));
-    cv.fill(bx + kBarWidth + 1, ty, bx + kBarWidth + 1 + kTickLen, ty + 1, kBlack);
-    cv.text(bx + kBarWidth + 1 + kTickLen + kTickLabelGap, ty - digit_h / 2,
-            format_bar(l.range_min + span * k / 4), kTickScale, kBlack);
-  }
-  cv.text(bx, by - 1 - digit_h / 2 - 4 - kGlyphHeight * kTextScale, o.colorbar_label, kTextScale,
-          kBlack);
+  // The colour bar(s): top row the maximum, bottom row the minimum, 5 ticks on the right.
+  auto bar = [&](int64_t bx, int64_t by, double lo, double hi, const std::string& label) {
+    const int64_t bh = l.colorbar_height;
+    for (int64_t r = 0; r < bh; ++r)
+      cv.fill(bx, by + r, bx + kBarWidth, by + r + 1, viridis(1.0 - double(r) / double(bh - 1)));
+    cv.frame(bx, by, kBarWidth, bh, kBlack);
+    for (int k = 0; k <= 4; ++k) {
+      const int64_t ty = by + std::lround((1.0 - k / 4.0) * double(bh - 1));
+      cv.fill(bx + kBarWidth + 1, ty, bx + kBarWidth + 1 + kTickLen, ty + 1, kBlack);
+      cv.text(bx + kBarWidth + 1 + kTickLen + kTickLabelGap, ty - digit_h / 2,
+              format_bar(lo + (hi - lo) * k / 4), kTickScale, kBlack);
+    }
+    cv.text(bx, by - 1 - digit_h / 2 - 4 - kGlyphHeight * kTextScale, label, kTextScale, kBlack);
+  };
+  bar(l.colorbar_x, l.colorbar_y, l.range_min, l.range_max, o.colorbar_label);
+  if (o.separate_first > 0)
+    bar(l.colorbar2_x, l.colorbar2_y, l.range2_min, l.range2_max, o.separate_label);
 
   // Encode in memory with libpng's simplified API (no setjmp), then write atomically.
   png_image image{};

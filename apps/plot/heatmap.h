@@ -35,6 +35,12 @@ struct GridOptions {
   // 1).
   bool has_range = false;
   double range_min = 0, range_max = 0;
+  // > 0: the first `separate_first` rows and columns of every panel (TUPE's [CLS] row and column,
+  // whose values can dwarf the rest) get a colour range of their own — min/max over those cells
+  // of every panel, shown on a second colour bar titled `separate_label` — and the range above
+  // (computed or given) covers the other cells only.
+  int64_t separate_first = 0;
+  std::string separate_label = "[CLS]";
 };
 
 // Where everything is, so tests (and callers) can find a panel's pixels.
@@ -45,6 +51,9 @@ struct GridLayout {
   // The gradient strip: top row = max colour, bottom row = min colour.
   int64_t colorbar_x = 0, colorbar_y = 0, colorbar_width = 0, colorbar_height = 0;
   double range_min = 0, range_max = 0;  // the colour range used
+  // With separate_first: the second bar (same height, right of the first) and its range.
+  int64_t colorbar2_x = 0, colorbar2_y = 0;
+  double range2_min = 0, range2_max = 0;
 };
 
 // The layout write_heatmap_grid would use; validates the same way (engine::Error "[plot] ...").

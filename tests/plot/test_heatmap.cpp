@@ -228,6 +228,39 @@ TEST_CASE("write_heatmap_grid: an explicit range clamps, constant and all-NaN pa
     for (int64_t px = 0; px < 30; ++px) CHECK(img.at(x + px, y + py) == kGrey);
 }
 
+TEST_CASE("write_heatmap_grid: the [CLS] row and column on a scale of their own", "[plot]") {
+  TempDir dir;
+  plot::GridOptions o;
+  o.panel_width = o.panel_height = 30;  // 3 x 3 cells of 10 px
+  // [CLS] row and column at 100..900, the rest 0..1: one scale would make the rest one colour.
+  const std::vector<float> v = {100, 500, 900, 300, 0, 0.5f, 700, 1, 0.25f};
+  plot::GridLayout l = plot::write_heatmap_grid(dir.file("one.png"), {panel("", 3, 3, v)}, o);
+  CHECK(l.range_max == 900);
+  o.separate_first = 1;
+  o.separate_label = "[CLS]";
+  l = plot::write_heatmap_grid(dir.file("two.png"), {panel("", 3, 3, v)}, o);
+  CHECK(l.range_min == 0);
+  CHECK(l.range_max == 1);
+  CHECK(l.range2_min == 100);
+  CHECK(l.range2_max == 900);
+  const Image img = decode(dir.file("two.png"));
+  const int64_t x = l.panel_origin[0][0], y = l.panel_origin[0][1];
+  auto cell = [&](int r, int c) { return img.at(x + 10 * c + 5, y + 10 * r + 5); };
+  CHECK(cell(1, 1) == rgb(plot::viridis(0)));     // 0 on 0..1
+  CHECK(cell(1, 2) == rgb(plot::viridis(0.5)));   // 0.5
+  CHECK(cell(2, 1) == rgb(plot::viridis(1)));     // 1
+  CHECK(cell(0, 0) == rgb(plot::viridis(0)));     // 100 on 100..900
+  CHECK(cell(0, 1) == rgb(plot::viridis(0.5)));   // 500
+  CHECK(cell(0, 2) == rgb(plot::viridis(1)));     // 900
+  CHECK(cell(2, 0) == rgb(plot::viridis(0.75)));  // 700
+  // The second colour bar, right of the first, spans the [CLS] range; its label is drawn.
+  CHECK(l.colorbar2_x > l.colorbar_x + l.colorbar_width);
+  CHECK(l.colorbar2_x + l.colorbar_width < l.width);
+  CHECK(img.at(l.colorbar2_x, l.colorbar2_y) == rgb(plot::viridis(1)));
+  CHECK(img.at(l.colorbar2_x, l.colorbar2_y + l.colorbar_height - 1) == rgb(plot::viridis(0)));
+  CHECK(img.dark(l.colorbar2_x, l.colorbar2_y - 30, l.width, l.colorbar2_y - 2) > 0);
+}
+
 TEST_CASE("write_heatmap_grid: non-square panels map cells to pixel blocks, and downsample",
           "[plot]") {
   TempDir dir;
