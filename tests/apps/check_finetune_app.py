@@ -334,6 +334,16 @@ for version, v2 in (("v1.1", False), ("v2.0", True)):
         if v2:
             check(os.path.exists(os.path.join(run_dir, "null_odds.json")) and "best_f1" in r["runs"][0]["best"],
                   "v2.0: null_odds.json and best_f1")
+            # 5 of the 15 dev questions are unanswerable: answering "" everywhere scores 100 * 5/15.
+            b = r["baseline"]
+            check(b["predictor"] == 'every question answered with ""' and abs(b["metrics"]["f1"] - 100 / 3) < 1e-6
+                  and abs(b["metrics"]["exact"] - 100 / 3) < 1e-6,
+                  f"v2.0: the empty-answer baseline in results.json ({b})")
+            md = open(os.path.join(o, "results.md")).read()
+            check('Baseline (every question answered with "") on dev: exact 33.33 f1 33.33.' in md,
+                  "v2.0: the empty-answer baseline in results.md")
+        else:
+            check(r["baseline"] is None, "v1.1: no baseline (no trivial answer)")
     except Exception as e:  # noqa: BLE001
         check(False, f"squad {version} outputs readable ({e})")
 
