@@ -353,7 +353,11 @@ int run(Args args) {
   s.out_dir = args.out;
   s.test_predictions = !args.no_test;
   s.save_models = args.save_model;
-  s.model_metadata[models::kTokenizerKey] = std::filesystem::absolute(tok_path).string();
+  // Saved models find their vocabulary in --out, so the output directory moves whole.
+  if (args.save_model)
+    s.model_metadata[models::kTokenizerKey] = root
+                                                  ? models::keep_tokenizer(tok_path, args.out)
+                                                  : models::kept_tokenizer_path(tok_path, args.out);
   s.model_metadata[models::kLowerCaseKey] = lower_case ? "true" : "false";
   s.max_len = args.max_len;
   s.doc_stride = squad ? args.doc_stride : 0;

@@ -219,28 +219,6 @@ class CorpusSource : public models::BatchSource {
   data::EvalBatches valid_;
 };
 
-std::string file_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  ENGINE_CHECK(f, "[pretrain_app] cannot read ", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// The tokenizer into the run directory (once: an identical copy is kept, a different one is an
-// error rather than silently replaced).
-void copy_tokenizer(const std::string& from, const std::filesystem::path& to) {
-  const std::string bytes = file_bytes(from);
-  if (std::filesystem::exists(to)) {
-    ENGINE_CHECK(file_bytes(to.string()) == bytes, "[pretrain_app] ", to.string(),
-                 " exists and differs from the tokenizer ", from,
-                 " (train.out_dir holds another run's tokenizer); use another train.out_dir");
-    return;
-  }
-  std::filesystem::create_directories(to.parent_path());
-  engine::write_file_atomic(to.string(), bytes, "[pretrain_app]");
-}
-
 int single_batch(const Args& args, models::BertForMaskedLM& model, const engine::AdamWOptions& adam,
                  uint64_t seed, const models::PretrainOptions& train) {
   const models::BertConfig& config = model.config();
@@ -390,10 +368,9 @@ int run(const Args& args) {
   }
   // finetune_app finds the vocabulary through the checkpoints: a copy in the run directory,
   // recorded relative to each checkpoint, so the directory can move.
-  const std::filesystem::path tok_copy = std::filesystem::absolute(train_opt.out_dir) /
-                                         std::filesystem::path(tokenizer->path()).filename();
-  if (comm.is_root()) copy_tokenizer(tokenizer->path(), tok_copy);
-  train_opt.checkpoint_metadata[models::kTokenizerKey] = tok_copy.string();
+  train_opt.checkpoint_metadata[models::kTokenizerKey] =
+      comm.is_root() ? models::keep_tokenizer(tokenizer->path(), train_opt.out_dir)
+                     : models::kept_tokenizer_path(tokenizer->path(), train_opt.out_dir);
   train_opt.checkpoint_metadata[models::kLowerCaseKey] = data_opt.lower_case ? "true" : "false";
   models::PretrainResult r =
       models::pretrain(model, source, train_opt, adam, seed, args.resume, cfg.dump());

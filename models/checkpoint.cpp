@@ -2,9 +2,12 @@
 #include "models/checkpoint.h"
 
 #include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
 
 #include "engine/error.h"
+#include "engine/file_io.h"
 
 namespace models {
 
@@ -49,6 +52,34 @@ void make_tokenizer_relative(engine::SafetensorsMetadata& meta, const std::strin
   if (tok == meta.end() || !std::filesystem::path(tok->second).is_absolute()) return;
   const std::filesystem::path dir = std::filesystem::absolute(path).parent_path();
   tok->second = std::filesystem::path(tok->second).lexically_relative(dir).string();
+}
+
+namespace {
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  ENGINE_CHECK(f, "[checkpoint] cannot read the tokenizer ", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+std::string kept_tokenizer_path(const std::string& tokenizer, const std::string& dir) {
+  return (std::filesystem::absolute(dir) / std::filesystem::path(tokenizer).filename()).string();
+}
+
+std::string keep_tokenizer(const std::string& tokenizer, const std::string& dir) {
+  const std::string to = kept_tokenizer_path(tokenizer, dir);
+  const std::string bytes = file_bytes(tokenizer);
+  if (std::filesystem::exists(to)) {
+    ENGINE_CHECK(file_bytes(to) == bytes, "[checkpoint] ", to,
+                 " exists and differs from the tokenizer ", tokenizer,
+                 " (the directory holds another run's tokenizer); use another output directory");
+    return to;
+  }
+  std::filesystem::create_directories(dir);
+  engine::write_file_atomic(to, bytes, "[checkpoint]");
+  return to;
 }
 
 std::string checkpoint_tokenizer(const std::string& path, const engine::SafetensorsMetadata& meta) {

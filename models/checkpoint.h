@@ -45,6 +45,13 @@ engine::SafetensorsContents load_bert_encoder(const std::string& path, BertModel
 // metadata is written to); save_checkpoint does this itself.
 void make_tokenizer_relative(engine::SafetensorsMetadata& meta, const std::string& path);
 
+// A copy of the tokenizer file `tokenizer` in `dir` (created if needed), under its file name, for
+// the checkpoints written there to record (kTokenizerKey). An identical copy is kept; a different
+// file of that name is an error rather than replaced. Returns the copy's absolute path
+// (kept_tokenizer_path: that path without copying, for ranks that do not write).
+std::string keep_tokenizer(const std::string& tokenizer, const std::string& dir);
+std::string kept_tokenizer_path(const std::string& tokenizer, const std::string& dir);
+
 // The tokenizer a checkpoint records (kTokenizerKey in `meta`, its metadata), resolved against
 // the checkpoint's directory when relative; "" when it records none. A recorded file that does
 // not exist is an error naming both.

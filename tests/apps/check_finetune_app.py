@@ -240,6 +240,9 @@ if res:
          str(best["seed"]), "--epochs", "8", "--save-model", "--overwrite", *FAST], 0, "best learning rate",
         "--overwrite: the best run again, with --save-model")
     model = os.path.join(rte_out, "runs", f"lr{best['lr']:g}_seed{best['seed']}", "model.safetensors")
+    check(os.path.exists(os.path.join(rte_out, "vocab.txt")), "--save-model keeps the vocabulary in --out")
+    shutil.copytree(rte_out, path("out_rte_moved"))  # the whole output directory moves
+    model = os.path.join(path("out_rte_moved"), "runs", f"lr{best['lr']:g}_seed{best['seed']}", "model.safetensors")
     pred_out = path("out_rte_predict")
     out = run(["glue/RTE", "--init", model, "--data-dir", path("glue"), "--out", pred_out, "--predict-only"], 0,
               "prediction only", "--predict-only from the finetuned model (its vocabulary recorded in it)")
