@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/cli.h"
 #include "engine/comm.h"
 #include "engine/data_parallel.h"
 #include "engine/error.h"
@@ -30,7 +31,7 @@ namespace {
 const char* kUsage =
     R"(usage: [mpirun -np N] bench_comm [--device cpu|cuda] [--max-mb M] [--iters K]
                       [--layers L] [--hidden H] [--heads A] [--seq T] [--batch B] [--vocab V]
-                      [--bucket-mb MB] [--skip-model]
+                      [--bucket-mb MB] [--skip-model] [--version]
 
   --device     where the tensors live (cuda: one GPU per local rank, NCCL)      default cpu
   --max-mb     largest all-reduce, MiB                                           default 64
@@ -102,6 +103,9 @@ int main(int argc, char** argv) {
         };
         if (a == "-h" || a == "--help") {
           std::printf("%s", kUsage);
+          return 0;
+        } else if (a == "--version") {
+          std::printf("bench_comm %s\n", cli::version());
           return 0;
         } else if (a == "--device")
           device_name = value();

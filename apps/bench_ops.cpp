@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/cli.h"
 #include "engine/backend.h"
 #include "ops/ops.h"
 
@@ -181,9 +182,13 @@ int main(int argc, char** argv) {
         quick = true;
       } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
         g_only = argv[++i];
+      } else if (!std::strcmp(argv[i], "--version")) {
+        std::printf("bench_ops %s\n", cli::version());
+        return 0;
       } else if (!std::strcmp(argv[i], "-h") || !std::strcmp(argv[i], "--help")) {
         std::puts(
-            "usage: bench_ops [--quick] [--only SUBSTRING]\nTimes the CPU ops at BERT-Base "
+            "usage: bench_ops [--quick] [--only SUBSTRING] [--version]\nTimes the CPU ops at "
+            "BERT-Base "
             "shapes (B=8, T=128; --quick: B=2; the sum_to cases at B=32, --quick: 2) and "
             "prints tab-separated: case, median ms, rate, unit. --only: the cases whose name "
             "contains SUBSTRING.");

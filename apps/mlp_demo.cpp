@@ -8,6 +8,7 @@
 #include <exception>
 #include <string>
 
+#include "apps/cli.h"
 #include "ops/ops.h"
 
 using namespace engine;
@@ -28,7 +29,7 @@ const char* kUsage =
     "usage: mlp_demo [--steps N] [--hidden N] [--batch N] [--lr X] [--dropout P] [--seed N]\n"
     "                [--log-every N]\n"
     "Trains a GELU/LayerNorm MLP on a synthetic 3-class spiral (2-D points) with SGD+momentum\n"
-    "and prints training loss and held-out accuracy.\n";
+    "and prints training loss and held-out accuracy. --version: the version and git commit.\n";
 
 int64_t parse_int(const std::string& flag, const char* v) {
   char* end = nullptr;
@@ -51,6 +52,10 @@ Options parse(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (a == "--version") {
+      std::printf("mlp_demo %s\n", cli::version());
       std::exit(0);
     }
     ENGINE_CHECK(i + 1 < argc, "[mlp_demo] ", a, " needs a value (or unknown argument)\n", kUsage);
