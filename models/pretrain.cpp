@@ -341,6 +341,34 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
     ++steps_this_run;
     ++window_steps;
     result.losses.push_back(loss);
+    if ((!apply || !std::isfinite(loss)) && !o.loss_scale.enabled && o.on_nonfinite == "stop") {
+      // Which micro-batch: forward each again (only on this path) and name the first whose loss
+      // is not finite here; none on this rank means another rank's gradients were.
+      std::string where = "on another rank's micro-batch";
+      {
+        engine::NoGrad ng;
+        engine::Autocast autocast(compute);
+        const bool was_training = model.training();
+        model.train(false);
+        engine::Generator unused(0);
+        for (size_t m = 0; m < micro.size(); ++m) {
+          const double l = model.forward(micro[m], unused).loss.item();
+          if (std::isfinite(l)) continue;
+          where = "on micro-batch " + std::to_string(m + 1) + " of " +
+                  std::to_string(micro.size()) +
+                  (comm.size() > 1 ? " of rank " + std::to_string(comm.rank()) : std::string()) +
+                  " (loss " + std::to_string(l) + ")";
+          break;
+        }
+        model.train(was_training);
+      }
+      const std::string last_good = latest_checkpoint(o.out_dir);
+      ENGINE_FAIL("[pretrain] step ", step, ": the loss or the gradients are not finite (loss ",
+                  loss, ") ", where, "; the run stops here with the weights of step ", step - 1,
+                  " unsaved. Last good checkpoint: ",
+                  last_good.empty() ? std::string("none yet") : last_good,
+                  " (continue with --resume; train.on_nonfinite: skip skips such steps instead)");
+    }
     if (on_step) on_step(step, loss);
 
     const bool last = step == o.steps;

@@ -54,7 +54,12 @@ struct PretrainOptions {
   engine::Device device = engine::Device::cpu();  // where the model, batches and step run
   std::string precision = "f32";                  // f32 | bf16 | fp16
   engine::LossScalerOptions loss_scale;           // enabled by default for fp16 only
-  bool decay_bias_and_norm = false;               // false: no weight decay on biases and LayerNorms
+  // Without loss scaling (f32, bf16), a step whose loss or gradients are not finite: "stop" ends
+  // the run with an error naming the step, the micro-batch and the last good checkpoint; "skip"
+  // leaves the weights as they were and goes on (counted in skipped_steps). With loss scaling
+  // (fp16) overflow is expected and the scaler skips the step.
+  std::string on_nonfinite = "stop";
+  bool decay_bias_and_norm = false;  // false: no weight decay on biases and LayerNorms
   int64_t log_every = 10;
   int64_t valid_every = 200;  // 0 = only at the end
   int64_t valid_batches = 20;

@@ -62,6 +62,7 @@ PretrainOptions read_train_options(const engine::ConfigSection& t) {
   o.clip_norm = t.get_double("clip_norm", o.clip_norm);
   o.device = read_device(t, "device", o.device);
   o.precision = t.get_choice("precision", o.precision, {"f32", "bf16", "fp16"});
+  o.on_nonfinite = t.get_choice("on_nonfinite", o.on_nonfinite, {"stop", "skip"});
   engine::ConfigSection ls = t.section("loss_scale");
   o.loss_scale.enabled = ls.get_bool("enabled", o.precision == "fp16");
   o.loss_scale.init_scale = ls.get_double("init", o.loss_scale.init_scale);

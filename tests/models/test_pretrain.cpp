@@ -4,9 +4,11 @@
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
+#include "engine/autograd.h"
 #include "engine/config.h"
 #include "engine/error.h"
 #include "models/model_support.h"
@@ -108,6 +110,51 @@ TEST_CASE("pretraining refuses to overwrite a run and to resume nothing", "[pret
   fs::remove_all(dir);
 }
 
+TEST_CASE("a NaN in f32 training stops the run naming the step, micro-batch and checkpoint",
+          "[pretrain]") {
+  const fs::path dir = fresh_dir("nonfinite");
+  Synthetic data;
+  BertForMaskedLM model(tiny(), 5);
+  PretrainOptions o = options(dir);  // checkpoints every 4 steps, accumulation 2
+  // A weight becomes NaN after step 6 (as a diverging run's would): step 7 must not train on.
+  auto inject = [&](int64_t step, double) {
+    if (step != 6) return;
+    engine::NoGrad ng;
+    model.named_parameters()[0].second.fill_(std::nan(""));
+  };
+  REQUIRE_THROWS_WITH(pretrain(model, data, o, adam(), 5, false, "", inject),
+                      Contains("[pretrain] step 7: the loss or the gradients are not finite") &&
+                          Contains("on micro-batch 1 of 2") &&
+                          Contains("Last good checkpoint: " +
+                                   (dir / "checkpoints" / "step_00000004.safetensors").string()) &&
+                          Contains("train.on_nonfinite: skip"));
+  // --resume continues from that checkpoint.
+  BertForMaskedLM again(tiny(), 5);
+  Synthetic data2;
+  PretrainResult r = pretrain(again, data2, o, adam(), 5, true);
+  REQUIRE(r.start_step == 4);
+  REQUIRE(r.final_step == 12);
+
+  // on_nonfinite: skip goes on without the bad steps' updates.
+  const fs::path dir2 = fresh_dir("nonfinite_skip");
+  BertForMaskedLM m2(tiny(), 5);
+  Synthetic data3;
+  PretrainOptions o2 = options(dir2);
+  o2.on_nonfinite = "skip";
+  std::vector<double> seen;
+  auto spoil = [&](int64_t step, double loss) {
+    seen.push_back(loss);
+    if (step != 6) return;
+    engine::NoGrad ng;
+    m2.named_parameters()[0].second.fill_(std::nan(""));
+  };
+  const PretrainResult r2 = pretrain(m2, data3, o2, adam(), 5, false, "", spoil);
+  REQUIRE(r2.final_step == 12);
+  REQUIRE(std::isnan(seen.back()));  // every later step skipped: the weight stays NaN
+  fs::remove_all(dir);
+  fs::remove_all(dir2);
+}
+
 TEST_CASE("train options from YAML are checked", "[pretrain][config]") {
   auto parse = [](const std::string& yaml) {
     engine::Config c = engine::Config::parse(yaml, "t.yaml");
@@ -125,6 +172,9 @@ TEST_CASE("train options from YAML are checked", "[pretrain][config]") {
                       Contains("t.yaml:2: train.steps: must be positive"));
   REQUIRE_THROWS_WITH(parse("train:\n  precision: fp8\n"),
                       Contains("'fp8' is not one of: f32, bf16, fp16"));
+  REQUIRE(parse("train:\n  on_nonfinite: skip\n").on_nonfinite == "skip");
+  REQUIRE_THROWS_WITH(parse("train:\n  on_nonfinite: ignore\n"),
+                      Contains("'ignore' is not one of: stop, skip"));
   REQUIRE_THROWS_WITH(parse("train:\n  loss_scale:\n    grow: 3\n"),
                       Contains("unknown key 'train.loss_scale.grow'"));
 }
