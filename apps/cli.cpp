@@ -41,6 +41,22 @@ std::string ArgParser::value() {
   return argv_[++i_];
 }
 
+engine::Device ArgParser::device_value() {
+  const std::string v = value();
+  try {
+    return engine::parse_device(v);
+  } catch (const engine::Error&) {
+    fail(arg_ + " expects cpu, cuda or cuda:N, got '" + v + "'");
+  }
+}
+
+std::string ArgParser::precision_value() {
+  const std::string v = value();
+  if (v != "f32" && v != "bf16" && v != "fp16")
+    fail(arg_ + " expects f32, bf16 or fp16, got '" + v + "'");
+  return v;
+}
+
 std::vector<std::string> ArgParser::values_until_flag() {
   std::vector<std::string> out;
   while (i_ + 1 < argc_ && std::string(argv_[i_ + 1]).rfind("--", 0) != 0)

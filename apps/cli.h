@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/device.h"
+
 namespace cli {
 
 // Prints "<program>: <msg>" and the --help hint and exits 2; under mpirun (inside
@@ -30,6 +32,10 @@ class ArgParser {
   std::string value();
   int64_t int_value(int64_t min) { return to_int(arg_, value(), min); }
   double double_value(double min, double max) { return to_double(arg_, value(), min, max); }
+  // --device: cpu, cuda or cuda:N ("<flag> expects cpu, cuda or cuda:N, got '<v>'").
+  engine::Device device_value();
+  // --precision: f32, bf16 or fp16.
+  std::string precision_value();
   // The arguments after the current flag up to the next --flag: "<flag> needs at least one value".
   std::vector<std::string> values_until_flag();
   // "<flag> expects an integer >= <min>, got '<v>'"; "<flag> expects a number in [min, max], ...".

@@ -129,18 +129,11 @@ Args parse_args(int argc, char** argv) {
       a.out = p.value();
     else if (arg == "--dump")
       a.dump = p.value();
-    else if (arg == "--precision") {
-      a.precision = p.value();
-      if (a.precision != "f32" && a.precision != "bf16" && a.precision != "fp16")
-        usage_error("--precision expects f32, bf16 or fp16, got '" + a.precision + "'");
-    } else if (arg == "--device") {
-      const std::string v = p.value();
-      try {
-        a.device = engine::parse_device(v);
-      } catch (const engine::Error&) {
-        usage_error("--device expects cpu, cuda or cuda:N, got '" + v + "'");
-      }
-    } else if (arg == "--cased")
+    else if (arg == "--precision")
+      a.precision = p.precision_value();
+    else if (arg == "--device")
+      a.device = p.device_value();
+    else if (arg == "--cased")
       a.cased = true;
     else if (arg == "--no-test")
       a.no_test = true;

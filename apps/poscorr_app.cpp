@@ -95,14 +95,9 @@ Args parse_args(int argc, char** argv) {
       a.max_positions = p.int_value(2);
     else if (arg == "--head")
       a.head = p.int_value(0);
-    else if (arg == "--device") {
-      const std::string v = p.value();
-      try {
-        a.device = engine::parse_device(v);
-      } catch (const engine::Error&) {
-        p.fail("--device expects cpu, cuda or cuda:N, got '" + v + "'");
-      }
-    } else if (arg == "--columns")
+    else if (arg == "--device")
+      a.device = p.device_value();
+    else if (arg == "--columns")
       a.grid.columns = p.int_value(1);
     else if (arg == "--probe-tokens")
       a.probe.tokens = p.int_value(1);

@@ -142,14 +142,9 @@ Args parse_args(int argc, char** argv) {
       a.resume = true;
     else if (arg == "--out")
       a.out = p.value();
-    else if (arg == "--device") {
-      a.device = p.value();
-      try {
-        engine::parse_device(a.device);
-      } catch (const engine::Error&) {
-        usage_error("--device expects cpu, cuda or cuda:N, got '" + a.device + "'");
-      }
-    } else if (arg == "--steps") {
+    else if (arg == "--device")
+      a.device = p.device_value().str();
+    else if (arg == "--steps") {
       a.steps = p.int_value(0);
       a.steps_given = true;
     } else
@@ -488,7 +483,8 @@ int prepare_cmd(int argc, char** argv) {
 }
 
 int eval_cmd(int argc, char** argv) {
-  std::string init, corpus_dir, split = "valid", device_s = "cpu", precision = "f32";
+  std::string init, corpus_dir, split = "valid", precision = "f32";
+  engine::Device device = engine::Device::cpu();
   int64_t batches = 0, batch_size = 32, seq_len = 0;
   cli::ArgParser p("pretrain_app eval", kUsage, argc, argv, 2);
   while (p.next()) {
@@ -506,9 +502,9 @@ int eval_cmd(int argc, char** argv) {
     else if (arg == "--seq-len")
       seq_len = p.int_value(8);
     else if (arg == "--device")
-      device_s = p.value();
+      device = p.device_value();
     else if (arg == "--precision")
-      precision = p.value();
+      precision = p.precision_value();
     else
       p.unknown();
   }
@@ -517,14 +513,6 @@ int eval_cmd(int argc, char** argv) {
     usage_error("eval: --corpus DIR (made by pretrain_app prepare) is required");
   if (split != "valid" && split != "train")
     usage_error("eval: --split expects valid or train, got '" + split + "'");
-  engine::Device device;
-  try {
-    device = engine::parse_device(device_s);
-  } catch (const engine::Error&) {
-    usage_error("--device expects cpu, cuda or cuda:N, got '" + device_s + "'");
-  }
-  if (precision != "f32" && precision != "bf16" && precision != "fp16")
-    usage_error("--precision expects f32, bf16 or fp16, got '" + precision + "'");
 
   const models::BertConfig config = models::read_checkpoint_config(init);
   data::Corpus corpus(corpus_dir);

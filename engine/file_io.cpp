@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
 #include "engine/error.h"
@@ -127,6 +129,15 @@ void AtomicFile::commit() {
   rename_over(tmp_, path_, tag_);
   pending_ = false;
   fsync_directory(directory_of(path_), tag_);
+}
+
+std::string read_file(const std::string& path, const std::string& tag) {
+  std::ifstream f(path, std::ios::binary);
+  ENGINE_CHECK(f, "[", tag, "] cannot read ", path, ": ", std::strerror(errno));
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  ENGINE_CHECK(!f.bad(), "[", tag, "] error reading ", path, ": ", std::strerror(errno));
+  return ss.str();
 }
 
 void write_file_atomic(const std::string& path, std::string_view bytes, const std::string& tag) {

@@ -80,6 +80,9 @@ class AtomicFile {
 // rename.
 std::string temporary_path(const std::string& path);
 
+// The whole file as bytes. Error: "[<tag>] cannot read <path>: <errno>".
+std::string read_file(const std::string& path, const std::string& tag);
+
 // Writes `bytes` to `path` atomically: an AtomicFile written once and committed.
 void write_file_atomic(const std::string& path, std::string_view bytes, const std::string& tag);
 

@@ -54,25 +54,15 @@ void make_tokenizer_relative(engine::SafetensorsMetadata& meta, const std::strin
   tok->second = std::filesystem::path(tok->second).lexically_relative(dir).string();
 }
 
-namespace {
-std::string file_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  ENGINE_CHECK(f, "[checkpoint] cannot read the tokenizer ", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-}  // namespace
-
 std::string kept_tokenizer_path(const std::string& tokenizer, const std::string& dir) {
   return (std::filesystem::absolute(dir) / std::filesystem::path(tokenizer).filename()).string();
 }
 
 std::string keep_tokenizer(const std::string& tokenizer, const std::string& dir) {
   const std::string to = kept_tokenizer_path(tokenizer, dir);
-  const std::string bytes = file_bytes(tokenizer);
+  const std::string bytes = engine::read_file(tokenizer, "checkpoint");
   if (std::filesystem::exists(to)) {
-    ENGINE_CHECK(file_bytes(to) == bytes, "[checkpoint] ", to,
+    ENGINE_CHECK(engine::read_file(to, "checkpoint") == bytes, "[checkpoint] ", to,
                  " exists and differs from the tokenizer ", tokenizer,
                  " (the directory holds another run's tokenizer); use another output directory");
     return to;

@@ -37,13 +37,7 @@ constexpr const char* kHfTiedKey = "engine.hf_tied";      // tied copies present
 // needs at least one: it gets one row of zeros, which adds nothing).
 constexpr const char* kNoSegmentsKey = "engine_type_vocab_size";
 
-std::string read_text(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  ENGINE_CHECK(f, "[hf] cannot read ", p.string());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string read_text(const fs::path& p) { return engine::read_file(p.string(), "hf"); }
 
 json parse_json(const fs::path& p) {
   try {
