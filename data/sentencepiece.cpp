@@ -102,7 +102,14 @@ class SentencePieceTokenizer final : public Tokenizer {
   explicit SentencePieceTokenizer(const std::string& model_file) : path_(model_file) {
     ENGINE_CHECK(std::filesystem::is_regular_file(model_file), "[tokenizer] ", model_file,
                  ": no such file (expected a SentencePiece .model)");
-    const auto status = sp_.Load(model_file);
+    // libsentencepiece reports most problems as a status, but some by throwing (its trie builder
+    // throws Darts::Details::Exception on an empty piece): both are "not a SentencePiece model".
+    sentencepiece::util::Status status;
+    try {
+      status = sp_.Load(model_file);
+    } catch (const std::exception& e) {
+      ENGINE_FAIL("[tokenizer] ", model_file, ": not a SentencePiece model (", e.what(), ")");
+    }
     ENGINE_CHECK(status.ok(), "[tokenizer] ", model_file, ": not a SentencePiece model (",
                  status.ToString(), ")");
     const int n = sp_.GetPieceSize();

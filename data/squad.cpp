@@ -195,7 +195,7 @@ std::vector<SquadExample> read_squad(const std::string& path) {
   json root;
   try {
     root = json::parse(in);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 1e400
     ENGINE_FAIL("[squad] ", path, ": invalid JSON: ", e.what());
   }
   const Reader r{path};

@@ -150,7 +150,14 @@ void ConfigSection::finish() const {
     allowed.push_back(rest);
   }
   for (auto it = n.begin(); it != n.end(); ++it) {
-    const std::string k = it->first.as<std::string>();
+    // YAML allows any node as a key ("? [a, b]: 1", "~: 1"); a config's keys are names.
+    ENGINE_CHECK(it->first.IsScalar(), "[config] ", line_of(it->first, data_->source),
+                 ": a key in '", path_.empty() ? "(top level)" : path_, "' is ",
+                 it->first.IsMap()        ? "a mapping"
+                 : it->first.IsSequence() ? "a list"
+                                          : "null",
+                 ", expected a name");
+    const std::string k = it->first.Scalar();
     if (data_->read.count(key_path(k))) continue;
     ENGINE_FAIL("[config] ", line_of(it->first, data_->source), ": unknown key '", key_path(k), "'",
                 path_.empty() ? "" : " in '" + path_ + "'", "; allowed keys: ", join(allowed));

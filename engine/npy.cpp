@@ -1,5 +1,6 @@
 #include "engine/npy.h"
 
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -83,9 +84,13 @@ Tensor load_npy(const std::string& path) {
   ENGINE_CHECK(bytes.size() >= start + len, "[npy] ", path, ": truncated header (", len,
                " bytes announced)");
   const std::string header = bytes.substr(start, len);
+  // Compiled once: building a std::regex costs more than matching a header.
+  static const std::regex kDescr("'descr':\\s*'([<>|=]?[a-zA-Z]\\d+)'"),
+      kFortran("'fortran_order':\\s*(True|False)"), kShape("'shape':\\s*\\(([^)]*)\\)"),
+      kDigits("\\d+");
   std::smatch m;
-  ENGINE_CHECK(std::regex_search(header, m, std::regex("'descr':\\s*'([<>|=]?[a-zA-Z]\\d+)'")),
-               "[npy] ", path, ": header has no 'descr': ", header);
+  ENGINE_CHECK(std::regex_search(header, m, kDescr), "[npy] ", path,
+               ": header has no 'descr': ", header);
   const std::string descr = m[1];
   DType dt;
   if (descr == "<f4")
@@ -103,19 +108,26 @@ Tensor load_npy(const std::string& path) {
   else
     ENGINE_FAIL("[npy] ", path, ": dtype '", descr,
                 "' is not supported (expected <f4, <f8, <f2, <i4, <i8 or |u1)");
-  ENGINE_CHECK(std::regex_search(header, m, std::regex("'fortran_order':\\s*(True|False)")) &&
-                   m[1] == "False",
-               "[npy] ", path, ": expected 'fortran_order': False (C order)");
-  ENGINE_CHECK(std::regex_search(header, m, std::regex("'shape':\\s*\\(([^)]*)\\)")), "[npy] ",
-               path, ": header has no 'shape': ", header);
+  ENGINE_CHECK(std::regex_search(header, m, kFortran) && m[1] == "False", "[npy] ", path,
+               ": expected 'fortran_order': False (C order)");
+  ENGINE_CHECK(std::regex_search(header, m, kShape), "[npy] ", path,
+               ": header has no 'shape': ", header);
   Shape shape;
   const std::string dims = m[1];
-  const std::regex digits("\\d+");
-  for (std::sregex_iterator it(dims.begin(), dims.end(), digits), end; it != end; ++it)
-    shape.push_back(std::stoll(it->str()));
+  // A hostile header can hold any digits: each dimension, the element count and the byte size
+  // must fit (else the size check below could pass on a wrapped value).
   int64_t numel = 1;
-  for (int64_t s : shape) numel *= s;
-  const size_t body = size_t(numel) * dtype_size(dt);
+  for (std::sregex_iterator it(dims.begin(), dims.end(), kDigits), end; it != end; ++it) {
+    const std::string d = it->str();
+    int64_t v = 0;
+    const auto [ptr, ec] = std::from_chars(d.data(), d.data() + d.size(), v);
+    ENGINE_CHECK(ec == std::errc() && !__builtin_mul_overflow(numel, v, &numel), "[npy] ", path,
+                 ": shape (", dims, ") is too large");
+    shape.push_back(v);
+  }
+  size_t body = 0;
+  ENGINE_CHECK(!__builtin_mul_overflow(size_t(numel), dtype_size(dt), &body), "[npy] ", path,
+               ": shape (", dims, ") is too large");
   ENGINE_CHECK(bytes.size() - start - len == body, "[npy] ", path, ": data is ",
                bytes.size() - start - len, " bytes, expected ", body, " for shape (", dims, ") of ",
                descr);

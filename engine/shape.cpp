@@ -16,7 +16,10 @@ Shape contiguous_strides(const Shape& s) {
   int64_t acc = 1;
   for (int64_t i = static_cast<int64_t>(s.size()) - 1; i >= 0; --i) {
     st[i] = acc;
-    acc *= s[i] > 0 ? s[i] : 1;
+    // A shape from a file can have an element count that fits (a zero dimension) and strides
+    // that do not: (0, 2^62, 4).
+    ENGINE_CHECK(i == 0 || !__builtin_mul_overflow(acc, s[i] > 0 ? s[i] : 1, &acc),
+                 "[tensor] shape ", shape_str(s), " is too large: its strides overflow 64 bits");
   }
   return st;
 }

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "models/bert_config.h"
+
 namespace models {
 
 // Prefix of the HF tensors a converted checkpoint carries without using them.
@@ -28,6 +30,11 @@ struct HfConversion {
 // and recorded relative to it). Every unsupported input is one clear error naming the file and
 // key or tensor (a pytorch_model.bin only: how to convert it to safetensors).
 HfConversion convert_from_hf(const std::string& dir, const std::string& out);
+
+// The text of a config.json -> the engine's BertConfig (bert_a, post-LN), as convert_from_hf
+// reads it: anything HF BERT can express that this engine computes differently is an error
+// naming `source` and the key (models/hf_config.cpp).
+BertConfig bert_config_from_hf(const std::string& text, const std::string& source);
 
 // An engine checkpoint of a bert_a post-LN model -> DIR/config.json, DIR/model.safetensors,
 // DIR/vocab.txt + DIR/tokenizer_config.json (when the checkpoint records a WordPiece
