@@ -4,12 +4,27 @@
 #include "engine/error.h"
 
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
 #include <utility>
 
 namespace cli {
+
+namespace {
+
+// A write beyond the file-size limit (RLIMIT_FSIZE, `ulimit -f`) raises SIGXFSZ, which by default
+// kills the process before it can say what failed or clean up. Ignored, the write fails with
+// EFBIG and the engine's error path runs: "[safetensors] <file>.tmp.<pid>: write failed (File too
+// large)", the temporary removed and the previous checkpoint or corpus left as it was. Every app
+// links this file (its argument parsing), so the disposition is set before main.
+[[maybe_unused]] const bool kIgnoreFileSizeSignal = [] {
+  std::signal(SIGXFSZ, SIG_IGN);
+  return true;
+}();
+
+}  // namespace
 
 void usage_error(const std::string& program, const std::string& msg) {
   const std::string help = "(run " + program + " --help for the options)";

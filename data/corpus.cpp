@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <chrono>
@@ -18,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "engine/error.h"
@@ -43,6 +45,121 @@ constexpr uint32_t kSplitTag =
 
 std::string errno_text() { return std::strerror(errno); }
 
+// ---- read faults in mapped shards ------------------------------------------------------------
+// A mapped file that shrinks (truncated, rewritten in place) or whose pages cannot be read (an
+// I/O error) raises SIGBUS at the next read of a lost page: there is no error code to check. The
+// handler turns that into the engine's kind of message, naming the file; everything it touches is
+// prepared beforehand in fixed slots (lock-free atomics, C strings), as a signal handler requires.
+struct FaultSlot {
+  std::atomic<bool> taken{false};
+  std::atomic<uintptr_t> begin{0};  // 0: not (yet) registered
+  std::atomic<size_t> bytes{0};     // the file's size
+  std::atomic<size_t> span{0};      // the mapping's, whole pages
+  char path[1024] = {};
+};
+// Four per Corpus; a mapping that finds no free slot still works, its fault just stays a signal.
+constexpr size_t kFaultSlots = 64;
+FaultSlot g_fault_slots[kFaultSlots];
+char g_fault_hint[2][2048];
+std::atomic<int> g_fault_hint_current{-1};  // which buffer holds the hint; -1: none
+std::mutex g_fault_hint_mutex;              // writers of the hint
+struct sigaction g_previous_sigbus;         // what a SIGBUS outside the shards goes to
+std::mutex g_sigbus_mutex;                  // installing the handler
+
+void append_text(char*& p, const char* end, const char* s) {
+  while (*s && p < end) *p++ = *s++;
+}
+
+void append_number(char*& p, const char* end, uint64_t v) {
+  char digits[24];
+  int n = 0;
+  do {
+    digits[n++] = char('0' + v % 10);
+    v /= 10;
+  } while (v);
+  while (n > 0 && p < end) *p++ = digits[--n];
+}
+
+void on_sigbus(int sig, siginfo_t* info, void* context) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (FaultSlot& s : g_fault_slots) {
+    const uintptr_t begin = s.begin.load(std::memory_order_acquire);
+    if (begin == 0 || at < begin || at - begin >= s.span.load(std::memory_order_relaxed)) continue;
+    char msg[4096];
+    char* p = msg;
+    const char* end = msg + sizeof msg - 1;
+    append_text(p, end, "[corpus] ");
+    append_text(p, end, s.path);
+    append_text(p, end, ": reading the memory-mapped shard failed at byte ");
+    append_number(p, end, at - begin);
+    append_text(p, end, " of ");
+    append_number(p, end, s.bytes.load(std::memory_order_relaxed));
+    append_text(p, end,
+                " (SIGBUS: the file was truncated or became unreadable while it was in use); "
+                "the run stops here.");
+    const int hint = g_fault_hint_current.load(std::memory_order_acquire);
+    if (hint >= 0) {
+      append_text(p, end, " ");
+      append_text(p, end, g_fault_hint[hint]);
+    }
+    *p++ = '\n';
+    for (const char* q = msg; q < p;) {
+      const ssize_t w = ::write(STDERR_FILENO, q, size_t(p - q));
+      if (w <= 0) break;
+      q += w;
+    }
+    ::_exit(1);
+  }
+  // Not a shard: what would have happened without this handler.
+  const struct sigaction& prev = g_previous_sigbus;
+  if ((prev.sa_flags & SA_SIGINFO) && prev.sa_sigaction)
+    return prev.sa_sigaction(sig, info, context);
+  if (!(prev.sa_flags & SA_SIGINFO) && prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN)
+    return prev.sa_handler(sig);
+  // The default action: restored, it ends the process when the faulting access repeats.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ::sigaction(SIGBUS, &dfl, nullptr);
+}
+
+// Installs on_sigbus unless it is the current handler (checked at every registration: a
+// program, or a test framework, may have set its own since), keeping the one it replaces.
+void install_sigbus_handler() {
+  std::lock_guard<std::mutex> lock(g_sigbus_mutex);
+  struct sigaction current {};
+  ::sigaction(SIGBUS, nullptr, &current);
+  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigbus) return;
+  struct sigaction sa {};
+  sa.sa_sigaction = on_sigbus;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGBUS, &sa, &g_previous_sigbus);
+}
+
+void register_mapping(const void* addr, size_t bytes, const std::string& path) {
+  install_sigbus_handler();
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  for (FaultSlot& s : g_fault_slots) {
+    bool expected = false;
+    if (!s.taken.compare_exchange_strong(expected, true)) continue;
+    std::snprintf(s.path, sizeof s.path, "%s", path.c_str());
+    s.bytes.store(bytes, std::memory_order_relaxed);
+    s.span.store((bytes + page - 1) / page * page, std::memory_order_relaxed);
+    s.begin.store(reinterpret_cast<uintptr_t>(addr), std::memory_order_release);
+    return;
+  }
+}
+
+void unregister_mapping(const void* addr) {
+  for (FaultSlot& s : g_fault_slots)
+    if (s.begin.load(std::memory_order_acquire) == reinterpret_cast<uintptr_t>(addr)) {
+      s.begin.store(0, std::memory_order_release);
+      s.taken.store(false, std::memory_order_release);
+      return;
+    }
+}
+
 bool is_blank(std::string_view s) {
   for (char c : s)
     if (c != ' ' && c != '\t' && c != '\r' && c != '\v' && c != '\f') return false;
@@ -50,6 +167,32 @@ bool is_blank(std::string_view s) {
 }
 
 // ---- output: engine::FileWriter (buffered, fsynced on close) into a temporary directory --------
+
+// Puts the directory `from` in place of the existing directory `to` and `to`'s old contents at
+// `from`, durably. renameat2's RENAME_EXCHANGE swaps the two in one step; on a file system
+// without it, `to` moves aside to "<to>.old.tmp.<pid>", `from` takes its name (or `to` is moved
+// back), and the old one ends at `from`. An error leaves `to` as it was.
+void replace_directory(const fs::path& from, const fs::path& to) {
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) != 0) {
+    const int err = errno;
+    ENGINE_CHECK(err == EINVAL || err == ENOSYS || err == ENOTSUP, "[corpus] ", to.string(),
+                 ": cannot swap in the new corpus '", from.string(), "' (", std::strerror(err),
+                 "); the previous corpus is unchanged");
+    const std::string aside = engine::temporary_path(to.string() + ".old");
+    ENGINE_CHECK(::rename(to.c_str(), aside.c_str()) == 0, "[corpus] ", to.string(),
+                 ": cannot move the previous corpus aside to ", aside, " (", errno_text(),
+                 "); it is unchanged");
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      const std::string why = errno_text();
+      ::rename(aside.c_str(), to.c_str());
+      ENGINE_FAIL("[corpus] ", to.string(), ": cannot rename '", from.string(), "' over it (", why,
+                  "); the previous corpus is unchanged");
+    }
+    ENGINE_CHECK(::rename(aside.c_str(), from.c_str()) == 0, "[corpus] cannot rename ", aside,
+                 " to ", from.string(), " (", errno_text(), "): remove it by hand");
+  }
+  engine::fsync_directory(to.has_parent_path() ? to.parent_path().string() : ".", "corpus");
+}
 
 // A little-endian value (the host's order: see the static_assert above) into a shard file.
 template <class T>
@@ -417,9 +560,15 @@ CorpusStats prepare_corpus(const std::vector<std::string>& inputs, const Tokeniz
     engine::fsync_directory(tmp.string(), "corpus");  // the five names before the rename
 
     // The complete directory replaces the old one (checked above: absent, empty, or a corpus
-    // with overwrite) in one rename, made durable by fsyncing the directory that holds it.
-    if (fs::exists(out)) fs::remove_all(out);
-    engine::rename_durably(tmp.string(), out.string(), "corpus");
+    // with overwrite) in one rename, made durable by fsyncing the directory that holds it. An
+    // existing one is swapped with it atomically, so the previous shards stay whole under
+    // out_dir until the new ones are there, and are removed after (they are then at tmp).
+    if (fs::exists(out))
+      replace_directory(tmp, out);
+    else
+      engine::rename_durably(tmp.string(), out.string(), "corpus");
+    std::error_code ec;
+    fs::remove_all(tmp, ec);  // the previous corpus, if any
   } catch (...) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
@@ -527,6 +676,7 @@ ShardReader::Mapping ShardReader::map_file(const std::string& path, size_t expec
       ENGINE_FAIL("[corpus] cannot mmap ", path, ": ", why);
     }
     m.addr = addr;
+    register_mapping(addr, expected_bytes, path);
   }
   ::close(fd);  // the mapping keeps the file
   return m;
@@ -541,6 +691,11 @@ ShardReader::ShardReader(const CorpusMeta& meta, Split split, const OpenOptions&
   bin_path_ = (fs::path(meta.dir) / (std::string(split_name(split)) + ".bin")).string();
   idx_path_ = (fs::path(meta.dir) / (std::string(split_name(split)) + ".idx")).string();
   try {
+    // meta.json's counts are not trusted: the byte sizes they imply must not wrap around (a
+    // wrapped size can match a short file and leave the checks below reading past the mapping).
+    ENGINE_CHECK(num_tokens_ <= INT64_MAX / 4 && num_documents_ < INT64_MAX / 8, "[corpus] ",
+                 meta.dir, "/meta.json: split ", split_name(split), " claims ", num_documents_,
+                 " documents and ", num_tokens_, " tokens, more than a shard file can hold");
     const std::string tok_what = std::to_string(num_tokens_) + " tokens of u32";
     bin_ = map_file(bin_path_, static_cast<size_t>(num_tokens_) * 4, tok_what.c_str());
     const std::string idx_what = std::to_string(num_documents_ + 1) + " u64 document offsets";
@@ -586,8 +741,11 @@ ShardReader::ShardReader(const std::string& dir, Split split, const OpenOptions&
     : ShardReader(read_corpus_meta(dir), split, options) {}
 
 void ShardReader::release() {
-  if (bin_.addr) ::munmap(bin_.addr, bin_.bytes);
-  if (idx_.addr) ::munmap(idx_.addr, idx_.bytes);
+  for (const Mapping* m : {&bin_, &idx_})
+    if (m->addr) {
+      unregister_mapping(m->addr);
+      ::munmap(m->addr, m->bytes);
+    }
   bin_ = {};
   idx_ = {};
   tokens_ = nullptr;
@@ -618,6 +776,18 @@ ShardReader& ShardReader::operator=(ShardReader&& other) noexcept {
     other.num_tokens_ = other.num_documents_ = 0;
   }
   return *this;
+}
+
+void set_read_fault_hint(const std::string& hint) {
+  std::lock_guard<std::mutex> lock(g_fault_hint_mutex);
+  if (hint.empty()) {
+    g_fault_hint_current.store(-1, std::memory_order_release);
+    return;
+  }
+  // Fill the buffer the handler is not reading, then point it there.
+  const int next = g_fault_hint_current.load(std::memory_order_relaxed) == 0 ? 1 : 0;
+  std::snprintf(g_fault_hint[next], sizeof g_fault_hint[next], "%s", hint.c_str());
+  g_fault_hint_current.store(next, std::memory_order_release);
 }
 
 std::span<const uint32_t> ShardReader::document(int64_t d) const {

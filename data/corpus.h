@@ -98,6 +98,14 @@ struct OpenOptions {
 // the reader. Open checks that the file sizes match meta.json, the offsets start at 0, increase
 // strictly and end at the token count, and (by default) that every id is below the vocabulary
 // size; errors name the file.
+//
+// Read faults: a mapped file that is deleted or renamed stays readable (the mapping holds it),
+// but one truncated or unreadable (an I/O error) while mapped makes the next read of a lost page
+// raise SIGBUS, where no exception can be thrown. The readers register their mappings with a
+// SIGBUS handler (installed with the first) that writes "[corpus] <file>: reading the
+// memory-mapped shard failed at byte <n> of <size> (SIGBUS: ...); the run stops here. <hint>" to
+// stderr and ends the process with exit code 1; a SIGBUS elsewhere goes to the handler before it
+// (or the default action). docs/data.md, "Storage faults".
 class ShardReader {
  public:
   ShardReader(const CorpusMeta& meta, Split split, const OpenOptions& options = {});
@@ -138,6 +146,11 @@ class ShardReader {
   const uint64_t* offsets_ = nullptr;
   int64_t num_tokens_ = 0, num_documents_ = 0, vocab_size_ = 0;
 };
+
+// Text appended to the read-fault message (see ShardReader): pretraining names the last
+// checkpoint to continue from with --resume once the file is restored. "" clears it; at most
+// ~2 KB are kept.
+void set_read_fault_hint(const std::string& hint);
 
 // A prepared corpus directory: meta.json and both splits. Neither copied nor moved: packers and
 // batch streams keep references to its readers.

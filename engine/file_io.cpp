@@ -62,6 +62,21 @@ void FileWriter::write(const void* data, size_t n) {
   buf_.insert(buf_.end(), p, p + n);
 }
 
+void FileWriter::write_at(uint64_t offset, const void* data, size_t n) {
+  ENGINE_ASSERT(fd_ >= 0);  // written after close()
+  flush();
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd_, p, std::min<size_t>(n, size_t(1) << 30), off_t(offset));
+    if (w < 0 && errno == EINTR) continue;
+    ENGINE_CHECK(w > 0, "[", tag_, "] ", path_, ": write failed (",
+                 w < 0 ? os_error(errno) : std::string("no bytes written"), ")");
+    p += w;
+    offset += uint64_t(w);
+    n -= static_cast<size_t>(w);
+  }
+}
+
 void FileWriter::flush() {
   write_all(buf_.data(), buf_.size());
   buf_.clear();
@@ -120,6 +135,11 @@ AtomicFile::~AtomicFile() {
 void AtomicFile::write(const void* data, size_t n) {
   ENGINE_ASSERT(file_ != nullptr);  // written after commit()
   file_->write(data, n);
+}
+
+void AtomicFile::write_at(uint64_t offset, const void* data, size_t n) {
+  ENGINE_ASSERT(file_ != nullptr);  // written after commit()
+  file_->write_at(offset, data, n);
 }
 
 void AtomicFile::commit() {

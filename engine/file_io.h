@@ -11,6 +11,7 @@
 // engine::Error "[<tag>] <file>: <what failed> (<OS error text>)".
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -33,6 +34,9 @@ class FileWriter {
 
   void write(const void* data, size_t n);
   void write(std::string_view bytes) { write(bytes.data(), bytes.size()); }
+  // Overwrites bytes already written (a header patched once the data behind it is known), after
+  // flushing the buffer; the next write() continues at the end.
+  void write_at(uint64_t offset, const void* data, size_t n);
   void flush();  // hands the buffer to the OS (not yet durable)
   void close();  // flush, fsync, close: the bytes are on disk when it returns
   const std::string& path() const { return path_; }
@@ -66,6 +70,7 @@ class AtomicFile {
 
   void write(const void* data, size_t n);
   void write(std::string_view bytes) { write(bytes.data(), bytes.size()); }
+  void write_at(uint64_t offset, const void* data, size_t n);  // FileWriter::write_at
   void commit();
   const std::string& path() const { return path_; }
   const std::string& temporary() const { return tmp_; }

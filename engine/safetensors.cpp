@@ -1,12 +1,15 @@
 // safetensors reading and writing. Loading trusts nothing in the file: the header is parsed and
 // checked completely (types, dtypes, sizes, exact coverage of the data buffer, the file's length)
 // before any tensor is allocated, so a corrupt or truncated file is an engine::Error naming the
-// path and the problem, never a crash or an allocation the file cannot back.
+// path and the problem, never a crash or an allocation the file cannot back. Files written here
+// carry CRC-32 checksums of the header and of every tensor in the metadata, verified on load, so
+// damaged data is an error too, not only a damaged header.
 #include "engine/safetensors.h"
 
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +19,8 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+
+#include <zlib.h>
 
 #include "engine/autograd.h"
 #include "engine/error.h"
@@ -35,6 +40,54 @@ using json = nlohmann::json;
 // A header this large is not a checkpoint of ours (the reference implementation caps it too);
 // refusing it early keeps a corrupt length field from becoming a huge allocation.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+// The checksums save_safetensors writes into the metadata (docs/checkpoint.md), each 8 lowercase
+// hex digits of a CRC-32 (zlib's, the IEEE polynomial): of every tensor's bytes, and of the
+// header (canonical_header). Loading verifies them and returns the metadata without them.
+constexpr const char* kTensorCrcPrefix = "engine.crc32.";
+constexpr const char* kHeaderCrcKey = "engine.header_crc32";
+
+// CRC-32 of n bytes. Large buffers are split over the OpenMP threads and the pieces joined with
+// crc32_combine, so checksumming costs a fraction of the disk write or read it accompanies.
+uint32_t crc32_of(const void* data, size_t n) {
+  const auto* p = static_cast<const Bytef*>(data);
+  constexpr size_t kBlock = size_t(8) << 20;
+  if (n < 4 * kBlock) return static_cast<uint32_t>(crc32_z(crc32_z(0, nullptr, 0), p, n));
+  const int64_t blocks = static_cast<int64_t>((n + kBlock - 1) / kBlock);
+  std::vector<uLong> crcs(static_cast<size_t>(blocks));
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const size_t begin = size_t(b) * kBlock, len = std::min(kBlock, n - begin);
+    crcs[size_t(b)] = crc32_z(crc32_z(0, nullptr, 0), p + begin, len);
+  }
+  uLong crc = crcs[0];
+  for (int64_t b = 1; b < blocks; ++b) {
+    const size_t len = std::min(kBlock, n - size_t(b) * kBlock);
+    crc = crc32_combine(crc, crcs[size_t(b)], static_cast<z_off_t>(len));
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+std::string crc_hex(uint32_t crc) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", crc);
+  return buf;
+}
+
+bool parse_crc_hex(const std::string& s, uint32_t& out) {
+  if (s.size() != 8) return false;
+  uint32_t v = 0;
+  for (char c : s) {
+    if (c >= '0' && c <= '9')
+      v = (v << 4) | uint32_t(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      v = (v << 4) | uint32_t(c - 'a' + 10);
+    else
+      return false;
+  }
+  out = v;
+  return true;
+}
 
 const char* st_dtype_name(DType t) {
   switch (t) {
@@ -75,15 +128,36 @@ bool parse_st_dtype(const std::string& s, DType& out) {
 struct Entry {
   std::string name;
   DType dtype = DType::f32;
+  std::string dtype_text;  // as the file spells it ("BOOL" loads as u8)
   Shape shape;
   uint64_t begin = 0, end = 0;  // relative to the start of the data buffer
+  bool has_crc = false;         // the metadata holds its checksum
+  uint32_t crc = 0;
 };
 
 struct Header {
-  std::vector<Entry> entries;  // sorted by data offset
-  SafetensorsMetadata metadata;
-  uint64_t data_start = 0;  // 8 + header length
+  std::vector<Entry> entries;    // sorted by data offset
+  SafetensorsMetadata metadata;  // without the checksum keys
+  uint64_t data_start = 0;       // 8 + header length
+  bool checksummed = false;      // the header carried kHeaderCrcKey and matched it
 };
+
+// The text the header checksum covers: the fields this format defines (every tensor's dtype,
+// shape and data_offsets, and the metadata but kHeaderCrcKey) as compact JSON with sorted keys,
+// so it depends on no writer's key order, spacing or extra fields. Built from checked values:
+// never deeper than three levels.
+std::string canonical_header(const std::vector<Entry>& entries, const SafetensorsMetadata& meta) {
+  json j = json::object();
+  json m = json::object();
+  for (const auto& [k, v] : meta)
+    if (k != kHeaderCrcKey) m[k] = v;
+  j["__metadata__"] = std::move(m);
+  for (const Entry& e : entries)
+    j[e.name] = {{"dtype", e.dtype_text},
+                 {"shape", e.shape},
+                 {"data_offsets", json::array({e.begin, e.end})}};
+  return j.dump();
+}
 
 std::string os_error() { return std::strerror(errno); }
 
@@ -151,6 +225,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
                ", expected a string such as \"F32\"");
   ENGINE_CHECK(parse_st_dtype(dt.get<std::string>(), e.dtype), where, " has unknown dtype '",
                dt.get<std::string>(), "' (supported: F32, F64, BF16, F16, I32, I64, U8, BOOL)");
+  e.dtype_text = dt.get<std::string>();
 
   const json& sh = field("shape");
   ENGINE_CHECK(sh.is_array(), where, ": \"shape\" is ", sh.type_name(),
@@ -184,6 +259,60 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
                e.begin, ", ", e.end, "] spanning ", e.end - e.begin, " bytes but shape ",
                shape_str(e.shape), " of ", dt.get<std::string>(), " needs ", nbytes, " bytes");
   return e;
+}
+
+// Checks the checksum metadata of a parsed, validated header and moves the tensor checksums
+// into its entries: the header's own checksum first (any changed byte of what the format
+// defines), then each "engine.crc32.<name>" (8 hex digits, naming a tensor of the file). A file
+// with checksums has them all: the header's and one per tensor, so a damaged key cannot turn
+// verification off. A file without any (not written here: a Hugging Face file, an older
+// checkpoint) loads unverified.
+void read_checksums(const std::string& path, Header& h) {
+  auto bad_value = [&](const std::string& key, const std::string& value, const std::string& what) {
+    ENGINE_FAIL("[safetensors] ", path, ": metadata '", key, "' is ", brief(json(value)),
+                ", expected 8 lowercase hex digits (", what, "): the header is damaged");
+  };
+  auto hk = h.metadata.find(kHeaderCrcKey);
+  if (hk != h.metadata.end()) {
+    uint32_t stored = 0;
+    if (!parse_crc_hex(hk->second, stored))
+      bad_value(hk->first, hk->second, "the CRC-32 of the header");
+    const std::string text = canonical_header(h.entries, h.metadata);
+    const uint32_t computed = crc32_of(text.data(), text.size());
+    ENGINE_CHECK(computed == stored, "[safetensors] ", path,
+                 ": the header fails its checksum (stored crc32 ", hk->second, ", computed ",
+                 crc_hex(computed), "): the file is damaged");
+    h.metadata.erase(hk);
+    h.checksummed = true;
+  }
+  std::unordered_map<std::string, Entry*> by_name;
+  for (Entry& e : h.entries) by_name.emplace(e.name, &e);
+  const size_t prefix = std::strlen(kTensorCrcPrefix);
+  for (auto it = h.metadata.begin(); it != h.metadata.end();) {
+    if (it->first.compare(0, prefix, kTensorCrcPrefix) != 0) {
+      ++it;
+      continue;
+    }
+    const std::string name = it->first.substr(prefix);
+    auto e = by_name.find(name);
+    ENGINE_CHECK(e != by_name.end(), "[safetensors] ", path, ": metadata '", it->first,
+                 "' is the checksum of tensor '", name,
+                 "', which is not in the file: the header is damaged");
+    if (!parse_crc_hex(it->second, e->second->crc))
+      bad_value(it->first, it->second, "the CRC-32 of tensor '" + name + "'");
+    e->second->has_crc = true;
+    it = h.metadata.erase(it);
+  }
+  bool any = false;
+  for (const Entry& e : h.entries) any = any || e.has_crc;
+  ENGINE_CHECK(h.checksummed || !any, "[safetensors] ", path,
+               ": the tensors have checksums but the metadata has no '", kHeaderCrcKey,
+               "': the header is damaged");
+  if (h.checksummed)
+    for (const Entry& e : h.entries)
+      ENGINE_CHECK(e.has_crc, "[safetensors] ", path, ": tensor '", e.name,
+                   "' has no checksum (no metadata '", kTensorCrcPrefix, e.name,
+                   "') though the file has them: the header is damaged");
 }
 
 // Reads and validates the header of an opened file of `file_size` bytes.
@@ -266,20 +395,32 @@ Header read_header(const std::string& path, std::ifstream& f, uint64_t file_size
   ENGINE_CHECK(covered == present, "[safetensors] ", path, ": the last ", present - covered,
                " bytes of the data buffer belong to no tensor (the tensors end at ", covered,
                " of ", present, " bytes; the buffer must be covered exactly)");
+  read_checksums(path, h);
   return h;
 }
 
 Tensor read_tensor(std::ifstream& f, const std::string& path, const Header& h, const Entry& e) {
   Tensor t = Tensor::empty(e.shape, e.dtype);
   read_at(f, path, h.data_start + e.begin, t.raw_data(), e.end - e.begin);
+  if (e.has_crc) {
+    const uint32_t computed = crc32_of(t.raw_data(), e.end - e.begin);
+    ENGINE_CHECK(computed == e.crc, "[safetensors] ", path, ": tensor '", e.name,
+                 "' fails its checksum (stored crc32 ", crc_hex(e.crc), ", computed ",
+                 crc_hex(computed), "): the file is damaged");
+  }
   return t;
 }
 
 // ---- writing --------------------------------------------------------------------------------
 
-// The bytes of the header: length field, JSON, spaces up to an 8-byte boundary.
+// The bytes of the header: length field, JSON, spaces up to an 8-byte boundary. The metadata
+// gets the checksums: crcs[i] of tensors[i] (0 while the data is not written yet: the length of
+// the header does not depend on them) and the header's own.
 std::string build_header(const std::string& path, const NamedTensors& tensors,
-                         const SafetensorsMetadata& metadata) {
+                         const SafetensorsMetadata& metadata, const std::vector<uint32_t>& crcs) {
+  for (const auto& [k, v] : metadata)
+    ENGINE_CHECK(k != kHeaderCrcKey && k.rfind(kTensorCrcPrefix, 0) != 0, "[safetensors] ", path,
+                 ": metadata key '", k, "' is reserved for the checksums the writer adds");
   std::unordered_set<std::string> names;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& [name, t] = tensors[i];
@@ -291,25 +432,33 @@ std::string build_header(const std::string& path, const NamedTensors& tensors,
                  "' appears twice (names must be unique)");
     ENGINE_CHECK(t.defined(), "[safetensors] ", path, ": tensor '", name, "' is undefined");
   }
-  // ordered_json keeps insertion order, so the header lists tensors in file order.
-  nlohmann::ordered_json j = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json m = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    j["__metadata__"] = std::move(m);
-  }
+  SafetensorsMetadata meta = metadata;
+  std::vector<Entry> entries;
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    uint64_t nbytes = t.nbytes();
-    j[name] = {{"dtype", st_dtype_name(t.dtype())},
-               {"shape", t.shape()},
-               {"data_offsets", {offset, offset + nbytes}}};
-    offset += nbytes;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, t] = tensors[i];
+    Entry e;
+    e.name = name;
+    e.dtype_text = st_dtype_name(t.dtype());
+    e.shape = t.shape();
+    e.begin = offset;
+    e.end = offset += t.nbytes();
+    entries.push_back(std::move(e));
+    meta[kTensorCrcPrefix + name] = crc_hex(i < crcs.size() ? crcs[i] : 0);
   }
   std::string text;
   try {
+    const std::string canonical = canonical_header(entries, meta);
+    meta[kHeaderCrcKey] = crc_hex(crc32_of(canonical.data(), canonical.size()));
+    // ordered_json keeps insertion order, so the header lists tensors in file order.
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : meta) m[k] = v;
+    j["__metadata__"] = std::move(m);
+    for (const Entry& e : entries)
+      j[e.name] = {{"dtype", e.dtype_text}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
     text = j.dump();
-  } catch (const nlohmann::ordered_json::exception& e) {
+  } catch (const json::exception& e) {
     ENGINE_FAIL("[safetensors] ", path, ": tensor names and metadata must be valid UTF-8 (",
                 e.what(), ")");
   }
@@ -326,22 +475,31 @@ std::string build_header(const std::string& path, const NamedTensors& tensors,
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const SafetensorsMetadata& metadata) {
-  const std::string header = build_header(path, tensors, metadata);
+  // The header goes first with placeholder checksums, the tensors are checksummed as they are
+  // streamed out, and the final header (the same length) is written over the placeholder.
+  const std::string placeholder = build_header(path, tensors, metadata, {});
   // "<path>.tmp.<pid>", fsync, rename over path, fsync the directory (file_io.h); an error on the
   // way removes the temporary and leaves the previous checkpoint as it was.
   AtomicFile file(path, "safetensors");
-  file.write(header.data(), header.size());
+  file.write(placeholder.data(), placeholder.size());
+  std::vector<uint32_t> crcs;
   std::vector<char> scratch;
   for (const auto& [name, t] : tensors) {
-    if (t.nbytes() == 0) continue;
-    if (t.device().is_cpu() && t.is_contiguous()) {
-      file.write(t.raw_data(), t.nbytes());
+    const char* bytes = nullptr;
+    if (t.nbytes() == 0) {
+    } else if (t.device().is_cpu() && t.is_contiguous()) {
+      bytes = static_cast<const char*>(t.raw_data());
     } else {  // another device or a strided view: gather to host, row-major
       scratch.resize(t.nbytes());
       t.copy_to_host(scratch.data(), t.dtype());
-      file.write(scratch.data(), scratch.size());
+      bytes = scratch.data();
     }
+    crcs.push_back(crc32_of(bytes, t.nbytes()));
+    if (t.nbytes() > 0) file.write(bytes, t.nbytes());
   }
+  const std::string header = build_header(path, tensors, metadata, crcs);
+  ENGINE_ASSERT(header.size() == placeholder.size());
+  file.write_at(0, header.data(), header.size());
   file.commit();
 }
 
@@ -351,6 +509,7 @@ SafetensorsContents load_safetensors(const std::string& path) {
   Header h = read_header(path, f, size);
   SafetensorsContents out;
   out.metadata = std::move(h.metadata);
+  out.checksummed = h.checksummed;
   out.tensors.reserve(h.entries.size());
   for (const Entry& e : h.entries) out.tensors.emplace_back(e.name, read_tensor(f, path, h, e));
   return out;
@@ -406,6 +565,7 @@ SafetensorsContents load_safetensors_into(const std::string& path, const NamedTe
     dest[i].second.copy_(read_tensor(f, path, h, *sources[i]));
   SafetensorsContents rest;
   rest.metadata = std::move(h.metadata);
+  rest.checksummed = h.checksummed;
   for (const Entry& e : h.entries) {
     if (wanted.count(e.name)) continue;
     if (extra == ExtraTensors::read)

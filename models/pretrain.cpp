@@ -4,14 +4,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
 
+#include "data/corpus.h"
 #include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
@@ -205,6 +208,10 @@ engine::DType compute_dtype(engine::Device device, const std::string& precision)
   return dt;
 }
 
+engine::Generator dropout_generator(uint64_t seed, int rank) {
+  return engine::Generator(seed ^ 0x9E3779B97F4A7C15ull ^ (uint64_t(rank) * 0xD1B54A32D192ED03ull));
+}
+
 std::string latest_checkpoint(const std::string& out_dir) {
   auto list = list_checkpoints(fs::path(out_dir) / "checkpoints");
   return list.empty() ? "" : list.back().second.string();
@@ -238,8 +245,7 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
       [decay_all](const std::string& n) { return decay_all || !engine::default_no_decay(n); },
       [schedule](int64_t s) { return schedule.lr(s); }, trainer_options, comm);
   // Dropout stream (the init used `seed`); each rank its own.
-  engine::Generator gen(seed ^ 0x9E3779B97F4A7C15ull ^
-                        (uint64_t(comm.rank()) * 0xD1B54A32D192ED03ull));
+  engine::Generator gen = dropout_generator(seed, comm.rank());
   TrainerState st;
 
   // Temporary files of checkpoint writes that a kill interrupted: never complete, never used.
@@ -287,6 +293,24 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
   }
   result.start_step = trainer.steps_taken();
 
+  // What a read fault in the corpus shards (data::ShardReader: a file truncated or unreadable
+  // while mapped ends the process from a signal handler) says about continuing; kept current
+  // with each checkpoint, cleared when the loop is left.
+  auto set_fault_hint = [&](const std::string& last) {
+    if (root)
+      data::set_read_fault_hint(
+          last.empty() ? "No checkpoint has been written yet: restore the file and start again."
+                       : "The last checkpoint is " + last +
+                             ": restore the file and continue with --resume.");
+  };
+  struct ClearHint {
+    bool root;
+    ~ClearHint() {
+      if (root) data::set_read_fault_hint("");
+    }
+  } clear_hint{root};
+  set_fault_hint(latest_checkpoint(o.out_dir));
+
   std::ofstream metrics;
   if (root) {
     metrics.open(metrics_path, std::ios::app);
@@ -301,8 +325,20 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
 
   auto save = [&]() {
     const fs::path path = ckpt_dir / checkpoint_name(trainer.steps_taken());
-    save_training_checkpoint(path, model, trainer, gen, st, data, config_text,
-                             o.checkpoint_metadata);
+    // A failed write (a full disk, the file-size limit) leaves no file under `path` and every
+    // earlier checkpoint as it was: say so, and which one to continue from.
+    try {
+      save_training_checkpoint(path, model, trainer, gen, st, data, config_text,
+                               o.checkpoint_metadata);
+    } catch (const engine::Error& e) {
+      const std::string last = latest_checkpoint(o.out_dir);
+      ENGINE_FAIL("[pretrain] step ", trainer.steps_taken(), ": cannot write the checkpoint ",
+                  path.string(), ": ", e.what(), ". Nothing was written under that name; ",
+                  last.empty() ? std::string("there is no earlier checkpoint")
+                               : "the last good checkpoint is " + last,
+                  " (free space, then continue with --resume)");
+    }
+    set_fault_hint(path.string());
     auto list = list_checkpoints(ckpt_dir);
     for (size_t i = 0; i + size_t(o.keep_last) < list.size(); ++i) fs::remove(list[i].second);
     result.final_checkpoint = path.string();
@@ -412,6 +448,8 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
       }
       metrics << json << "}\n";
       metrics.flush();
+      ENGINE_CHECK(metrics.good(), "[pretrain] ", metrics_path.string(), ": write failed (",
+                   std::strerror(errno), "); the checkpoints are unaffected");
       std::snprintf(line, sizeof line,
                     "step %lld/%lld loss %.4f lr %.3e %.0f tok/s grad_norm %.3f%s ETA %s",
                     (long long)step, (long long)o.steps, loss, lr, tok_s, grad_norm,
@@ -430,8 +468,14 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
   if (result.final_checkpoint.empty()) result.final_checkpoint = latest_checkpoint(o.out_dir);
   result.final_step = trainer.steps_taken();
   // A weights-only model next to the checkpoints, for --init and finetuning.
-  if (root && steps_this_run > 0)
-    save_checkpoint((out_dir / "model.safetensors").string(), model, o.checkpoint_metadata);
+  if (root && steps_this_run > 0) {
+    try {
+      save_checkpoint((out_dir / "model.safetensors").string(), model, o.checkpoint_metadata);
+    } catch (const engine::Error& e) {
+      ENGINE_FAIL("[pretrain] cannot write the final model: ", e.what(), ". The checkpoint ",
+                  result.final_checkpoint, " holds the same weights");
+    }
+  }
   return result;
 }
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <tuple>
 
 #include "engine/safetensors.h"
 #include "ops/ops.h"
@@ -138,8 +139,15 @@ TEST_CASE("the file layout follows the spec byte for byte", "[safetensors]") {
   REQUIRE(header.front() == '{');
   REQUIRE(header.size() - close - 1 < 8);
   REQUIRE(header.find_first_not_of(' ', close + 1) == std::string::npos);
+  // The checksums (docs/checkpoint.md): zlib's CRC-32 of each tensor's bytes, and of the header's
+  // canonical form (sorted keys, compact, without the header checksum itself) — values computed
+  // with Python's zlib.crc32 over these bytes and
+  // {"__metadata__":{"engine.crc32.a":"560302f4","engine.crc32.b":"0d9954a4","k":"v"},
+  //  "a":{"data_offsets":[0,8],"dtype":"F32","shape":[2]},
+  //  "b":{"data_offsets":[8,32],"dtype":"I64","shape":[3,1]}} (no spaces).
   REQUIRE(header.substr(0, close + 1) ==
-          R"({"__metadata__":{"k":"v"},)"
+          R"({"__metadata__":{"engine.crc32.a":"560302f4","engine.crc32.b":"0d9954a4",)"
+          R"("engine.header_crc32":"146d211f","k":"v"},)"
           R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
           R"("b":{"dtype":"I64","shape":[3,1],"data_offsets":[8,32]}})");
   // Row-major little-endian values (this host is little-endian, as the library requires).
@@ -313,6 +321,122 @@ TEST_CASE("every truncation and many byte corruptions of a valid file throw, nev
         REQUIRE(std::string(e.what()).rfind("[safetensors] " + bad + ": ", 0) == 0);
       }
     }
+  }
+}
+
+TEST_CASE("checksums: a truncated or damaged checkpoint is refused naming the file and what",
+          "[safetensors][checksum]") {
+  TempDir dir;
+  const std::string good = dir.file("step_00000003.safetensors");
+  const std::string bad = dir.file("bad.safetensors");
+  Generator g(9);
+  // A training checkpoint in miniature: weights, optimizer moments, a counter, a model config.
+  const NamedTensors saved = {
+      {"bert.encoder.layer.0.ffn.fc1.weight", Tensor::randn({64, 16}, g)},
+      {"bert.encoder.layer.0.ffn.fc1.bias", Tensor::randn({64}, g)},
+      {"optim.m.bert.encoder.layer.0.ffn.fc1.weight", Tensor::randn({64, 16}, g)},
+      {"optim.v.bert.encoder.layer.0.ffn.fc1.weight", Tensor::randn({64, 16}, g)},
+      {"trainer.step", Tensor::from_vector<int64_t>({3}, {})},
+  };
+  const SafetensorsMetadata meta = {
+      {"engine.model_config", R"({"hidden_size": 16, "hidden_dropout": 0.1})"}, {"format", "pt"}};
+  save_safetensors(good, saved, meta);
+  const std::string bytes = read_bytes(good);
+  const uint64_t n = read_le64(bytes);
+  const size_t data = 8 + n;
+  const size_t weight = data, moment = data + 64 * 16 * 4 + 64 * 4;
+
+  // Untouched, it loads bit for bit, verified, and the checksums stay out of the metadata.
+  const SafetensorsContents c = load_safetensors(good);
+  REQUIRE(c.checksummed);
+  REQUIRE(c.metadata == meta);
+  REQUIRE(read_safetensors_metadata(good) == meta);
+  for (size_t i = 0; i < saved.size(); ++i)
+    REQUIRE(host_bytes(c.tensors[i].second) == host_bytes(saved[i].second));
+
+  auto refused = [&](const std::string& b, const std::string& what) {
+    write_bytes(bad, b);
+    REQUIRE_THROWS_WITH(load_safetensors(bad),
+                        Contains("[safetensors] " + bad + ": ") && Contains(what));
+  };
+  SECTION("truncated inside the length, the header, a weight, the optimizer state") {
+    refused(bytes.substr(0, 5), "shorter than the 8-byte header length");
+    refused(bytes.substr(0, 8 + n / 2), "header length");
+    refused(bytes.substr(0, weight + 100), "truncated file");
+    refused(bytes.substr(0, moment + 7), "truncated file");
+    refused(bytes.substr(0, bytes.size() - 1), "truncated file");
+  }
+  SECTION("a flipped byte in a weight or in the optimizer state names the tensor") {
+    std::string b = bytes;
+    b[weight + 123] ^= 0x10;
+    refused(b, "tensor 'bert.encoder.layer.0.ffn.fc1.weight' fails its checksum (stored crc32 ");
+    b = bytes;
+    b[moment + 64 * 16 * 4 - 1] ^= 0x01;  // the last byte of the first moment
+    refused(b, "tensor 'optim.m.bert.encoder.layer.0.ffn.fc1.weight' fails its checksum");
+    b = bytes;
+    b[bytes.size() - 8] ^= 0x80;  // the step counter
+    refused(b, "tensor 'trainer.step' fails its checksum");
+    REQUIRE_THROWS_WITH(
+        load_safetensors_into(bad, {{"trainer.step", Tensor::zeros({}, DType::i64)}},
+                              ExtraTensors::skip),
+        Contains("tensor 'trainer.step' fails its checksum") && Contains("): the file is damaged"));
+  }
+  SECTION("a flipped byte in the header: in the config, a tensor name, a checksum") {
+    // (anchor, offset of the byte to change from the anchor's start, its new value)
+    const std::tuple<std::string, size_t, char> flips[] = {
+        {"0.1}", 2, '9'},                 // hidden_dropout 0.1 -> 0.9: still a valid config
+        {"fc1.bias\":{", 4, 'c'},         // a tensor's name: "fc1.cias"
+        {"step\":\"", 7, '0'},            // the first digit of the step counter's checksum
+        {"header_crc32\":\"", 15, '0'}};  // ... and of the header's
+    for (const auto& [anchor, offset, value] : flips) {
+      INFO(anchor);
+      const size_t pos = bytes.find(anchor, 8);
+      REQUIRE(pos < data);
+      std::string b = bytes;
+      b[pos + offset] = b[pos + offset] == value ? char(value + 1) : value;
+      refused(b, "the header fails its checksum (stored crc32 ");
+      REQUIRE_THROWS_WITH(read_safetensors_metadata(bad), Contains("fails its checksum"));
+    }
+  }
+  SECTION("every single changed byte of the header is refused") {
+    const size_t json_end = bytes.find_last_of('}', 8 + n);
+    for (size_t pos = 0; pos <= json_end; ++pos) {
+      std::string b = bytes;
+      b[pos] ^= 0x40;  // ' ' -> '`', '"' -> 'b', digits -> letters, letters -> other letters
+      INFO("byte " << pos << " '" << bytes[pos] << "'");
+      write_bytes(bad, b);
+      REQUIRE_THROWS_AS(load_safetensors(bad), engine::Error);
+    }
+  }
+  SECTION("checksum metadata that is not valid is a clear error") {
+    // Hand-written files without a header checksum, so the tensor checksums are read as given.
+    const std::string w = bytes_of(std::vector<float>{1, 2});
+    auto file = [&](const std::string& crc_entries) {
+      return st_file(R"({"__metadata__":{)" + crc_entries +
+                         R"(},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                     w);
+    };
+    refused(file(R"("engine.crc32.w":"xyz")"),
+            "metadata 'engine.crc32.w' is \"xyz\", expected 8 lowercase hex digits (the CRC-32 of "
+            "tensor 'w'): the header is damaged");
+    refused(file(R"("engine.crc32.w":"0BADF00D")"), "expected 8 lowercase hex digits");
+    refused(file(R"("engine.crc32.v":"00000000")"),
+            "metadata 'engine.crc32.v' is the checksum of tensor 'v', which is not in the file");
+    refused(file(R"("engine.crc32.w":"00000000","engine.header_crc32":"12")"),
+            "metadata 'engine.header_crc32' is \"12\", expected 8 lowercase hex digits");
+    // Checksums come all together: a lost (renamed) key cannot turn verification off.
+    refused(file(R"("engine.crc32.w":"2e3fa576")"),
+            "the tensors have checksums but the metadata has no 'engine.header_crc32'");
+    refused(file(R"("engine.header_crc32":"00000000")"), "the header fails its checksum");
+    // No checksums at all (Hugging Face files, older checkpoints) load unverified.
+    write_bytes(bad, file(""));
+    REQUIRE_FALSE(load_safetensors(bad).checksummed);
+  }
+  SECTION("the checksum keys are the writer's") {
+    REQUIRE_THROWS_WITH(save_safetensors(bad, {}, {{"engine.crc32.x", "00000000"}}),
+                        Contains("metadata key 'engine.crc32.x' is reserved"));
+    REQUIRE_THROWS_WITH(save_safetensors(bad, {}, {{"engine.header_crc32", "00000000"}}),
+                        Contains("is reserved for the checksums"));
   }
 }
 

@@ -1,6 +1,10 @@
 // Corpus preparation, memory-mapped shards, FULL-SENTENCES packing, dynamic masking and the batch
 // streams (data/corpus.h, data/batches.h), against a tiny whitespace tokenizer defined here so the
 // tests do not depend on a WordPiece or SentencePiece vocabulary.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -512,6 +516,112 @@ TEST_CASE("the shard reader names the file on truncation and bad ids", "[corpus]
     std::ofstream(fs::path(out) / "meta.json") << j.dump();
     CHECK_THAT(error_of([&] { data::Corpus c(out); }),
                Catch::Contains("meta.json") && Catch::Contains("splits.train.tokens"));
+  }
+}
+
+TEST_CASE("prepare_corpus failing at meta.json keeps the old corpus and removes the temporary",
+          "[corpus]") {
+  TempDir dir;
+  TestTokenizer tok;
+  write_docs(dir / "tiny.txt", make_docs(2, 4));  // shards of a few dozen bytes
+  const std::string out = dir / "corpus";
+  const data::CorpusStats old = data::prepare_corpus({dir / "tiny.txt"}, tok, out, quiet_options());
+  const uintmax_t meta = fs::file_size(fs::path(out) / "meta.json");
+  REQUIRE(fs::file_size(fs::path(out) / "train.bin") < meta / 2);
+  data::PrepareOptions over = quiet_options();
+  over.overwrite = true;
+  const std::string err = error_with_file_size_limit(
+      meta / 2, [&] { data::prepare_corpus({dir / "tiny.txt"}, tok, out, over); });
+  CHECK_THAT(err, Catch::Contains("[corpus] " + out + ".tmp.") &&
+                      Catch::Contains("/meta.json: write failed (File too large)"));
+  CHECK(names_starting_with(dir.path, "corpus.tmp").empty());
+  CHECK(fs::file_size(fs::path(out) / "meta.json") == meta);
+  CHECK(data::Corpus(out).train().num_tokens() == old.train.tokens);
+}
+
+namespace {
+
+// How a forked child running `f` ended (waitpid status) and what it wrote to stderr. The child
+// starts with the default SIGBUS action (not the test framework's handler) and ends with
+// _exit(0) if `f` returns.
+template <class F>
+std::pair<int, std::string> run_in_child(F&& f) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(fds[0]);
+    ::dup2(fds[1], STDERR_FILENO);
+    ::signal(SIGBUS, SIG_DFL);
+    f();
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string err;
+  char buf[4096];
+  for (ssize_t r; (r = ::read(fds[0], buf, sizeof buf)) != 0;) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;
+    err.append(buf, static_cast<size_t>(r));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return {status, err};
+}
+
+}  // namespace
+
+TEST_CASE("a shard truncated while mapped stops the process naming it; a deleted one still reads",
+          "[corpus]") {
+  TempDir dir;
+  TestTokenizer tok;
+  write_docs(dir / "in.txt", make_docs(100, 3));
+  const std::string out = dir / "c";
+  data::prepare_corpus({dir / "in.txt"}, tok, out, quiet_options(4));
+  const std::string bin = (fs::path(out) / "train.bin").string();
+
+  SECTION("truncated: exit 1 with the file, the byte and the hint") {
+    const auto [status, err] = run_in_child([&] {
+      const data::Corpus c(out);
+      data::set_read_fault_hint("The last checkpoint is ckpt/step_00000004.safetensors.");
+      ::truncate(bin.c_str(), 0);
+      uint32_t sum = 0;
+      for (uint32_t t : c.train().tokens()) sum += t;
+      std::fprintf(stderr, "read %u without a fault\n", sum);
+    });
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 1);
+    CHECK_THAT(err, Catch::StartsWith("[corpus] " + bin +
+                                      ": reading the memory-mapped shard failed at byte 0 of ") &&
+                        Catch::Contains("(SIGBUS: the file was truncated or became unreadable "
+                                        "while it was in use); the run stops here. The last "
+                                        "checkpoint is ckpt/step_00000004.safetensors.\n"));
+  }
+  SECTION("a SIGBUS outside the shards keeps its default action") {
+    const auto [status, err] = run_in_child([&] {
+      const data::Corpus c(out);  // the handler is installed
+      const std::string other = dir / "other.bin";
+      std::ofstream(other) << std::string(8192, 'x');
+      const int fd = ::open(other.c_str(), O_RDONLY);
+      auto* p =
+          static_cast<const volatile char*>(::mmap(nullptr, 8192, PROT_READ, MAP_SHARED, fd, 0));
+      ::truncate(other.c_str(), 0);
+      std::fprintf(stderr, "read %d without a fault\n", int(p[100]));
+    });
+    CHECK(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == SIGBUS);
+    CHECK(err.empty());
+  }
+  SECTION("deleted while mapped: the mapping holds the file; opening again names it") {
+    const data::Corpus c(out);
+    const std::vector<uint32_t> before(c.train().tokens().begin(), c.train().tokens().end());
+    fs::remove(bin);
+    CHECK(std::vector<uint32_t>(c.train().tokens().begin(), c.train().tokens().end()) == before);
+    CHECK_THAT(error_of([&] { data::Corpus again(out); }),
+               Catch::Contains("[corpus] cannot open " + bin + ": No such file or directory"));
   }
 }
 
