@@ -1,7 +1,8 @@
 // pretrain_app: masked-LM pretraining of the BERT encoder. Subcommands prepare the data
 // (train-tokenizer, prepare); the default command pretrains on a prepared corpus (the loop is
-// models::pretrain); the single-batch mode (a fixed batch from a file, dropout off, constant lr)
-// lets tests and the PyTorch reference (tools/reference/) check the model step by step.
+// models::pretrain); the single-batch mode (a fixed batch from a file, constant lr, dropout off
+// unless asked for) lets tests and the PyTorch reference (tools/reference/) check the model step
+// by step.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -34,6 +36,7 @@
 #include "models/hf_bert.h"
 #include "models/pretrain.h"
 #include "models/pretrain_config.h"
+#include "ops/ops.h"
 #include "train/trainer.h"
 
 namespace {
@@ -45,6 +48,7 @@ const char* kUsage = R"(usage: pretrain_app --config CFG [--set KEY=VALUE ...] [
        pretrain_app prepare --tokenizer TOK --input FILE [FILE ...] --out DIR [--valid-ratio R]
                             [--seed S] [--overwrite] [--quiet] [--cased]
        pretrain_app --config CFG --batch-file BATCH [--steps N] [--init CKPT] [--save OUT]
+                    [--dump OUT] [--dropout] [--micro-batches M]
        pretrain_app eval --init CKPT --corpus DIR [--split valid|train] [--batches N]
                          [--batch-size B] [--seq-len T] [--device DEV] [--precision P]
        pretrain_app convert --from-hf DIR --out FILE.safetensors
@@ -81,7 +85,7 @@ Hugging Face BERT (docs/hf-interop.md; both directions bit-exact):
   convert --to-hf CKPT    a bert_a checkpoint to a HF BERT directory (config.json,
                           model.safetensors, vocab.txt when the vocabulary is WordPiece)
 
-Single-batch mode (dropout off, constant learning rate optim.lr):
+Single-batch mode (dropout off unless --dropout, constant learning rate optim.lr):
   --batch-file FILE   safetensors batch: input_ids (B,T), attention_mask (B,T; 1 = token),
                       labels (B,T; -100 = not predicted), optional token_type_ids (B,T)
   --steps N           AdamW steps on that batch (default 0: evaluate only); prints
@@ -90,7 +94,14 @@ Single-batch mode (dropout off, constant learning rate optim.lr):
                       section in --config must agree with it)
   --save OUT          write the model after the last step (safetensors, docs/checkpoint.md)
   --dump OUT          write the initial loss, logits at the predicted positions and every
-                      parameter's gradient (as grad.<name>) before any step
+                      parameter's gradient (as grad.<name>) before any step: step 1's forward and
+                      backward (with --dropout, its masks too: the keep mask of every dropout op
+                      as dropout_mask.<k>, u8, in forward order; the attention op's own dropout
+                      is not among them)
+  --dropout           train mode: dropout on, masks from the pretraining loop's dropout stream
+                      (rank 0's; docs/models.md)
+  --micro-batches M   M micro-batches per step, each the batch file with masks of its own,
+                      weights 1/M (default 1)
 
 Other options:
   --config CFG        YAML config: seed:, model: (sizes, position.preset, ...), optim:, data:,
@@ -113,8 +124,8 @@ command line.
 struct Args {
   std::string config, init, batch_file, save, dump, out, device;
   std::vector<std::string> sets;
-  int64_t steps = 0;
-  bool steps_given = false, count_params = false, resume = false;
+  int64_t steps = 0, micro_batches = 1;
+  bool steps_given = false, count_params = false, resume = false, dropout = false;
 };
 
 [[noreturn]] void usage_error(const std::string& msg) { cli::usage_error("pretrain_app", msg); }
@@ -138,6 +149,10 @@ Args parse_args(int argc, char** argv) {
       a.sets.push_back(p.value());
     else if (arg == "--count-params")
       a.count_params = true;
+    else if (arg == "--dropout")
+      a.dropout = true;
+    else if (arg == "--micro-batches")
+      a.micro_batches = p.int_value(1);
     else if (arg == "--resume")
       a.resume = true;
     else if (arg == "--out")
@@ -151,8 +166,11 @@ Args parse_args(int argc, char** argv) {
       p.unknown();
   }
   if (a.config.empty() && a.init.empty()) usage_error("--config (or --init) is required");
-  if (a.batch_file.empty() && (a.steps_given || !a.dump.empty() || !a.save.empty()))
-    usage_error("--steps, --dump and --save belong to the single-batch mode (--batch-file)");
+  if (a.batch_file.empty() &&
+      (a.steps_given || !a.dump.empty() || !a.save.empty() || a.dropout || a.micro_batches != 1))
+    usage_error(
+        "--steps, --dump, --save, --dropout and --micro-batches belong to the single-batch mode "
+        "(--batch-file)");
   if (!a.batch_file.empty() && (a.resume || !a.out.empty()))
     usage_error("--resume and --out belong to corpus pretraining, not to --batch-file");
   return a;
@@ -214,6 +232,36 @@ class CorpusSource : public models::BatchSource {
   data::EvalBatches valid_;
 };
 
+// The keep masks (u8) of the dropout ops in the graph of `loss`, in forward order: each node's
+// backward applied to ones gives keep / (1 - p), the mask the backward regenerates from the
+// node's saved stream state.
+std::vector<engine::Tensor> dropout_masks(const engine::Tensor& loss) {
+  std::vector<std::shared_ptr<engine::Node>> found, todo = {loss.grad_fn()};
+  std::set<const engine::Node*> seen;
+  while (!todo.empty()) {
+    std::shared_ptr<engine::Node> n = todo.back();
+    todo.pop_back();
+    if (!n || !seen.insert(n.get()).second) continue;
+    if (std::strcmp(n->name(), "dropout") == 0) found.push_back(n);
+    for (const engine::Edge& e : n->next) todo.push_back(e.node);
+  }
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return a->sequence_nr < b->sequence_nr; });
+  engine::NoGrad ng;
+  std::vector<engine::Tensor> masks;
+  for (const auto& n : found) {
+    const engine::TensorMeta& m = n->outputs.at(0);
+    const std::vector<float> g = n->backward({engine::Tensor::ones(m.shape, m.dtype, m.device)})
+                                     .at(0)
+                                     .to(engine::DType::f32)
+                                     .to_vector<float>();
+    std::vector<uint8_t> keep(g.size());
+    for (size_t i = 0; i < g.size(); ++i) keep[i] = g[i] != 0.f;
+    masks.push_back(engine::Tensor::from_vector<uint8_t>(keep, m.shape));
+  }
+  return masks;
+}
+
 int single_batch(const Args& args, models::BertForMaskedLM& model, const engine::AdamWOptions& adam,
                  uint64_t seed, const models::PretrainOptions& train) {
   const models::BertConfig& config = model.config();
@@ -223,8 +271,12 @@ int single_batch(const Args& args, models::BertForMaskedLM& model, const engine:
   engine::FlatParameters flat(model.named_parameters(), device);
   const data::MlmBatch batch =
       models::load_mlm_batch(args.batch_file, config).to(flat.data().device());
-  model.train(false);  // single-batch mode: dropout off
-  engine::Generator gen(seed);
+  // Dropout off, or (--dropout) on with the pretraining loop's stream of rank 0.
+  model.train(args.dropout);
+  engine::Generator gen =
+      args.dropout ? models::dropout_generator(seed, 0) : engine::Generator(seed);
+  const int64_t micro = args.micro_batches;
+  const std::vector<double> weights(size_t(micro), 1.0 / double(micro));
 
   // The library's training step at a constant learning rate, without clipping (the PyTorch
   // reference runs plain AdamW); no weight decay on biases and LayerNorm parameters (BERT's rule).
@@ -236,19 +288,35 @@ int single_batch(const Args& args, models::BertForMaskedLM& model, const engine:
       engine::constant_lr(adam.lr), options);
 
   if (!args.dump.empty()) {
-    models::MlmOutput out = [&] {
-      engine::Autocast autocast(compute);
-      return model.forward(batch, gen);
-    }();
-    out.loss.backward();
-    engine::NamedTensors dump = {
-        {"loss", out.loss.detach()}, {"logits", out.logits.detach()}, {"targets", batch.targets}};
+    // Step 1's forwards and backwards (a copy of the stream: the steps below draw the same masks):
+    // loss sum_m loss_m / M, the logits of the micro-batches one after the other.
+    engine::Generator dump_gen = gen;
+    engine::Tensor loss;
+    std::vector<engine::Tensor> logits, masks;
+    for (int64_t m = 0; m < micro; ++m) {
+      models::MlmOutput out = [&] {
+        engine::Autocast autocast(compute);
+        return model.forward(batch, dump_gen);
+      }();
+      if (args.dropout)
+        for (engine::Tensor& k : dropout_masks(out.loss)) masks.push_back(k);
+      engine::Tensor weighted = micro == 1 ? out.loss : out.loss * weights[size_t(m)];
+      weighted.backward();
+      loss = m == 0 ? weighted.detach() : loss + weighted.detach();
+      logits.push_back(out.logits.detach());
+    }
+    engine::NamedTensors dump = {{"loss", loss},
+                                 {"logits", micro == 1 ? logits[0] : engine::concat(logits, 0)},
+                                 {"targets", batch.targets}};
     for (auto& [name, t] : model.named_parameters()) dump.emplace_back("grad." + name, t.grad());
+    for (size_t k = 0; k < masks.size(); ++k)
+      dump.emplace_back("dropout_mask." + std::to_string(k), masks[k]);
     engine::save_safetensors(args.dump, dump);
     flat.zero_grad();
-    std::printf("dump: loss, logits (%lld x %lld) and %zu gradients written to %s\n",
-                (long long)out.logits.size(0), (long long)out.logits.size(1), dump.size() - 3,
-                args.dump.c_str());
+    std::printf(
+        "dump: loss, logits (%lld x %lld), %zu gradients and %zu dropout masks written to %s\n",
+        (long long)dump[1].second.size(0), (long long)dump[1].second.size(1),
+        model.named_parameters().size(), masks.size(), args.dump.c_str());
   }
   if (args.steps == 0) {
     engine::NoGrad ng;
@@ -256,15 +324,15 @@ int single_batch(const Args& args, models::BertForMaskedLM& model, const engine:
     models::MlmOutput out = model.forward(batch, gen);
     std::printf("eval loss %.9g\n", out.loss.item());
   }
-  const double one = 1.0;
   for (int64_t k = 1; k <= args.steps; ++k) {
     // "step k loss v": the loss before step k's update.
-    const engine::StepStats s = trainer.step(1,
-                                             [&](int64_t) {
-                                               engine::Autocast autocast(compute);
-                                               return model.forward(batch, gen).loss;
-                                             },
-                                             {&one, 1});
+    const engine::StepStats s = trainer.step(
+        micro,
+        [&](int64_t) {
+          engine::Autocast autocast(compute);
+          return model.forward(batch, gen).loss;
+        },
+        weights);
     std::printf("step %lld loss %.9g%s\n", (long long)k, s.loss,
                 s.applied ? "" : " (skipped: inf/NaN gradients)");
     std::fflush(stdout);

@@ -103,4 +103,10 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
 // The newest complete checkpoint in `<out_dir>/checkpoints`, or "" when there is none.
 std::string latest_checkpoint(const std::string& out_dir);
 
+// The dropout stream of `rank` in a run seeded `seed` (the initialisation draws from `seed`
+// itself): Philox key seed ^ 0x9E3779B97F4A7C15 ^ rank * 0xD1B54A32D192ED03, offset 0. Every
+// dropout site of a training forward reserves ceil(n / 4) blocks of it in forward order, micro-
+// batch after micro-batch, step after step (docs/models.md, "Dropout").
+engine::Generator dropout_generator(uint64_t seed, int rank);
+
 }  // namespace models

@@ -40,6 +40,10 @@ for preset in tupe_r tupe_a bert_a bert_r; do
   /usr/bin/python3 "$ROOT/tools/reference/check_model.py" --app "$BUILD_DIR/bin/pretrain_app" \
     --preset "$preset" --device cuda --workdir "$BUILD_DIR/gpu_check/ref_$preset" || status=1
 done
+# Train mode: the device's dropout masks against the reference's Philox stream, bit for bit.
+/usr/bin/python3 "$ROOT/tools/reference/check_model.py" --app "$BUILD_DIR/bin/pretrain_app" \
+  --preset tupe_r --dropout --micro-batches 2 --device cuda \
+  --workdir "$BUILD_DIR/gpu_check/ref_tupe_r_dropout" || status=1
 
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && [ -x "$BUILD_DIR/bin/dist_cuda_tests" ]; then
   step "data parallel on 2 GPUs: NCCL collectives, pretrain_app --device cuda under mpirun"

@@ -6,6 +6,12 @@ It is written from the formulas, not from the engine's code, and deliberately ta
 where the engine is clever: Shaw's relative vectors are materialised as a (T, T, d_h) tensor, the
 T5 buckets come from exact integer comparisons, the [CLS] reset is an indexed assignment, and
 bert_a_d's four terms are four separate products.
+
+Train mode: given a dropout stream (dropout_reference.DropoutStream), mlm() applies dropout at
+the model's sites in forward order, each drawing the next mask from the stream: the input x^0,
+then per layer the attention probabilities (after softmax and the key mask), the attention
+branch and the FFN branch before their residual additions; the masks drawn are kept in
+self.masks as (site, bool array) pairs.
 """
 import math
 
@@ -78,6 +84,17 @@ class Reference:
         self.input, self.relative, self.absolute = parts(pos["preset"])
         self.reset = pos["preset"] in ("tupe_a", "tupe_r")
         self.cls_code = self.reset and pos["cls_reset"] == "code"
+        self.stream = None  # a dropout stream: train mode
+        self.masks = []
+
+    def _dropout(self, x, p, site):
+        if self.stream is None or p == 0:
+            return x
+        if p == 1:
+            return x * 0
+        keep = self.stream.keep(tuple(x.shape), p)
+        self.masks.append((site, keep))
+        return x * (torch.from_numpy(keep).to(x.dtype) * (1.0 / (1.0 - p)))
 
     # ---- positional terms ------------------------------------------------------------------
     def _heads(self, x):  # (n, d) -> (H, n, d_h)
@@ -201,7 +218,8 @@ class Reference:
         B, T = ids.shape
         d = cfg["hidden_size"]
         eps = cfg["layer_norm_eps"]
-        x = self.embed(ids, types)
+        hp, ap = cfg["hidden_dropout"], cfg["attention_dropout"]
+        x = self._dropout(self.embed(ids, types), hp, "embeddings")
         terms = self.positional(T)
         shaw = terms[1]
 
@@ -212,6 +230,7 @@ class Reference:
             def attn(h):
                 logits, v = self.layer_logits(l, h, terms)
                 probs = torch.softmax(logits.masked_fill(~keep, float("-inf")), dim=-1)
+                probs = self._dropout(probs, ap, f"layer {l} attention probabilities")
                 out = probs @ v
                 if shaw is not None:
                     out = out + torch.einsum("bhij,ijd->bhid", probs, shaw)
@@ -220,20 +239,28 @@ class Reference:
             def ffn(h):
                 return linear(F.gelu(linear(h, P, pre + "ffn.fc1")), P, pre + "ffn.fc2")
 
+            def drop(y, what):
+                return self._dropout(y, hp, f"layer {l} {what} branch")
+
             if cfg["pre_layer_norm"]:
-                x = x + attn(layer_norm(x, P, pre + "attention_norm", eps))
-                x = x + ffn(layer_norm(x, P, pre + "ffn_norm", eps))
+                x = x + drop(attn(layer_norm(x, P, pre + "attention_norm", eps)), "attention")
+                x = x + drop(ffn(layer_norm(x, P, pre + "ffn_norm", eps)), "ffn")
             else:
-                x = layer_norm(x + attn(x), P, pre + "attention_norm", eps)
-                x = layer_norm(x + ffn(x), P, pre + "ffn_norm", eps)
+                x = layer_norm(x + drop(attn(x), "attention"), P, pre + "attention_norm", eps)
+                x = layer_norm(x + drop(ffn(x), "ffn"), P, pre + "ffn_norm", eps)
         if cfg["pre_layer_norm"]:
             x = layer_norm(x, P, "bert.encoder.final_norm", eps)
         return x
 
-    def mlm(self, ids, mask, types, labels):
-        """-> (loss, logits at the predicted positions in row-major order)."""
+    def mlm(self, ids, mask, types, labels, stream=None):
+        """-> (loss, logits at the predicted positions in row-major order). With a dropout
+        stream: train mode, the masks drawn in self.masks."""
         P, cfg = self.P, self.cfg
-        x = self.encode(ids, mask, types)
+        self.stream, self.masks = stream, []
+        try:
+            x = self.encode(ids, mask, types)
+        finally:
+            self.stream = None
         flat = x.reshape(-1, cfg["hidden_size"])
         lab = labels.reshape(-1)
         sel = lab != -100

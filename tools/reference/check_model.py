@@ -8,6 +8,13 @@
      logits and every gradient (relative error max|a - b| / max|b| per tensor), then N AdamW
      steps' losses. Exit 0 when every error is within --tol, 1 otherwise, 77 when PyTorch is
      missing (CTest reports the test as skipped, with the reason printed).
+
+With --dropout both sides train with dropout on (pretrain_app --dropout): the reference draws
+its masks from its own re-derivation of the engine's stream (dropout_reference.py), the dump is
+step 1's forward and backward over --micro-batches copies of the batch, and every dropout mask
+the engine's graph holds (the hidden ones, and the attention probabilities' where Shaw's
+relative term keeps them out of the fused attention op) must equal the reference's bit for bit.
+When --seq equals --max-positions, the last row of the position table must get a gradient.
 """
 import argparse
 import json
@@ -28,6 +35,7 @@ except ImportError as e:  # pragma: no cover
     sys.exit(77)
 
 import bert_reference as ref  # noqa: E402
+import dropout_reference as dref  # noqa: E402
 import safetensors_io as st  # noqa: E402
 
 
@@ -41,11 +49,13 @@ def write_config(path, preset, args):
         f"  num_layers: {args.layers}",
         f"  num_heads: {args.heads}",
         f"  ffn_size: {4 * args.width}",
-        "  max_positions: 32",
+        f"  max_positions: {getattr(args, 'max_positions', 32)}",
         f"  type_vocab_size: {args.type_vocab}",
         "  layer_norm_eps: 1.0e-12",
-        "  hidden_dropout: 0.1      # single-batch mode turns dropout off",
-        "  attention_dropout: 0.1",
+        # Callers without these options (check_heads.py, check_poscorr.py) keep the defaults.
+        f"  hidden_dropout: {getattr(args, 'hidden_dropout', 0.1)}"
+        "      # off in single-batch mode unless --dropout",
+        f"  attention_dropout: {getattr(args, 'attention_dropout', 0.1)}",
         f"  pre_layer_norm: {'true' if args.pre_ln else 'false'}",
         "  position:",
         f"    preset: {preset}",
@@ -120,9 +130,14 @@ def main():
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=100)
     ap.add_argument("--seq", type=int, default=16)
+    ap.add_argument("--max-positions", type=int, default=32)
     ap.add_argument("--type-vocab", type=int, default=2)
     ap.add_argument("--cls-reset", default="paper", choices=["paper", "code"])
     ap.add_argument("--pre-ln", action="store_true")
+    ap.add_argument("--dropout", action="store_true", help="train mode: dropout on, masks compared")
+    ap.add_argument("--micro-batches", type=int, default=1)
+    ap.add_argument("--hidden-dropout", type=float, default=0.1)
+    ap.add_argument("--attention-dropout", type=float, default=0.2)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--device", default="cpu", help="pretrain_app --device (cuda: the GPU, or the emulated one)")
@@ -134,7 +149,9 @@ def main():
     write_config(w("config.yaml"), args.preset, args)
     batch = write_batch(w("batch.safetensors"), args)
 
-    dev = ["--device", args.device]
+    dev = ["--device", args.device, "--micro-batches", str(args.micro_batches)]
+    if args.dropout:
+        dev.append("--dropout")
     run([args.app, "--config", w("config.yaml"), "--batch-file", w("batch.safetensors"),
          "--steps", "0", "--save", w("init.safetensors"), "--dump", w("dump.safetensors")] + dev)
     out = run([args.app, "--config", w("config.yaml"), "--init", w("init.safetensors"),
@@ -150,11 +167,54 @@ def main():
     model = ref.Reference(cfg, params)
     ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
     types = batch.get("token_type_ids")
-    loss, logits = model.mlm(ids, mask, types, labels)
-    loss.backward()
+    M = args.micro_batches
+
+    def new_stream():  # pretraining's stream of rank 0, from its start
+        return dref.DropoutStream(dref.pretrain_dropout_key(args.seed, 0)) if args.dropout else None
+
+    def step_losses(model, stream):
+        """Step 1's forward and backward: -> (loss, logits, masks), gradients accumulated."""
+        total, all_logits, masks = 0.0, [], []
+        for _ in range(M):
+            l, lg = model.mlm(ids, mask, types, labels, stream)
+            (l if M == 1 else l * (1.0 / M)).backward()
+            total = total + (l if M == 1 else l.detach() * (1.0 / M))
+            all_logits.append(lg)
+            masks += model.masks
+        return total, torch.cat(all_logits, 0), masks
+
+    loss, logits, ref_masks = step_losses(model, new_stream())
 
     errors = [("loss", rel_err(dump["loss"].reshape(()), loss)),
               ("logits", rel_err(dump["logits"], logits))]
+    mask_problems = []
+    if args.dropout:
+        # The engine's graph holds the dropout ops' masks; the attention op keeps its own,
+        # except on the Shaw path, which drops the probabilities with the dropout op.
+        shaw = model.relative.startswith("shaw")
+        want = [(site, m) for site, m in ref_masks if shaw or "attention probabilities" not in site]
+        got = [dump[f"dropout_mask.{k}"] for k in range(len(dump)) if f"dropout_mask.{k}" in dump]
+        if len(got) != len(want):
+            mask_problems.append(f"the engine dumped {len(got)} dropout masks, the reference "
+                                 f"expects {len(want)}")
+        for k, ((site, m), g) in enumerate(zip(want, got)):
+            g = g.numpy().astype(bool)
+            if g.shape != m.shape:
+                mask_problems.append(f"mask {k} ({site}): shape {g.shape} vs {m.shape}")
+            elif (g != m).any():
+                mask_problems.append(f"mask {k} ({site}): {(g != m).sum()} of {m.size} differ")
+        kept = sum(int(m.sum()) for _, m in want)
+        total = sum(m.size for _, m in want)
+        print(f"dropout masks: {len(got)} from the engine's graph, {len(ref_masks)} drawn by the "
+              f"reference; {total} elements, {total - kept} dropped, "
+              f"{'identical' if not mask_problems else 'DIFFERENT'}")
+    edge_problem = None
+    if args.seq == args.max_positions and "bert.position.table" in model.P:
+        g = dump["grad.bert.position.table"][args.seq - 1]
+        print(f"T = max_positions = {args.seq}: |grad| of the position table's last row "
+              f"{g.abs().max().item():.3e}")
+        if not g.abs().max().item() > 0:
+            edge_problem = "the position table's last row got no gradient"
     missing = []
     for name, p in model.P.items():
         g = dump.get("grad." + name)
@@ -166,6 +226,7 @@ def main():
 
     # N AdamW steps from the same start, decay groups by the same rule.
     model = ref.Reference(cfg, params)
+    stream = new_stream()  # the steps continue one stream; the dump drew from a copy
     decay = [p for n, p in model.P.items() if not ref.no_weight_decay(n)]
     no_decay = [p for n, p in model.P.items() if ref.no_weight_decay(n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
@@ -174,9 +235,8 @@ def main():
     ref_losses = []
     for _ in range(args.steps):
         opt.zero_grad()
-        l, _ = model.mlm(ids, mask, types, labels)
-        l.backward()
-        ref_losses.append(l.item())
+        l, _, _ = step_losses(model, stream)
+        ref_losses.append(float(l))
         opt.step()
     for k, (a, b) in enumerate(zip(engine_losses, ref_losses), 1):
         errors.append((f"step {k} loss", abs(a - b) / abs(b)))
@@ -192,6 +252,12 @@ def main():
     ok = True
     if missing or extra:
         print("FAILED: gradient names differ; missing in the engine's dump:", missing, "extra:", extra)
+        ok = False
+    if mask_problems:
+        print("FAILED: dropout masks differ:", "; ".join(mask_problems[:6]))
+        ok = False
+    if edge_problem:
+        print("FAILED:", edge_problem)
         ok = False
     bad = [(n, e) for n, e in errors if not e <= args.tol]
     if bad:
