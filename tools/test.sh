@@ -11,7 +11,17 @@ BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 EXTRA_PACKAGES="python3 python3-numpy python3-torch clang-format ${EXTRA_PACKAGES:-}" "$ROOT/tools/setup.sh"
 "$ROOT/tools/check_format.sh"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)"
+# The same suite under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/, no CUDA
+# backend; the MPI tests with 2 ranks). ASAN_SUITE=0 skips it.
+if [ "${ASAN_SUITE:-1}" != 0 ]; then
+  "$ROOT/tools/asan_test.sh"
+fi
 # The CUDA backend on the SIMT emulator (docs/cuda.md): build-emu/ in three fiber orders, then the
 # cuda tests under ThreadSanitizer and AddressSanitizer. EMU_VARIANTS narrows it (e.g. "plain").
 # shellcheck disable=SC2086
 "$ROOT/tools/emu_test.sh" ${EMU_VARIANTS:-plain tsan asan}
+# Every parser's libFuzzer target, briefly (build-fuzz/, clang; docs/fuzzing.md has the long
+# run): FUZZ_CI_SECONDS per target, default 10; 0 skips.
+if [ "${FUZZ_CI_SECONDS:-10}" != 0 ]; then
+  "$ROOT/tools/fuzz.sh" "${FUZZ_CI_SECONDS:-10}"
+fi
