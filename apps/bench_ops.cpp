@@ -1,14 +1,21 @@
 // bench_ops: times libengine's ops (forward, and forward + backward) at BERT-like shapes on the
 // CPU and prints one line per case: name, median milliseconds, and a rate (GFLOP/s or GB/s).
 // tools/bench_cpu.py runs it beside the same cases in PyTorch and prints both side by side.
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include "apps/cli.h"
 #include "engine/backend.h"
@@ -49,6 +56,227 @@ void bench(const char* name, const std::function<void()>& f, double work, const 
   report(name, time_ms(f), work, unit);
 }
 
+// ---- the machine's f32 FMA peak and the GEMMs against it ------------------------------------
+
+// f32 multiply-adds per second that `threads` threads sustain, each running independent chains of
+// the widest vector FMA this build targets (enough chains to cover the FMA latency on every
+// port): the measured peak = FMA units x lanes x 2 x clock x cores.
+// The chains are 12 named accumulators (not an array, which the compiler may keep in memory):
+// 12 independent FMAs per iteration cover a 4-cycle latency on 2 FMA ports (8 needed).
+#define ENGINE_FMA_CHAINS(FMA) \
+  FMA(a0);                     \
+  FMA(a1);                     \
+  FMA(a2);                     \
+  FMA(a3);                     \
+  FMA(a4);                     \
+  FMA(a5);                     \
+  FMA(a6);                     \
+  FMA(a7);                     \
+  FMA(a8);                     \
+  FMA(a9);                     \
+  FMA(a10);                    \
+  FMA(a11)
+constexpr int kFmaChains = 12;
+constexpr long kFmaIters = 40'000'000;
+
+double fma_gflops(int threads, int* lanes_out) {
+  double sink = 0;
+#if defined(__AVX512F__)
+  constexpr int kLanes = 16;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+  {
+    const float seed = float(omp_get_thread_num() + 1);
+    // Different starting values: identical chains would be computed once.
+    __m512 a0 = _mm512_set1_ps(seed), a1 = _mm512_set1_ps(seed + 1), a2 = _mm512_set1_ps(seed + 2),
+           a3 = _mm512_set1_ps(seed + 3), a4 = _mm512_set1_ps(seed + 4),
+           a5 = _mm512_set1_ps(seed + 5), a6 = _mm512_set1_ps(seed + 6),
+           a7 = _mm512_set1_ps(seed + 7), a8 = _mm512_set1_ps(seed + 8),
+           a9 = _mm512_set1_ps(seed + 9), a10 = _mm512_set1_ps(seed + 10),
+           a11 = _mm512_set1_ps(seed + 11);
+    const __m512 m = _mm512_set1_ps(0.9999999f), a = _mm512_set1_ps(1e-7f);
+#define ENGINE_FMA512(x) x = _mm512_fmadd_ps(x, m, a)
+    for (long i = 0; i < kFmaIters; ++i) {
+      ENGINE_FMA_CHAINS(ENGINE_FMA512);
+    }
+#undef ENGINE_FMA512
+    const __m512 t =
+        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                                    _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))),
+                      _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+    sink += _mm512_reduce_add_ps(t);
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  constexpr int kLanes = 8;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+  {
+    const float seed = float(omp_get_thread_num() + 1);
+    __m256 a0 = _mm256_set1_ps(seed), a1 = _mm256_set1_ps(seed + 1), a2 = _mm256_set1_ps(seed + 2),
+           a3 = _mm256_set1_ps(seed + 3), a4 = _mm256_set1_ps(seed + 4),
+           a5 = _mm256_set1_ps(seed + 5), a6 = _mm256_set1_ps(seed + 6),
+           a7 = _mm256_set1_ps(seed + 7), a8 = _mm256_set1_ps(seed + 8),
+           a9 = _mm256_set1_ps(seed + 9), a10 = _mm256_set1_ps(seed + 10),
+           a11 = _mm256_set1_ps(seed + 11);
+    const __m256 m = _mm256_set1_ps(0.9999999f), a = _mm256_set1_ps(1e-7f);
+#define ENGINE_FMA256(x) x = _mm256_fmadd_ps(x, m, a)
+    for (long i = 0; i < kFmaIters; ++i) {
+      ENGINE_FMA_CHAINS(ENGINE_FMA256);
+    }
+#undef ENGINE_FMA256
+    const __m256 t =
+        _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                                    _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7))),
+                      _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+    float v[8];
+    _mm256_storeu_ps(v, t);
+    for (float x : v) sink += x;
+  }
+#else
+  constexpr int kLanes = 1;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+  {
+    float a0 = 1, a1 = 2, a2 = 3, a3 = 4, a4 = 5, a5 = 6, a6 = 7, a7 = 8, a8 = 9, a9 = 10, a10 = 11,
+          a11 = 12;
+#define ENGINE_FMA1(x) x = x * 0.9999999f + 1e-7f
+    for (long i = 0; i < kFmaIters; ++i) {
+      ENGINE_FMA_CHAINS(ENGINE_FMA1);
+    }
+#undef ENGINE_FMA1
+    sink += a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;
+  }
+#endif
+  *lanes_out = kLanes;
+  return sink;
+}
+#undef ENGINE_FMA_CHAINS
+
+// The core clock under load, from a chain of dependent integer adds (one per cycle): /proc/cpuinfo
+// gives a VM's nominal clock, not the turbo clock the cores run at. 0 where not measurable.
+double measured_ghz() {
+#if defined(__x86_64__)
+  using clock = std::chrono::steady_clock;
+  constexpr long kIters = 100'000'000;
+  long x = 0, one = 1;
+  const auto t0 = clock::now();
+  // Register-register adds: some cores fold add-immediate chains at rename, several a cycle.
+  for (long i = 0; i < kIters; ++i)
+    asm volatile("add %1, %0\n\tadd %1, %0\n\tadd %1, %0\n\tadd %1, %0" : "+r"(x) : "r"(one));
+  const double s = std::chrono::duration<double>(clock::now() - t0).count();
+  return x == 4 * kIters ? 4.0 * kIters / s * 1e-9 : 0.0;
+#else
+  return 0.0;
+#endif
+}
+
+// Prints the measured FMA peak for 1 and all threads; returns the all-threads one in GFLOP/s.
+// volatile: the sink keeps the chains from being optimised away.
+double measure_peak() {
+  const int threads = omp_get_max_threads();
+  const double ghz = measured_ghz();
+  double peak_all = 0;
+  for (int t : {1, threads}) {
+    int lanes = 1;
+    using clock = std::chrono::steady_clock;
+    volatile double sink = fma_gflops(t, &lanes);  // warm-up (clock ramp)
+    const auto t0 = clock::now();
+    sink = sink + fma_gflops(t, &lanes);
+    const double s = std::chrono::duration<double>(clock::now() - t0).count();
+    const double flops = 2.0 * lanes * kFmaChains * double(kFmaIters) * t;
+    const double gf = flops / s * 1e-9;
+    std::printf("peak_fma_f32 %d thread%s\t%.4f\t%.2f\tGFLOP/s", t, t == 1 ? "" : "s", s * 1e3, gf);
+    if (ghz > 0)
+      std::printf("\t# %d-lane FMA at %.2f GHz (measured): %.1f flop/cycle/core = %.2f FMA units",
+                  lanes, ghz, gf / ghz / t, gf / ghz / t / (2.0 * lanes));
+    std::printf("\n");
+    std::fflush(stdout);
+    if (t == threads) peak_all = gf;
+    if (threads == 1) break;
+  }
+  return peak_all;
+}
+
+// What a parallel region costs and from how many elements a memory-bound loop (y = a x + y in
+// f32, the shape of most elementwise kernels) gains from all threads: the basis of the
+// kernels' thresholds (engine/cpu/parallel.h).
+void measure_parallel_threshold() {
+  const int threads = omp_get_max_threads();
+  if (threads < 2) return;
+  using clock = std::chrono::steady_clock;
+  auto median_us = [&](const std::function<void()>& f) {
+    std::vector<double> us;
+    for (int r = 0; r < 201; ++r) {
+      const auto t0 = clock::now();
+      f();
+      us.push_back(std::chrono::duration<double, std::micro>(clock::now() - t0).count());
+    }
+    std::sort(us.begin(), us.end());
+    return us[us.size() / 2];
+  };
+  volatile int sink = 0;
+  const double region = median_us([&] {
+#pragma omp parallel
+    { sink = sink + 0; }
+  });
+  std::printf("omp_parallel_region %d threads\t%.4f\t-\tus\t# an empty region\n", threads,
+              region * 1e-3);
+  int64_t crossover = -1;
+  for (int64_t n = 1024; n <= (int64_t(1) << 22); n *= 2) {
+    std::vector<float> x(size_t(n), 1.0f), y(size_t(n), 2.0f);
+    auto axpy = [&](bool par) {
+      float* py = y.data();
+      const float* px = x.data();
+#pragma omp parallel for schedule(static) if (par)
+      for (int64_t i = 0; i < n; ++i) py[i] = 0.5f * px[i] + py[i];
+    };
+    const double serial = median_us([&] { axpy(false); });
+    const double parallel = median_us([&] { axpy(true); });
+    std::printf("axpy_f32 n=%lld\t%.4f\t%.2f\tx on %d threads\t# serial %.2f us\n", (long long)n,
+                parallel * 1e-3, serial / parallel, threads, serial);
+    if (crossover < 0 && serial > parallel * 1.1) crossover = n;
+  }
+  std::printf("# parallel loops gain (>10%%) from %lld elements of a memory-bound f32 loop\n",
+              (long long)crossover);
+  std::fflush(stdout);
+}
+
+// The model's GEMM shapes through engine::gemm (the kernel the ops call): C (batch, m, n) =
+// op(A) op(B), rate and share of the measured peak.
+void bench_gemms(bool quick, double peak) {
+  Generator g(1);
+  const int64_t B = quick ? 2 : 8, T = 128, D = 768, F = 3072, H = 12, dh = 64;
+  const int64_t rows = B * T;
+  struct Case {
+    std::string name;
+    int64_t batch, m, n, k;
+    bool ta, tb;
+  };
+  const std::vector<Case> cases = {
+      {"gemm (BT,768)x(768,768)^T", 1, rows, D, D, false, true},
+      {"gemm (BT,768)x(768,3072)^T", 1, rows, F, D, false, true},
+      {"gemm (BT,3072)x(3072,768)^T", 1, rows, D, F, false, true},
+      {"gemm dW (3072,BT)x(BT,768)", 1, F, D, rows, true, false},
+      {"gemm dX (BT,3072)x(3072,768)", 1, rows, D, F, false, false},
+      {"gemm QK^T (BH,128,64)x(64,128)", B * H, T, T, dh, false, true},
+      {"gemm PV (BH,128,128)x(128,64)", B * H, T, dh, T, false, false},
+      {"gemm tiny (2048,128)x(128,512)^T", 1, 2048, 512, 128, false, true},
+      {"gemm tiny (2048,128)x(128,128)^T", 1, 2048, 128, 128, false, true},
+  };
+  for (const Case& c : cases) {
+    if (!g_only.empty() && c.name.find(g_only) == std::string::npos) continue;
+    auto mat = [&](int64_t r, int64_t cols) {
+      return c.batch == 1 ? Tensor::randn({r, cols}, g) : Tensor::randn({c.batch, r, cols}, g);
+    };
+    Tensor a = c.ta ? mat(c.k, c.m) : mat(c.m, c.k);
+    Tensor b = c.tb ? mat(c.n, c.k) : mat(c.k, c.n);
+    Tensor out = c.batch == 1 ? Tensor::empty({c.m, c.n}) : Tensor::empty({c.batch, c.m, c.n});
+    const double gflop = 2.0 * c.batch * c.m * c.n * c.k * 1e-9;
+    const double ms = time_ms([&] { gemm(a, c.ta, b, c.tb, out); });
+    std::printf("%s\t%.4f\t%.2f\tGFLOP/s\t# %.0f%% of the measured peak (%s)\n", c.name.c_str(), ms,
+                gflop / (ms * 1e-3), peak > 0 ? 100.0 * gflop / (ms * 1e-3) / peak : 0.0,
+                cpu_gemm_library());
+    std::fflush(stdout);
+  }
+}
+
 Tensor param(const Shape& s, Generator& g) {
   return Tensor::randn(s, g, 0.0, 0.02).set_requires_grad();
 }
@@ -61,6 +289,13 @@ void run(bool quick) {
   std::printf("# bench_ops: f32, CPU, B=%lld T=%lld D=%lld H=%lld (sum_to cases: B=%lld)\n",
               (long long)B, (long long)T, (long long)D, (long long)H, (long long)SB);
   std::printf("case\tms\trate\tunit\n");
+  if (g_only.empty() || std::string("peak_fma_f32").find(g_only) != std::string::npos ||
+      std::string("gemm").find(g_only) != std::string::npos || g_only.rfind("gemm", 0) == 0) {
+    const double peak = measure_peak();
+    bench_gemms(quick, peak);
+  }
+  if (!g_only.empty() && std::string("parallel_threshold").find(g_only) != std::string::npos)
+    measure_parallel_threshold();
 
   Tensor x = Tensor::randn({B, T, D}, g).set_requires_grad();
   Tensor w = param({F, D}, g), bias = param({F}, g);

@@ -3,7 +3,10 @@
 // models::pretrain); the single-batch mode (a fixed batch from a file, constant lr, dropout off
 // unless asked for) lets tests and the PyTorch reference (tools/reference/) check the model step
 // by step.
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +34,7 @@
 #include "engine/file_io.h"
 #include "engine/optim.h"
 #include "engine/safetensors.h"
+#include "engine/threads.h"
 #include "models/bert.h"
 #include "models/checkpoint.h"
 #include "models/hf_bert.h"
@@ -48,7 +52,7 @@ const char* kUsage = R"(usage: pretrain_app --config CFG [--set KEY=VALUE ...] [
        pretrain_app prepare --tokenizer TOK --input FILE [FILE ...] --out DIR [--valid-ratio R]
                             [--seed S] [--overwrite] [--quiet] [--cased]
        pretrain_app --config CFG --batch-file BATCH [--steps N] [--init CKPT] [--save OUT]
-                    [--dump OUT] [--dropout] [--micro-batches M]
+                    [--dump OUT] [--dropout] [--micro-batches M] [--time]
        pretrain_app eval --init CKPT --corpus DIR [--split valid|train] [--batches N]
                          [--batch-size B] [--seq-len T] [--device DEV] [--precision P]
        pretrain_app convert --from-hf DIR --out FILE.safetensors
@@ -102,6 +106,9 @@ Single-batch mode (dropout off unless --dropout, constant learning rate optim.lr
                       (rank 0's; docs/models.md)
   --micro-batches M   M micro-batches per step, each the batch file with masks of its own,
                       weights 1/M (default 1)
+  --time              after the steps print "timing: <n> steps <ms> ms/step <r> tokens/s
+                      peak_rss_mb <m>": the mean over every step after the first (the warm-up;
+                      tokens = batch rows x columns x micro-batches; tools/bench_step.py)
 
 Other options:
   --config CFG        YAML config: seed:, model: (sizes, position.preset, ...), optim:, data:,
@@ -125,7 +132,7 @@ struct Args {
   std::string config, init, batch_file, save, dump, out, device;
   std::vector<std::string> sets;
   int64_t steps = 0, micro_batches = 1;
-  bool steps_given = false, count_params = false, resume = false, dropout = false;
+  bool steps_given = false, count_params = false, resume = false, dropout = false, timing = false;
 };
 
 [[noreturn]] void usage_error(const std::string& msg) { cli::usage_error("pretrain_app", msg); }
@@ -151,6 +158,8 @@ Args parse_args(int argc, char** argv) {
       a.count_params = true;
     else if (arg == "--dropout")
       a.dropout = true;
+    else if (arg == "--time")
+      a.timing = true;
     else if (arg == "--micro-batches")
       a.micro_batches = p.int_value(1);
     else if (arg == "--resume")
@@ -166,11 +175,12 @@ Args parse_args(int argc, char** argv) {
       p.unknown();
   }
   if (a.config.empty() && a.init.empty()) usage_error("--config (or --init) is required");
-  if (a.batch_file.empty() &&
-      (a.steps_given || !a.dump.empty() || !a.save.empty() || a.dropout || a.micro_batches != 1))
+  if (a.batch_file.empty() && (a.steps_given || !a.dump.empty() || !a.save.empty() || a.dropout ||
+                               a.micro_batches != 1 || a.timing))
     usage_error(
-        "--steps, --dump, --save, --dropout and --micro-batches belong to the single-batch mode "
-        "(--batch-file)");
+        "--steps, --dump, --save, --dropout, --micro-batches and --time belong to the "
+        "single-batch mode (--batch-file)");
+  if (a.timing && a.steps < 2) usage_error("--time needs --steps 2 or more (one warm-up step)");
   if (!a.batch_file.empty() && (a.resume || !a.out.empty()))
     usage_error("--resume and --out belong to corpus pretraining, not to --batch-file");
   return a;
@@ -324,7 +334,10 @@ int single_batch(const Args& args, models::BertForMaskedLM& model, const engine:
     models::MlmOutput out = model.forward(batch, gen);
     std::printf("eval loss %.9g\n", out.loss.item());
   }
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point timed_from;
   for (int64_t k = 1; k <= args.steps; ++k) {
+    if (k == 2) timed_from = Clock::now();  // step 1 is the warm-up (allocator, caches)
     // "step k loss v": the loss before step k's update.
     const engine::StepStats s = trainer.step(
         micro,
@@ -336,6 +349,15 @@ int single_batch(const Args& args, models::BertForMaskedLM& model, const engine:
     std::printf("step %lld loss %.9g%s\n", (long long)k, s.loss,
                 s.applied ? "" : " (skipped: inf/NaN gradients)");
     std::fflush(stdout);
+  }
+  if (args.timing) {
+    const double s = std::chrono::duration<double>(Clock::now() - timed_from).count();
+    const int64_t n = args.steps - 1;
+    const double tokens = double(batch.inputs.input_ids.numel()) * double(micro) * double(n);
+    struct rusage ru {};
+    getrusage(RUSAGE_SELF, &ru);
+    std::printf("timing: %lld steps %.3f ms/step %.1f tokens/s peak_rss_mb %.1f\n", (long long)n,
+                1e3 * s / double(n), tokens / s, double(ru.ru_maxrss) / 1024.0);
   }
   if (!args.save.empty()) {
     models::save_checkpoint(args.save, model);
@@ -402,6 +424,9 @@ int run(const Args& args) {
   if (!args.init.empty()) models::load_checkpoint(args.init, model);
   if (engine::world().is_root()) print_parameter_counts(model);
   if (args.count_params) return 0;
+  if (engine::world().is_root())
+    std::printf("%s, CPU GEMMs: %s\n", engine::describe(engine::cpu_threads()).c_str(),
+                engine::cpu_gemm_library());
   if (!args.batch_file.empty()) return single_batch(args, model, adam, seed, train_opt);
 
   // Data parallel: data.batch_size is per rank; each rank reads its own shard of every global

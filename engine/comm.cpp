@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "engine/threads.h"
 
 #if defined(ENGINE_WITH_MPI)
 #include <mpi.h>
@@ -451,6 +452,12 @@ bool launched_by_mpi() {
 }
 
 DistributedSession::DistributedSession() {
+  start();
+  // The ranks on one node share its cores (engine/threads.h).
+  configure_cpu_threads(world().local_size());
+}
+
+void DistributedSession::start() {
   if (!launched_by_mpi()) return;
 #if defined(ENGINE_WITH_MPI)
   int initialized = 0;

@@ -77,6 +77,7 @@ bool launched_by_mpi();
 
 // Starts MPI for the process when it was launched by an MPI launcher (and the build has MPI),
 // making world() the MPI communicator; finalises it on destruction. One per process, in main.
+// It also sets the CPU threads per rank (engine/threads.h: the node's cores / its local ranks).
 // Under a launcher in a build without MPI it fails with a clear message rather than running N
 // unrelated copies of the job.
 class DistributedSession {
@@ -85,6 +86,9 @@ class DistributedSession {
   ~DistributedSession();
   DistributedSession(const DistributedSession&) = delete;
   DistributedSession& operator=(const DistributedSession&) = delete;
+
+ private:
+  void start();
 };
 
 // Reports an error that ends the program: "<app>: <message>" on stderr, and returns `code` for

@@ -17,3 +17,4 @@
 #include "engine/safetensors.h"
 #include "engine/shape.h"
 #include "engine/tensor.h"
+#include "engine/threads.h"

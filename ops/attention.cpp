@@ -9,6 +9,7 @@
 #include "ops/attention.h"
 
 #include <cmath>
+#include <exception>
 
 #include "engine/autocast.h"
 #include "engine/autograd.h"
@@ -20,6 +21,42 @@
 
 namespace engine {
 namespace {
+
+// The CPU runs the attention of one batch entry (its H heads) at a time per thread: scores,
+// softmax (+ dropout) and mixing back to back while that entry's (H, Tq, Tk) scores sit in the
+// core's cache, instead of three passes over all B*H score matrices through memory. The same
+// kernels on views of the same buffers (and the dropout stream at the same element offsets), so
+// the results are the same bits as the whole-batch calls; devices take the whole batch at once.
+bool by_batch_entry(Device dev, int64_t b, int64_t h, int64_t tq, int64_t tk) {
+  return dev.is_cpu() && b > 1 && (h * tq * tk) % 4 == 0;  // Philox blocks: 4 elements each
+}
+
+// Runs body(b0, nb) over batch entries [b0, b0 + nb): every entry on its own (in parallel) or
+// the whole batch in one call; an exception from a thread is rethrown here.
+template <class F>
+void over_batch_entries(bool by_entry, int64_t b, F&& body) {
+  if (!by_entry) {
+    body(int64_t{0}, b);
+    return;
+  }
+  std::exception_ptr error;
+#pragma omp parallel for schedule(static)
+  for (int64_t bi = 0; bi < b; ++bi) {
+    try {
+      body(bi, int64_t{1});
+    } catch (...) {
+#pragma omp critical(engine_attention_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+// The Philox state of the scores from batch entry b0 on (`per_entry` scores each).
+PhiloxState entry_state(PhiloxState s, int64_t b0, int64_t per_entry) {
+  s.offset += static_cast<uint64_t>(b0 * per_entry / 4);
+  return s;
+}
 
 struct AttentionNode : Node {
   Tensor q, k, v;  // (B*H, T, D), contiguous
@@ -35,32 +72,36 @@ struct AttentionNode : Node {
     const int64_t bh = q.size(0), tq = q.size(1), tk = k.size(1), d = q.size(2), dv = v.size(2);
     Tensor dout = grads[0].contiguous().view({bh, tq, dv});
 
+    const int64_t b = out_shape[0], h = out_shape[1];
+    const bool by_entry = by_batch_entry(dev, b, h, tq, tk);
+    const bool want_dv = needs_input_grad(2);
+    const bool want_ds = needs_input_grad(0) || needs_input_grad(1) || needs_input_grad(3);
     Tensor pd = probs;  // the probabilities the forward multiplied V with
-    if (p > 0 && needs_input_grad(2)) {
-      pd = Tensor::empty(probs.shape(), dt, dev);
-      dropout_kernel(dev, probs, pd, p, state);
-    }
-    Tensor dq, dk, dv_, dbias;
-    if (needs_input_grad(2)) {
-      dv_ = Tensor::empty({bh, tk, dv}, dt, dev);
-      gemm(pd, true, dout, false, dv_);
-    }
-    if (needs_input_grad(0) || needs_input_grad(1) || needs_input_grad(3)) {
-      Tensor ds = Tensor::empty({bh, tq, tk}, dt, dev);
-      gemm(dout, false, v, true, ds);                           // dP_d
-      attention_softmax_backward_raw(probs, ds, p, state, ds);  // dS: dropout + softmax, in place
-      if (needs_input_grad(0)) {
-        dq = Tensor::empty({bh, tq, d}, dt, dev);
-        gemm(ds, false, k, false, dq, scale);
+    if (p > 0 && want_dv) pd = Tensor::empty(probs.shape(), dt, dev);
+    Tensor dq, dk, dv_, dbias, ds;
+    if (want_dv) dv_ = Tensor::empty({bh, tk, dv}, dt, dev);
+    if (want_ds) ds = Tensor::empty({bh, tq, tk}, dt, dev);
+    if (want_ds && needs_input_grad(0)) dq = Tensor::empty({bh, tq, d}, dt, dev);
+    if (want_ds && needs_input_grad(1)) dk = Tensor::empty({bh, tk, d}, dt, dev);
+    over_batch_entries(by_entry, b, [&](int64_t b0, int64_t nb) {
+      auto rows = [&](const Tensor& t) { return t.slice(0, b0 * h, (b0 + nb) * h); };
+      const PhiloxState st = entry_state(state, b0, h * tq * tk);
+      const Tensor probs_c = rows(probs), dout_c = rows(dout);
+      if (want_dv) {
+        const Tensor pd_c = rows(pd);
+        if (p > 0) dropout_kernel(dev, probs_c, pd_c, p, st);
+        gemm(pd_c, true, dout_c, false, rows(dv_));
       }
-      if (needs_input_grad(1)) {
-        dk = Tensor::empty({bh, tk, d}, dt, dev);
-        gemm(ds, true, q, false, dk, scale);
+      if (want_ds) {
+        const Tensor ds_c = rows(ds);
+        gemm(dout_c, false, rows(v), true, ds_c);                    // dP_d
+        attention_softmax_backward_raw(probs_c, ds_c, p, st, ds_c);  // dS, in place
+        if (dq.defined()) gemm(ds_c, false, rows(k), false, rows(dq), scale);
+        if (dk.defined()) gemm(ds_c, true, rows(q), false, rows(dk), scale);
       }
-      if (needs_input_grad(3)) {
-        dbias = sum_to_shape(ds.view(probs_shape4), inputs[3].shape);
-      }
-    }
+    });
+    if (want_ds && needs_input_grad(3))
+      dbias = sum_to_shape(ds.view(probs_shape4), inputs[3].shape);
     auto shape4 = [&](const Tensor& t, int64_t rows, int64_t cols) {
       return t.defined() ? t.view({out_shape[0], out_shape[1], rows, cols}) : t;
     };
@@ -126,7 +167,6 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
   Tensor v3 = v.detach().contiguous().view({b * h, tk, dv});
 
   Tensor probs = Tensor::empty({b * h, tq, tk}, dt, dev);
-  gemm(q3, false, k3, true, probs);  // raw scores q k^T
   Tensor bias = opt.bias.defined() ? opt.bias.detach() : Tensor();
   Tensor mixed = probs;
   PhiloxState state;
@@ -135,11 +175,23 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
     state = gen.reserve_words(static_cast<uint64_t>(probs.numel()));
     mixed = Tensor::empty(probs.shape(), dt, dev);
   }
-  // One kernel: scale, bias, mask, softmax (probs, kept for the backward) and dropout (mixed).
-  attention_softmax_raw(probs.view(probs_shape4), scale, bias, mask4, p, state,
-                        probs.view(probs_shape4), p > 0 ? mixed.view(probs_shape4) : Tensor());
   Tensor out3 = Tensor::empty({b * h, tq, dv}, dt, dev);
-  gemm(mixed, false, v3, false, out3);
+  over_batch_entries(by_batch_entry(dev, b, h, tq, tk), b, [&](int64_t b0, int64_t nb) {
+    auto rows = [&](const Tensor& t) { return t.slice(0, b0 * h, (b0 + nb) * h); };
+    const Shape shape4{nb, h, tq, tk};
+    // A per-entry bias or mask is sliced to the entries; a broadcast one is read as it is.
+    const Tensor bias_c = bias.defined() && bias.dim() == 4 && bias.size(0) == b && nb != b
+                              ? bias.slice(0, b0, b0 + nb)
+                              : bias;
+    const Tensor mask_c = mask4.defined() && nb != b ? mask4.slice(0, b0, b0 + nb) : mask4;
+    const Tensor probs_c = rows(probs), mixed_c = rows(mixed);
+    gemm(rows(q3), false, rows(k3), true, probs_c);  // raw scores q k^T
+    // One kernel: scale, bias, mask, softmax (probs, kept for the backward) and dropout (mixed).
+    attention_softmax_raw(probs_c.view(shape4), scale, bias_c, mask_c, p,
+                          entry_state(state, b0, h * tq * tk), probs_c.view(shape4),
+                          p > 0 ? mixed_c.view(shape4) : Tensor());
+    gemm(mixed_c, false, rows(v3), false, rows(out3));
+  });
   Tensor out = out3.view({b, h, tq, dv});
 
   if (needs_grad({&q, &k, &v, &opt.bias})) {

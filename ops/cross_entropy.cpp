@@ -8,6 +8,7 @@
 
 #include "engine/autocast.h"
 #include "engine/autograd.h"
+#include "engine/cpu/parallel.h"
 #include "engine/cpu/vmath.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
@@ -67,7 +68,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
       // Per-row losses in double so the sum below is accurate and formed in row order
       // (deterministic whatever the thread count).
       std::vector<double> row(static_cast<size_t>(n), 0.0);
-#pragma omp parallel for if (n * c > 65536)
+#pragma omp parallel for if (n * c > ::engine::cpu::kParallelMinElems)
       for (int64_t i = 0; i < n; ++i) {
         const T* xi = x + i * c;
         // Max-shifted logsumexp: exp() sees values <= 0, so it cannot overflow.
@@ -111,7 +112,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
       T shared = T(0);
       if (reduction == Reduction::sum) shared = g[0];
       if (reduction == Reduction::mean && valid > 0) shared = g[0] / static_cast<T>(valid);
-#pragma omp parallel for if (n * c > 65536)
+#pragma omp parallel for if (n * c > ::engine::cpu::kParallelMinElems)
       for (int64_t i = 0; i < n; ++i) {
         const T* xi = x + i * c;
         T* gi = gx + i * c;

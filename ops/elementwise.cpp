@@ -9,6 +9,7 @@
 #include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
+#include "engine/cpu/parallel.h"
 #include "engine/cpu/strided.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
@@ -231,7 +232,7 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& y) {
     T* py = y.data<T>();
     const int64_t n = x.numel();
     if constexpr (std::is_same_v<T, float>) {  // Eigen SIMD erf/tanh/sin/cos, chunks per thread
-#pragma omp parallel for if (n > 65536)
+#pragma omp parallel for if (n > ::engine::cpu::kParallelMinElems)
       for (int64_t c = 0; c < n; c += kChunk) {
         Eigen::Map<const ArrayF> a(px + c, std::min(kChunk, n - c));
         Eigen::Map<ArrayF> b(py + c, a.size());
@@ -253,7 +254,7 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& y) {
     } else {
       // f64 goes through the exact std:: functions (the gradient checks need them exact).
       auto run = [&](auto f) {
-#pragma omp parallel for if (n > 65536)
+#pragma omp parallel for if (n > ::engine::cpu::kParallelMinElems)
         for (int64_t i = 0; i < n; ++i) py[i] = f(px[i]);
       };
       switch (op) {
@@ -281,7 +282,7 @@ void unary_backward(UnaryOp op, const Tensor& saved, const Tensor& gy, const Ten
     T* o = gx.data<T>();
     const int64_t n = saved.numel();
     if constexpr (std::is_same_v<T, float>) {
-#pragma omp parallel for if (n > 65536)
+#pragma omp parallel for if (n > ::engine::cpu::kParallelMinElems)
       for (int64_t c = 0; c < n; c += kChunk) {
         const int64_t m = std::min(kChunk, n - c);
         Eigen::Map<const ArrayF> x(s + c, m), gy(g + c, m);
@@ -305,7 +306,7 @@ void unary_backward(UnaryOp op, const Tensor& saved, const Tensor& gy, const Ten
     } else {
       // o[i] = g[i] * f'(s[i])
       auto run = [&](auto df) {
-#pragma omp parallel for if (n > 65536)
+#pragma omp parallel for if (n > ::engine::cpu::kParallelMinElems)
         for (int64_t i = 0; i < n; ++i) o[i] = g[i] * df(s[i]);
       };
       switch (op) {

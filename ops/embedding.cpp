@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "engine/autograd.h"
+#include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
 
@@ -120,7 +121,7 @@ void scatter_add_rows(const Tensor& grad_out, const Tensor& index, const Tensor&
       // threads touch the same element (no atomics), even for repeated indices.
       constexpr int64_t kCols = 256;
       const int64_t blocks = (d + kCols - 1) / kCols;
-#pragma omp parallel for if (blocks > 1 && m * d > 65536)
+#pragma omp parallel for if (blocks > 1 && m * d > ::engine::cpu::kParallelMinElems)
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t c0 = b * kCols, c1 = std::min(d, c0 + kCols);
         for (int64_t i = 0; i < m; ++i) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/autograd.h"
+#include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
 
@@ -43,8 +44,8 @@ void scale_(const Tensor& grad, double factor) {
 namespace cpu {
 namespace {
 
-constexpr int64_t kParallelMin = 65536;  // below this, threads cost more than they save
-constexpr int64_t kChunk = 1 << 15;      // the fixed summation chunks (gradients.h)
+constexpr int64_t kParallelMin = ::engine::cpu::kParallelMinElems;  // engine/cpu/parallel.h
+constexpr int64_t kChunk = 1 << 15;  // the fixed summation chunks (gradients.h)
 
 void unscale_check(const Tensor& x, double inv_scale, const Tensor& stats) {
   dispatch_floating(x.dtype(), "unscale_and_check_", [&]<class T>() {

@@ -7,6 +7,7 @@
 
 #include "engine/autocast.h"
 #include "engine/autograd.h"
+#include "engine/cpu/parallel.h"
 #include "engine/cpu/vmath.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
@@ -47,7 +48,7 @@ struct LayerNormNode : Node {
 
 namespace cpu {
 
-constexpr int64_t kParallelElems = 32768;
+constexpr int64_t kParallelElems = ::engine::cpu::kParallelMinElems;  // engine/cpu/parallel.h
 // dweight/dbias are summed per chunk of rows, then the chunks in order: the chunk boundaries
 // depend only on the row count, so the result is bitwise the same for any number of threads.
 constexpr int64_t kMaxChunks = 64;
@@ -114,27 +115,46 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
         const T* xr = px + r * c;
         const T* gr = pg + r * c;
         const T mu = pmean[r], rs = prstd[r];
-        // Branch-free loops so they vectorise.
-        if (acc_w)
-          for (int64_t j = 0; j < c; ++j)
-            acc_w[j] += static_cast<double>(gr[j] * ((xr[j] - mu) * rs));
-        if (acc_b)
-          for (int64_t j = 0; j < c; ++j) acc_b[j] += static_cast<double>(gr[j]);
-        if (!pdx) continue;
-        // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * weight:
-        // both row means in one pass, then dx in a second.
-        // dxhat = dy * weight goes to dx's row first (dx never aliases dy or x).
-        T* dr = pdx + r * c;
-        if (pw)
-          for (int64_t j = 0; j < c; ++j) dr[j] = gr[j] * pw[j];
-        else
-          std::copy(gr, gr + c, dr);
+        T* dr = pdx ? pdx + r * c : nullptr;
+        if (!dr) {
+          // Branch-free loops so they vectorise.
+          if (acc_w)
+            for (int64_t j = 0; j < c; ++j)
+              acc_w[j] += static_cast<double>(gr[j] * ((xr[j] - mu) * rs));
+          if (acc_b)
+            for (int64_t j = 0; j < c; ++j) acc_b[j] += static_cast<double>(gr[j]);
+          continue;
+        }
+        // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * weight.
+        // One pass reads x and dy once for the weight and bias sums, dxhat (into dx's row: dx
+        // never aliases dy or x) and both row means; a second turns dxhat into dx.
         // SIMD reductions: a fixed lane order for a given build, so still deterministic.
         T sum_g = 0, sum_gx = 0;
+        if (acc_w && acc_b && pw) {
 #pragma omp simd reduction(+ : sum_g, sum_gx)
-        for (int64_t j = 0; j < c; ++j) {
-          sum_g += dr[j];
-          sum_gx += dr[j] * ((xr[j] - mu) * rs);
+          for (int64_t j = 0; j < c; ++j) {
+            const T xh = (xr[j] - mu) * rs, g = gr[j], d = g * pw[j];
+            acc_w[j] += static_cast<double>(g * xh);
+            acc_b[j] += static_cast<double>(g);
+            dr[j] = d;
+            sum_g += d;
+            sum_gx += d * xh;
+          }
+        } else {
+          if (acc_w)
+            for (int64_t j = 0; j < c; ++j)
+              acc_w[j] += static_cast<double>(gr[j] * ((xr[j] - mu) * rs));
+          if (acc_b)
+            for (int64_t j = 0; j < c; ++j) acc_b[j] += static_cast<double>(gr[j]);
+          if (pw)
+            for (int64_t j = 0; j < c; ++j) dr[j] = gr[j] * pw[j];
+          else
+            std::copy(gr, gr + c, dr);
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+          for (int64_t j = 0; j < c; ++j) {
+            sum_g += dr[j];
+            sum_gx += dr[j] * ((xr[j] - mu) * rs);
+          }
         }
         const T mean_g = sum_g / T(c), mean_gx = sum_gx / T(c);
         for (int64_t j = 0; j < c; ++j)

@@ -1,11 +1,20 @@
 // Matrix products: shape/layout checks, autograd wiring for matmul and linear, the raw gemm()
-// helper and the CPU GEMM kernel (Eigen).
+// helper and the CPU GEMM kernel (OpenBLAS when the build found it, else Eigen).
 #include "ops/matmul.h"
+
+#include <omp.h>
 
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
+#include <string>
+
+#if defined(ENGINE_WITH_OPENBLAS)
+#include <cblas.h>
+#endif
 
 #include "engine/autocast.h"
 #include "engine/autograd.h"
@@ -204,6 +213,12 @@ namespace cpu {
 constexpr double kSmallGemmWork = 256.0 * 256.0 * 256.0;
 // Less total work than this is not worth starting threads for.
 constexpr double kMinParallelWork = 32.0 * 32.0 * 32.0;
+// A single product with at least this many multiply-adds is split over the threads by rows or
+// columns of C (below it, one thread: the tiny model's smallest products, (307 x 128) x (128 x
+// 128), take ~30 us).
+constexpr double kSplitWork = 64.0 * 64.0 * 64.0;
+// cblas takes int sizes; larger dims (never a model's) go through Eigen.
+constexpr int64_t kBlasMaxDim = 2147483647;
 
 // cuBLASLt's GELU epilogue: the tanh form (see GemmEpilogue).
 template <class T>
@@ -212,6 +227,41 @@ T gelu_tanh(T x) {
   return static_cast<T>(0.5) * x *
          (static_cast<T>(1) + std::tanh(k * (x + static_cast<T>(0.044715) * x * x * x)));
 }
+
+// Which library multiplies: OpenBLAS (OpenMP build, libopenblas-openmp-dev) when libengine was
+// built with it -- ~90% of the cores' FMA peak on BERT's shapes against Eigen's ~55%
+// (docs/benchmarks.md) -- unless ENGINE_CPU_GEMM=eigen asks for Eigen (for comparisons). Both
+// compute every element of C in one thread in a fixed order: results do not change from run to
+// run at a given thread count.
+bool use_blas() {
+#if defined(ENGINE_WITH_OPENBLAS)
+  static const bool blas = [] {
+    const char* e = std::getenv("ENGINE_CPU_GEMM");
+    if (!e || !*e || std::strcmp(e, "openblas") == 0) return true;
+    ENGINE_CHECK(std::strcmp(e, "eigen") == 0, "[gemm] ENGINE_CPU_GEMM=", e,
+                 ": expected openblas (the default) or eigen");
+    return false;
+  }();
+  return blas;
+#else
+  return false;
+#endif
+}
+
+#if defined(ENGINE_WITH_OPENBLAS)
+// C = alpha op(A) op(B) + beta C through cblas (row-major; the layouts are cuBLAS's: ld >= the
+// stored columns, which mat_layout guarantees).
+void blas_gemm(const float* a, const float* b, float* c, const GemmArgs& g) {
+  cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+              g.trans_b ? CblasTrans : CblasNoTrans, int(g.m), int(g.n), int(g.k), float(g.alpha),
+              a, int(g.lda), b, int(g.ldb), float(g.beta), c, int(g.ldc));
+}
+void blas_gemm(const double* a, const double* b, double* c, const GemmArgs& g) {
+  cblas_dgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+              g.trans_b ? CblasTrans : CblasNoTrans, int(g.m), int(g.n), int(g.k), g.alpha, a,
+              int(g.lda), b, int(g.ldb), g.beta, c, int(g.ldc));
+}
+#endif
 
 // OA / OB: Eigen storage order that makes the stored matrix read as op(A) (m x k) / op(B)
 // (k x n): row-major as stored, or column-major when the flag asks for the transpose.
@@ -227,6 +277,42 @@ void gemm_typed(const GemmArgs& g) {
   const T* pb = static_cast<const T*>(g.b);
   T* pc = static_cast<T*>(g.c);
   const T alpha = static_cast<T>(g.alpha), beta = static_cast<T>(g.beta);
+  [[maybe_unused]] const bool blas = use_blas() && g.m <= kBlasMaxDim && g.n <= kBlasMaxDim &&
+                                     g.k <= kBlasMaxDim && g.lda <= kBlasMaxDim &&
+                                     g.ldb <= kBlasMaxDim && g.ldc <= kBlasMaxDim;
+
+  const double work =
+      static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+  if (g.batch == 1 && work >= kSplitWork && omp_get_max_threads() > 1 && !omp_in_parallel()) {
+    // One product over the threads: each computes its own slice of C's rows (or of its columns
+    // when C is wider than tall), with the library on one thread and the epilogue on its slice.
+    // OpenBLAS's own threading split BERT's small products badly: the tiny model's
+    // (2048 x 128) x (128 x 128) ran 1.1x faster on 2 threads than on 1.
+    const bool by_rows = g.m >= g.n;
+    const int64_t len = by_rows ? g.m : g.n;
+#pragma omp parallel
+    {
+      const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+      // Slices aligned to 16 rows or columns (a cache line of f32), the last takes the rest.
+      const int64_t begin = len * t / nt / 16 * 16;
+      const int64_t end = t + 1 == nt ? len : len * (t + 1) / nt / 16 * 16;
+      if (end > begin) {
+        GemmArgs s = g;
+        if (by_rows) {
+          s.m = end - begin;
+          s.a = pa + (g.trans_a ? begin : begin * g.lda);
+          s.c = pc + begin * g.ldc;
+        } else {
+          s.n = end - begin;
+          s.b = pb + (g.trans_b ? begin * g.ldb : begin);
+          s.c = pc + begin;
+          if (g.bias) s.bias = static_cast<const T*>(g.bias) + begin;
+        }
+        gemm_typed<T, OA, OB>(s);  // inside the region: no further split
+      }
+    }
+    return;
+  }
 
   const bool with_bias =
       g.epilogue == GemmEpilogue::bias || g.epilogue == GemmEpilogue::bias_gelu_tanh;
@@ -248,6 +334,13 @@ void gemm_typed(const GemmArgs& g) {
       epilogue(c);
       return;
     }
+#if defined(ENGINE_WITH_OPENBLAS)
+    if (blas) {
+      blas_gemm(pa + i * g.stride_a, pb + i * g.stride_b, pc + i * g.stride_c, g);
+      epilogue(c);
+      return;
+    }
+#endif
     MapA a(pa + i * g.stride_a, g.m, g.k, Eigen::OuterStride<>(g.lda));
     MapB b(pb + i * g.stride_b, g.k, g.n, Eigen::OuterStride<>(g.ldb));
     if (g.beta == 0.0) {
@@ -259,8 +352,6 @@ void gemm_typed(const GemmArgs& g) {
     epilogue(c);
   };
 
-  const double work =
-      static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
   const bool over_batch = g.batch > 1 && work < kSmallGemmWork &&
                           work * static_cast<double>(g.batch) >= kMinParallelWork;
   // Inside this region Eigen sees omp_get_num_threads() > 1 and does not nest its own threads.
@@ -291,6 +382,8 @@ ENGINE_REGISTER_KERNEL(gemm_kernel, DeviceType::CPU, cpu::gemm);
 }  // namespace
 
 // ---- public ----------------------------------------------------------------------------------
+
+const char* cpu_gemm_library() { return cpu::use_blas() ? "OpenBLAS" : "Eigen"; }
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           double alpha, double beta, GemmEpilogue epilogue, const Tensor& bias) {
@@ -451,14 +544,21 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   Tensor x2 = rows_of(x.detach());                               // (R, in)
   Tensor y2 = make_view(y, {x2.size(0), out_f}, {out_f, 1}, 0);  // (R, out)
   double beta = 0.0;
-  if (bias.defined()) {
-    // Start from the bias broadcast over the rows and let the GEMM accumulate onto it (beta 1):
-    // the bias add costs no extra pass over y.
-    backend_for(y).copy(
-        make_view(bias, {x2.size(0), out_f}, {0, bias.stride(0)}, bias.storage_offset()), y2);
-    beta = 1.0;
+  if (bias.defined() && y.device().is_cpu()) {
+    // CPU: the bias added by the GEMM's epilogue (one vectorised pass over y); filling y with the
+    // broadcast bias first and accumulating onto it cost a strided copy plus reading y back.
+    gemm(x2, false, gemm_ready(weight.detach()), true, y2, 1.0, 0.0, GemmEpilogue::bias,
+         bias.detach().contiguous());
+  } else {
+    if (bias.defined()) {
+      // Start from the bias broadcast over the rows and let the GEMM accumulate onto it (beta 1):
+      // the bias add costs no extra pass over y.
+      backend_for(y).copy(
+          make_view(bias, {x2.size(0), out_f}, {0, bias.stride(0)}, bias.storage_offset()), y2);
+      beta = 1.0;
+    }
+    gemm(x2, false, gemm_ready(weight.detach()), true, y2, 1.0, beta);
   }
-  gemm(x2, false, gemm_ready(weight.detach()), true, y2, 1.0, beta);
   if (needs_grad(x, weight, bias)) {
     auto n = std::make_shared<LinearNode>();
     // dX needs W, dW needs X; db needs neither.

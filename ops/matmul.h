@@ -72,6 +72,10 @@ struct GemmArgs {
 // entry.
 void add_work_cost(WorkCost& cost, const GemmArgs& g);
 
+// The library behind the CPU GEMMs: "OpenBLAS" (built with it; the default) or "Eigen" (built
+// without it, or ENGINE_CPU_GEMM=eigen in the environment).
+const char* cpu_gemm_library();
+
 // Called as gemm_kernel(device, args).
 inline Kernel<void(const GemmArgs& args)> gemm_kernel{"gemm"};
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "engine/autograd.h"
+#include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
 
@@ -75,7 +76,7 @@ struct RelativeScatterNode : Node {
 namespace cpu {
 
 // Rows are (l, i) pairs; they are parallel work once the tensor is this large.
-constexpr int64_t kParallelElems = 32768;
+constexpr int64_t kParallelElems = ::engine::cpu::kParallelMinElems;  // engine/cpu/parallel.h
 
 // Every index value in [0, buckets), checked once per launch before any thread starts (an
 // exception must not escape an OpenMP region). Tq * Tk reads: small next to the L * Tq * Tk the

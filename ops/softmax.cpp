@@ -10,6 +10,7 @@
 #include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
+#include "engine/cpu/parallel.h"
 #include "engine/cpu/vmath.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
@@ -84,7 +85,7 @@ struct LogSoftmaxNode : Node {
 namespace cpu {
 
 // Rows are every dim but the last; a row is parallel work once the tensor is this large.
-constexpr int64_t kParallelElems = 32768;
+constexpr int64_t kParallelElems = ::engine::cpu::kParallelMinElems;  // engine/cpu/parallel.h
 
 // Element offset of row r's first element in a view of `shape` with `strides` (the view's own
 // storage offset is already in its data pointer).

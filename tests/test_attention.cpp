@@ -31,13 +31,15 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
-TEST_CASE("fused attention equals the composed ops, forward and backward", "[attention]") {
-  const int64_t B = 2, H = 3, Tq = 5, Tk = 7, D = 4, Dv = 3;
+// The fused op against the composed ops with the same random stream, forward and backward.
+// bias_batch: the positional bias's first dim (1: shared by the batch, B: one per entry).
+static void check_fused_vs_composed(int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64_t D,
+                                    int64_t Dv, int64_t bias_batch) {
   Tensor q = rand_input({B, H, Tq, D}, 1), k = rand_input({B, H, Tk, D}, 2);
-  Tensor v = rand_input({B, H, Tk, Dv}, 3), bias = rand_input({1, H, Tq, Tk}, 4);
-  Tensor mask = Tensor::from_vector<int32_t>({1, 1, 1, 1, 1, 0, 0,   // batch 0: 2 pads
-                                              1, 1, 1, 1, 1, 1, 1},  // batch 1: none
-                                             {B, Tk});
+  Tensor v = rand_input({B, H, Tk, Dv}, 3), bias = rand_input({bias_batch, H, Tq, Tk}, 4);
+  std::vector<int32_t> mv(size_t(B * Tk), 1);
+  mv[size_t(Tk - 1)] = mv[size_t(Tk - 2)] = 0;  // batch 0: 2 pads
+  Tensor mask = Tensor::from_vector<int32_t>(mv, {B, Tk});
   for (double p : {0.0, 0.3}) {
     INFO("dropout " << p);
     Generator g1(99), g2(99);
@@ -70,6 +72,35 @@ TEST_CASE("fused attention equals the composed ops, forward and backward", "[att
         REQUIRE(grads_fused[i][j] == Approx(grads_ref[i][j]).margin(1e-12));
     }
   }
+}
+
+TEST_CASE("fused attention equals the composed ops, forward and backward", "[attention]") {
+  // H Tq Tk = 105, not a whole number of Philox blocks: the whole batch in one call.
+  check_fused_vs_composed(2, 3, 5, 7, 4, 3, 1);
+}
+
+TEST_CASE("attention one batch entry per thread (CPU) equals the composed ops", "[attention]") {
+  // H Tq Tk = 48: the CPU runs each batch entry on its own, the dropout stream at each entry's
+  // offset; a bias shared by the batch, and one per entry.
+  check_fused_vs_composed(3, 2, 4, 6, 4, 3, 1);
+  check_fused_vs_composed(3, 2, 4, 6, 4, 3, 3);
+}
+
+TEST_CASE("attention of a batch equals the attention of each entry, bit for bit", "[attention]") {
+  // f32, no dropout: the batch (per entry on the CPU) against B single-entry calls.
+  const int64_t B = 4, H = 2, T = 8, D = 4;
+  Generator g(3);
+  Tensor q = Tensor::randn({B, H, T, D}, g), k = Tensor::randn({B, H, T, D}, g);
+  Tensor v = Tensor::randn({B, H, T, D}, g), bias = Tensor::randn({1, H, T, T}, g);
+  AttentionOptions o{.bias = bias};
+  const std::vector<float> all = attention(q, k, v, o).to_vector<float>();
+  std::vector<float> each;
+  for (int64_t b = 0; b < B; ++b) {
+    auto one = [&](const Tensor& t) { return t.slice(0, b, b + 1).contiguous(); };
+    const std::vector<float> y = attention(one(q), one(k), one(v), o).to_vector<float>();
+    each.insert(each.end(), y.begin(), y.end());
+  }
+  REQUIRE(all == each);
 }
 
 TEST_CASE("attention gradients match finite differences", "[attention][gradcheck]") {

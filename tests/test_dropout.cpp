@@ -40,6 +40,22 @@ TEST_CASE("dropout_mask follows philox_word(state, i) element by element", "[dro
   for (size_t i = 0; i < m.size(); ++i) REQUIRE(float(mu[i]) == m[i]);
 }
 
+TEST_CASE("dropout_mask's vectorised Philox equals philox_word across the 2^32 counter carry",
+          "[dropout]") {
+  // Counters from 2^32 - 40 on: the carry into the counter's high word happens inside a group of
+  // 16 blocks; a 64-bit seed; a size that ends mid-group; and a parallel-sized one.
+  for (int64_t n : {int64_t(333), int64_t(70001)}) {
+    const PhiloxState s{0x0123456789ABCDEFull, (uint64_t(1) << 32) - 40};
+    const double p = 0.45;
+    std::vector<uint8_t> m = dropout_mask({n}, p, s, DType::u8).to_vector<uint8_t>();
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i)
+      wrong += m[size_t(i)] != (uniform_from_word(philox_word(s, uint64_t(i))) >= p ? 1 : 0);
+    INFO("n = " << n);
+    REQUIRE(wrong == 0);
+  }
+}
+
 TEST_CASE("dropout keep rate is 1 - p over 1e5 elements", "[dropout]") {
   for (double p : {0.1, 0.5, 0.8}) {
     Generator g(99);

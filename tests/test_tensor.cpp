@@ -158,6 +158,29 @@ TEST_CASE("tensor errors name the op and what was expected", "[tensor][errors]")
   REQUIRE_THROWS_WITH(ints.set_requires_grad(), Contains("only floating tensors can require grad"));
 }
 
+TEST_CASE("the CPU allocator reuses large blocks of the same size", "[tensor][allocator]") {
+  Allocator& a = cpu_allocator();
+  const void* first = nullptr;
+  {
+    // 3 MiB + 5 x 64 KiB: above the cache's minimum, a size no other test uses.
+    Tensor big = Tensor::empty({(3 << 20) + 5 * 65536}, DType::u8);
+    first = big.raw_data();
+    REQUIRE(reinterpret_cast<uintptr_t>(first) % kCpuAlignment == 0);
+  }
+  const AllocatorStats warm = a.stats();
+  REQUIRE(warm.reserved_bytes >= warm.live_bytes + (3 << 20));  // the block stays cached
+  {
+    Tensor again = Tensor::empty({(3 << 20) + 5 * 65536}, DType::u8);
+    REQUIRE(again.raw_data() == first);
+    REQUIRE(a.stats().driver_allocs == warm.driver_allocs);
+    REQUIRE(a.stats().live_bytes == warm.live_bytes + (3 << 20) + 5 * 65536);
+    // Another size (one no other test uses): a new block.
+    Tensor other = Tensor::empty({(5 << 20) + 3 * 65536 + 7}, DType::u8);
+    REQUIRE(a.stats().driver_allocs == warm.driver_allocs + 1);
+  }
+  REQUIRE(a.stats().live_bytes == warm.live_bytes);
+}
+
 TEST_CASE("a CUDA device in a build or machine without one is a clear error", "[tensor][errors]") {
   if (cuda_available()) return;  // covered by the [cuda] tests on a GPU machine
   REQUIRE_THROWS_WITH(

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/cpu/parallel.h"
 #include "engine/cpu/strided.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
@@ -21,10 +22,12 @@ namespace {
 // ns an element, while a run summed into one output or read with a stride is a chain of
 // dependent double adds at ~1.5 ns an element. Threads gained from ~8K elements for the second
 // kind (1.8x on the (B, H, T, T) -> (1, H, T, T) positional-bias gradient, 2.6x on a transposed
-// bias gradient). The first kind is bound by memory bandwidth that one core already takes: in
-// the tiny model's whole training step, threading it at 128K elements cost 5% of tokens/s, so it
-// stays serial below 16M elements.
-constexpr int64_t kSumToParallelVectorised = int64_t(1) << 24;
+// bias gradient). The first kind is bound by memory bandwidth: on the AMD development VM one core
+// took it all (threading it at 128K elements cost 5% of the tiny model's tokens/s); on the Intel
+// one (2026-11-25) 2 threads halve the positional-bias gradient (32, 12, 128, 128) -> (1, 12,
+// 128, 128) (1.97 -> 0.76 ms) and a (4096, 3072) bias gradient (3.6 -> 1.7 ms), while the tiny
+// model's (2048, 128) bias gradients still ran best serial (-3% tokens/s threaded): 2^19.
+constexpr int64_t kSumToParallelVectorised = int64_t(1) << 19;
 constexpr int64_t kSumToParallelChained = 8192;
 
 // C++ compute type for each storage type.
@@ -73,8 +76,24 @@ class CpuBackend final : public Backend {
   void copy(const Tensor& src, const Tensor& dst) override {
     ENGINE_ASSERT(src.shape() == dst.shape());
     if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
-      if (src.nbytes() && src.raw_data() != dst.raw_data())
-        std::memmove(dst.raw_data(), src.raw_data(), src.nbytes());
+      const size_t nbytes = src.nbytes();
+      if (!nbytes || src.raw_data() == dst.raw_data()) return;
+      const char* s = static_cast<const char*>(src.raw_data());
+      char* d = static_cast<char*>(dst.raw_data());
+      const bool overlap = s < d + nbytes && d < s + nbytes;
+      if (overlap || src.numel() < kParallelMinElems) {
+        std::memmove(d, s, nbytes);
+        return;
+      }
+      // Large copies in one slice per thread (each slice stays in its core's cache for the
+      // kernels that split the same rows the same way).
+#pragma omp parallel
+      {
+        const size_t nt = size_t(omp_get_num_threads()), t = size_t(omp_get_thread_num());
+        const size_t begin = nbytes * t / nt / 64 * 64,
+                     end = t + 1 == nt ? nbytes : nbytes * (t + 1) / nt / 64 * 64;
+        if (end > begin) std::memcpy(d + begin, s + begin, end - begin);
+      }
       return;
     }
     dispatch_any(src.dtype(), [&]<class S>() {
@@ -96,6 +115,12 @@ class CpuBackend final : public Backend {
     dispatch_any(dst.dtype(), [&]<class D>() {
       D v = store<D>(value);
       D* d = static_cast<D*>(dst.raw_data());
+      if (dst.is_contiguous()) {
+        const int64_t n = dst.numel();
+#pragma omp parallel for schedule(static) if (n > kParallelMinElems)
+        for (int64_t i = 0; i < n; ++i) d[i] = v;
+        return;
+      }
       strided_for<1>(dst.shape(), {&dst.strides()},
                      [&](const int64_t* off, int64_t n, const int64_t* step) {
                        for (int64_t i = 0; i < n; ++i) d[off[0] + i * step[0]] = v;
@@ -110,6 +135,12 @@ class CpuBackend final : public Backend {
       const T* s = static_cast<const T*>(src.raw_data());
       T* d = static_cast<T*>(dst.raw_data());
       const V a = static_cast<V>(alpha);
+      if (dst.is_contiguous() && src.is_contiguous()) {
+        const int64_t n = dst.numel();
+#pragma omp parallel for schedule(static) if (n > kParallelMinElems)
+        for (int64_t i = 0; i < n; ++i) d[i] = store<T>(load(d[i]) + a * load(s[i]));
+        return;
+      }
       strided_for<2>(dst.shape(), {&dst.strides(), &src.strides()},
                      [&](const int64_t* off, int64_t n, const int64_t* step) {
                        T* dp = d + off[0];

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "engine/cpu/parallel.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
 #include "engine/optim.h"
@@ -17,7 +18,7 @@ namespace engine {
 namespace {
 namespace cpu {
 
-constexpr int64_t kParallelMin = 65536;  // below this, threads cost more than they save
+constexpr int64_t kParallelMin = ::engine::cpu::kParallelMinElems;  // engine/cpu/parallel.h
 
 void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
            const Tensor& decay_mask, const AdamWStepScalars& s) {

@@ -18,6 +18,7 @@ usage: check_distributed_training.py MPIRUN PRETRAIN_APP WORKDIR [--device cuda]
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -124,6 +125,14 @@ for label, (ranks, cfg) in runs.items():
         params[label] = (read_safetensors(os.path.join(out, "model.safetensors")), losses(out))
         if ranks:
             check(f"global batch: 2 ranks x" in p.stdout, f"{label}: the global batch is reported", p.stdout[-1500:])
+            if "OMP_NUM_THREADS" not in os.environ:
+                # The node's cores shared by its ranks: no oversubscription, said at start.
+                m = re.search(r"^threads: (\d+) per rank \((.*)\)", p.stdout, re.M)
+                cores = len(os.sched_getaffinity(0))
+                check(m is not None and 1 <= int(m.group(1)) <= max(1, cores // 2)
+                      and "2 local ranks" in m.group(2),
+                      f"{label}: threads per rank = cores / local ranks ({cores} cores), printed at start",
+                      m.group(0) if m else p.stdout[-1500:])
 if device != "cpu":
     # The same 2-rank run on the CPU: MPI all-reduce of CPU gradients instead of NCCL on the device.
     out = P("2_ranks_batch_4_cpu")
