@@ -1,6 +1,9 @@
 #!/usr/bin/python3
 """Runs build/bin/bench_ops and the same cases in PyTorch (CPU, f32, same thread count) in one
 run and prints a markdown table: our median ms, PyTorch's, and the ratio (>1: we are faster).
+The GEMM rows also run with ENGINE_CPU_GEMM=eigen (Eigen's GEMM instead of OpenBLAS), and the
+measured FMA peak is printed with them. Prints which BLAS library PyTorch loaded (Debian's torch
+calls the libblas.so.3 alternative: install libopenblas0-openmp so that it is OpenBLAS).
 
 usage: /usr/bin/python3 tools/bench_cpu.py [--quick] [--threads N] [--bin build/bin/bench_ops]
 PyTorch is Debian's python3-torch; without it only our column is printed.
@@ -51,6 +54,13 @@ def torch_cases(torch, quick):
     g3072 = torch.randn(SB * T, FF, generator=g)
     heads = torch.randn(H, T, T, generator=g)
     sb = torch.randn(SB, H, T, T, generator=g)
+    ga768, gw768 = torch.randn(rows, D, generator=g), torch.randn(D, D, generator=g)
+    gw3072, ga3072 = torch.randn(FF, D, generator=g), torch.randn(rows, FF, generator=g)
+    gdy = torch.randn(rows, FF, generator=g)
+    gq, gk = torch.randn(B * H, T, D // H, generator=g), torch.randn(B * H, T, D // H, generator=g)
+    gp = torch.randn(B * H, T, T, generator=g)
+    gt, gt512, gt128 = (torch.randn(2048, 128, generator=g), torch.randn(512, 128, generator=g),
+                        torch.randn(128, 128, generator=g))
 
     def attn():
         sc = q @ k.transpose(-1, -2) / (D // H) ** 0.5 + pos
@@ -85,6 +95,16 @@ def torch_cases(torch, quick):
         "sum_to_bias3072": fwd(lambda: g3072.sum(0)),
         "sum_to_heads": fwd(lambda: heads.sum(0, keepdim=True)),
         "sum_to_batch": fwd(lambda: sb.sum(0, keepdim=True)),
+        # bench_ops' GEMM cases (rows = B*T; attention: B*H matrices).
+        "gemm (BT,768)x(768,768)^T": fwd(lambda: torch.mm(ga768, gw768.t())),
+        "gemm (BT,768)x(768,3072)^T": fwd(lambda: torch.mm(ga768, gw3072.t())),
+        "gemm (BT,3072)x(3072,768)^T": fwd(lambda: torch.mm(ga3072, gw3072.t().contiguous().t())),
+        "gemm dW (3072,BT)x(BT,768)": fwd(lambda: torch.mm(gdy.t(), ga768)),
+        "gemm dX (BT,3072)x(3072,768)": fwd(lambda: torch.mm(ga3072, gw3072)),
+        "gemm QK^T (BH,128,64)x(64,128)": fwd(lambda: torch.bmm(gq, gk.transpose(1, 2))),
+        "gemm PV (BH,128,128)x(128,64)": fwd(lambda: torch.bmm(gp, gq)),
+        "gemm tiny (2048,128)x(128,512)^T": fwd(lambda: torch.mm(gt, gt512.t())),
+        "gemm tiny (2048,128)x(128,128)^T": fwd(lambda: torch.mm(gt, gt128.t())),
     }
 
 
@@ -99,29 +119,43 @@ def main():
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     out = subprocess.run([a.bin] + (["--quick"] if a.quick else []), env=env, check=True,
                          capture_output=True, text=True).stdout
-    ours = []
+    eigen_out = subprocess.run([a.bin, "--only", "gemm"] + (["--quick"] if a.quick else []),
+                               env=dict(env, ENGINE_CPU_GEMM="eigen"), check=True,
+                               capture_output=True, text=True).stdout
+    eigen = {}
+    for line in eigen_out.splitlines():
+        f = line.split("\t")
+        if line.startswith("gemm") and len(f) >= 4:
+            eigen[f[0]] = float(f[2])
+    ours, notes = [], {}
     for line in out.splitlines():
         if line.startswith("#") or line.startswith("case\t"):
             print(line) if line.startswith("#") else None
             continue
-        name, ms, rate, unit = line.split("\t")
+        f = line.split("\t")
+        name, ms, rate, unit = f[:4]
+        if len(f) > 4:
+            notes[name] = f[4].lstrip("# ")
         ours.append((name, float(ms), float(rate), unit))
     try:
         import torch
         torch.set_num_threads(a.threads)
         peer = {k: time_ms(f) for k, f in torch_cases(torch, a.quick).items()}
         peer_name = f"PyTorch {torch.__version__}"
+        blas = sorted({os.path.realpath(line.split()[-1]) for line in open("/proc/self/maps")
+                       if "blas" in line.split()[-1].lower()})
+        print(f"# PyTorch's BLAS: {', '.join(blas) or 'none loaded'}")
     except ImportError:
         peer, peer_name = {}, "PyTorch (not installed)"
     print(f"# threads: {a.threads}; peer: {peer_name}\n")
-    print(f"| case | ours ms | ours rate | {peer_name} ms | speed-up |")
-    print("|---|---:|---:|---:|---:|")
+    print(f"| case | ours ms | ours rate | (Eigen GEMM) | {peer_name} ms | speed-up | note |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     for name, ms, rate, unit in ours:
-        key = name.split(" ")[0]
-        pm = peer.get(key)
+        pm = peer.get(name) or peer.get(name.split(" ")[0])
         ratio = f"{pm / ms:.2f}x" if pm else "-"
         pms = f"{pm:.3f}" if pm else "-"
-        print(f"| {name} | {ms:.3f} | {rate:.1f} {unit} | {pms} | {ratio} |")
+        e = f"{eigen[name]:.1f}" if name in eigen else ""
+        print(f"| {name} | {ms:.3f} | {rate:.1f} {unit} | {e} | {pms} | {ratio} | {notes.get(name, '')} |")
 
 
 if __name__ == "__main__":

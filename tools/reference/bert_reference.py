@@ -86,8 +86,14 @@ class Reference:
         self.cls_code = self.reset and pos["cls_reset"] == "code"
         self.stream = None  # a dropout stream: train mode
         self.masks = []
+        # Train mode with PyTorch's own dropout (F.dropout) instead of the engine's stream: for
+        # speed comparisons (tools/bench_step.py), where the masks need not match.
+        self.native_dropout = False
+        self._index_cache = {}  # constant index tensors (T5 buckets, Shaw offsets) by key
 
     def _dropout(self, x, p, site):
+        if self.native_dropout and p > 0:
+            return F.dropout(x, p, training=True)
         if self.stream is None or p == 0:
             return x
         if p == 1:
@@ -104,11 +110,14 @@ class Reference:
     def _t5_bias(self, T):
         pos = self.cfg["position"]
         nb = pos["relative_buckets"]
-        idx = [[t5_bucket(j - i, nb, pos["relative_max_distance"]) for j in range(T)] for i in range(T)]
-        idx = torch.tensor(idx)
-        if self.cls_code:
-            idx[:, 0] = nb + 1   # others -> [CLS]
-            idx[0, :] = nb       # [CLS] -> others, including itself
+        idx = self._index_cache.get(("t5", T))
+        if idx is None:
+            idx = [[t5_bucket(j - i, nb, pos["relative_max_distance"]) for j in range(T)] for i in range(T)]
+            idx = torch.tensor(idx)
+            if self.cls_code:
+                idx[:, 0] = nb + 1   # others -> [CLS]
+                idx[0, :] = nb       # [CLS] -> others, including itself
+            self._index_cache[("t5", T)] = idx
         return self.P["bert.position.relative_table"][idx].permute(2, 0, 1)  # (H, T, T)
 
     def _untied(self, T):
