@@ -10,10 +10,10 @@
 namespace engine {
 
 struct CpuThreads {
-  int threads = 1;      // OpenMP threads this process uses
-  int cores = 1;        // CPUs this process may run on (its affinity mask)
-  int node_cores = 1;   // CPUs online on the node
-  int local_ranks = 1;  // processes of the job on this node
+  int threads = 1;        // OpenMP threads this process uses
+  int cores = 1;          // CPUs this process may run on (its affinity mask)
+  int node_cores = 1;     // CPUs online on the node
+  int local_ranks = 1;    // processes of the job on this node
   bool from_env = false;  // OMP_NUM_THREADS chose `threads`
 };
 
