@@ -51,8 +51,13 @@ void report(const char* name, double ms, double work, const char* unit) {
 // --only SUBSTRING: the cases whose name contains it (all when empty).
 std::string g_only;
 
+// Whether --only selects a case of this name.
+bool selected(const std::string& name) {
+  return g_only.empty() || name.find(g_only) != std::string::npos;
+}
+
 void bench(const char* name, const std::function<void()>& f, double work, const char* unit) {
-  if (!g_only.empty() && std::string(name).find(g_only) == std::string::npos) return;
+  if (!selected(name)) return;
   report(name, time_ms(f), work, unit);
 }
 
@@ -261,7 +266,7 @@ void bench_gemms(bool quick, double peak) {
       {"gemm tiny (2048,128)x(128,128)^T", 1, 2048, 128, 128, false, true},
   };
   for (const Case& c : cases) {
-    if (!g_only.empty() && c.name.find(g_only) == std::string::npos) continue;
+    if (!selected(c.name)) continue;
     auto mat = [&](int64_t r, int64_t cols) {
       return c.batch == 1 ? Tensor::randn({r, cols}, g) : Tensor::randn({c.batch, r, cols}, g);
     };
@@ -289,13 +294,10 @@ void run(bool quick) {
   std::printf("# bench_ops: f32, CPU, B=%lld T=%lld D=%lld H=%lld (sum_to cases: B=%lld)\n",
               (long long)B, (long long)T, (long long)D, (long long)H, (long long)SB);
   std::printf("case\tms\trate\tunit\n");
-  if (g_only.empty() || std::string("peak_fma_f32").find(g_only) != std::string::npos ||
-      std::string("gemm").find(g_only) != std::string::npos || g_only.rfind("gemm", 0) == 0) {
-    const double peak = measure_peak();
-    bench_gemms(quick, peak);
-  }
-  if (!g_only.empty() && std::string("parallel_threshold").find(g_only) != std::string::npos)
-    measure_parallel_threshold();
+  // The peak whenever a GEMM case runs: they are reported against it.
+  if (selected("peak_fma_f32") || g_only.rfind("gemm", 0) == 0) bench_gemms(quick, measure_peak());
+  // Only on request (--only parallel_threshold): a sweep of sizes, not an op.
+  if (!g_only.empty() && selected("parallel_threshold")) measure_parallel_threshold();
 
   Tensor x = Tensor::randn({B, T, D}, g).set_requires_grad();
   Tensor w = param({F, D}, g), bias = param({F}, g);

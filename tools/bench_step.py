@@ -37,7 +37,7 @@ MODELS = {
 VOCAB = 30522
 
 
-def write_config(path, model, batch_override=None):
+def write_config(path, model):
     d, layers, heads, ffn, maxpos, types, _, _ = MODELS[model]
     text = f"""seed: 1
 model:

@@ -40,24 +40,11 @@ targets=("$@")
 PACKAGES=(clang libclang-rt-14-dev libomp-14-dev cmake ninja-build libeigen3-dev libyaml-cpp-dev
           nlohmann-json3-dev libsentencepiece-dev libicu-dev liblzma-dev zlib1g-dev pkg-config
           libpng-dev libstb-dev)
-install_missing() {
-  local missing=()
-  for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  echo "fuzz: installing ${missing[*]}"
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null || { echo "fuzz: need root (or sudo) to apt-get install ${missing[*]}" >&2; exit 1; }
-    sudo="sudo"
-  fi
-  $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
-}
+# shellcheck source=tools/packages.sh
+source "$ROOT/tools/packages.sh"
 
 if [ "${FUZZ_NO_BUILD:-0}" != 1 ]; then
-  install_missing
+  install_packages fuzz "${PACKAGES[@]}"
   start=$(date +%s)
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
     -DCMAKE_BUILD_TYPE=Release -DENGINE_FUZZ=ON -DENGINE_BUILD_TESTS=OFF -DENGINE_CUDA=OFF \

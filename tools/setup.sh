@@ -14,23 +14,10 @@ PACKAGES=(g++ cmake ninja-build libeigen3-dev libyaml-cpp-dev nlohmann-json3-dev
 # shellcheck disable=SC2206
 PACKAGES+=(${EXTRA_PACKAGES:-})
 
-install_missing() {
-  local missing=()
-  for p in "${PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  echo "setup: installing ${missing[*]}"
-  local sudo=""
-  if [ "$(id -u)" -ne 0 ]; then
-    command -v sudo >/dev/null || { echo "setup: need root (or sudo) to apt-get install ${missing[*]}" >&2; exit 1; }
-    sudo="sudo"
-  fi
-  $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
-}
+# shellcheck source=tools/packages.sh
+source "$ROOT/tools/packages.sh"
 
-install_missing
+install_packages setup "${PACKAGES[@]}"
 # shellcheck disable=SC2086
 cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" ${CMAKE_ARGS:-}
 cmake --build "$BUILD_DIR" -j "$(nproc)"
