@@ -427,8 +427,12 @@ int main(int argc, char** argv) {
             "usage: bench_ops [--quick] [--only SUBSTRING] [--version]\nTimes the CPU ops at "
             "BERT-Base "
             "shapes (B=8, T=128; --quick: B=2; the sum_to cases at B=32, --quick: 2) and "
-            "prints tab-separated: case, median ms, rate, unit. --only: the cases whose name "
-            "contains SUBSTRING.");
+            "prints tab-separated: case, median ms, rate, unit (and a note). First the measured "
+            "f32 FMA peak (1 and all threads, with the measured clock) and the model's GEMM "
+            "shapes against it (ENGINE_CPU_GEMM=eigen: Eigen's GEMM instead of OpenBLAS). --only: "
+            "the cases whose name contains SUBSTRING (the peak runs with any gemm case); --only "
+            "parallel_threshold: the parallel-region cost and the element count from which a "
+            "memory-bound loop gains from all threads.");
         return 0;
       } else {
         std::fprintf(stderr, "bench_ops: error: unknown argument '%s' (try --help)\n", argv[i]);
