@@ -4,7 +4,11 @@
 #include <omp.h>
 
 #include <Eigen/Core>
+#include <algorithm>
+#include <array>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "engine/backend.h"
@@ -16,19 +20,27 @@
 namespace engine::cpu {
 namespace {
 
-// sum_to runs on several threads above these many source elements. Measured on 2 cores with a
-// sweep of sizes and bench_ops' sum_to cases: a parallel region costs ~3 us; an inner run that
-// adds a contiguous source row into contiguous outputs (a bias gradient) is vectorised at ~0.05
-// ns an element, while a run summed into one output or read with a stride is a chain of
-// dependent double adds at ~1.5 ns an element. Threads gained from ~8K elements for the second
-// kind (1.8x on the (B, H, T, T) -> (1, H, T, T) positional-bias gradient, 2.6x on a transposed
-// bias gradient). The first kind is bound by memory bandwidth: on the AMD development VM one core
-// took it all (threading it at 128K elements cost 5% of the tiny model's tokens/s); on the Intel
-// one (2026-11-25) 2 threads halve the positional-bias gradient (32, 12, 128, 128) -> (1, 12,
-// 128, 128) (1.97 -> 0.76 ms) and a (4096, 3072) bias gradient (3.6 -> 1.7 ms), while the tiny
-// model's (2048, 128) bias gradients still ran best serial (-3% tokens/s threaded): 2^19.
-constexpr int64_t kSumToParallelVectorised = int64_t(1) << 19;
-constexpr int64_t kSumToParallelChained = 8192;
+// sum_to's summation order, the contract tests/test_sum_to.cpp checks bit for bit (the golden
+// tests compare model gradients bit for bit, so neither the thread count nor the loop the layout
+// picks may change a bit). For each output, the source elements that reduce onto it, taken in
+// row-major order of the source's logical index, are x_0 .. x_{R-1}. They are cut into chunks of
+// kSumChunk. Within a chunk, lane j (of kSumLanes) sums the x_i with i mod kSumLanes == j, from 0,
+// in order, in the accumulator type (SumAcc: float for f32, bf16 and f16, as PyTorch; double for
+// f64 and the integer types); the chunk's sum is the fixed tree over its lanes (lane j plus lane
+// j + 8, then + 4, + 2, + 1). The output is the sum, in double, of its chunk sums in order. Lanes
+// make every layout vector adds (a full sum or a transposed bias gradient was one chain of
+// dependent adds), chunks let threads split even a single output, and float lanes halve the work
+// of f32 sums; each lane adds at most kSumChunk / kSumLanes = 64 elements.
+constexpr int kSumLanes = 16;
+constexpr int64_t kSumChunk = 1024;
+
+// sum_to runs on several threads above these many source elements (see kParallelMinElems): it
+// splits its tasks, each of which reads whole rows or long runs of the source.
+constexpr int64_t kSumToParallel = kParallelMinElems;
+// ... except chunks of few rows (strip_sums, all in registers), which ran best serial up to the
+// (12, 128, 128) -> (1, 128, 128) positional-bias gradient (196K elements: 0.018 ms on 1 thread,
+// 0.028 ms on 2) and gained from 2 threads from twice that.
+constexpr int64_t kSumToParallelStrips = int64_t(1) << 18;
 
 // C++ compute type for each storage type.
 template <class T>
@@ -64,6 +76,175 @@ T store(V v) {
   } else {
     return static_cast<T>(v);
   }
+}
+
+// sum_to's dims of one kind (kept in the output, or reduced), in the source's row-major order,
+// size-1 dims dropped and neighbours merged when the source steps through them as one.
+struct SumDims {
+  std::vector<int64_t> size, stride;
+  int64_t count = 1;
+  void add(int64_t n, int64_t s) {
+    count *= n;
+    if (!size.empty() && stride.back() == s * n) {
+      size.back() *= n;
+      stride.back() = s;
+      return;
+    }
+    size.push_back(n);
+    stride.push_back(s);
+  }
+  int64_t inner_size() const { return size.empty() ? 1 : size.back(); }
+  int64_t inner_stride() const { return size.empty() ? 0 : stride.back(); }
+};
+
+// A position in a SumDims' row-major index space: the source offset and the run left in the
+// innermost dim. Fixed storage: tasks make cursors, and a heap allocation each cost more than
+// the sums of a small task.
+constexpr size_t kMaxSumDims = 16;
+struct SumCursor {
+  const SumDims* dims;
+  std::array<int64_t, kMaxSumDims> idx;
+  int64_t off = 0;
+  int last;
+  SumCursor(const SumDims& d, int64_t linear)
+      : dims(&d), last(static_cast<int>(d.size.size()) - 1) {
+    for (int q = last; q >= 0; --q) {
+      idx[q] = linear % d.size[q];
+      linear /= d.size[q];
+      off += idx[q] * d.stride[q];
+    }
+  }
+  int64_t run() const { return last < 0 ? 1 : dims->size[last] - idx[last]; }
+  void advance(int64_t n) {  // n <= run()
+    if (last < 0) return;
+    int q = last;
+    idx[q] += n;
+    off += n * dims->stride[q];
+    while (idx[q] == dims->size[q] && q > 0) {
+      off -= dims->stride[q] * dims->size[q];
+      idx[q] = 0;
+      --q;
+      ++idx[q];
+      off += dims->stride[q];
+    }
+  }
+};
+
+// sum_to's accumulator type for a storage type (see kSumLanes).
+template <class T>
+using SumAcc = std::conditional_t<std::is_same_v<typename Value<T>::type, float>, float, double>;
+
+// The fixed tree over a chunk's lanes (see kSumLanes) for `width` outputs: out[c] = the tree over
+// lane[q][c], q < used (lane j plus lane j + 8, then + 4, + 2, + 1), where lane[q][c] is 0 plus
+// an element (lanes of one element each, read straight from the source) or a lane's sum. Lanes
+// at or beyond `used` were never added to and are exactly +0 (a lane that starts at +0 never
+// becomes -0), so leaving them out changes no bit. Blocks of columns, in L1, one pass a level.
+template <class A, class S>
+void combine_lanes(const S* const* lane, int used, int64_t width, double* out) {
+  constexpr int64_t kCols = 64;
+  alignas(64) A v[kSumLanes][kCols];
+  for (int64_t c0 = 0; c0 < width; c0 += kCols) {
+    const int64_t n = std::min(kCols, width - c0);
+    for (int q = 0; q < used; ++q)
+      for (int64_t c = 0; c < n; ++c) v[q][c] = A(0) + static_cast<A>(load(lane[q][c0 + c]));
+    int live = used;
+    for (int w = kSumLanes / 2; w >= 1; w /= 2) {
+      for (int j = 0; j < w && j + w < live; ++j)
+        for (int64_t c = 0; c < n; ++c) v[j][c] += v[j + w][c];
+      live = std::min(live, w);
+    }
+    for (int64_t c = 0; c < n; ++c) out[c0 + c] = v[0][c];
+  }
+}
+
+// The rows case for f32 and f64 with the lanes in vector registers: for each strip of one
+// vector of outputs, the chunk's n rows (source offsets `row`) go into 16 register lanes, row i
+// into lane i mod 16, then the tree runs in registers (unrolled for U = min(n, 16) lanes). For
+// chunks of few rows (a bias shared by the heads or the batch), where lanes in memory cost more
+// than the sums. Returns the outputs done (whole vectors); the caller does the rest.
+typedef float SumVecF __attribute__((vector_size(64)));
+typedef double SumVecD __attribute__((vector_size(64)));
+template <class A>
+using SumVec = std::conditional_t<std::is_same_v<A, float>, SumVecF, SumVecD>;
+
+template <int U, class A>
+void strip_sums(const A* base, const int64_t* row, int64_t n, int64_t width, double* out) {
+  using V = SumVec<A>;
+  constexpr int64_t kW = sizeof(V) / sizeof(A);
+  auto at = [&](int64_t i, int64_t c) {
+    V x;
+    std::memcpy(&x, base + row[i] + c, sizeof x);
+    return x;
+  };
+  for (int64_t c = 0; c + kW <= width; c += kW) {
+    V v[kSumLanes];
+#pragma GCC unroll 16
+    for (int q = 0; q < U; ++q) v[q] = at(q, c) + A(0);
+    int64_t i = U;
+    for (; i + kSumLanes <= n; i += kSumLanes)
+#pragma GCC unroll 16
+      for (int q = 0; q < kSumLanes; ++q) v[q] += at(i + q, c);
+#pragma GCC unroll 16
+    for (int q = 0; q < U; ++q)
+      if (i + q < n) v[q] += at(i + q, c);
+    constexpr int L8 = U < 8 ? U : 8, L4 = U < 4 ? U : 4, L2 = U < 2 ? U : 2;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j)
+      if (j + 8 < U) v[j] += v[j + 8];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j)
+      if (j + 4 < L8) v[j] += v[j + 4];
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; ++j)
+      if (j + 2 < L4) v[j] += v[j + 2];
+    if (1 < L2) v[0] += v[1];
+    for (int64_t q = 0; q < kW; ++q) out[c + q] = v[0][q];
+  }
+}
+
+template <class T>
+int64_t strip_sums(const T* base, const int64_t* row, int64_t n, int64_t width, double* out) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    [&]<int... U>(std::integer_sequence<int, U...>) {
+      ((std::min<int64_t>(n, kSumLanes) == U + 1 ? strip_sums<U + 1>(base, row, n, width, out)
+                                                 : void()),
+       ...);
+    }
+    (std::make_integer_sequence<int, kSumLanes>());
+    constexpr int64_t kW = sizeof(SumVec<T>) / sizeof(T);
+    return width / kW * kW;
+  }
+  return 0;
+}
+
+// A thread's scratch for sum_to, kept between calls up to 1 MiB (a fresh vector of a few hundred
+// KB is a fresh mmap and its page faults on every call). Slot 0: a task's lanes, slot 1: the
+// calling thread's chunk sums (the calling thread also runs tasks).
+template <class A, int Slot>
+A* sum_scratch(int64_t n, std::vector<A, Eigen::aligned_allocator<A>>& fresh) {
+  constexpr int64_t kKept = (int64_t(1) << 20) / int64_t(sizeof(A));
+  thread_local std::vector<A, Eigen::aligned_allocator<A>> kept;
+  auto& buffer = n <= kKept ? kept : fresh;
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(static_cast<size_t>(n));
+  return buffer.data();
+}
+
+// Adds n source elements p[0], p[step], ... with reduced indices i, i + 1, ... into their lanes.
+template <class A, class T>
+inline void add_to_lanes(A* lanes, const T* p, int64_t step, int64_t i, int64_t n) {
+  int64_t m = 0;
+  if (step == 1) {
+    for (; m < n && ((i + m) % kSumLanes) != 0; ++m)
+      lanes[(i + m) % kSumLanes] += static_cast<A>(load(p[m]));
+    if (m + kSumLanes <= n) {
+      alignas(64) A acc[kSumLanes];
+      for (int q = 0; q < kSumLanes; ++q) acc[q] = lanes[q];
+      for (; m + kSumLanes <= n; m += kSumLanes)
+        for (int q = 0; q < kSumLanes; ++q) acc[q] += static_cast<A>(load(p[m + q]));
+      for (int q = 0; q < kSumLanes; ++q) lanes[q] = acc[q];
+    }
+  }
+  for (; m < n; ++m) lanes[(i + m) % kSumLanes] += static_cast<A>(load(p[m * step]));
 }
 
 class CpuBackend final : public Backend {
@@ -156,64 +337,124 @@ class CpuBackend final : public Backend {
     ENGINE_ASSERT(dst.is_contiguous() && src.dtype() == dst.dtype());
     ENGINE_CHECK(is_broadcastable_to(dst.shape(), src.shape()), "[sum_to] ", describe(dst),
                  " is not broadcastable to ", describe(src));
-    // Accumulate in double in the source's element order: deterministic and accurate. Each
-    // output is the sum, from 0.0, of the source elements that reduce onto it in row-major order;
-    // the threads split a kept dim (one dst steps through), never a reduced one, so every output
-    // is summed by one thread in that same order and the result does not depend on the thread
-    // count (the golden tests compare gradients bit for bit). With no kept dim (a full sum) the
-    // one output is summed serially.
+    // The order is kSumLanes' contract. Work is cut into tasks (a chunk of the reduced index
+    // times a block of outputs) that each write their chunk sums; threads take whole tasks, so
+    // no sum depends on the thread count.
     const Shape& shape = src.shape();
-    // Aligned to the widest vector (64 bytes with AVX-512): a row added into an acc at malloc's
-    // 16-byte alignment splits vector loads and stores across cache lines (bench_ops'
-    // (4096, 768) -> (768) bias gradient: 0.18 ms with such an acc, 0.13 ms aligned).
-    std::vector<double, Eigen::aligned_allocator<double>> acc(static_cast<size_t>(dst.numel()),
-                                                              0.0);
     const std::vector<int64_t> dst_st = broadcast_strides(dst.shape(), dst.strides(), shape);
-    const std::vector<int64_t>& src_st = src.strides();
-    int split = -1;  // the largest kept dim (the outermost of equals): the most even split
-    int inner = -1;  // the innermost dim of size > 1: strided_for's inner run steps along it
+    SumDims kept, reduced;
     for (size_t d = 0; d < shape.size(); ++d) {
       if (shape[d] == 1) continue;
-      inner = static_cast<int>(d);
-      if (dst_st[d] != 0 && (split < 0 || shape[d] > shape[split])) split = static_cast<int>(d);
+      (dst_st[d] != 0 ? kept : reduced).add(shape[d], src.strides()[d]);
     }
-    const bool vectorised = inner >= 0 && src_st[inner] == 1 && dst_st[inner] == 1;
-    const bool parallel =
-        split >= 0 && src.numel() > (vectorised ? kSumToParallelVectorised : kSumToParallelChained);
+    ENGINE_CHECK(kept.size.size() <= kMaxSumDims && reduced.size.size() <= kMaxSumDims, "[sum_to] ",
+                 describe(src), " has more than ", kMaxSumDims, " dims that cannot be merged");
+    const int64_t K = kept.count, R = reduced.count;
+    if (K == 0) return;
+    const int64_t chunks = std::max<int64_t>(1, (R + kSumChunk - 1) / kSumChunk);
+    std::vector<double, Eigen::aligned_allocator<double>> fresh_part;
+    double* const part = sum_scratch<double, 1>(chunks * K, fresh_part);  // [c * K + k]
+    if (R == 0) std::fill(part, part + K, 0.0);
+    // Rows: the source's innermost kept dim is contiguous, so each reduced index adds a row of
+    // outputs at once (vectorised along the outputs); a task is a chunk times a block of one row.
+    // A chunk of few rows runs strip_sums on column blocks; one of many rows reads whole rows in
+    // order (a strip down 1024 rows ran 4x slower) into lanes in memory. Lanes: each output
+    // sums its elements along the source, in vector lanes when the innermost reduced dim is
+    // contiguous; a task is a chunk times a block of outputs.
+    constexpr int64_t kStripRows = 64, kStripWidth = 256;
+    const bool rows = !kept.size.empty() && kept.inner_stride() == 1 && kept.inner_size() >= 8;
+    const int64_t inner = rows ? kept.inner_size() : 1;
+    const int64_t per_chunk = std::min(R, kSumChunk);
+    const bool strips = rows && (per_chunk <= kStripRows || inner <= kStripWidth);
+    const int64_t row_block = std::min<int64_t>(inner, strips ? 1024 : 4096);
+    const int64_t row_blocks = (inner + row_block - 1) / row_block;
+    const int64_t lane_block = std::clamp<int64_t>(4096 / std::max<int64_t>(per_chunk, 1), 1, K);
+    const int64_t blocks = rows ? (K / inner) * row_blocks : (K + lane_block - 1) / lane_block;
+    // Lanes tasks take runs of chunks of their outputs (a task per chunk cost a full sum 25%).
+    const int64_t group = rows ? 1 : std::max<int64_t>(1, chunks / 64);
+    const int64_t groups = (chunks + group - 1) / group;
+    const int64_t tasks = R == 0 ? 0 : groups * blocks;
+    const bool parallel = tasks > 1 && src.numel() > (per_chunk <= kStripRows ? kSumToParallelStrips
+                                                                              : kSumToParallel);
     dispatch_any(src.dtype(), [&]<class T>() {
+      using A = SumAcc<T>;
       const T* s = static_cast<const T*>(src.raw_data());
-      // Sums the source elements with index [begin, end) along `split` (all when split < 0).
-      auto accumulate = [&](int64_t begin, int64_t end) {
-        Shape sub = shape;
-        int64_t s0 = 0, a0 = 0;
-        if (split >= 0) {
-          sub[split] = end - begin;
-          s0 = begin * src_st[split];
-          a0 = begin * dst_st[split];
-        }
-        strided_for<2>(sub, {&src_st, &dst_st},
-                       [&](const int64_t* off, int64_t n, const int64_t* step) {
-                         const T* sp = s + s0 + off[0];
-                         double* ap = acc.data() + a0 + off[1];
-                         for (int64_t i = 0; i < n; ++i)
-                           ap[i * step[1]] += static_cast<double>(load(sp[i * step[0]]));
-                       });
-      };
-      if (!parallel) {
-        accumulate(0, split < 0 ? 0 : shape[split]);
-      } else {
-        const int64_t len = shape[split];
-#pragma omp parallel
-        {
-          const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-          const int64_t begin = len * t / nt, end = len * (t + 1) / nt;
-          if (begin < end) accumulate(begin, end);
+#pragma omp parallel for schedule(static) if (parallel)
+      for (int64_t task = 0; task < tasks; ++task) {
+        const int64_t g = task / blocks, b = task % blocks;
+        if (rows) {
+          const int64_t c = g;
+          const int64_t i0 = c * kSumChunk, i1 = std::min(R, i0 + kSumChunk);
+          const int used = static_cast<int>(std::min<int64_t>(kSumLanes, i1 - i0));
+          double* out = part + c * K;
+          const int64_t o = b / row_blocks, j0 = (b % row_blocks) * row_block;
+          int64_t width = std::min(row_block, inner - j0);
+          const T* base = s + SumCursor(kept, o * inner).off + j0;
+          double* sums = out + o * inner + j0;
+          if (strips) {
+            int64_t row[kSumChunk];
+            SumCursor r(reduced, i0);
+            for (int64_t i = 0; i < i1 - i0; ++i, r.advance(1)) row[i] = r.off;
+            const int64_t done = strip_sums(base, row, i1 - i0, width, sums);
+            // The rest (the last outputs, or a dtype without strip_sums): the same order.
+            base += done;
+            sums += done;
+            width -= done;
+            if (width == 0) continue;
+          }
+          SumCursor r(reduced, i0);
+          if (i1 - i0 <= kSumLanes) {  // one element a lane: the tree straight from the rows
+            std::array<const T*, kSumLanes> row;
+            for (int q = 0; q < used; ++q, r.advance(1)) row[q] = base + r.off;
+            combine_lanes<A>(row.data(), used, width, sums);
+            continue;
+          }
+          std::vector<A, Eigen::aligned_allocator<A>> fresh_lanes;
+          A* lanes = sum_scratch<A, 0>(kSumLanes * width, fresh_lanes);
+          // A lane's first element is 0 + x: stored, not added to a zeroed lane.
+          for (int64_t i = i0; i < i1; ++i, r.advance(1)) {
+            A* l = lanes + (i % kSumLanes) * width;
+            const T* p = base + r.off;
+            if (i - i0 < kSumLanes) {
+              for (int64_t j = 0; j < width; ++j) l[j] = A(0) + static_cast<A>(load(p[j]));
+            } else {
+              for (int64_t j = 0; j < width; ++j) l[j] += static_cast<A>(load(p[j]));
+            }
+          }
+          std::array<const A*, kSumLanes> lane;
+          for (int q = 0; q < used; ++q) lane[q] = lanes + q * width;
+          combine_lanes<A>(lane.data(), used, width, sums);
+        } else {
+          const int64_t k0 = b * lane_block, k1 = std::min(K, k0 + lane_block);
+          const int64_t c0 = g * group, c1 = std::min(chunks, c0 + group);
+          const int64_t step = reduced.inner_stride();
+          SumCursor kc(kept, k0);
+          for (int64_t k = k0; k < k1; ++k, kc.advance(1)) {
+            SumCursor r(reduced, c0 * kSumChunk);
+            for (int64_t c = c0; c < c1; ++c) {
+              const int64_t i1 = std::min(R, (c + 1) * kSumChunk);
+              alignas(64) A lanes[kSumLanes] = {};
+              for (int64_t i = c * kSumChunk; i < i1;) {
+                const int64_t n = std::min(r.run(), i1 - i);
+                add_to_lanes(lanes, s + kc.off + r.off, step, i, n);
+                r.advance(n);
+                i += n;
+              }
+              for (int w = kSumLanes / 2; w >= 1; w /= 2)  // the tree (see combine_lanes)
+                for (int j = 0; j < w; ++j) lanes[j] += lanes[j + w];
+              part[c * K + k] = lanes[0];
+            }
+          }
         }
       }
       T* d = static_cast<T*>(dst.raw_data());
-      const int64_t m = static_cast<int64_t>(acc.size());
-#pragma omp parallel for if (m > kSumToParallelVectorised)
-      for (int64_t i = 0; i < m; ++i) d[i] = store<T>(acc[i]);
+#pragma omp parallel for schedule(static) if (K > kParallelMinElems)
+      for (int64_t k = 0; k < K; ++k) {
+        // One chunk: its sum is the total (0.0 + a chunk sum, which is never -0.0, is itself).
+        double total = part[k];
+        for (int64_t c = 1; c < chunks; ++c) total += part[c * K + k];
+        d[k] = store<T>(total);
+      }
     });
   }
 
