@@ -371,7 +371,8 @@ class CpuBackend final : public Backend {
     const int64_t lane_block = std::clamp<int64_t>(4096 / std::max<int64_t>(per_chunk, 1), 1, K);
     const int64_t blocks = rows ? (K / inner) * row_blocks : (K + lane_block - 1) / lane_block;
     // Lanes tasks take runs of chunks of their outputs (a task per chunk cost a full sum 25%).
-    const int64_t group = rows ? 1 : std::max<int64_t>(1, chunks / 64);
+    const int64_t group =
+        rows ? 1 : std::clamp<int64_t>(chunks * blocks / 128, 1, chunks);  // ~128 tasks
     const int64_t groups = (chunks + group - 1) / group;
     const int64_t tasks = R == 0 ? 0 : groups * blocks;
     const bool parallel = tasks > 1 && src.numel() > (per_chunk <= kStripRows ? kSumToParallelStrips
