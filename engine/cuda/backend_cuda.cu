@@ -55,21 +55,36 @@ __global__ void add_kernel(T* dst, const T* src, double alpha, StridedIndexer<2>
 }
 
 // One thread per output element sums the source elements that broadcast onto it: the source is
-// viewed as (out, reduced) through an indexer over [kept dims..., reduced dims...].
+// viewed as (out, reduced) through an indexer over [kept dims..., reduced dims...]. The order is
+// the CPU backend's contract (engine/cpu/backend_cpu.cpp, kSumLanes), so both give the same bits:
+// chunks of 1024 reduced elements, 16 interleaved lanes per chunk in float for f32/bf16/f16 and
+// double otherwise, the fixed tree over the lanes, chunk sums added in double.
 template <class T>
 __global__ void sum_to_kernel(const T* src, T* dst, StridedIndexer<1> kept,
                               StridedIndexer<1> reduced, int64_t n_out, int64_t n_red) {
+  using Acc = decltype(to_acc(src[0]));
+  using A = std::conditional_t<std::is_same_v<Acc, float>, float, double>;
+  constexpr int kLanes = 16;
+  constexpr int64_t kChunk = 1024;
   for (int64_t o = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; o < n_out;
        o += int64_t(gridDim.x) * blockDim.x) {
     int64_t base[1];
     kept.offsets(o, base);
-    double acc = 0;
-    for (int64_t r = 0; r < n_red; ++r) {
-      int64_t off[1];
-      reduced.offsets(r, off);
-      acc += static_cast<double>(to_acc(src[base[0] + off[0]]));
+    double total = 0;
+    for (int64_t c0 = 0; c0 < n_red; c0 += kChunk) {
+      A lane[kLanes];
+      for (int q = 0; q < kLanes; ++q) lane[q] = A(0);
+      const int64_t c1 = n_red < c0 + kChunk ? n_red : c0 + kChunk;
+      for (int64_t r = c0; r < c1; ++r) {
+        int64_t off[1];
+        reduced.offsets(r, off);
+        lane[r % kLanes] += static_cast<A>(to_acc(src[base[0] + off[0]]));
+      }
+      for (int w = kLanes / 2; w >= 1; w /= 2)
+        for (int j = 0; j < w; ++j) lane[j] += lane[j + w];
+      total += static_cast<double>(lane[0]);
     }
-    dst[o] = from_acc<T>(acc);
+    dst[o] = from_acc<T>(total);
   }
 }
 
