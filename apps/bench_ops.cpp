@@ -405,6 +405,8 @@ void run(bool quick) {
     bench_sum_to("sum_to_bias3072 (B*T,3072)->(3072)", g3072, {F});
   }
   bench_sum_to("sum_to_heads (12,128,128)->(1,128,128)", Tensor::randn({H, T, T}, g), {1, T, T});
+  // The tiny model's bias gradients (B = 16, d = 128): L2-resident, where thread start-up shows.
+  bench_sum_to("sum_to_tiny_bias (16*T,128)->(128)", Tensor::randn({16 * T, 128}, g), {128});
   Tensor sb = Tensor::randn({SB, H, T, T}, g);
   bench_sum_to("sum_to_batch (B,12,128,128)->(1,12,128,128)", sb, {1, H, T, T});
 }

@@ -53,6 +53,7 @@ def torch_cases(torch, quick):
     g768t = torch.randn(D, SB * T, generator=g).t()
     g3072 = torch.randn(SB * T, FF, generator=g)
     heads = torch.randn(H, T, T, generator=g)
+    tiny_bias = torch.randn(16 * T, 128, generator=g)
     sb = torch.randn(SB, H, T, T, generator=g)
     ga768, gw768 = torch.randn(rows, D, generator=g), torch.randn(D, D, generator=g)
     gw3072, ga3072 = torch.randn(FF, D, generator=g), torch.randn(rows, FF, generator=g)
@@ -94,6 +95,7 @@ def torch_cases(torch, quick):
         "sum_to_bias768_t": fwd(lambda: g768t.sum(0)),
         "sum_to_bias3072": fwd(lambda: g3072.sum(0)),
         "sum_to_heads": fwd(lambda: heads.sum(0, keepdim=True)),
+        "sum_to_tiny_bias": fwd(lambda: tiny_bias.sum(0)),
         "sum_to_batch": fwd(lambda: sb.sum(0, keepdim=True)),
         # bench_ops' GEMM cases (rows = B*T; attention: B*H matrices).
         "gemm (BT,768)x(768,768)^T": fwd(lambda: torch.mm(ga768, gw768.t())),

@@ -157,11 +157,12 @@ void combine_lanes(const S* const* lane, int used, int64_t width, double* out) {
   }
 }
 
-// The rows case for f32 and f64 with the lanes in vector registers: for each strip of one
-// vector of outputs, the chunk's n rows (source offsets `row`) go into 16 register lanes, row i
-// into lane i mod 16, then the tree runs in registers (unrolled for U = min(n, 16) lanes). For
-// chunks of few rows (a bias shared by the heads or the batch), where lanes in memory cost more
-// than the sums. Returns the outputs done (whole vectors); the caller does the rest.
+// The rows case for f32 and f64 with the lanes in vector registers: for each strip of two
+// vectors of outputs (128 bytes of each row: 1.5x faster than one vector on the tiny model's bias
+// gradient, no better with four), the chunk's n rows (source offsets `row`) go into 16 register
+// lanes, row i into lane i mod 16, then the tree runs in registers (unrolled for U = min(n, 16)
+// lanes). For chunks of few rows (a bias shared by the heads or the batch), where lanes in memory
+// cost more than the sums. Returns the outputs done (whole vectors); the caller does the rest.
 typedef float SumVecF __attribute__((vector_size(64)));
 typedef double SumVecD __attribute__((vector_size(64)));
 template <class A>
@@ -171,34 +172,44 @@ template <int U, class A>
 void strip_sums(const A* base, const int64_t* row, int64_t n, int64_t width, double* out) {
   using V = SumVec<A>;
   constexpr int64_t kW = sizeof(V) / sizeof(A);
+  constexpr int kS = 2;  // vectors a lane per step: 128-byte pieces of each row
   auto at = [&](int64_t i, int64_t c) {
     V x;
     std::memcpy(&x, base + row[i] + c, sizeof x);
     return x;
   };
-  for (int64_t c = 0; c + kW <= width; c += kW) {
-    V v[kSumLanes];
+  for (int64_t c = 0; c + kS * kW <= width; c += kS * kW) {
+    V v[kSumLanes][kS];
 #pragma GCC unroll 16
-    for (int q = 0; q < U; ++q) v[q] = at(q, c) + A(0);
+    for (int q = 0; q < U; ++q)
+#pragma GCC unroll 2
+      for (int t = 0; t < kS; ++t) v[q][t] = at(q, c + t * kW) + A(0);
     int64_t i = U;
     for (; i + kSumLanes <= n; i += kSumLanes)
 #pragma GCC unroll 16
-      for (int q = 0; q < kSumLanes; ++q) v[q] += at(i + q, c);
+      for (int q = 0; q < kSumLanes; ++q)
+#pragma GCC unroll 2
+        for (int t = 0; t < kS; ++t) v[q][t] += at(i + q, c + t * kW);
 #pragma GCC unroll 16
     for (int q = 0; q < U; ++q)
-      if (i + q < n) v[q] += at(i + q, c);
-    constexpr int L8 = U < 8 ? U : 8, L4 = U < 4 ? U : 4, L2 = U < 2 ? U : 2;
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j)
-      if (j + 8 < U) v[j] += v[j + 8];
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j)
-      if (j + 4 < L8) v[j] += v[j + 4];
+      if (i + q < n)
 #pragma GCC unroll 2
-    for (int j = 0; j < 2; ++j)
-      if (j + 2 < L4) v[j] += v[j + 2];
-    if (1 < L2) v[0] += v[1];
-    for (int64_t q = 0; q < kW; ++q) out[c + q] = v[0][q];
+        for (int t = 0; t < kS; ++t) v[q][t] += at(i + q, c + t * kW);
+    constexpr int L8 = U < 8 ? U : 8, L4 = U < 4 ? U : 4, L2 = U < 2 ? U : 2;
+#pragma GCC unroll 2
+    for (int t = 0; t < kS; ++t) {
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j)
+        if (j + 8 < U) v[j][t] += v[j + 8][t];
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j)
+        if (j + 4 < L8) v[j][t] += v[j + 4][t];
+#pragma GCC unroll 2
+      for (int j = 0; j < 2; ++j)
+        if (j + 2 < L4) v[j][t] += v[j + 2][t];
+      if (1 < L2) v[0][t] += v[1][t];
+      for (int64_t q = 0; q < kW; ++q) out[c + t * kW + q] = v[0][t][q];
+    }
   }
 }
 
@@ -211,7 +222,7 @@ int64_t strip_sums(const T* base, const int64_t* row, int64_t n, int64_t width, 
        ...);
     }
     (std::make_integer_sequence<int, kSumLanes>());
-    constexpr int64_t kW = sizeof(SumVec<T>) / sizeof(T);
+    constexpr int64_t kW = 2 * sizeof(SumVec<T>) / sizeof(T);
     return width / kW * kW;
   }
   return 0;
@@ -357,8 +368,10 @@ class CpuBackend final : public Backend {
     if (R == 0) std::fill(part, part + K, 0.0);
     // Rows: the source's innermost kept dim is contiguous, so each reduced index adds a row of
     // outputs at once (vectorised along the outputs); a task is a chunk times a block of one row.
-    // A chunk of few rows runs strip_sums on column blocks; one of many rows reads whole rows in
-    // order (a strip down 1024 rows ran 4x slower) into lanes in memory. Lanes: each output
+    // A chunk of few rows (or of narrow rows: the tiny model's 128-wide bias gradients) runs
+    // strip_sums; one of many wide rows reads whole rows in order into lanes in memory (strips
+    // down 1024 rows of 768 ran 4x slower). Blocks of 4096 outputs (1024 measured ~5% slower on
+    // the batch-shared bias). Lanes: each output
     // sums its elements along the source, in vector lanes when the innermost reduced dim is
     // contiguous; a task is a chunk times a block of outputs.
     constexpr int64_t kStripRows = 64, kStripWidth = 256;
@@ -366,7 +379,7 @@ class CpuBackend final : public Backend {
     const int64_t inner = rows ? kept.inner_size() : 1;
     const int64_t per_chunk = std::min(R, kSumChunk);
     const bool strips = rows && (per_chunk <= kStripRows || inner <= kStripWidth);
-    const int64_t row_block = std::min<int64_t>(inner, strips ? 1024 : 4096);
+    const int64_t row_block = std::min<int64_t>(inner, 4096);
     const int64_t row_blocks = (inner + row_block - 1) / row_block;
     const int64_t lane_block = std::clamp<int64_t>(4096 / std::max<int64_t>(per_chunk, 1), 1, K);
     const int64_t blocks = rows ? (K / inner) * row_blocks : (K + lane_block - 1) / lane_block;
