@@ -163,6 +163,10 @@ void combine_lanes(const S* const* lane, int used, int64_t width, double* out) {
 // lanes, row i into lane i mod 16, then the tree runs in registers (unrolled for U = min(n, 16)
 // lanes). For chunks of few rows (a bias shared by the heads or the batch), where lanes in memory
 // cost more than the sums. Returns the outputs done (whole vectors); the caller does the rest.
+// (Without -march=native these 64-byte vectors are passed differently than with AVX-512, which
+// GCC warns about; they never cross this file, so the warning is off here.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
 typedef float SumVecF __attribute__((vector_size(64)));
 typedef double SumVecD __attribute__((vector_size(64)));
 template <class A>
@@ -227,6 +231,7 @@ int64_t strip_sums(const T* base, const int64_t* row, int64_t n, int64_t width, 
   }
   return 0;
 }
+#pragma GCC diagnostic pop
 
 // A thread's scratch for sum_to, kept between calls up to 1 MiB (a fresh vector of a few hundred
 // KB is a fresh mmap and its page faults on every call). Slot 0: a task's lanes, slot 1: the
