@@ -1,5 +1,6 @@
 // Matrix products: shape/layout checks, autograd wiring for matmul and linear, the raw gemm()
-// helper and the CPU GEMM kernel (OpenBLAS when the build found it, else Eigen).
+// helper and the CPU GEMM kernel (f32: oneDNN, else OpenBLAS, else Eigen, as the build found them;
+// f64: OpenBLAS, else Eigen).
 #include "ops/matmul.h"
 
 #include <omp.h>
@@ -11,9 +12,13 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #if defined(ENGINE_WITH_OPENBLAS)
 #include <cblas.h>
+#endif
+#if defined(ENGINE_WITH_ONEDNN)
+#include <oneapi/dnnl/dnnl.h>
 #endif
 
 #include "engine/autocast.h"
@@ -217,7 +222,7 @@ constexpr double kMinParallelWork = 32.0 * 32.0 * 32.0;
 // columns of C (below it, one thread: the tiny model's smallest products, (307 x 128) x (128 x
 // 128), take ~30 us).
 constexpr double kSplitWork = 64.0 * 64.0 * 64.0;
-// cblas takes int sizes; larger dims (never a model's) go through Eigen.
+// cblas takes int sizes; larger dims (never a model's) go through Eigen (whatever the library).
 constexpr int64_t kBlasMaxDim = 2147483647;
 
 // cuBLASLt's GELU epilogue: the tanh form (see GemmEpilogue).
@@ -228,40 +233,87 @@ T gelu_tanh(T x) {
          (static_cast<T>(1) + std::tanh(k * (x + static_cast<T>(0.044715) * x * x * x)));
 }
 
-// Which library multiplies: OpenBLAS (OpenMP build, libopenblas-openmp-dev) when libengine was
-// built with it -- ~90% of the cores' FMA peak on BERT's shapes against Eigen's ~55%
-// (docs/benchmarks.md) -- unless ENGINE_CPU_GEMM=eigen asks for Eigen (for comparisons). Both
-// compute every element of C in one thread in a fixed order: results do not change from run to
-// run at a given thread count.
-bool use_blas() {
-#if defined(ENGINE_WITH_OPENBLAS)
-  static const bool blas = [] {
-    const char* e = std::getenv("ENGINE_CPU_GEMM");
-    if (!e || !*e || std::strcmp(e, "openblas") == 0) return true;
-    ENGINE_CHECK(std::strcmp(e, "eigen") == 0, "[gemm] ENGINE_CPU_GEMM=", e,
-                 ": expected openblas (the default) or eigen");
-    return false;
-  }();
-  return blas;
+// Which library multiplies. f32: oneDNN (its JIT AVX-512 sgemm, OpenMP build, libdnnl-dev) when
+// libengine was built with it -- 79-87% of the cores' measured FMA peak on BERT's shapes against
+// OpenBLAS's 64-72% and Eigen's ~65% (docs/benchmarks.md) -- else OpenBLAS (OpenMP build,
+// libopenblas-openmp-dev), else Eigen. oneDNN has no f64 GEMM: f64 goes to OpenBLAS, else Eigen.
+// ENGINE_CPU_GEMM=onednn|openblas|eigen picks one (for comparisons). Each computes every element of
+// C in one thread in a fixed order: results do not change from run to run at a given thread count.
+enum class GemmLib { onednn, openblas, eigen };
+
+#if defined(ENGINE_WITH_ONEDNN)
+constexpr bool kHaveOnednn = true;
 #else
-  return false;
+constexpr bool kHaveOnednn = false;
 #endif
+#if defined(ENGINE_WITH_OPENBLAS)
+constexpr bool kHaveOpenblas = true;
+#else
+constexpr bool kHaveOpenblas = false;
+#endif
+
+GemmLib chosen_gemm_lib() {
+  static const GemmLib lib = [] {
+    const char* e = std::getenv("ENGINE_CPU_GEMM");
+    if (!e || !*e)
+      return kHaveOnednn ? GemmLib::onednn : kHaveOpenblas ? GemmLib::openblas : GemmLib::eigen;
+    if (std::strcmp(e, "onednn") == 0) {
+      ENGINE_CHECK(kHaveOnednn, "[gemm] ENGINE_CPU_GEMM=onednn but libengine was built without ",
+                   "oneDNN (install libdnnl-dev and reconfigure)");
+      return GemmLib::onednn;
+    }
+    if (std::strcmp(e, "openblas") == 0) {
+      ENGINE_CHECK(kHaveOpenblas, "[gemm] ENGINE_CPU_GEMM=openblas but libengine was built ",
+                   "without OpenBLAS (install libopenblas-openmp-dev and reconfigure)");
+      return GemmLib::openblas;
+    }
+    ENGINE_CHECK(std::strcmp(e, "eigen") == 0, "[gemm] ENGINE_CPU_GEMM=", e,
+                 ": expected onednn, openblas or eigen (unset: the fastest the build has)");
+    return GemmLib::eigen;
+  }();
+  return lib;
 }
 
-#if defined(ENGINE_WITH_OPENBLAS)
-// C = alpha op(A) op(B) + beta C through cblas (row-major; the layouts are cuBLAS's: ld >= the
+// The library for products of T: oneDNN multiplies f32 only.
+template <class T>
+GemmLib gemm_lib_for() {
+  const GemmLib lib = chosen_gemm_lib();
+  if (lib == GemmLib::onednn && !std::is_same_v<T, float>)
+    return kHaveOpenblas ? GemmLib::openblas : GemmLib::eigen;
+  return lib;
+}
+
+// C = alpha op(A) op(B) + beta C through a library (row-major; the layouts are cuBLAS's: ld >= the
 // stored columns, which mat_layout guarantees).
-void blas_gemm(const float* a, const float* b, float* c, const GemmArgs& g) {
+[[maybe_unused]] void library_gemm(GemmLib lib, const float* a, const float* b, float* c,
+                                   const GemmArgs& g) {
+#if defined(ENGINE_WITH_ONEDNN)
+  if (lib == GemmLib::onednn) {
+    // Row-major like cblas. Inside a parallel region (the split below, or a batch spread over the
+    // threads) it runs on the calling thread alone.
+    const dnnl_status_t st =
+        dnnl_sgemm(g.trans_a ? 'T' : 'N', g.trans_b ? 'T' : 'N', g.m, g.n, g.k, float(g.alpha), a,
+                   g.lda, b, g.ldb, float(g.beta), c, g.ldc);
+    ENGINE_CHECK(st == dnnl_success, "[gemm] oneDNN's sgemm failed (status ", int(st), ") on ", g.m,
+                 "x", g.k, " @ ", g.k, "x", g.n);
+    return;
+  }
+#endif
+#if defined(ENGINE_WITH_OPENBLAS)
   cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
               g.trans_b ? CblasTrans : CblasNoTrans, int(g.m), int(g.n), int(g.k), float(g.alpha),
               a, int(g.lda), b, int(g.ldb), float(g.beta), c, int(g.ldc));
+#endif
+  (void)lib;
 }
-void blas_gemm(const double* a, const double* b, double* c, const GemmArgs& g) {
+[[maybe_unused]] void library_gemm(GemmLib, const double* a, const double* b, double* c,
+                                   const GemmArgs& g) {
+#if defined(ENGINE_WITH_OPENBLAS)
   cblas_dgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
               g.trans_b ? CblasTrans : CblasNoTrans, int(g.m), int(g.n), int(g.k), g.alpha, a,
               int(g.lda), b, int(g.ldb), g.beta, c, int(g.ldc));
-}
 #endif
+}
 
 // OA / OB: Eigen storage order that makes the stored matrix read as op(A) (m x k) / op(B)
 // (k x n): row-major as stored, or column-major when the flag asks for the transpose.
@@ -277,9 +329,9 @@ void gemm_typed(const GemmArgs& g) {
   const T* pb = static_cast<const T*>(g.b);
   T* pc = static_cast<T*>(g.c);
   const T alpha = static_cast<T>(g.alpha), beta = static_cast<T>(g.beta);
-  [[maybe_unused]] const bool blas = use_blas() && g.m <= kBlasMaxDim && g.n <= kBlasMaxDim &&
-                                     g.k <= kBlasMaxDim && g.lda <= kBlasMaxDim &&
-                                     g.ldb <= kBlasMaxDim && g.ldc <= kBlasMaxDim;
+  const bool fits = g.m <= kBlasMaxDim && g.n <= kBlasMaxDim && g.k <= kBlasMaxDim &&
+                    g.lda <= kBlasMaxDim && g.ldb <= kBlasMaxDim && g.ldc <= kBlasMaxDim;
+  [[maybe_unused]] const GemmLib lib = fits ? gemm_lib_for<T>() : GemmLib::eigen;
 
   const double work =
       static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
@@ -334,13 +386,13 @@ void gemm_typed(const GemmArgs& g) {
       epilogue(c);
       return;
     }
-#if defined(ENGINE_WITH_OPENBLAS)
-    if (blas) {
-      blas_gemm(pa + i * g.stride_a, pb + i * g.stride_b, pc + i * g.stride_c, g);
-      epilogue(c);
-      return;
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      if (lib != GemmLib::eigen) {
+        library_gemm(lib, pa + i * g.stride_a, pb + i * g.stride_b, pc + i * g.stride_c, g);
+        epilogue(c);
+        return;
+      }
     }
-#endif
     MapA a(pa + i * g.stride_a, g.m, g.k, Eigen::OuterStride<>(g.lda));
     MapB b(pb + i * g.stride_b, g.k, g.n, Eigen::OuterStride<>(g.ldb));
     if (g.beta == 0.0) {
@@ -383,7 +435,17 @@ ENGINE_REGISTER_KERNEL(gemm_kernel, DeviceType::CPU, cpu::gemm);
 
 // ---- public ----------------------------------------------------------------------------------
 
-const char* cpu_gemm_library() { return cpu::use_blas() ? "OpenBLAS" : "Eigen"; }
+const char* cpu_gemm_library() {
+  switch (cpu::chosen_gemm_lib()) {
+    case cpu::GemmLib::onednn:
+      return cpu::kHaveOpenblas ? "oneDNN (f64: OpenBLAS)" : "oneDNN (f64: Eigen)";
+    case cpu::GemmLib::openblas:
+      return "OpenBLAS";
+    case cpu::GemmLib::eigen:
+      break;
+  }
+  return "Eigen";
+}
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           double alpha, double beta, GemmEpilogue epilogue, const Tensor& bias) {

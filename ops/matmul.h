@@ -72,8 +72,9 @@ struct GemmArgs {
 // entry.
 void add_work_cost(WorkCost& cost, const GemmArgs& g);
 
-// The library behind the CPU GEMMs: "OpenBLAS" (built with it; the default) or "Eigen" (built
-// without it, or ENGINE_CPU_GEMM=eigen in the environment).
+// The library behind the CPU GEMMs: "oneDNN (f64: OpenBLAS)" (built with both; the default),
+// "OpenBLAS" or "Eigen" -- the fastest the build found, or the one ENGINE_CPU_GEMM=onednn|openblas|
+// eigen names in the environment.
 const char* cpu_gemm_library();
 
 // Called as gemm_kernel(device, args).

@@ -3,10 +3,13 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <random>
 
 #include "gradcheck.h"
+#include "ops/matmul.h"
 #include "ops/ops.h"
 
 using namespace engine;
@@ -444,4 +447,15 @@ TEST_CASE("gemm epilogues add a bias per column and apply GELU's tanh form", "[m
   REQUIRE_THROWS_WITH(gemm(a, false, b, false, Tensor::zeros({2, 2}, DType::f64).transpose(0, 1),
                            1.0, 0.0, GemmEpilogue::gelu_tanh),
                       Catch::Contains("an epilogue needs a row-major c"));
+}
+
+TEST_CASE("the CPU GEMM library is the one ENGINE_CPU_GEMM names", "[matmul]") {
+  // ctest runs the [matmul] cases with ENGINE_CPU_GEMM=openblas and =eigen too: those runs must
+  // really multiply through that library.
+  const char* e = std::getenv("ENGINE_CPU_GEMM");
+  const std::string lib = engine::cpu_gemm_library();
+  if (e && std::strcmp(e, "eigen") == 0) CHECK(lib == "Eigen");
+  if (e && std::strcmp(e, "openblas") == 0) CHECK(lib == "OpenBLAS");
+  if (e && std::strcmp(e, "onednn") == 0) CHECK(lib.rfind("oneDNN", 0) == 0);
+  if (!e || !*e) CHECK(lib != "");
 }

@@ -10,7 +10,7 @@ BUILD_TYPE="${BUILD_TYPE:-Release}"
 
 PACKAGES=(g++ cmake ninja-build libeigen3-dev libyaml-cpp-dev nlohmann-json3-dev catch2
           libsentencepiece-dev libicu-dev liblzma-dev zlib1g-dev pkg-config libopenmpi-dev openmpi-bin
-          libpng-dev libstb-dev libboost-context-dev libopenblas-openmp-dev)
+          libpng-dev libstb-dev libboost-context-dev libopenblas-openmp-dev libdnnl-dev)
 # shellcheck disable=SC2206
 PACKAGES+=(${EXTRA_PACKAGES:-})
 

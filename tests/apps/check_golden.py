@@ -13,7 +13,7 @@ tests/golden/numerics.json, recorded before the refactor of issue 16 by the code
 The tensors of a file are compared through one SHA-256 of their bytes (their sums and sums of
 squares are kept too, to name what differs and for a tolerance check). Bit-for-bit equality is required on the kind of machine the file was
 recorded on (the CPU model, its vector extensions and cache sizes, and the thread count make the
-"fingerprint"; the GEMM library's kernels and blocking depend on them); on another machine the
+"fingerprint", with the GEMM library the app reports; its kernels and blocking depend on them); on another machine the
 losses and norms are compared within 1e-4 relative and each tensor's sums within 1e-4 of its scale
 (the weights after the AdamW steps through those steps' losses), and the script says so.
 
@@ -110,15 +110,21 @@ def fingerprint():
             except OSError:
                 pass
     isa = [x for x in ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl") if x in flags]
-    return f"{model} | {' '.join(isa)} | {' '.join(caches)} | threads {THREADS}"
+    return f"{model} | {' '.join(isa)} | {' '.join(caches)} | threads {THREADS} | GEMMs {GEMM_LIBRARY[0]}"
 
 
 # ---- the cases ----------------------------------------------------------------------------------
+
+GEMM_LIBRARY = ["?"]  # what the app printed ("CPU GEMMs: oneDNN ..."): part of the fingerprint
+
 
 def run(app, args, env):
     p = subprocess.run([app] + args, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join([app] + args)} failed ({p.returncode}):\n{p.stdout}{p.stderr}")
+    m = re.search(r"CPU GEMMs: (.+)$", p.stdout, re.M)
+    if m:
+        GEMM_LIBRARY[0] = m.group(1).strip()
     return p.stdout
 
 
