@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Runs build/bin/bench_ops and the same cases in PyTorch (CPU, f32, same thread count) in one
 run and prints a markdown table: our median ms, PyTorch's, and the ratio (>1: we are faster).
-The GEMM rows also run with ENGINE_CPU_GEMM=eigen (Eigen's GEMM instead of OpenBLAS), and the
-measured FMA peak is printed with them. Prints which BLAS library PyTorch loaded (Debian's torch
+The GEMM rows also run with ENGINE_CPU_GEMM=openblas and =eigen (the other libraries behind the
+CPU GEMM; the default is oneDNN's when the build found it), and the measured FMA peak is printed
+with them. Prints which BLAS library PyTorch loaded (Debian's torch
 calls the libblas.so.3 alternative: install libopenblas0-openmp so that it is OpenBLAS).
 
 usage: /usr/bin/python3 tools/bench_cpu.py [--quick] [--threads N] [--bin build/bin/bench_ops]
@@ -121,14 +122,18 @@ def main():
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     out = subprocess.run([a.bin] + (["--quick"] if a.quick else []), env=env, check=True,
                          capture_output=True, text=True).stdout
-    eigen_out = subprocess.run([a.bin, "--only", "gemm"] + (["--quick"] if a.quick else []),
-                               env=dict(env, ENGINE_CPU_GEMM="eigen"), check=True,
-                               capture_output=True, text=True).stdout
-    eigen = {}
-    for line in eigen_out.splitlines():
-        f = line.split("\t")
-        if line.startswith("gemm") and len(f) >= 4:
-            eigen[f[0]] = float(f[2])
+    other = {}  # library -> {gemm case: GFLOP/s}
+    for lib in ("openblas", "eigen"):
+        p = subprocess.run([a.bin, "--only", "gemm"] + (["--quick"] if a.quick else []),
+                           env=dict(env, ENGINE_CPU_GEMM=lib), capture_output=True, text=True)
+        other[lib] = {}
+        if p.returncode != 0:  # a build without that library says so on stderr
+            print(f"# ENGINE_CPU_GEMM={lib}: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else 'failed'}")
+            continue
+        for line in p.stdout.splitlines():
+            f = line.split("\t")
+            if line.startswith("gemm") and len(f) >= 4:
+                other[lib][f[0]] = float(f[2])
     ours, notes = [], {}
     for line in out.splitlines():
         if line.startswith("#") or line.startswith("case\t"):
@@ -150,14 +155,14 @@ def main():
     except ImportError:
         peer, peer_name = {}, "PyTorch (not installed)"
     print(f"# threads: {a.threads}; peer: {peer_name}\n")
-    print(f"| case | ours ms | ours rate | (Eigen GEMM) | {peer_name} ms | speed-up | note |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print(f"| case | ours ms | ours rate | (OpenBLAS GEMM) | (Eigen GEMM) | {peer_name} ms | speed-up | note |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
     for name, ms, rate, unit in ours:
         pm = peer.get(name) or peer.get(name.split(" ")[0])
         ratio = f"{pm / ms:.2f}x" if pm else "-"
         pms = f"{pm:.3f}" if pm else "-"
-        e = f"{eigen[name]:.1f}" if name in eigen else ""
-        print(f"| {name} | {ms:.3f} | {rate:.1f} {unit} | {e} | {pms} | {ratio} | {notes.get(name, '')} |")
+        o, e = (f"{other[lib][name]:.1f}" if name in other[lib] else "" for lib in ("openblas", "eigen"))
+        print(f"| {name} | {ms:.3f} | {rate:.1f} {unit} | {o} | {e} | {pms} | {ratio} | {notes.get(name, '')} |")
 
 
 if __name__ == "__main__":
