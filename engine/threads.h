@@ -1,6 +1,6 @@
 // CPU threads per process: how many OpenMP threads the CPU kernels (and oneDNN and OpenBLAS, which
-// share OpenMP's pool) use. By default one process gets the cores it may run on, and the ranks of an
-// MPI job on one node share the node's cores (cores / local ranks each, at least 1), so that
+// share OpenMP's pool) use. By default one process gets the cores it may run on, and the ranks of
+// an MPI job on one node share the node's cores (cores / local ranks each, at least 1), so that
 // `mpirun -np 2` on 2 cores runs 1 thread per rank instead of 2 x 2 threads fighting for 2 cores.
 // OMP_NUM_THREADS, when set, wins. DistributedSession applies it at start; apps print it.
 #pragma once
