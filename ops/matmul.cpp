@@ -234,11 +234,12 @@ T gelu_tanh(T x) {
 }
 
 // Which library multiplies. f32: oneDNN (its JIT AVX-512 sgemm, OpenMP build, libdnnl-dev) when
-// libengine was built with it -- 79-87% of the cores' measured FMA peak on BERT's shapes against
-// OpenBLAS's 64-72% and Eigen's ~65% (docs/benchmarks.md) -- else OpenBLAS (OpenMP build,
-// libopenblas-openmp-dev), else Eigen. oneDNN has no f64 GEMM: f64 goes to OpenBLAS, else Eigen.
-// ENGINE_CPU_GEMM=onednn|openblas|eigen picks one (for comparisons). Each computes every element of
-// C in one thread in a fixed order: results do not change from run to run at a given thread count.
+// libengine was built with it -- 72-81% of the cores' measured FMA peak on BERT's linear layers'
+// products and 57-70% on attention's against OpenBLAS's 64-75% and 47% (docs/benchmarks.md) --
+// else OpenBLAS (OpenMP build, libopenblas-openmp-dev), else Eigen. oneDNN has no f64 GEMM: f64
+// goes to OpenBLAS, else Eigen. ENGINE_CPU_GEMM=onednn|openblas|eigen picks one (for comparisons).
+// Each computes every element of C in one thread in a fixed order: results do not change from run
+// to run at a given thread count.
 enum class GemmLib { onednn, openblas, eigen };
 
 #if defined(ENGINE_WITH_ONEDNN)
