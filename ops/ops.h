@@ -13,4 +13,5 @@
 #include "ops/matmul.h"
 #include "ops/reduce.h"
 #include "ops/relative.h"
+#include "ops/sampling.h"
 #include "ops/softmax.h"
