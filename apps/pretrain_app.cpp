@@ -54,12 +54,14 @@ const char* kUsage = R"(usage: pretrain_app --config CFG [--set KEY=VALUE ...] [
        pretrain_app --config CFG --batch-file BATCH [--steps N] [--init CKPT] [--save OUT]
                     [--dump OUT] [--dropout] [--micro-batches M] [--time]
        pretrain_app eval --init CKPT --corpus DIR [--split valid|train] [--batches N]
-                         [--batch-size B] [--seq-len T] [--device DEV] [--precision P]
+                         [--batch-size B] [--seq-len T] [--by-position CSV] [--device DEV]
+                         [--precision P]
        pretrain_app convert --from-hf DIR --out FILE.safetensors
        pretrain_app convert --to-hf CKPT --out DIR
 
-Masked-LM pretraining of a BERT encoder; model, data, training and optimizer from a YAML config
-(configs/README.md lists every key).
+Pretraining of a BERT encoder: masked LM, or ELECTRA (`objective: electra`: a generator and a
+replaced-token-detecting discriminator, docs/models.md); model, data, training and optimizer from
+a YAML config (configs/README.md lists every key).
 
 Pretraining on a prepared corpus (data.corpus in the config):
   --resume            continue from the newest checkpoint in train.out_dir (bit-identical losses)
@@ -80,7 +82,9 @@ Evaluation without training:
                       --batch-size sequences (default 32) of --seq-len tokens (default: the
                       model's max_positions, at most 512), masked as in validation (fixed seed);
                       the corpus's tokenizer must have the model's vocabulary size. Under mpirun
-                      the batches are shared by the ranks.
+                      the batches are shared by the ranks. --by-position CSV also writes the
+                      mean loss of the predicted tokens at each position (position,predicted,
+                      loss; length generalisation: docs/results.md)
 
 Hugging Face BERT (docs/hf-interop.md; both directions bit-exact):
   convert --from-hf DIR   a HF BERT directory (config.json, model.safetensors, vocab.txt) to an
@@ -91,7 +95,8 @@ Hugging Face BERT (docs/hf-interop.md; both directions bit-exact):
 
 Single-batch mode (dropout off unless --dropout, constant learning rate optim.lr):
   --batch-file FILE   safetensors batch: input_ids (B,T), attention_mask (B,T; 1 = token),
-                      labels (B,T; -100 = not predicted), optional token_type_ids (B,T)
+                      labels (B,T; -100 = not predicted), optional token_type_ids (B,T);
+                      ELECTRA: optional replacements (M), the generator's draws to use
   --steps N           AdamW steps on that batch (default 0: evaluate only); prints
                       "step <k> loss <value>" with the loss before step k's update
   --init CKPT         start from this checkpoint (its stored model config is used; a model
@@ -101,7 +106,8 @@ Single-batch mode (dropout off unless --dropout, constant learning rate optim.lr
                       parameter's gradient (as grad.<name>) before any step: step 1's forward and
                       backward (with --dropout, its masks too: the keep mask of every dropout op
                       as dropout_mask.<k>, u8, in forward order; the attention op's own dropout
-                      is not among them)
+                      is not among them; ELECTRA adds mlm_loss, rtd_loss, rtd_logits, rtd_labels
+                      and sampled, docs/checkpoint.md)
   --dropout           train mode: dropout on, masks from the pretraining loop's dropout stream
                       (rank 0's; docs/models.md)
   --micro-batches M   M micro-batches per step, each the batch file with masks of its own,
@@ -195,14 +201,18 @@ std::string with_commas(int64_t n) {
   return out;
 }
 
-void print_parameter_counts(const models::BertForMaskedLM& model) {
+void print_parameter_counts(const models::PretrainModel& model) {
   std::map<std::string, int64_t> groups;
   std::vector<std::string> order;
   int64_t total = 0;
   for (auto& [name, t] : model.named_parameters()) {
-    // Group as "bert.embeddings", "bert.position", "bert.encoder", "mlm".
-    const size_t dot = name.find('.');
-    std::string g = name.substr(0, name.rfind("bert.", 0) == 0 ? name.find('.', dot + 1) : dot);
+    // Group as "bert.embeddings", "bert.position", "bert.encoder", "mlm"; ELECTRA's generator
+    // likewise under "generator.", and "rtd".
+    const std::string pre = name.rfind("generator.", 0) == 0 ? "generator." : "";
+    const std::string rest = name.substr(pre.size());
+    const size_t dot = rest.find('.');
+    std::string g =
+        pre + rest.substr(0, rest.rfind("bert.", 0) == 0 ? rest.find('.', dot + 1) : dot);
     if (!groups.count(g)) order.push_back(g);
     groups[g] += t.numel();
     total += t.numel();
@@ -211,6 +221,14 @@ void print_parameter_counts(const models::BertForMaskedLM& model) {
   std::printf("model: %lld layers, width %lld, %lld heads, FFN %lld, vocab %lld, preset %s\n",
               (long long)c.num_layers, (long long)c.hidden_size, (long long)c.num_heads,
               (long long)c.ffn_size, (long long)c.vocab_size, c.position.preset.c_str());
+  if (auto* e = dynamic_cast<const models::ElectraForPretraining*>(&model)) {
+    const models::BertConfig& g = e->generator.config();
+    std::printf(
+        "ELECTRA generator: %lld layers, width %lld, %lld heads, FFN %lld (embeddings "
+        "shared, width %lld); loss = MLM + %g x RTD\n",
+        (long long)g.num_layers, (long long)g.hidden_size, (long long)g.num_heads,
+        (long long)g.ffn_size, (long long)c.embedding_width(), e->electra().rtd_weight);
+  }
   for (auto& g : order) std::printf("  %-22s %15s\n", g.c_str(), with_commas(groups[g]).c_str());
   std::printf("  %-22s %15s  (decoder tied to bert.embeddings.token)\n", "total",
               with_commas(total).c_str());
@@ -272,15 +290,35 @@ std::vector<engine::Tensor> dropout_masks(const engine::Tensor& loss) {
   return masks;
 }
 
-int single_batch(const Args& args, models::BertForMaskedLM& model, const engine::AdamWOptions& adam,
+int single_batch(const Args& args, models::PretrainModel& model, const engine::AdamWOptions& adam,
                  uint64_t seed, const models::PretrainOptions& train) {
   const models::BertConfig& config = model.config();
   const engine::Device device = train.device;
   engine::check_device(device);
   const engine::DType compute = models::compute_dtype(device, train.precision);
   engine::FlatParameters flat(model.named_parameters(), device);
-  const data::MlmBatch batch =
-      models::load_mlm_batch(args.batch_file, config).to(flat.data().device());
+  const data::MlmBatch host_batch = models::load_mlm_batch(args.batch_file, config);
+  const data::MlmBatch batch = host_batch.to(flat.data().device());
+  // ELECTRA: the generator's draws from the batch file instead of sampling, when it has them.
+  const auto* electra = dynamic_cast<const models::ElectraForPretraining*>(&model);
+  engine::Tensor replacements = models::load_replacements(args.batch_file, host_batch, config);
+  ENGINE_CHECK(!replacements.defined() || electra, "[pretrain_app] ", args.batch_file,
+               ": 'replacements' is for objective: electra (this model is ", model.kind(), ")");
+  if (replacements.defined()) replacements = replacements.to(flat.data().device());
+  // One forward: the loss, the MLM logits and (ELECTRA) the discriminator's logits and labels.
+  auto forward = [&](engine::Generator& g, engine::NamedTensors* extra) {
+    engine::Autocast autocast(compute);
+    if (!electra) return model.pretrain_forward(batch, g);
+    const models::ElectraOutput o = electra->forward(batch, g, replacements);
+    if (extra) {
+      extra->emplace_back("mlm_loss", o.mlm_loss.detach());
+      extra->emplace_back("rtd_loss", o.rtd_loss.detach());
+      extra->emplace_back("rtd_logits", o.rtd_logits.detach());
+      extra->emplace_back("rtd_labels", o.rtd_labels);
+      extra->emplace_back("sampled", o.sampled);
+    }
+    return models::PretrainModel::Output{o.loss, o.mlm_logits, {}};
+  };
   // Dropout off, or (--dropout) on with the pretraining loop's stream of rank 0.
   model.train(args.dropout);
   engine::Generator gen =
@@ -303,21 +341,20 @@ int single_batch(const Args& args, models::BertForMaskedLM& model, const engine:
     engine::Generator dump_gen = gen;
     engine::Tensor loss;
     std::vector<engine::Tensor> logits, masks;
+    engine::NamedTensors extra;  // the first micro-batch's (ELECTRA)
     for (int64_t m = 0; m < micro; ++m) {
-      models::MlmOutput out = [&] {
-        engine::Autocast autocast(compute);
-        return model.forward(batch, dump_gen);
-      }();
+      models::PretrainModel::Output out = forward(dump_gen, m == 0 ? &extra : nullptr);
       if (args.dropout)
         for (engine::Tensor& k : dropout_masks(out.loss)) masks.push_back(k);
       engine::Tensor weighted = micro == 1 ? out.loss : out.loss * weights[size_t(m)];
       weighted.backward();
       loss = m == 0 ? weighted.detach() : loss + weighted.detach();
-      logits.push_back(out.logits.detach());
+      logits.push_back(out.mlm_logits.detach());
     }
     engine::NamedTensors dump = {{"loss", loss},
                                  {"logits", micro == 1 ? logits[0] : engine::concat(logits, 0)},
                                  {"targets", batch.targets}};
+    dump.insert(dump.end(), extra.begin(), extra.end());
     for (auto& [name, t] : model.named_parameters()) dump.emplace_back("grad." + name, t.grad());
     for (size_t k = 0; k < masks.size(); ++k)
       dump.emplace_back("dropout_mask." + std::to_string(k), masks[k]);
@@ -330,9 +367,7 @@ int single_batch(const Args& args, models::BertForMaskedLM& model, const engine:
   }
   if (args.steps == 0) {
     engine::NoGrad ng;
-    engine::Autocast autocast(compute);
-    models::MlmOutput out = model.forward(batch, gen);
-    std::printf("eval loss %.9g\n", out.loss.item());
+    std::printf("eval loss %.9g\n", forward(gen, nullptr).loss.item());
   }
   using Clock = std::chrono::steady_clock;
   Clock::time_point timed_from;
@@ -340,12 +375,7 @@ int single_batch(const Args& args, models::BertForMaskedLM& model, const engine:
     if (k == 2) timed_from = Clock::now();  // step 1 is the warm-up (allocator, caches)
     // "step k loss v": the loss before step k's update.
     const engine::StepStats s = trainer.step(
-        micro,
-        [&](int64_t) {
-          engine::Autocast autocast(compute);
-          return model.forward(batch, gen).loss;
-        },
-        weights);
+        micro, [&](int64_t) { return forward(gen, nullptr).loss; }, weights);
     std::printf("step %lld loss %.9g%s\n", (long long)k, s.loss,
                 s.applied ? "" : " (skipped: inf/NaN gradients)");
     std::fflush(stdout);
@@ -420,7 +450,8 @@ int run(const Args& args) {
     pc.check_for_corpus(config, tokenizer->vocab_size(), tokenizer->path());
   }
 
-  models::BertForMaskedLM model(config, seed);
+  const std::unique_ptr<models::PretrainModel> owned = pc.make_model(config, seed);
+  models::PretrainModel& model = *owned;
   if (!args.init.empty()) models::load_checkpoint(args.init, model);
   if (engine::world().is_root()) print_parameter_counts(model);
   if (args.count_params) return 0;
@@ -576,7 +607,7 @@ int prepare_cmd(int argc, char** argv) {
 }
 
 int eval_cmd(int argc, char** argv) {
-  std::string init, corpus_dir, split = "valid", precision = "f32";
+  std::string init, corpus_dir, split = "valid", precision = "f32", by_position;
   engine::Device device = engine::Device::cpu();
   int64_t batches = 0, batch_size = 32, seq_len = 0;
   cli::ArgParser p("pretrain_app eval", kUsage, argc, argv, 2);
@@ -594,6 +625,8 @@ int eval_cmd(int argc, char** argv) {
       batch_size = p.int_value(1);
     else if (arg == "--seq-len")
       seq_len = p.int_value(8);
+    else if (arg == "--by-position")
+      by_position = p.value();
     else if (arg == "--device")
       device = p.device_value();
     else if (arg == "--precision")
@@ -620,9 +653,8 @@ int eval_cmd(int argc, char** argv) {
                 " exceeds the model's max_positions " + std::to_string(config.max_positions));
   engine::check_device(device);
   const engine::DType compute = models::compute_dtype(device, precision);
-  models::BertForMaskedLM model(config, 0);
-  models::load_checkpoint(init, model);
-  engine::FlatParameters flat(model.named_parameters(), device);
+  const std::unique_ptr<models::PretrainModel> model = models::load_pretrain_model(init);
+  engine::FlatParameters flat(model->named_parameters(), device);
 
   data::EvalBatches source(corpus, split == "valid" ? data::Split::valid : data::Split::train, *tok,
                            batch_size, seq_len);
@@ -635,7 +667,7 @@ int eval_cmd(int argc, char** argv) {
   ENGINE_CHECK(!list.empty(), "[pretrain_app] the ", split, " split of ", corpus_dir,
                " gives no batch of ", seq_len, " tokens");
   engine::Communicator& comm = engine::world();
-  const models::MlmEval r = models::evaluate_mlm(model, list, comm, compute);
+  const models::MlmEval r = models::evaluate_mlm(*model, list, comm, compute);
   ENGINE_CHECK(r.predicted > 0, "[pretrain_app] the ", split, " split of ", corpus_dir,
                " gave no masked token to predict");
   if (comm.is_root())
@@ -645,6 +677,17 @@ int eval_cmd(int argc, char** argv) {
         init.c_str(), corpus_dir.c_str(), split.c_str(), (long long)r.batches,
         (long long)batch_size, (long long)seq_len, (long long)r.predicted, r.loss, r.perplexity,
         r.accuracy);
+  if (comm.is_root() && !by_position.empty()) {
+    std::string csv = "position,predicted,loss\n";
+    for (size_t t = 0; t < r.predicted_by_position.size(); ++t) {
+      const int64_t n = r.predicted_by_position[t];
+      char loss[32] = "";
+      if (n) std::snprintf(loss, sizeof loss, "%.6f", r.loss_sum_by_position[t] / double(n));
+      csv += std::to_string(t) + "," + std::to_string(n) + "," + loss + "\n";
+    }
+    engine::write_file_atomic(by_position, csv, "pretrain_app");
+    std::printf("wrote the loss by position to %s\n", by_position.c_str());
+  }
   return 0;
 }
 

@@ -81,25 +81,33 @@ Tensor range_f32(int64_t start, int64_t end, engine::Device device) {
 
 // ---- positional encodings ----------------------------------------------------------------------
 
-PositionEncoding::PositionEncoding(const BertConfig& c, Generator& gen) : config_(c) {
+PositionEncoding::PositionEncoding(const BertConfig& c, Generator& gen,
+                                   const PositionEncoding* shared)
+    : config_(c) {
   const PositionConfig& p = c.position;
-  const int64_t d = c.hidden_size, dh = c.head_size();
-  if (p.has_position_table())
-    table = register_parameter("table", Tensor::randn({c.max_positions, d}, gen, 0.0, c.init_std));
-  if (p.input == InputPosition::learnable_sinusoid)
-    freq = register_parameter("freq", sinusoid_freqs(d));
+  const int64_t d = c.hidden_size, e = c.embedding_width(), dh = c.head_size();
+  if (shared) {  // the other model's position embeddings (checked alike by BertModel)
+    table = shared->table;
+    freq = shared->freq;
+  } else {
+    if (p.has_position_table())
+      table =
+          register_parameter("table", Tensor::randn({c.max_positions, e}, gen, 0.0, c.init_std));
+    if (p.input == InputPosition::learnable_sinusoid)
+      freq = register_parameter("freq", sinusoid_freqs(e));
+  }
   if (p.attention == AttentionPosition::untied) {
-    norm = std::make_unique<LayerNorm>(d, c.layer_norm_eps);
+    norm = std::make_unique<LayerNorm>(e, c.layer_norm_eps);
     register_module("norm", *norm);
   }
-  if (p.attention != AttentionPosition::none) {
-    query = std::make_unique<Linear>(d, d, gen, c.init_std);
-    key = std::make_unique<Linear>(d, d, gen, c.init_std);
+  if (p.attention != AttentionPosition::none) {  // U^Q, U^K: embedding width -> hidden
+    query = std::make_unique<Linear>(e, d, gen, c.init_std);
+    key = std::make_unique<Linear>(e, d, gen, c.init_std);
     register_module("query", *query);
     register_module("key", *key);
   }
   if (p.cls_reset != ClsReset::none)
-    cls_theta = register_parameter("cls_theta", Tensor::randn({2, d}, gen, 0.0, c.init_std));
+    cls_theta = register_parameter("cls_theta", Tensor::randn({2, e}, gen, 0.0, c.init_std));
   if (p.relative == RelativePosition::t5_bias)
     relative_table = register_parameter(
         "relative_table",
@@ -146,7 +154,7 @@ PositionEncoding::Constants PositionEncoding::build_constants(int64_t t, engine:
   if (p.input == InputPosition::learnable_sinusoid) k.positions = range_f32(0, t, dev);
   if (p.input == InputPosition::sinusoid)
     k.input_sinusoid =
-        sinusoid(range_f32(0, t, engine::Device::cpu()), sinusoid_freqs(config_.hidden_size))
+        sinusoid(range_f32(0, t, engine::Device::cpu()), sinusoid_freqs(config_.embedding_width()))
             .to(dev);
   if (p.relative == RelativePosition::shaw_learnable_sinusoid)
     k.shaw_positions = range_f32(-c, c + 1, dev);
@@ -422,19 +430,38 @@ Tensor BertLayer::forward(const Tensor& x, const Tensor& key_mask, const Attenti
 
 // ---- the model ---------------------------------------------------------------------------------
 
-BertModel::BertModel(const BertConfig& c, Generator& gen) : config_(c) {
+BertModel::BertModel(const BertConfig& c, Generator& gen, const BertModel* shared) : config_(c) {
   c.validate();
-  const int64_t d = c.hidden_size;
-  token_embedding = embeddings.register_parameter(
-      "token", Tensor::randn({c.vocab_size, d}, gen, 0.0, c.init_std));
-  if (c.type_vocab_size > 0)
-    segment_embedding = embeddings.register_parameter(
-        "segment", Tensor::randn({c.type_vocab_size, d}, gen, 0.0, c.init_std));
-  embedding_norm = std::make_unique<LayerNorm>(d, c.layer_norm_eps);
-  embeddings.register_module("norm", *embedding_norm);
+  const int64_t d = c.hidden_size, e = c.embedding_width();
+  embedding_norm = std::make_unique<LayerNorm>(e, c.layer_norm_eps);
+  if (shared) {
+    // The other model's embeddings, registered there only (so listed, saved and updated once).
+    const BertConfig& o = shared->config();
+    ENGINE_CHECK(o.vocab_size == c.vocab_size && o.embedding_width() == e &&
+                     o.type_vocab_size == c.type_vocab_size && o.max_positions == c.max_positions &&
+                     o.position.input == c.position.input && o.layer_norm_eps == c.layer_norm_eps,
+                 "[bert] shared embeddings need the same vocab_size, embedding width, "
+                 "type_vocab_size, max_positions, input positions and layer_norm_eps; got ",
+                 c.to_json(), " and ", o.to_json());
+    token_embedding = shared->token_embedding;
+    segment_embedding = shared->segment_embedding;
+    embedding_norm->weight = shared->embedding_norm->weight;
+    embedding_norm->bias = shared->embedding_norm->bias;
+  } else {
+    token_embedding = embeddings.register_parameter(
+        "token", Tensor::randn({c.vocab_size, e}, gen, 0.0, c.init_std));
+    if (c.type_vocab_size > 0)
+      segment_embedding = embeddings.register_parameter(
+          "segment", Tensor::randn({c.type_vocab_size, e}, gen, 0.0, c.init_std));
+    embeddings.register_module("norm", *embedding_norm);
+  }
+  if (e != d) {
+    embedding_project = std::make_unique<Linear>(e, d, gen, c.init_std);
+    embeddings.register_module("project", *embedding_project);
+  }
   register_module("embeddings", embeddings);
 
-  position = std::make_unique<PositionEncoding>(c, gen);
+  position = std::make_unique<PositionEncoding>(c, gen, shared ? shared->position.get() : nullptr);
   register_module("position", *position);
 
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -466,15 +493,16 @@ Tensor BertModel::embed(const BertInputs& in, Generator& gen) const {
                  engine::describe(in.token_type_ids), " does not match input_ids ",
                  engine::describe(ids));
   }
-  Tensor x = engine::embedding(token_embedding, ids);  // (B, T, d)
+  Tensor x = engine::embedding(token_embedding, ids);  // (B, T, e)
   if (segment_embedding.defined()) {
     Tensor types = in.token_type_ids.defined() ? in.token_type_ids
                                                : Tensor::zeros({b, t}, DType::i64, ids.device());
     x = x + engine::embedding(segment_embedding, types);
   }
-  Tensor pos = position->input_term(t, x.device());  // (T, d), broadcast over the batch
+  Tensor pos = position->input_term(t, x.device());  // (T, e), broadcast over the batch
   if (pos.defined()) x = x + pos;
   x = engine::dropout(embedding_norm->forward(x), config_.hidden_dropout, training(), gen);
+  if (embedding_project) x = embedding_project->forward(x);  // (B, T, d)
   return x;
 }
 
@@ -491,11 +519,11 @@ Tensor BertModel::forward(const BertInputs& in, Generator& gen) const {
   return x;
 }
 
-BertForMaskedLM::BertForMaskedLM(const BertConfig& c, uint64_t seed)
+BertForMaskedLM::BertForMaskedLM(const BertConfig& c, uint64_t seed, const BertModel* shared)
     : init_(seed),
-      bert(c, init_),
-      dense(c.hidden_size, c.hidden_size, init_, c.init_std),
-      norm(c.hidden_size, c.layer_norm_eps) {
+      bert(c, init_, shared),
+      dense(c.hidden_size, c.embedding_width(), init_, c.init_std),
+      norm(c.embedding_width(), c.layer_norm_eps) {
   register_module("bert", bert);
   mlm.register_module("dense", dense);
   mlm.register_module("norm", norm);
@@ -521,6 +549,12 @@ MlmOutput BertForMaskedLM::forward(const data::MlmBatch& batch, Generator& gen) 
   out.logits = engine::linear(h, bert.token_embedding, decoder_bias);  // (M, V), tied decoder
   out.loss = engine::cross_entropy(out.logits, targets);
   return out;
+}
+
+PretrainModel::Output BertForMaskedLM::pretrain_forward(const data::MlmBatch& batch,
+                                                        Generator& gen) const {
+  MlmOutput out = forward(batch, gen);
+  return {out.loss, out.logits, {}};
 }
 
 }  // namespace models

@@ -3,7 +3,8 @@
 //
 // Parameter names (the checkpoint names, docs/checkpoint.md):
 //   bert.embeddings.token (V, d), bert.embeddings.segment (S, d),
-//   bert.embeddings.norm.{weight,bias} bert.position.*                      the positional
+//   bert.embeddings.norm.{weight,bias} bert.embeddings.project.{weight (d, e), bias} (only when
+//   model.embedding_size e differs from d) bert.position.*                      the positional
 //   parameters of the preset (shared by layers) bert.encoder.layer.<l>.attention.qkv.{weight (3d,
 //   d), bias}  rows: Q | K | V, heads contiguous bert.encoder.layer.<l>.attention.out.{weight,
 //   bias} bert.encoder.layer.<l>.attention_norm.{weight, bias}
@@ -70,7 +71,10 @@ struct AttentionTerms {
 //   shaw_table (2 clip + 1, d_h)    learned_rpe;  shaw_freq (d_h / 2): learnable_sin_rpe
 class PositionEncoding : public engine::Module {
  public:
-  PositionEncoding(const BertConfig& config, Generator& gen);
+  // With `shared`, the input-position parameters (table, freq) are that module's, not drawn or
+  // registered here; the attention-side ones (norm, U^Q, U^K, theta, relative tables) are own.
+  PositionEncoding(const BertConfig& config, Generator& gen,
+                   const PositionEncoding* shared = nullptr);
   // (T, d) added to the token embeddings before the input LayerNorm, or undefined. `device` is the
   // model's (the token embedding's): where the constant tensors of length T are kept.
   Tensor input_term(int64_t seq_len, engine::Device device) const;
@@ -149,7 +153,10 @@ class BertModel : public engine::Module {
  public:
   // Parameters drawn from `init` in registration order (N(0, init_std) weights, zero biases,
   // LayerNorm 1/0, sinusoid frequencies at their formula).
-  BertModel(const BertConfig& config, Generator& init);
+  // With `shared`, the embeddings (token, segment, input LayerNorm, input-position table or
+  // frequencies) are that model's, neither drawn nor registered here: ELECTRA's generator uses
+  // its discriminator's. The configs must agree on them.
+  BertModel(const BertConfig& config, Generator& init, const BertModel* shared = nullptr);
   // -> (B, T, d), the last layer's output. Dropout follows training() and draws from `gen`.
   Tensor forward(const BertInputs& inputs, Generator& gen) const;
   // The first layer's input x^0 = LN(token (+ segment) (+ position)), dropout as in forward.
@@ -164,6 +171,7 @@ class BertModel : public engine::Module {
   engine::Module embeddings, encoder, layer_list;
   Tensor token_embedding, segment_embedding;
   std::unique_ptr<LayerNorm> embedding_norm, final_norm;
+  std::unique_ptr<Linear> embedding_project;  // embedding width -> hidden, when they differ
   std::unique_ptr<PositionEncoding> position;
   std::vector<std::unique_ptr<BertLayer>> layers;
 
@@ -178,11 +186,31 @@ struct MlmOutput {
   Tensor logits;  // (M, V) at the predicted positions, in the batch's order
 };
 
+// What the pretraining loop (models/pretrain.h) trains and checkpoints: BERT's masked LM
+// (BertForMaskedLM) or ELECTRA (models/electra.h), behind one face.
+class PretrainModel : public engine::Module {
+ public:
+  struct Output {
+    Tensor loss;        // scalar f32: what a step minimises
+    Tensor mlm_logits;  // (M, V) the MLM head's at the batch's positions (ELECTRA: the generator's)
+    // Named parts of the loss for the logs (ELECTRA: mlm_loss, rtd_loss); empty for MLM.
+    std::vector<std::pair<std::string, Tensor>> parts;
+  };
+  // The batch on the model's device; dropout follows training() and draws from `gen`.
+  virtual Output pretrain_forward(const data::MlmBatch& batch, Generator& gen) const = 0;
+  virtual const BertConfig& config() const = 0;  // the encoder finetuning takes
+  virtual const char* kind() const = 0;          // checkpoint kind (engine.model): "bert_mlm", ...
+  // Metadata a checkpoint of this model adds (ELECTRA: its own config).
+  virtual std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const {
+    return {};
+  }
+};
+
 // BERT + the masked-LM head: dense -> GELU -> LayerNorm -> decoder tied to the token embedding
 // + bias, evaluated only at the batch's predicted positions (gathered first).
-class BertForMaskedLM : public engine::Module {
+class BertForMaskedLM : public PretrainModel {
  public:
-  BertForMaskedLM(const BertConfig& config, uint64_t seed);
+  BertForMaskedLM(const BertConfig& config, uint64_t seed, const BertModel* shared = nullptr);
 
  private:
   Generator init_;  // declared first: the members below draw their initial values from it
@@ -190,7 +218,9 @@ class BertForMaskedLM : public engine::Module {
   // The batch on the model's device (data::MlmBatch::to): the encoder runs on batch.inputs and
   // the head on the rows batch.positions, scored against batch.targets. Nothing is read back.
   MlmOutput forward(const data::MlmBatch& batch, Generator& gen) const;
-  const BertConfig& config() const { return bert.config(); }
+  Output pretrain_forward(const data::MlmBatch& batch, Generator& gen) const override;
+  const BertConfig& config() const override { return bert.config(); }
+  const char* kind() const override { return "bert_mlm"; }
 
   BertModel bert;
   engine::Module mlm;

@@ -132,6 +132,10 @@ void BertConfig::validate() const {
   positive(num_heads, "num_heads");
   positive(ffn_size, "ffn_size");
   positive(max_positions, "max_positions");
+  ENGINE_CHECK(embedding_size >= 0,
+               "[bert] model.embedding_size must be 0 (= hidden_size) or "
+               "positive, got ",
+               embedding_size);
   ENGINE_CHECK(hidden_size % num_heads == 0, "[bert] model.hidden_size ", hidden_size,
                " is not divisible by model.num_heads ", num_heads);
   ENGINE_CHECK(type_vocab_size >= 0, "[bert] model.type_vocab_size must be 0 or more, got ",
@@ -143,8 +147,10 @@ void BertConfig::validate() const {
   ENGINE_CHECK(init_std > 0, "[bert] model.init_std must be positive");
   const PositionConfig& p = position;
   if (p.input == InputPosition::sinusoid || p.input == InputPosition::learnable_sinusoid)
-    ENGINE_CHECK(hidden_size % 2 == 0, "[bert] sinusoidal positions need an even hidden_size, got ",
-                 hidden_size);
+    ENGINE_CHECK(embedding_width() % 2 == 0,
+                 "[bert] sinusoidal positions need an even embedding width (model.embedding_size, "
+                 "or hidden_size), got ",
+                 embedding_width());
   if (p.relative == RelativePosition::shaw_sinusoid ||
       p.relative == RelativePosition::shaw_learnable_sinusoid)
     ENGINE_CHECK(head_size() % 2 == 0,
@@ -171,6 +177,7 @@ BertConfig BertConfig::from_config(const engine::ConfigSection& m, int64_t defau
   c.num_layers = m.get_int("num_layers", c.num_layers);
   c.num_heads = m.get_int("num_heads", c.num_heads);
   c.ffn_size = m.get_int("ffn_size", c.ffn_size);
+  c.embedding_size = m.get_int("embedding_size", c.embedding_size);
   c.max_positions = m.get_int("max_positions", c.max_positions);
   c.type_vocab_size = m.get_int("type_vocab_size", c.type_vocab_size);
   c.layer_norm_eps = m.get_double("layer_norm_eps", c.layer_norm_eps);
@@ -211,6 +218,7 @@ std::string BertConfig::to_json() const {
   j["num_layers"] = num_layers;
   j["num_heads"] = num_heads;
   j["ffn_size"] = ffn_size;
+  if (embedding_size > 0) j["embedding_size"] = embedding_size;  // absent: hidden_size
   j["max_positions"] = max_positions;
   j["type_vocab_size"] = type_vocab_size;
   j["layer_norm_eps"] = layer_norm_eps;
@@ -233,14 +241,22 @@ std::string BertConfig::to_json() const {
 std::string BertConfig::first_difference(const BertConfig& other) const {
   const nlohmann::json a = nlohmann::json::parse(to_json()),
                        b = nlohmann::json::parse(other.to_json());
-  for (auto it = a.begin(); it != a.end(); ++it) {
-    if (it.value().is_object()) {
-      for (auto jt = it.value().begin(); jt != it.value().end(); ++jt)
-        if (b[it.key()][jt.key()] != jt.value())
-          return it.key() + "." + jt.key() + ": " + jt.value().dump() + " vs " +
-                 b[it.key()][jt.key()].dump();
-    } else if (b[it.key()] != it.value()) {
-      return it.key() + ": " + it.value().dump() + " vs " + b[it.key()].dump();
+  // A key either side lacks (embedding_size is written only when set) reads as "(unset)".
+  auto at = [](const nlohmann::json& o, const std::string& key) {
+    return o.contains(key) ? o.at(key) : nlohmann::json();
+  };
+  auto text = [](const nlohmann::json& v) { return v.is_null() ? "(unset)" : v.dump(); };
+  for (const nlohmann::json* side : {&a, &b}) {
+    for (auto it = side->begin(); it != side->end(); ++it) {
+      const nlohmann::json x = at(a, it.key()), y = at(b, it.key());
+      if (x.is_object() && y.is_object()) {
+        for (auto jt = x.begin(); jt != x.end(); ++jt)
+          if (at(y, jt.key()) != jt.value())
+            return it.key() + "." + jt.key() + ": " + text(jt.value()) + " vs " +
+                   text(at(y, jt.key()));
+      } else if (x != y) {
+        return it.key() + ": " + text(x) + " vs " + text(y);
+      }
     }
   }
   return "";
@@ -270,6 +286,7 @@ BertConfig BertConfig::from_json(const std::string& text, const std::string& sou
   get_int(j, "num_layers", c.num_layers, "");
   get_int(j, "num_heads", c.num_heads, "");
   get_int(j, "ffn_size", c.ffn_size, "");
+  if (j.contains("embedding_size")) get_int(j, "embedding_size", c.embedding_size, "");
   get_int(j, "max_positions", c.max_positions, "");
   get_int(j, "type_vocab_size", c.type_vocab_size, "");
   get_num("layer_norm_eps", c.layer_norm_eps);

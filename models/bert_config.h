@@ -58,6 +58,10 @@ struct BertConfig {
   int64_t num_layers = 12;
   int64_t num_heads = 12;
   int64_t ffn_size = 3072;
+  // Width of the token, segment and input-position embeddings; 0 = hidden_size. Another width
+  // (ELECTRA-Small: 128 under a hidden size of 256; ELECTRA's generator) adds a Linear from it to
+  // hidden_size after the input LayerNorm, and the MLM head projects back to it.
+  int64_t embedding_size = 0;
   int64_t max_positions = 512;  // rows of learned position tables
   int64_t type_vocab_size = 0;  // 0 (RoBERTa style, the papers' setting) or 2 (original BERT)
   double layer_norm_eps = 1e-12;
@@ -68,6 +72,7 @@ struct BertConfig {
   PositionConfig position;
 
   int64_t head_size() const { return hidden_size / num_heads; }
+  int64_t embedding_width() const { return embedding_size > 0 ? embedding_size : hidden_size; }
   void validate() const;  // sizes positive, heads divide width, preset consistent; clear errors
 
   // `size: base | large | custom` sets the sizes, and explicit keys override them; a missing

@@ -13,11 +13,12 @@ namespace models {
 
 using engine::DType;
 
-void save_checkpoint(const std::string& path, const BertForMaskedLM& model,
+void save_checkpoint(const std::string& path, const PretrainModel& model,
                      engine::SafetensorsMetadata extra, const engine::NamedTensors& extra_tensors) {
   extra[kConfigKey] = model.config().to_json();
   make_tokenizer_relative(extra, path);
-  extra[kKindKey] = "bert_mlm";
+  extra[kKindKey] = model.kind();
+  for (auto& [key, value] : model.checkpoint_metadata()) extra[key] = value;
   extra["format"] = "pt";  // lets Hugging Face's safetensors tools open it
   engine::NamedTensors tensors;
   for (auto& [name, t] : model.named_parameters()) tensors.emplace_back(name, t.detach());
@@ -33,8 +34,20 @@ BertConfig read_checkpoint_config(const std::string& path) {
   return BertConfig::from_json(it->second, path);
 }
 
-engine::SafetensorsContents load_checkpoint(const std::string& path, BertForMaskedLM& model,
+std::string read_checkpoint_kind(const std::string& path) {
+  const engine::SafetensorsMetadata meta = engine::read_safetensors_metadata(path);
+  auto it = meta.find(kKindKey);
+  return it == meta.end() ? "" : it->second;
+}
+
+engine::SafetensorsContents load_checkpoint(const std::string& path, PretrainModel& model,
                                             bool with_state) {
+  const std::string kind = read_checkpoint_kind(path);
+  // An ELECTRA checkpoint into a masked LM or the reverse: one clear error (finetuning takes the
+  // encoder of either through load_bert_encoder).
+  ENGINE_CHECK(kind.empty() || (kind == "electra") == (std::string(model.kind()) == "electra"),
+               "[checkpoint] ", path, " holds a '", kind, "' model, not a '", model.kind(),
+               "' one (train.objective); load it with the objective it was trained with");
   if (with_state)
     return engine::load_safetensors_into(path, model.named_parameters(),
                                          engine::ExtraTensors::read);
@@ -132,11 +145,11 @@ engine::SafetensorsContents load_bert_encoder(const std::string& path, BertModel
 data::MlmBatch load_mlm_batch(const std::string& path, const BertConfig& config) {
   engine::SafetensorsContents c = engine::load_safetensors(path);
   static const std::set<std::string> known = {"input_ids", "attention_mask", "labels",
-                                              "token_type_ids"};
+                                              "token_type_ids", "replacements"};
   for (auto& [n, t] : c.tensors)
-    ENGINE_CHECK(
-        known.count(n), "[batch] ", path, ": unexpected tensor '", n,
-        "' (a batch holds input_ids, attention_mask, labels and optionally token_type_ids)");
+    ENGINE_CHECK(known.count(n), "[batch] ", path, ": unexpected tensor '", n,
+                 "' (a batch holds input_ids, attention_mask, labels and optionally "
+                 "token_type_ids and replacements)");
   const Tensor ids = batch_tensor(c, path, "input_ids", true);
   const Tensor mask = batch_tensor(c, path, "attention_mask", true);
   const Tensor labels = batch_tensor(c, path, "labels", true);
@@ -165,6 +178,26 @@ data::MlmBatch load_mlm_batch(const std::string& path, const BertConfig& config)
   }
   // Labels are checked where the batch is made (data::make_mlm_batch).
   return data::make_mlm_batch(ids, mask, labels, types, config.vocab_size, path);
+}
+
+Tensor load_replacements(const std::string& path, const data::MlmBatch& batch,
+                         const BertConfig& config) {
+  engine::SafetensorsContents c = engine::load_safetensors(path);
+  for (auto& [n, t] : c.tensors) {
+    if (n != "replacements") continue;
+    const int64_t m = batch.num_predicted();
+    ENGINE_CHECK(
+        t.dim() == 1 && t.size(0) == m && (t.dtype() == DType::i64 || t.dtype() == DType::i32),
+        "[batch] ", path, ": 'replacements' must be (", m,
+        ") integers, one per label other than -100 in row-major order, got ", engine::describe(t));
+    const Tensor r = t.to(DType::i64);
+    const std::vector<int64_t> v = r.to_vector<int64_t>();
+    for (size_t k = 0; k < v.size(); ++k)
+      ENGINE_CHECK(v[k] >= 0 && v[k] < config.vocab_size, "[batch] ", path, ": replacements[", k,
+                   "] = ", v[k], " is not a token id in [0, vocab_size ", config.vocab_size, ")");
+    return r;
+  }
+  return Tensor();
 }
 
 }  // namespace models

@@ -22,16 +22,19 @@ inline constexpr const char* kLowerCaseKey = "engine.tokenizer_lower_case";
 // Writes the weights (and `extra_tensors`, e.g. optimizer state) with the model config and
 // `extra` in the metadata, atomically. An absolute tokenizer path in `extra` (kTokenizerKey) is
 // stored relative to `path`'s directory.
-void save_checkpoint(const std::string& path, const BertForMaskedLM& model,
+void save_checkpoint(const std::string& path, const PretrainModel& model,
                      engine::SafetensorsMetadata extra = {},
                      const engine::NamedTensors& extra_tensors = {});
 // The config stored in a checkpoint; a clear error when it has none or it is invalid.
 BertConfig read_checkpoint_config(const std::string& path);
+// The kind a checkpoint records (kKindKey: "bert_mlm", "electra", "bert_classification", ...);
+// "" when it records none.
+std::string read_checkpoint_kind(const std::string& path);
 // Loads the parameters (names, shapes and dtypes checked; the first mismatch is named). A file
 // with tensors beyond the model's is an error unless `with_state` (then those tensors — optimizer,
 // scaler, trainer state — and the metadata are returned from the same read) or they are the
 // hf.* tensors of a converted Hugging Face model (models/hf_bert.h), which are not read.
-engine::SafetensorsContents load_checkpoint(const std::string& path, BertForMaskedLM& model,
+engine::SafetensorsContents load_checkpoint(const std::string& path, PretrainModel& model,
                                             bool with_state = false);
 
 // Loads the encoder (every bert.* tensor) of any checkpoint of this engine (pretraining, training
@@ -63,5 +66,10 @@ std::string checkpoint_tokenizer(const std::string& path, const engine::Safetens
 // -100 or an id) with errors naming the file, the tensor and the first bad position. The batch
 // comes back on the host with its predicted positions and targets (data/batch.h).
 data::MlmBatch load_mlm_batch(const std::string& path, const BertConfig& config);
+// The optional `replacements` (M) tensor of a batch file: ELECTRA's generator draws to use instead
+// of sampling, one per predicted position in row-major order (checks against a reference);
+// undefined when the file has none. Errors name the file, the length or the first bad id.
+Tensor load_replacements(const std::string& path, const data::MlmBatch& batch,
+                         const BertConfig& config);
 
 }  // namespace models

@@ -326,6 +326,9 @@ HfConversion convert_to_hf(const std::string& checkpoint, const std::string& dir
                 " has no Hugging Face BERT equivalent (", what,
                 "); only bert_a models convert to HF BERT");
   }
+  ENGINE_CHECK(config.embedding_width() == config.hidden_size, "[hf] ", checkpoint,
+               ": model.embedding_size ", config.embedding_size, " differs from hidden_size ",
+               config.hidden_size, "; HF BERT has no embedding projection (that is ELECTRA's)");
   ENGINE_CHECK(!config.pre_layer_norm, "[hf] ", checkpoint,
                ": a pre-LN model (model.pre_layer_norm) has no Hugging Face BERT equivalent "
                "(BERT is post-LN); only post-LN bert_a models convert");

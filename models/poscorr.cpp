@@ -89,7 +89,9 @@ std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t,
     add(dot);
   }
   if (input.defined()) {
-    const Tensor pe = cpu_f32(input);
+    Tensor pe = cpu_f32(input);
+    if (bert.embedding_project)  // an embedding width of its own: into the layers' width first
+      pe = engine::matmul(pe, cpu_f32(bert.embedding_project->weight).transpose(0, 1));
     // The first layer's per-head (p_i W^Q)(p_j W^K), in logit units (/ sqrt(d_h)); no biases.
     const Tensor w = cpu_f32(bert.layers.at(0)->qkv.weight);  // (3d, d): Q | K | V rows
     Tensor q = heads_of(engine::matmul(pe, w.slice(0, 0, d).transpose(0, 1)), h);

@@ -27,7 +27,7 @@
 
 namespace models {
 
-MlmEval evaluate_mlm(BertForMaskedLM& model, const std::vector<data::MlmBatch>& batches,
+MlmEval evaluate_mlm(PretrainModel& model, const std::vector<data::MlmBatch>& batches,
                      engine::Communicator& comm, engine::DType compute) {
   engine::NoGrad ng;
   engine::Autocast autocast(compute);
@@ -37,30 +37,58 @@ MlmEval evaluate_mlm(BertForMaskedLM& model, const std::vector<data::MlmBatch>& 
   MlmEval r;
   double loss_sum = 0;
   int64_t correct = 0;
-  const engine::Device device = model.bert.token_embedding.device();
+  int64_t max_len = 0;
+  for (const data::MlmBatch& b : batches) max_len = std::max(max_len, b.inputs.input_ids.size(1));
+  // Per position: the summed loss, then the count (one buffer, one all-reduce).
+  std::vector<double> by_position(size_t(2 * max_len), 0.0);
+  const engine::Device device = model.parameters().at(0).device();
+  std::vector<std::string> part_names;
+  std::vector<double> part_sums;
   for (size_t i = size_t(comm.rank()); i < batches.size(); i += size_t(comm.size())) {
     const data::MlmBatch b = batches[i].to(device);
-    MlmOutput out = model.forward(b, unused);
-    const int64_t m = out.logits.size(0), v = out.logits.size(1);
+    PretrainModel::Output out = model.pretrain_forward(b, unused);
+    const int64_t m = out.mlm_logits.size(0), v = out.mlm_logits.size(1);
+    const int64_t t_len = batches[i].inputs.input_ids.size(1);
     loss_sum += out.loss.item() * double(m);
-    // Accuracy on the host: evaluation is not in the training step.
-    std::vector<float> logits = out.logits.to(engine::DType::f32).to_vector<float>();
+    if (part_names.empty())
+      for (auto& [name, t] : out.parts) part_names.push_back(name), part_sums.push_back(0.0);
+    for (size_t k = 0; k < out.parts.size(); ++k)
+      part_sums[k] += out.parts[k].second.item() * double(m);
+    // Accuracy and the loss of each token on the host: evaluation is not in the training step.
+    std::vector<float> logits = out.mlm_logits.to(engine::DType::f32).to_vector<float>();
     std::vector<int64_t> targets = batches[i].targets.to_vector<int64_t>();
+    std::vector<int64_t> positions = batches[i].positions.to_vector<int64_t>();
     for (int64_t k = 0; k < m; ++k) {
       const float* row = logits.data() + k * v;
-      correct += (std::max_element(row, row + v) - row) == targets[size_t(k)];
+      const int64_t target = targets[size_t(k)];
+      const float* top = std::max_element(row, row + v);
+      correct += (top - row) == target;
+      double sum_exp = 0;
+      for (int64_t c = 0; c < v; ++c) sum_exp += std::exp(double(row[c]) - double(*top));
+      const size_t t = size_t(positions[size_t(k)] % t_len);
+      by_position[t] += double(*top) + std::log(sum_exp) - double(row[target]);
+      by_position[size_t(max_len) + t] += 1;
     }
     r.predicted += m;
   }
   model.train(was_training);
   double sums[3] = {loss_sum, double(correct), double(r.predicted)};
   comm.all_reduce(sums);
+  comm.all_reduce(by_position);
+  if (!part_sums.empty()) comm.all_reduce(part_sums);
+  r.loss_sum_by_position.assign(by_position.begin(), by_position.begin() + max_len);
+  for (int64_t t = 0; t < max_len; ++t)
+    r.predicted_by_position.push_back(static_cast<int64_t>(by_position[size_t(max_len + t)]));
   r.batches = int64_t(batches.size());
   r.predicted = static_cast<int64_t>(sums[2]);
   if (r.predicted == 0) return r;
   r.loss = sums[0] / double(r.predicted);
+  for (size_t k = 0; k < part_names.size(); ++k)
+    r.parts.emplace_back(part_names[k], part_sums[k] / double(r.predicted));
   r.accuracy = sums[1] / double(r.predicted);
   r.perplexity = std::exp(r.loss);
+  for (auto& [name, value] : r.parts)
+    if (name == "mlm_loss") r.perplexity = std::exp(value);  // ELECTRA: the generator's
   return r;
 }
 
@@ -99,7 +127,7 @@ struct TrainerState {
   int64_t tokens = 0;  // non-padding tokens seen
 };
 
-void save_training_checkpoint(const fs::path& path, const BertForMaskedLM& model,
+void save_training_checkpoint(const fs::path& path, const PretrainModel& model,
                               const engine::Trainer& trainer, const engine::Generator& gen,
                               const TrainerState& st, const BatchSource& data,
                               const std::string& config_text, engine::SafetensorsMetadata meta) {
@@ -118,15 +146,21 @@ void save_training_checkpoint(const fs::path& path, const BertForMaskedLM& model
 
 // Restores everything from a training checkpoint (weights and state from one read); throws when
 // the file cannot be used, so the caller can fall back to an older one.
-void load_training_checkpoint(const fs::path& path, BertForMaskedLM& model,
-                              engine::Trainer& trainer, engine::Generator& gen, TrainerState& st,
-                              BatchSource& data) {
+void load_training_checkpoint(const fs::path& path, PretrainModel& model, engine::Trainer& trainer,
+                              engine::Generator& gen, TrainerState& st, BatchSource& data) {
   const BertConfig stored = read_checkpoint_config(path.string());
   const std::string diff = stored.first_difference(model.config());
   ENGINE_CHECK(diff.empty(), "[pretrain] ", path.string(),
                ": the checkpoint's model differs from the config at model.", diff,
                " (checkpoint vs config)");
   const engine::SafetensorsContents c = load_checkpoint(path.string(), model, /*with_state=*/true);
+  for (auto& [key, value] : model.checkpoint_metadata()) {
+    auto it = c.metadata.find(key);
+    ENGINE_CHECK(it != c.metadata.end() && it->second == value, "[pretrain] ", path.string(),
+                 ": the checkpoint's ", key, " ",
+                 it == c.metadata.end() ? std::string("is missing") : it->second,
+                 " differs from the config's ", value);
+  }
   trainer.optimizer().load_state(c.tensors);
   trainer.scaler().load_state(c.tensors);
   auto need = [&](const char* name) {
@@ -190,7 +224,7 @@ void truncate_metrics(const fs::path& file, int64_t step) {
 using ValidResult = MlmEval;
 
 // Over the first `max_batches` validation batches.
-ValidResult validate(BertForMaskedLM& model, BatchSource& data, int64_t max_batches,
+ValidResult validate(PretrainModel& model, BatchSource& data, int64_t max_batches,
                      engine::Communicator& comm, engine::DType compute) {
   ValidResult r = evaluate_mlm(model, data.valid_batches(max_batches), comm, compute);
   ENGINE_CHECK(r.predicted > 0, "[pretrain] the validation split gave no predicted token");
@@ -217,7 +251,7 @@ std::string latest_checkpoint(const std::string& out_dir) {
   return list.empty() ? "" : list.back().second.string();
 }
 
-PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const PretrainOptions& o,
+PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainOptions& o,
                         const engine::AdamWOptions& adam, uint64_t seed, bool resume,
                         const std::string& config_text,
                         const std::function<void(int64_t, double)>& on_step) {
@@ -365,7 +399,7 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
         o.accumulation,
         [&](int64_t m) {
           engine::Autocast autocast(compute);  // the forward only: backward follows its graph
-          return model.forward(micro[size_t(m)], gen).loss;
+          return model.pretrain_forward(micro[size_t(m)], gen).loss;
         },
         weights);
     const int64_t step = trainer.steps_taken();
@@ -388,7 +422,7 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
         model.train(false);
         engine::Generator unused(0);
         for (size_t m = 0; m < micro.size(); ++m) {
-          const double l = model.forward(micro[m], unused).loss.item();
+          const double l = model.pretrain_forward(micro[m], unused).loss.item();
           if (std::isfinite(l)) continue;
           where = "on micro-batch " + std::to_string(m + 1) + " of " +
                   std::to_string(micro.size()) +
@@ -443,8 +477,12 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
       if (validated) {
         std::snprintf(line, sizeof line,
                       ", \"valid_loss\": %.9g, \"valid_ppl\": %.6g, \"valid_accuracy\": %.6f",
-                      vr.loss, std::exp(vr.loss), vr.accuracy);
+                      vr.loss, vr.perplexity, vr.accuracy);
         json += line;
+        for (auto& [name, value] : vr.parts) {
+          std::snprintf(line, sizeof line, ", \"valid_%s\": %.9g", name.c_str(), value);
+          json += line;
+        }
       }
       metrics << json << "}\n";
       metrics.flush();
@@ -457,8 +495,10 @@ PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const Pretrai
       progress.print(line);
       if (validated) {
         progress.end_line();
-        std::printf("valid step %lld loss %.4f ppl %.2f accuracy %.4f\n", (long long)step, vr.loss,
-                    std::exp(vr.loss), vr.accuracy);
+        std::string parts;
+        for (auto& [name, value] : vr.parts) parts += " " + name + " " + std::to_string(value);
+        std::printf("valid step %lld loss %.4f ppl %.2f accuracy %.4f%s\n", (long long)step,
+                    vr.loss, vr.perplexity, vr.accuracy, parts.c_str());
       }
       std::fflush(stdout);
     }

@@ -37,12 +37,20 @@ class BatchSource {
 
 // Masked-LM evaluation: the loss (mean over predicted tokens), perplexity exp(loss) and top-1
 // accuracy of `model` over `batches` (batch i on rank i % size, sums reduced over ranks), with
-// dropout off under `compute` autocast; zeros when no token is predicted.
+// dropout off under `compute` autocast; zeros when no token is predicted. Also the loss by
+// position in the sequence (length generalisation): index t holds the summed loss and the count
+// of the predicted tokens at position t, over every batch (T = the longest batch's length).
 struct MlmEval {
   double loss = 0, perplexity = 0, accuracy = 0;
   int64_t predicted = 0, batches = 0;
+  std::vector<double> loss_sum_by_position;
+  std::vector<int64_t> predicted_by_position;
+  // The named parts of the objective's loss (ELECTRA: mlm_loss, rtd_loss), means like `loss`.
+  std::vector<std::pair<std::string, double>> parts;
 };
-MlmEval evaluate_mlm(BertForMaskedLM& model, const std::vector<data::MlmBatch>& batches,
+// `loss` is the model's objective (MLM; ELECTRA: MLM + rtd_weight x RTD, with the generator's
+// draws from a fixed stream); perplexity, accuracy and the loss by position are its MLM head's.
+MlmEval evaluate_mlm(PretrainModel& model, const std::vector<data::MlmBatch>& batches,
                      engine::Communicator& comm, engine::DType compute);
 
 struct PretrainOptions {
@@ -95,7 +103,7 @@ struct PretrainResult {
 // start (and resume) from rank 0's; gradients are summed over the ranks in buckets during the
 // last micro-batch's backward, the loss is the mean over every masked token of the global batch;
 // validation batches are spread over the ranks; only rank 0 writes checkpoints, metrics and logs.
-PretrainResult pretrain(BertForMaskedLM& model, BatchSource& data, const PretrainOptions& options,
+PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainOptions& options,
                         const engine::AdamWOptions& adam, uint64_t seed, bool resume,
                         const std::string& config_text = "",
                         const std::function<void(int64_t, double)>& on_step = {});

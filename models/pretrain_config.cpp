@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "engine/error.h"
+#include "models/checkpoint.h"
 
 namespace models {
 
@@ -124,8 +125,23 @@ PretrainConfig PretrainConfig::read(const engine::Config& cfg) {
   c.has_vocab_size = model.has("vocab_size");
   c.vocab_where_ = model.where("vocab_size");
   c.model = BertConfig::from_config(model);
+  c.objective = root.get_choice("objective", c.objective, {"mlm", "electra"});
+  if (root.has("electra"))
+    ENGINE_CHECK(c.objective == "electra", "[config] ", root.where("electra"),
+                 ": an electra section needs objective: electra (the objective is ", c.objective,
+                 ")");
+  if (c.objective == "electra") {
+    c.electra = ElectraConfig::from_config(root.section("electra"));
+    generator_config(c.model, c.electra);  // the generator's sizes must make a model
+  }
   root.finish();
   return c;
+}
+
+std::unique_ptr<PretrainModel> PretrainConfig::make_model(const BertConfig& m,
+                                                          uint64_t seed) const {
+  if (objective == "electra") return std::make_unique<ElectraForPretraining>(m, electra, seed);
+  return std::make_unique<BertForMaskedLM>(m, seed);
 }
 
 void PretrainConfig::check_for_corpus(const BertConfig& m, int64_t vocab,
@@ -138,6 +154,23 @@ void PretrainConfig::check_for_corpus(const BertConfig& m, int64_t vocab,
     ENGINE_CHECK(data.seq_len <= m.max_positions, "[config] ", seq_len_where_, ": ", data.seq_len,
                  " exceeds model.max_positions ", m.max_positions,
                  " of the learned position table (preset ", m.position.preset, ")");
+}
+
+std::unique_ptr<PretrainModel> load_pretrain_model(const std::string& checkpoint) {
+  const BertConfig config = read_checkpoint_config(checkpoint);
+  std::unique_ptr<PretrainModel> model;
+  if (read_checkpoint_kind(checkpoint) == "electra") {
+    const engine::SafetensorsMetadata meta = engine::read_safetensors_metadata(checkpoint);
+    auto it = meta.find(kElectraConfigKey);
+    ENGINE_CHECK(it != meta.end(), "[checkpoint] ", checkpoint, ": an ELECTRA checkpoint without '",
+                 kElectraConfigKey, "' in its metadata");
+    model = std::make_unique<ElectraForPretraining>(
+        config, ElectraConfig::from_json(it->second, checkpoint), 0);
+  } else {
+    model = std::make_unique<BertForMaskedLM>(config, 0);
+  }
+  load_checkpoint(checkpoint, *model);
+  return model;
 }
 
 }  // namespace models

@@ -5,11 +5,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "engine/config.h"
 #include "engine/optim.h"
 #include "models/bert_config.h"
+#include "models/electra.h"
 #include "models/pretrain.h"
 
 namespace models {
@@ -29,6 +31,8 @@ struct PretrainConfig {
   bool has_model = false;       // a `model:` section was given (else a checkpoint's may be used)
   bool has_vocab_size = false;  // model.vocab_size was given (else the corpus tokenizer's applies)
   BertConfig model;             // the model section (the defaults when absent)
+  std::string objective = "mlm";  // `objective:` mlm (BERT) or electra (models/electra.h)
+  ElectraConfig electra;          // the `electra:` section (objective: electra only)
   engine::AdamWOptions optim;
   DataOptions data;
   PretrainOptions train;
@@ -38,10 +42,17 @@ struct PretrainConfig {
   // Corpus pretraining with `model`: data.seq_len must fit a learned position table; `vocab` (the
   // tokenizer's size) must equal model.vocab_size. Errors name the config key.
   void check_for_corpus(const BertConfig& model, int64_t vocab, const std::string& tokenizer) const;
+  // The objective's model with encoder `model` (the `model:` section, or a checkpoint's), its
+  // parameters drawn from `seed`.
+  std::unique_ptr<PretrainModel> make_model(const BertConfig& model, uint64_t seed) const;
 
  private:
   std::string seq_len_where_, vocab_where_;  // "file.yaml:7: data.seq_len" for the errors
 };
+
+// The pretraining model a checkpoint holds (its kind: BERT's masked LM or ELECTRA, with the
+// config and ELECTRA settings it records), its weights loaded.
+std::unique_ptr<PretrainModel> load_pretrain_model(const std::string& checkpoint);
 
 // The sections on their own (each is what read() uses).
 engine::AdamWOptions read_optim_options(const engine::ConfigSection& optim);

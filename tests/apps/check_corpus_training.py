@@ -109,6 +109,27 @@ try:
           f"eval gives the run's last validation: loss {ev_loss} vs {last['valid_loss']:.4f}, accuracy {ev_acc}", p.stdout + p.stderr)
 except (IndexError, ValueError):
     check(False, "pretrain_app eval prints loss, perplexity and accuracy", p.stdout + p.stderr)
+# --by-position: the mean loss of the predicted tokens at each position; their count-weighted mean is
+# the loss above, and the counts add up to the predicted tokens.
+p = run(["eval", "--init", P("a", "model.safetensors"), "--corpus", P("corpus"), "--batches", "2", "--batch-size", "8",
+         "--seq-len", "64", "--by-position", P("by_position.csv")])
+try:
+    with open(P("by_position.csv")) as f:
+        header = f.readline().strip()
+        rows = [line.strip().split(",") for line in f]
+    predicted = int(p.stdout.split(" predicted tokens")[0].split()[-1])
+    n = sum(int(r[1]) for r in rows)
+    mean = sum(int(r[1]) * float(r[2]) for r in rows if r[2]) / n
+    ev = float(p.stdout.split("loss ")[1].split()[0])
+    check(p.returncode == 0 and header == "position,predicted,loss" and len(rows) == 64 and n == predicted
+          and abs(mean - ev) < 1e-3 and rows[0][1] == "0",
+          f"eval --by-position: 64 rows, {n} predicted tokens (of {predicted}), weighted mean {mean:.4f} vs loss {ev}",
+          p.stdout + p.stderr)
+except (OSError, IndexError, ValueError, ZeroDivisionError) as e:
+    check(False, f"eval --by-position writes a CSV ({e})", p.stdout + p.stderr)
+p = run(["eval", "--init", P("a", "model.safetensors"), "--corpus", P("corpus"), "--seq-len", "128"])
+check(p.returncode == 2 and "exceeds the model's max_positions 64" in p.stderr,
+      "eval beyond a learned position table: a usage error", p.stderr)
 p = run(["eval", "--init", P("a", "model.safetensors"), "--corpus", P("nowhere")])
 check(p.returncode == 1 and "nowhere" in p.stderr, "eval on a missing corpus: one clear error", p.stderr)
 p = run(["eval", "--corpus", P("corpus")])
@@ -173,6 +194,33 @@ if finished:
     check(not glob.glob(os.path.join(b_dir, "checkpoints", "*.tmp.*")), "no temporary file left behind")
     kept = sorted(os.path.basename(x) for x in glob.glob(os.path.join(b_dir, "checkpoints", "step_*.safetensors")))
     check(len(kept) == 2 and kept[-1] == "step_00000040.safetensors", f"keep_last 2: {kept}")
+
+# ---- ELECTRA (objective: electra) on the corpus: it trains, logs its two losses, evaluates ------
+p = run(["--config", P("cfg.yaml"), "--out", P("electra"), "--set", "objective=electra",
+         "--set", "electra.generator_size=0.25", "--set", "train.steps=12", "--set", "train.valid_every=6"])
+check(p.returncode == 0 and "ELECTRA generator: 2 layers, width 32, 1 heads" in p.stdout,
+      "an ELECTRA run on the corpus", p.stdout + p.stderr)
+try:
+    e_loss, e_rows = losses(P("electra"))
+    ev = [r for r in e_rows if "valid_loss" in r]
+    check(len(ev) == 2 and all("valid_mlm_loss" in r and "valid_rtd_loss" in r for r in ev)
+          and all(abs(r["valid_loss"] - r["valid_mlm_loss"] - 50 * r["valid_rtd_loss"]) < 1e-3 * r["valid_loss"]
+                  for r in ev)
+          and ev[-1]["valid_loss"] < ev[0]["valid_loss"],
+          f"ELECTRA validation: loss = MLM + 50 x RTD, and it falls: {[r['valid_loss'] for r in ev]}")
+    with open(P("electra", "model.safetensors"), "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        meta = json.loads(f.read(n)).get("__metadata__", {})
+    check(meta.get("engine.model") == "electra" and "engine.electra_config" in meta,
+          "the ELECTRA model records its kind and settings", str(meta.keys()))
+except (OSError, ValueError) as e:
+    check(False, f"ELECTRA run outputs ({e})")
+p = run(["eval", "--init", P("electra", "model.safetensors"), "--corpus", P("corpus"), "--batches", "2",
+         "--batch-size", "8", "--seq-len", "64"])
+check(p.returncode == 0 and "loss" in p.stdout, "eval of an ELECTRA checkpoint", p.stdout + p.stderr)
+p = run(["--config", P("cfg.yaml"), "--out", P("electra"), "--resume", "--set", "train.steps=14"])
+check(p.returncode == 1 and "holds a 'electra' model" in p.stderr,
+      "resuming an ELECTRA run as a masked LM: one clear error", p.stderr)
 
 # ---- bad inputs ----------------------------------------------------------------------------------
 with open(P("empty.txt"), "w") as f:

@@ -12,6 +12,7 @@
 #include "engine/safetensors.h"
 #include "models/bert.h"
 #include "models/checkpoint.h"
+#include "models/model_support.h"
 #include "ops/ops.h"
 
 using namespace models;
@@ -394,4 +395,42 @@ TEST_CASE("MLM batch files are validated", "[bert][batch]") {
       path, {{"input_ids", ids.to(DType::f32)}, {"attention_mask", mask}, {"labels", labels}});
   REQUIRE_THROWS_WITH(load_mlm_batch(path, c), Contains("'input_ids' must hold integers"));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("model.embedding_size: embeddings of their own width, projected; JSON only when set",
+          "[bert][config]") {
+  BertConfig c = engine::testing::tiny_bert("tupe_r");
+  const std::string plain = c.to_json();
+  REQUIRE(plain.find("embedding_size") == std::string::npos);  // old checkpoints stay the same
+  c.embedding_size = 12;
+  c.validate();
+  REQUIRE(BertConfig::from_json(c.to_json(), "t") == c);
+  REQUIRE(c.first_difference(engine::testing::tiny_bert("tupe_r")) ==
+          "embedding_size: 12 vs (unset)");
+  REQUIRE(engine::testing::tiny_bert("tupe_r").first_difference(c) ==
+          "embedding_size: (unset) vs 12");
+  BertForMaskedLM m(c, 2);
+  for (auto& [n, t] : m.named_parameters()) {
+    INFO(n);
+    if (n == "bert.embeddings.token") REQUIRE(t.shape() == engine::Shape{40, 12});
+    if (n == "bert.embeddings.project.weight") REQUIRE(t.shape() == engine::Shape{16, 12});
+    if (n == "bert.position.table") REQUIRE(t.shape() == engine::Shape{24, 12});
+    if (n == "bert.position.query.weight") REQUIRE(t.shape() == engine::Shape{16, 12});
+    if (n == "mlm.dense.weight") REQUIRE(t.shape() == engine::Shape{12, 16});
+  }
+  engine::Generator gen(1);
+  m.train(false);
+  const data::MlmBatch b = engine::testing::host_mlm_batch(2, 9, 40, 1);
+  REQUIRE(std::isfinite(m.forward(b, gen).loss.item()));
+  // With embedding_size equal to the width nothing is added: the same model value for value.
+  BertConfig same = engine::testing::tiny_bert("tupe_r");
+  same.embedding_size = same.hidden_size;
+  BertForMaskedLM x(same, 4), y(engine::testing::tiny_bert("tupe_r"), 4);
+  REQUIRE(x.named_parameters().size() == y.named_parameters().size());
+  REQUIRE(x.bert.token_embedding.to_vector<float>() == y.bert.token_embedding.to_vector<float>());
+  c.embedding_size = -1;
+  REQUIRE_THROWS_WITH(c.validate(), Contains("model.embedding_size must be 0"));
+  BertConfig odd = engine::testing::tiny_bert("sin_ape");
+  odd.embedding_size = 7;
+  REQUIRE_THROWS_WITH(odd.validate(), Contains("even embedding width"));
 }

@@ -76,10 +76,18 @@ def linear(x, P, prefix):
 
 
 class Reference:
-    def __init__(self, cfg, params):
-        """cfg: the engine's model config (dict); params: name -> tensor (made leaves here)."""
+    def __init__(self, cfg, params, prefix="bert.", head="mlm.", shared=None):
+        """cfg: the engine's model config (dict); params: name -> tensor (made leaves here).
+
+        prefix, head: where this encoder's and its MLM head's parameters are (ELECTRA's
+        generator: "generator.bert.", "generator.mlm."); the embeddings (token, segment, input
+        LayerNorm, the position table and frequencies) are always bert.*'s, shared. shared: the
+        leaves of another Reference (self.P), to use the same tensors."""
         self.cfg = cfg
-        self.P = {n: t.detach().clone().float().requires_grad_(True) for n, t in params.items()}
+        self.pre, self.head = prefix, head
+        self.P = shared if shared is not None else {
+            n: t.detach().clone().float().requires_grad_(True) for n, t in params.items()}
+        self.width = cfg.get("embedding_size", cfg["hidden_size"])  # of the embeddings
         pos = cfg["position"]
         self.input, self.relative, self.absolute = parts(pos["preset"])
         self.reset = pos["preset"] in ("tupe_a", "tupe_r")
@@ -118,17 +126,18 @@ class Reference:
                 idx[:, 0] = nb + 1   # others -> [CLS]
                 idx[0, :] = nb       # [CLS] -> others, including itself
             self._index_cache[("t5", T)] = idx
-        return self.P["bert.position.relative_table"][idx].permute(2, 0, 1)  # (H, T, T)
+        return self.P[self.pre + "position.relative_table"][idx].permute(2, 0, 1)  # (H, T, T)
 
     def _untied(self, T):
         P, cfg = self.P, self.cfg
         dh = cfg["hidden_size"] // cfg["num_heads"]
+        pre = self.pre
         rows = P["bert.position.table"][:T]
         if self.reset:
-            rows = torch.cat([rows, P["bert.position.cls_theta"]], 0)
-        rows = layer_norm(rows, P, "bert.position.norm", cfg["layer_norm_eps"])
-        pq = self._heads(linear(rows, P, "bert.position.query"))
-        pk = self._heads(linear(rows, P, "bert.position.key"))
+            rows = torch.cat([rows, P[pre + "position.cls_theta"]], 0)
+        rows = layer_norm(rows, P, pre + "position.norm", cfg["layer_norm_eps"])
+        pq = self._heads(linear(rows, P, pre + "position.query"))
+        pk = self._heads(linear(rows, P, pre + "position.key"))
         s = 1.0 / math.sqrt(2 * dh)
         v = pq[:, :T] @ pk[:, :T].transpose(1, 2) * s
         rel = self._t5_bias(T) if self.relative == "t5" else None
@@ -150,17 +159,18 @@ class Reference:
         dh = self.cfg["hidden_size"] // self.cfg["num_heads"]
         r = torch.arange(-c, c + 1, dtype=torch.float32)
         if self.relative == "shaw":
-            return P["bert.position.shaw_table"]
+            return P[self.pre + "position.shaw_table"]
         if self.relative == "shaw_sin":
             return sinusoid(r, freqs_for(dh))
-        return sinusoid(r, P["bert.position.shaw_freq"])
+        return sinusoid(r, P[self.pre + "position.shaw_freq"])
 
     # ---- the model -------------------------------------------------------------------------
     def embed(self, ids, types=None):
-        """The first layer's input x^0 = LN(token (+ segment) (+ position)): (B, T, d)."""
+        """LN(token (+ segment) (+ position)): (B, T, e), e the embedding width; the first
+        layer's input x^0 after dropout and project()."""
         P, cfg = self.P, self.cfg
         T = ids.shape[1]
-        d = cfg["hidden_size"]
+        d = self.width
         x = P["bert.embeddings.token"][ids]
         if cfg["type_vocab_size"] > 0:
             x = x + P["bert.embeddings.segment"][types if types is not None else torch.zeros_like(ids)]
@@ -171,6 +181,12 @@ class Reference:
         elif self.input == "learnable_sin":
             x = x + sinusoid(torch.arange(T, dtype=torch.float32), P["bert.position.freq"])
         return layer_norm(x, P, "bert.embeddings.norm", cfg["layer_norm_eps"])
+
+    def project(self, x):
+        """The embedding width to the hidden size, when they differ (ELECTRA)."""
+        if self.width == self.cfg["hidden_size"]:
+            return x
+        return linear(x, self.P, self.pre + "embeddings.project")
 
     def positional(self, T):
         """The terms every layer shares: additive bias (H, T, T), Shaw vectors (T, T, d_h),
@@ -187,8 +203,8 @@ class Reference:
             shaw = self._shaw_table()[idx]  # (T, T, d_h)
         if self.absolute == "decomposed":
             p = P["bert.position.table"][:T]
-            pq = self._heads(linear(p, P, "bert.position.query"))[None]
-            pk = self._heads(linear(p, P, "bert.position.key"))[None]
+            pq = self._heads(linear(p, P, self.pre + "position.query"))[None]
+            pk = self._heads(linear(p, P, self.pre + "position.key"))[None]
         return bias, shaw, pq, pk
 
     def layer_logits(self, l, h, terms):
@@ -199,7 +215,7 @@ class Reference:
         B, T, d = h.shape
         H = cfg["num_heads"]
         dh = d // H
-        pre = f"bert.encoder.layer.{l}."
+        pre = f"{self.pre}encoder.layer.{l}."
         qkv = linear(h, P, pre + "attention.qkv").view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
         if self.absolute == "decomposed":
@@ -217,9 +233,10 @@ class Reference:
 
     def first_layer_logits(self, ids):
         """The first layer's logits (B, H, T, T) for ids (B, T): identical-word probing."""
-        x = self.embed(ids)
+        x = self.project(self.embed(ids))
         if self.cfg["pre_layer_norm"]:
-            x = layer_norm(x, self.P, "bert.encoder.layer.0.attention_norm", self.cfg["layer_norm_eps"])
+            x = layer_norm(x, self.P, self.pre + "encoder.layer.0.attention_norm",
+                           self.cfg["layer_norm_eps"])
         return self.layer_logits(0, x, self.positional(ids.shape[1]))[0]
 
     def encode(self, ids, mask, types):
@@ -228,13 +245,13 @@ class Reference:
         d = cfg["hidden_size"]
         eps = cfg["layer_norm_eps"]
         hp, ap = cfg["hidden_dropout"], cfg["attention_dropout"]
-        x = self._dropout(self.embed(ids, types), hp, "embeddings")
+        x = self.project(self._dropout(self.embed(ids, types), hp, "embeddings"))
         terms = self.positional(T)
         shaw = terms[1]
 
         keep = mask[:, None, None, :] != 0
         for l in range(cfg["num_layers"]):
-            pre = f"bert.encoder.layer.{l}."
+            pre = f"{self.pre}encoder.layer.{l}."
 
             def attn(h):
                 logits, v = self.layer_logits(l, h, terms)
@@ -258,7 +275,7 @@ class Reference:
                 x = layer_norm(x + drop(attn(x), "attention"), P, pre + "attention_norm", eps)
                 x = layer_norm(x + drop(ffn(x), "ffn"), P, pre + "ffn_norm", eps)
         if cfg["pre_layer_norm"]:
-            x = layer_norm(x, P, "bert.encoder.final_norm", eps)
+            x = layer_norm(x, P, self.pre + "encoder.final_norm", eps)
         return x
 
     def mlm(self, ids, mask, types, labels, stream=None):
@@ -273,9 +290,9 @@ class Reference:
         flat = x.reshape(-1, cfg["hidden_size"])
         lab = labels.reshape(-1)
         sel = lab != -100
-        h = F.gelu(linear(flat[sel], P, "mlm.dense"))
-        h = layer_norm(h, P, "mlm.norm", cfg["layer_norm_eps"])
-        logits = h @ P["bert.embeddings.token"].t() + P["mlm.decoder_bias"]
+        h = F.gelu(linear(flat[sel], P, self.head + "dense"))
+        h = layer_norm(h, P, self.head + "norm", cfg["layer_norm_eps"])
+        logits = h @ P["bert.embeddings.token"].t() + P[self.head + "decoder_bias"]
         return F.cross_entropy(logits, lab[sel]), logits
 
 

@@ -49,6 +49,7 @@ def write_config(path, preset, args):
         f"  num_layers: {args.layers}",
         f"  num_heads: {args.heads}",
         f"  ffn_size: {4 * args.width}",
+        f"  embedding_size: {getattr(args, 'embedding_size', 0)}      # 0: hidden_size",
         f"  max_positions: {getattr(args, 'max_positions', 32)}",
         f"  type_vocab_size: {args.type_vocab}",
         "  layer_norm_eps: 1.0e-12",
@@ -131,6 +132,8 @@ def main():
     ap.add_argument("--vocab", type=int, default=100)
     ap.add_argument("--seq", type=int, default=16)
     ap.add_argument("--max-positions", type=int, default=32)
+    ap.add_argument("--embedding-size", type=int, default=0,
+                    help="model.embedding_size (0: hidden size; another adds the projections)")
     ap.add_argument("--type-vocab", type=int, default=2)
     ap.add_argument("--cls-reset", default="paper", choices=["paper", "code"])
     ap.add_argument("--pre-ln", action="store_true")
