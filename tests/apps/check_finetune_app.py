@@ -164,6 +164,26 @@ if mpirun:
     print("\nall checks passed")
     sys.exit(0)
 
+# ---- finetuning from an ELECTRA checkpoint: the discriminator's encoder (embeddings of their own
+# width, projected) is what finetune_app takes -------------------------------------------------------
+with open(path("tiny.yaml")) as f:
+    tiny = f.read()
+write("electra.yaml", tiny.replace("model:\n", "objective: electra\nelectra:\n  generator_size: 0.5\nmodel:\n"
+                                   "  embedding_size: 24\n", 1))
+p = subprocess.run([pretrain_app, "--config", path("electra.yaml"), "--batch-file", path("batch.st"), "--steps", "0",
+                    "--save", path("electra.safetensors")], capture_output=True, text=True)
+check(p.returncode == 0, "an ELECTRA checkpoint (pretrain_app --save)" + ("" if p.returncode == 0 else p.stderr))
+el_out = path("out_rte_electra")
+run(["glue/RTE", "--checkpoint", path("electra.safetensors"), "--tokenizer", path("vocab.txt"), "--data-dir",
+     path("glue"), "--out", el_out, "--lr", "4e-3", "--seed", "1", "--epochs", "8", "--no-test", *FAST], 0,
+    "best learning rate", "glue/RTE from an ELECTRA checkpoint")
+try:
+    el = json.load(open(os.path.join(el_out, "results.json")))
+    acc = el["best_run"]["metrics"]["acc"]
+    check(acc >= 0.75, f"glue/RTE from ELECTRA's discriminator learns: dev accuracy {acc}")
+except Exception as e:  # noqa: BLE001
+    check(False, f"glue/RTE from ELECTRA: results.json readable ({e})")
+
 # ---- glue/RTE: the sweep ------------------------------------------------------------------------
 rte_out = path("out_rte")
 out = run(["glue/RTE", *CKPT, "--data-dir", path("glue"), "--out", rte_out, "--lr", "2e-3,4e-3", "--seeds", "2",
