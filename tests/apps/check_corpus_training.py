@@ -195,6 +195,34 @@ if finished:
     kept = sorted(os.path.basename(x) for x in glob.glob(os.path.join(b_dir, "checkpoints", "step_*.safetensors")))
     check(len(kept) == 2 and kept[-1] == "step_00000040.safetensors", f"keep_last 2: {kept}")
 
+# ---- tools/length_generalisation.py: a relative preset runs at twice its training length; the learned
+# table of run A cannot (n/a); the table, the per-position data and (with matplotlib) the curve -----
+p = run(["--config", P("cfg.yaml"), "--out", P("rel"), "--set", "model.position.preset=sin_rpe",
+         "--set", "train.steps=6", "--set", "train.valid_every=0"])
+check(p.returncode == 0, "a sin_rpe run on the corpus", p.stdout + p.stderr)
+tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "length_generalisation.py")
+p = subprocess.run([sys.executable, tool, "--app", app, "--corpus", P("corpus"), "--out", P("lengths"),
+                    "--lengths", "64,128", "--train-length", "64", P("rel") + "=sin_rpe", P("a") + "=tupe_r"],
+                   capture_output=True, text=True)
+try:
+    with open(P("lengths.json")) as f:
+        lg = json.load(f)
+    rel, learned = lg["runs"][0]["lengths"], lg["runs"][1]["lengths"]
+    with open(P("lengths.md")) as f:
+        table = f.read()
+    check(rel["64"] is not None and rel["128"] is not None and len(rel["128"]["by_position"]) == 128
+          and learned["64"] is not None and learned["128"] is None
+          and "| sin_rpe |" in table and "| tupe_r |" in table and "n/a" in table,
+          "length_generalisation.py: sin_rpe at 64 and 128, tupe_r's table only at 64", p.stdout + p.stderr)
+except (OSError, KeyError, ValueError, IndexError) as e:
+    check(False, f"length_generalisation.py writes its table and data ({e})", p.stdout + p.stderr)
+try:
+    import matplotlib  # noqa: F401
+    check(p.returncode == 0 and os.path.getsize(P("lengths.png")) > 1000, "length_generalisation.py draws the curve",
+          p.stdout + p.stderr)
+except ImportError:
+    print("skip length_generalisation.py's picture: no matplotlib")
+
 # ---- ELECTRA (objective: electra) on the corpus: it trains, logs its two losses, evaluates ------
 p = run(["--config", P("cfg.yaml"), "--out", P("electra"), "--set", "objective=electra",
          "--set", "electra.generator_size=0.25", "--set", "train.steps=12", "--set", "train.valid_every=6"])
