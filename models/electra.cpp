@@ -29,8 +29,8 @@ ElectraConfig ElectraConfig::from_config(const engine::ConfigSection& s) {
                s.where("generator_size"), ": must be in (0, 1], got ", e.generator_size);
   ENGINE_CHECK(e.generator_layers >= 0, "[config] ", s.where("generator_layers"),
                ": must be 0 (the discriminator's) or positive, got ", e.generator_layers);
-  ENGINE_CHECK(std::isfinite(e.rtd_weight) && e.rtd_weight >= 0, "[config] ",
-               s.where("rtd_weight"), ": must be a finite value >= 0, got ", e.rtd_weight);
+  ENGINE_CHECK(std::isfinite(e.rtd_weight) && e.rtd_weight >= 0, "[config] ", s.where("rtd_weight"),
+               ": must be a finite value >= 0, got ", e.rtd_weight);
   ENGINE_CHECK(std::isfinite(e.temperature) && e.temperature > 0, "[config] ",
                s.where("temperature"), ": must be positive, got ", e.temperature);
   return e;
@@ -77,8 +77,8 @@ BertConfig generator_config(const BertConfig& d, const ElectraConfig& e) {
   g.embedding_size = d.embedding_width();
   if (g.embedding_size == g.hidden_size) g.embedding_size = 0;
   ENGINE_CHECK(g.hidden_size % g.num_heads == 0, "[electra] electra.generator_size ",
-               e.generator_size, " gives the generator a hidden size of ", g.hidden_size,
-               " and ", g.num_heads, " heads (", d.hidden_size, " and ", d.num_heads,
+               e.generator_size, " gives the generator a hidden size of ", g.hidden_size, " and ",
+               g.num_heads, " heads (", d.hidden_size, " and ", d.num_heads,
                " scaled), which do not divide; choose a size that keeps the head size whole");
   g.validate();
   return g;
@@ -106,17 +106,17 @@ ElectraOutput ElectraForPretraining::forward(const data::MlmBatch& batch, Genera
   out.mlm_loss = g.loss;
   out.mlm_logits = g.logits;
   if (replacements.defined()) {
-    ENGINE_CHECK(replacements.dtype() == engine::DType::i64 &&
-                     replacements.shape() == batch.targets.shape(),
-                 "[electra] the replacements must be (M) i64 like the batch's targets ",
-                 engine::describe(batch.targets), ", got ", engine::describe(replacements));
+    ENGINE_CHECK(
+        replacements.dtype() == engine::DType::i64 && replacements.shape() == batch.targets.shape(),
+        "[electra] the replacements must be (M) i64 like the batch's targets ",
+        engine::describe(batch.targets), ", got ", engine::describe(replacements));
     out.sampled = replacements.to(batch.targets.device());
   } else {
     out.sampled = engine::sample_categorical(g.logits.detach(), electra_.temperature, gen);
   }
   const engine::ReplacedTokens r =
-      engine::replace_tokens(batch.inputs.input_ids, batch.inputs.attention_mask,
-                             batch.positions, out.sampled, batch.targets);
+      engine::replace_tokens(batch.inputs.input_ids, batch.inputs.attention_mask, batch.positions,
+                             out.sampled, batch.targets);
   out.discriminator_ids = r.ids;
   out.rtd_labels = r.labels;
   data::EncoderInputs in = batch.inputs;
@@ -134,7 +134,7 @@ ElectraOutput ElectraForPretraining::forward(const data::MlmBatch& batch, Genera
 }
 
 PretrainModel::Output ElectraForPretraining::pretrain_forward(const data::MlmBatch& batch,
-                                                             Generator& gen) const {
+                                                              Generator& gen) const {
   ElectraOutput out = forward(batch, gen);
   return {out.loss, out.mlm_logits, {{"mlm_loss", out.mlm_loss}, {"rtd_loss", out.rtd_loss}}};
 }

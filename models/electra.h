@@ -49,14 +49,14 @@ struct ElectraConfig {
 BertConfig generator_config(const BertConfig& discriminator, const ElectraConfig& electra);
 
 struct ElectraOutput {
-  Tensor loss;             // scalar f32: mlm_loss + rtd_weight x rtd_loss
-  Tensor mlm_loss;         // the generator's mean cross-entropy over the masked positions
-  Tensor rtd_loss;         // the discriminator's mean binary cross-entropy over the tokens
-  Tensor mlm_logits;       // (M, V) the generator's, at the batch's positions
-  Tensor rtd_logits;       // (B, T) the discriminator's: > 0 means "replaced"
-  Tensor sampled;          // (M) i64 the generator's draws (or the replacements given)
+  Tensor loss;               // scalar f32: mlm_loss + rtd_weight x rtd_loss
+  Tensor mlm_loss;           // the generator's mean cross-entropy over the masked positions
+  Tensor rtd_loss;           // the discriminator's mean binary cross-entropy over the tokens
+  Tensor mlm_logits;         // (M, V) the generator's, at the batch's positions
+  Tensor rtd_logits;         // (B, T) the discriminator's: > 0 means "replaced"
+  Tensor sampled;            // (M) i64 the generator's draws (or the replacements given)
   Tensor discriminator_ids;  // (B, T) i64 its input: the original tokens, draws at the positions
-  Tensor rtd_labels;       // (B, T) i64: 1 replaced (the draw differs), 0 original, -100 padding
+  Tensor rtd_labels;         // (B, T) i64: 1 replaced (the draw differs), 0 original, -100 padding
 };
 
 class ElectraForPretraining : public PretrainModel {

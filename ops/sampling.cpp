@@ -71,8 +71,8 @@ ENGINE_REGISTER_KERNEL(sample_categorical_kernel, DeviceType::CPU, cpu::sample_c
 ENGINE_REGISTER_KERNEL(replace_tokens_kernel, DeviceType::CPU, cpu::replace_tokens);
 
 void check_i64(const Tensor& t, const char* what, int dims) {
-  ENGINE_CHECK(t.defined() && t.dtype() == DType::i64 && t.dim() == dims, "[replace_tokens] ",
-               what, " must be a ", dims, "-d i64 tensor, got ",
+  ENGINE_CHECK(t.defined() && t.dtype() == DType::i64 && t.dim() == dims, "[replace_tokens] ", what,
+               " must be a ", dims, "-d i64 tensor, got ",
                t.defined() ? describe(t) : std::string("none"));
 }
 
@@ -116,9 +116,9 @@ ReplacedTokens replace_tokens(const Tensor& ids, const Tensor& attention_mask,
     // Host-side range check for CPU tensors (a device kernel traps instead).
     const int64_t* pp = p.data<int64_t>();
     for (int64_t k = 0; k < p.numel(); ++k)
-      ENGINE_CHECK(pp[k] >= 0 && pp[k] < ids.numel(), "[replace_tokens] position ", pp[k],
-                   " at ", k, " is outside the ", describe(ids), " input (expected 0 <= p < ",
-                   ids.numel(), ")");
+      ENGINE_CHECK(pp[k] >= 0 && pp[k] < ids.numel(), "[replace_tokens] position ", pp[k], " at ",
+                   k, " is outside the ", describe(ids), " input (expected 0 <= p < ", ids.numel(),
+                   ")");
   }
   ReplacedTokens r;
   r.ids = Tensor::empty(ids.shape(), DType::i64, dev);

@@ -110,8 +110,8 @@ void replace_tokens(const Tensor& ids, const Tensor& mask, const Tensor& positio
   if (m == 0) return;
   const LaunchConfig some{dim3(grid_blocks(m, threads)), dim3(threads), 0, stream};
   ENGINE_LAUNCH(write_values, some, m, n, dptr<const int64_t>(positions),
-                dptr<const int64_t>(values), dptr<const int64_t>(original),
-                dptr<int64_t>(out_ids), dptr<int64_t>(out_labels));
+                dptr<const int64_t>(values), dptr<const int64_t>(original), dptr<int64_t>(out_ids),
+                dptr<int64_t>(out_labels));
 }
 
 }  // namespace

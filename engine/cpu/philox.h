@@ -1,6 +1,7 @@
 // Philox4x32-10 words in bulk on the CPU: the counter-based stream of engine/rng.h drawn 16 blocks
 // at a time in vector registers, for the kernels that consume one word per element (dropout,
-// categorical sampling). Bit for bit the words philox_word(state, i) gives (tests/test_dropout.cpp).
+// categorical sampling). Bit for bit the words philox_word(state, i) gives
+// (tests/test_dropout.cpp).
 #pragma once
 
 #include <algorithm>

@@ -92,13 +92,13 @@ TEST_CASE("ELECTRA shares the embeddings by handle and lists them once", "[elect
     REQUIRE(names.count(n));
     REQUIRE(param(m, n).to_vector<float>() == t.to_vector<float>());
   }
-  for (const char* own : {"generator.bert.embeddings.project.weight", "bert.embeddings.project.weight",
-                          "generator.bert.position.query.weight", "generator.mlm.decoder_bias",
-                          "rtd.dense.weight", "rtd.out.weight"})
+  for (const char* own : {"generator.bert.embeddings.project.weight",
+                          "bert.embeddings.project.weight", "generator.bert.position.query.weight",
+                          "generator.mlm.decoder_bias", "rtd.dense.weight", "rtd.out.weight"})
     REQUIRE(names.count(own));
-  for (const char* shared : {"generator.bert.embeddings.token", "generator.bert.position.table",
-                             "generator.bert.embeddings.norm.weight",
-                             "generator.bert.embeddings.segment"})
+  for (const char* shared :
+       {"generator.bert.embeddings.token", "generator.bert.position.table",
+        "generator.bert.embeddings.norm.weight", "generator.bert.embeddings.segment"})
     REQUIRE_FALSE(names.count(shared));
   const BertModel& g = m.generator.bert;
   REQUIRE(g.token_embedding.raw_data() == m.bert.token_embedding.raw_data());
@@ -186,8 +186,7 @@ TEST_CASE("ELECTRA pretraining resumes with bit-identical losses", "[electra][pr
   {
     ElectraForPretraining m(c, e, 5);
     engine::testing::SyntheticSource data;
-    REQUIRE_THROWS_WITH(pretrain(m, data, o_b, engine::testing::short_pretrain_adam(), 5, false,
-                                 "",
+    REQUIRE_THROWS_WITH(pretrain(m, data, o_b, engine::testing::short_pretrain_adam(), 5, false, "",
                                  [](int64_t step, double) {
                                    if (step == 10) throw engine::Error("simulated crash");
                                  }),
@@ -197,8 +196,7 @@ TEST_CASE("ELECTRA pretraining resumes with bit-identical losses", "[electra][pr
   {
     ElectraForPretraining m(c, e, 77);  // everything comes from the checkpoint
     engine::testing::SyntheticSource data;
-    PretrainResult r =
-        pretrain(m, data, o_b, engine::testing::short_pretrain_adam(), 5, true);
+    PretrainResult r = pretrain(m, data, o_b, engine::testing::short_pretrain_adam(), 5, true);
     REQUIRE(r.start_step == 8);
     resumed = r.losses;
   }
@@ -214,9 +212,8 @@ TEST_CASE("ELECTRA pretraining resumes with bit-identical losses", "[electra][pr
     engine::testing::SyntheticSource data;
     PretrainOptions more = o_b;
     more.steps = 16;
-    REQUIRE_THROWS_WITH(
-        pretrain(m, data, more, engine::testing::short_pretrain_adam(), 5, true),
-        Contains("engine.electra_config"));
+    REQUIRE_THROWS_WITH(pretrain(m, data, more, engine::testing::short_pretrain_adam(), 5, true),
+                        Contains("engine.electra_config"));
   }
   // The weights-only model loads back as ELECTRA; a masked LM refuses it.
   const std::string model_file = (b_dir / "model.safetensors").string();
@@ -249,8 +246,9 @@ TEST_CASE("the objective and electra sections of a pretraining config are checke
   REQUIRE(el.electra.rtd_weight == 20);
   REQUIRE(std::string(el.make_model(small_disc(), 1)->kind()) == "electra");
   REQUIRE_THROWS_WITH(read("objective: bert\n"), Contains("objective"));
-  REQUIRE_THROWS_WITH(read("electra:\n  rtd_weight: 2\n"),
-                      Contains("electra: an electra section needs objective: electra (the objective is mlm)"));
+  REQUIRE_THROWS_WITH(
+      read("electra:\n  rtd_weight: 2\n"),
+      Contains("electra: an electra section needs objective: electra (the objective is mlm)"));
   REQUIRE_THROWS_WITH(read("objective: electra\nelectra:\n  generator_size: 0\n"),
                       Contains("electra.generator_size: must be in (0, 1]"));
   REQUIRE_THROWS_WITH(read("objective: electra\nelectra:\n  temperature: -1\n"),
