@@ -1,4 +1,4 @@
-// Shared by the [cuda] parity tests: the device they run on and one closeness check.
+// Shared by the [cuda] parity tests: the device they run on and the closeness checks.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "engine/module.h"
 #include "engine/tensor.h"
 
 namespace engine::testing {
@@ -39,6 +40,19 @@ inline void require_equal(const Tensor& got, const Tensor& want) {
   for (size_t i = 0; i < g.size(); ++i) {
     INFO("element " << i << ": got " << g[i] << ", want " << w[i]);
     REQUIRE((g[i] == w[i] || (std::isnan(g[i]) && std::isnan(w[i]))));
+  }
+}
+
+// Every parameter gradient of the model on the device against the CPU model's (the same names
+// in the same order), within 1e-5 relative plus 1e-5 of the tensor's largest magnitude (sums that
+// cancel) and 1e-10 absolute (gradients that are zero in exact arithmetic).
+inline void require_same_gradients(const Module& gpu, const Module& cpu) {
+  const NamedTensors pa = cpu.named_parameters(), pb = gpu.named_parameters();
+  REQUIRE(pa.size() == pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    INFO("gradient of " << pa[i].first);
+    REQUIRE(pb[i].first == pa[i].first);
+    require_close(pb[i].second.grad(), pa[i].second.grad(), 1e-5, 1e-10, 1e-5);
   }
 }
 

@@ -110,6 +110,32 @@ def rel_err(a, b):
     return (a - b).abs().max().item() / max(b.abs().max().item(), FLOOR)
 
 
+def adamw(P, lr):
+    """torch AdamW over the leaves P (name -> tensor) with the engine's decay groups and eps."""
+    decay = [p for n, p in P.items() if not ref.no_weight_decay(n)]
+    no_decay = [p for n, p in P.items() if ref.no_weight_decay(n)]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.999), eps=1e-6)
+
+
+def report(errors, problems, tol):
+    """Prints the largest relative errors and every problem; -> the exit status (0: all within tol)."""
+    print("largest relative errors:")
+    for name, e in sorted(errors, key=lambda e: -e[1])[:6]:
+        print(f"  {e:.3e}  {name}")
+    for p in problems:
+        print("FAILED:", p)
+    bad = [(n, e) for n, e in errors if not e <= tol]
+    if bad:
+        print(f"FAILED: {len(bad)} values beyond tolerance {tol}: " +
+              ", ".join(f"{n} ({e:.2e})" for n, e in bad[:10]))
+    if problems or bad:
+        return 1
+    print(f"OK: every value within {tol}")
+    return 0
+
+
 def run(cmd):
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
@@ -230,11 +256,7 @@ def main():
     # N AdamW steps from the same start, decay groups by the same rule.
     model = ref.Reference(cfg, params)
     stream = new_stream()  # the steps continue one stream; the dump drew from a copy
-    decay = [p for n, p in model.P.items() if not ref.no_weight_decay(n)]
-    no_decay = [p for n, p in model.P.items() if ref.no_weight_decay(n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.999), eps=1e-6)
+    opt = adamw(model.P, args.lr)
     ref_losses = []
     for _ in range(args.steps):
         opt.zero_grad()
@@ -244,32 +266,18 @@ def main():
     for k, (a, b) in enumerate(zip(engine_losses, ref_losses), 1):
         errors.append((f"step {k} loss", abs(a - b) / abs(b)))
 
-    worst = sorted(errors, key=lambda e: -e[1])
     print(f"preset {args.preset}: {len(model.P)} parameters, loss engine {float(dump['loss']):.7f} "
           f"reference {loss.item():.7f}")
     print("losses engine   :", " ".join(f"{v:.7f}" for v in engine_losses))
     print("losses reference:", " ".join(f"{v:.7f}" for v in ref_losses))
-    print("largest relative errors:")
-    for name, e in worst[:6]:
-        print(f"  {e:.3e}  {name}")
-    ok = True
+    problems = []
     if missing or extra:
-        print("FAILED: gradient names differ; missing in the engine's dump:", missing, "extra:", extra)
-        ok = False
+        problems.append(f"gradient names differ; missing in the engine's dump: {missing}, extra: {extra}")
     if mask_problems:
-        print("FAILED: dropout masks differ:", "; ".join(mask_problems[:6]))
-        ok = False
+        problems.append("dropout masks differ: " + "; ".join(mask_problems[:6]))
     if edge_problem:
-        print("FAILED:", edge_problem)
-        ok = False
-    bad = [(n, e) for n, e in errors if not e <= args.tol]
-    if bad:
-        print(f"FAILED: {len(bad)} values beyond tolerance {args.tol}: " +
-              ", ".join(f"{n} ({e:.2e})" for n, e in bad[:10]))
-        ok = False
-    if ok:
-        print(f"OK: every value within {args.tol}")
-    return 0 if ok else 1
+        problems.append(edge_problem)
+    return report(errors, problems, args.tol)
 
 
 if __name__ == "__main__":

@@ -41,12 +41,7 @@ TEST_CASE("every preset: loss, logits and every gradient on the device match the
       require_close(b.logits, a.logits, 1e-5, 0, 1e-5);
       a.loss.backward();
       b.loss.backward();
-      const NamedTensors pa = cpu.named_parameters(), pb = gpu.named_parameters();
-      REQUIRE(pa.size() == pb.size());
-      for (size_t i = 0; i < pa.size(); ++i) {
-        INFO("gradient of " << pa[i].first);
-        require_close(pb[i].second.grad(), pa[i].second.grad(), 1e-5, 1e-10, 1e-5);
-      }
+      engine::testing::require_same_gradients(gpu, cpu);
     }
   }
 }
