@@ -76,6 +76,34 @@ run(["--config", path("tiny.yaml"), "--batch-file", path("batch.st"), "--device"
     "--device expects cpu, cuda or cuda:N, got 'gpu'", "bad --device")
 run(["--config", path("tiny.yaml"), "--batch-file", path("batch.st"), "--device", "cuda:9"], 1,
     "cuda:9", "--device naming a GPU this machine does not have")
+# ELECTRA's single-batch mode: draws fed from the batch file (4 predicted tokens), or refused.
+el = ["--config", path("tiny.yaml"), "--set", "objective=electra", "--set", "electra.generator_size=0.5"]
+write_safetensors(path("batch_draws.st"), {"input_ids": ([2, 6], ids), "attention_mask": ([2, 6], mask),
+                                           "labels": ([2, 6], labels), "replacements": ([4], [5, 6, 12, 9])})
+out = run(el + ["--batch-file", path("batch_draws.st"), "--steps", "3"], 0, "step 3 loss",
+          "ELECTRA: 3 steps on a batch with the generator's draws")
+run(el + ["--batch-file", path("batch.st"), "--steps", "2"], 0, "step 2 loss", "ELECTRA: 2 steps drawing")
+run(["--config", path("tiny.yaml"), "--batch-file", path("batch_draws.st")], 1,
+    "'replacements' is for objective: electra", "replacements for a masked LM")
+write_safetensors(path("batch_short.st"), {"input_ids": ([2, 6], ids), "attention_mask": ([2, 6], mask),
+                                           "labels": ([2, 6], labels), "replacements": ([3], [5, 6, 12])})
+run(el + ["--batch-file", path("batch_short.st")], 1, "'replacements' must be (4) integers",
+    "replacements of the wrong length")
+write_safetensors(path("batch_bad.st"), {"input_ids": ([2, 6], ids), "attention_mask": ([2, 6], mask),
+                                         "labels": ([2, 6], labels), "replacements": ([4], [5, 6, 40, 9])})
+run(el + ["--batch-file", path("batch_bad.st")], 1, "replacements[2] = 40 is not a token id",
+    "a replacement outside the vocabulary")
+run(el + ["--set", "electra.generator_size=0.4", "--batch-file", path("batch.st")], 1, "do not divide",
+    "an ELECTRA generator size that does not make a model")
+
+# The shipped configs small enough to build here read and build (the Base and Large ones share
+# their keys with these): every key known, the ELECTRA generator's sizes valid.
+configs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs")
+for name in sorted(os.listdir(configs)):
+    if name.endswith(".yaml") and (name.startswith("tiny_") or name.startswith("electra_small_")):
+        run(["--config", os.path.join(configs, name), "--count-params", "--device", "cpu", "--set",
+             "train.precision=f32", "--set", "model.vocab_size=1000"], 0, "total", f"configs/{name} builds")
+
 # Bad configs.
 run(["--config", path("missing.yaml")], 1, "missing.yaml: no such file", "missing config")
 with open(path("device.yaml"), "w") as f:
