@@ -109,7 +109,7 @@ def main():
         import matplotlib.pyplot as plt
     except ImportError:
         sys.exit("length_generalisation: the picture needs matplotlib (apt-get install python3-matplotlib)")
-    fig, ax = plt.subplots(figsize=(8, 4.8))
+    fig, ax = plt.subplots(figsize=(10, 4.8))
     for r in results:
         e = r["lengths"][longest]
         if e is None:
@@ -126,11 +126,11 @@ def main():
                 ys.append(v)
         ax.plot(xs, ys, label=r["label"], linewidth=1.4)
     ax.axvline(train, color="gray", linestyle="--", linewidth=1)
-    ax.text(train, ax.get_ylim()[1], f" trained at T = {train}", va="top", fontsize=8, color="gray")
+    ax.text(train, ax.get_ylim()[0], f" trained at T = {train}", va="bottom", fontsize=8, color="gray")
     ax.set_xlabel(f"position in the sequence (mean over buckets of {args.bucket})")
     ax.set_ylabel("MLM loss of the masked tokens")
     ax.set_title(f"Length generalisation: evaluated at T = {longest}")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(args.out + ".png", dpi=120)
