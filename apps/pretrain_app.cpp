@@ -667,7 +667,8 @@ int eval_cmd(int argc, char** argv) {
   ENGINE_CHECK(!list.empty(), "[pretrain_app] the ", split, " split of ", corpus_dir,
                " gives no batch of ", seq_len, " tokens");
   engine::Communicator& comm = engine::world();
-  const models::MlmEval r = models::evaluate_mlm(*model, list, comm, compute);
+  const models::MlmEval r =
+      models::evaluate_mlm(*model, list, comm, compute, /*by_position_too=*/!by_position.empty());
   ENGINE_CHECK(r.predicted > 0, "[pretrain_app] the ", split, " split of ", corpus_dir,
                " gave no masked token to predict");
   if (comm.is_root())

@@ -28,7 +28,7 @@
 namespace models {
 
 MlmEval evaluate_mlm(PretrainModel& model, const std::vector<data::MlmBatch>& batches,
-                     engine::Communicator& comm, engine::DType compute) {
+                     engine::Communicator& comm, engine::DType compute, bool by_position_too) {
   engine::NoGrad ng;
   engine::Autocast autocast(compute);
   const bool was_training = model.training();
@@ -38,7 +38,8 @@ MlmEval evaluate_mlm(PretrainModel& model, const std::vector<data::MlmBatch>& ba
   double loss_sum = 0;
   int64_t correct = 0;
   int64_t max_len = 0;
-  for (const data::MlmBatch& b : batches) max_len = std::max(max_len, b.inputs.input_ids.size(1));
+  if (by_position_too)
+    for (const data::MlmBatch& b : batches) max_len = std::max(max_len, b.inputs.input_ids.size(1));
   // Per position: the summed loss, then the count (one buffer, one all-reduce).
   std::vector<double> by_position(size_t(2 * max_len), 0.0);
   const engine::Device device = model.parameters().at(0).device();
@@ -63,6 +64,7 @@ MlmEval evaluate_mlm(PretrainModel& model, const std::vector<data::MlmBatch>& ba
       const int64_t target = targets[size_t(k)];
       const float* top = std::max_element(row, row + v);
       correct += (top - row) == target;
+      if (!by_position_too) continue;
       double sum_exp = 0;
       for (int64_t c = 0; c < v; ++c) sum_exp += std::exp(double(row[c]) - double(*top));
       const size_t t = size_t(positions[size_t(k)] % t_len);
@@ -74,7 +76,7 @@ MlmEval evaluate_mlm(PretrainModel& model, const std::vector<data::MlmBatch>& ba
   model.train(was_training);
   double sums[3] = {loss_sum, double(correct), double(r.predicted)};
   comm.all_reduce(sums);
-  comm.all_reduce(by_position);
+  if (by_position_too) comm.all_reduce(by_position);
   if (!part_sums.empty()) comm.all_reduce(part_sums);
   r.loss_sum_by_position.assign(by_position.begin(), by_position.begin() + max_len);
   for (int64_t t = 0; t < max_len; ++t)

@@ -37,9 +37,10 @@ class BatchSource {
 
 // Masked-LM evaluation: the loss (mean over predicted tokens), perplexity exp(loss) and top-1
 // accuracy of `model` over `batches` (batch i on rank i % size, sums reduced over ranks), with
-// dropout off under `compute` autocast; zeros when no token is predicted. Also the loss by
-// position in the sequence (length generalisation): index t holds the summed loss and the count
-// of the predicted tokens at position t, over every batch (T = the longest batch's length).
+// dropout off under `compute` autocast; zeros when no token is predicted. With
+// `by_position_too`, also the loss by position in the sequence (length generalisation): index t
+// holds the summed loss and the count of the predicted tokens at position t, over every batch
+// (T = the longest batch's length; a log-sum-exp per predicted token on the host).
 struct MlmEval {
   double loss = 0, perplexity = 0, accuracy = 0;
   int64_t predicted = 0, batches = 0;
@@ -51,7 +52,8 @@ struct MlmEval {
 // `loss` is the model's objective (MLM; ELECTRA: MLM + rtd_weight x RTD, with the generator's
 // draws from a fixed stream); perplexity, accuracy and the loss by position are its MLM head's.
 MlmEval evaluate_mlm(PretrainModel& model, const std::vector<data::MlmBatch>& batches,
-                     engine::Communicator& comm, engine::DType compute);
+                     engine::Communicator& comm, engine::DType compute,
+                     bool by_position_too = false);
 
 struct PretrainOptions {
   int64_t steps = 1000;       // optimizer steps
