@@ -37,6 +37,7 @@
 #include "engine/threads.h"
 #include "models/bert.h"
 #include "models/checkpoint.h"
+#include "models/electra.h"
 #include "models/hf_bert.h"
 #include "models/pretrain.h"
 #include "models/pretrain_config.h"

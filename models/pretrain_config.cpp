@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "engine/error.h"
-#include "models/checkpoint.h"
 
 namespace models {
 
@@ -138,12 +137,6 @@ PretrainConfig PretrainConfig::read(const engine::Config& cfg) {
   return c;
 }
 
-std::unique_ptr<PretrainModel> PretrainConfig::make_model(const BertConfig& m,
-                                                          uint64_t seed) const {
-  if (objective == "electra") return std::make_unique<ElectraForPretraining>(m, electra, seed);
-  return std::make_unique<BertForMaskedLM>(m, seed);
-}
-
 void PretrainConfig::check_for_corpus(const BertConfig& m, int64_t vocab,
                                       const std::string& tokenizer) const {
   ENGINE_CHECK(m.vocab_size == vocab, "[config] ", vocab_where_, ": ", m.vocab_size,
@@ -154,23 +147,6 @@ void PretrainConfig::check_for_corpus(const BertConfig& m, int64_t vocab,
     ENGINE_CHECK(data.seq_len <= m.max_positions, "[config] ", seq_len_where_, ": ", data.seq_len,
                  " exceeds model.max_positions ", m.max_positions,
                  " of the learned position table (preset ", m.position.preset, ")");
-}
-
-std::unique_ptr<PretrainModel> load_pretrain_model(const std::string& checkpoint) {
-  const BertConfig config = read_checkpoint_config(checkpoint);
-  std::unique_ptr<PretrainModel> model;
-  if (read_checkpoint_kind(checkpoint) == "electra") {
-    const engine::SafetensorsMetadata meta = engine::read_safetensors_metadata(checkpoint);
-    auto it = meta.find(kElectraConfigKey);
-    ENGINE_CHECK(it != meta.end(), "[checkpoint] ", checkpoint, ": an ELECTRA checkpoint without '",
-                 kElectraConfigKey, "' in its metadata");
-    model = std::make_unique<ElectraForPretraining>(
-        config, ElectraConfig::from_json(it->second, checkpoint), 0);
-  } else {
-    model = std::make_unique<BertForMaskedLM>(config, 0);
-  }
-  load_checkpoint(checkpoint, *model);
-  return model;
 }
 
 }  // namespace models

@@ -11,7 +11,7 @@
 #include "engine/config.h"
 #include "engine/optim.h"
 #include "models/bert_config.h"
-#include "models/electra.h"
+#include "models/electra_config.h"
 #include "models/pretrain.h"
 
 namespace models {
@@ -43,7 +43,7 @@ struct PretrainConfig {
   // tokenizer's size) must equal model.vocab_size. Errors name the config key.
   void check_for_corpus(const BertConfig& model, int64_t vocab, const std::string& tokenizer) const;
   // The objective's model with encoder `model` (the `model:` section, or a checkpoint's), its
-  // parameters drawn from `seed`.
+  // parameters drawn from `seed` (defined with the models, in models/electra.cpp).
   std::unique_ptr<PretrainModel> make_model(const BertConfig& model, uint64_t seed) const;
 
  private:
