@@ -20,28 +20,34 @@ void sample_categorical(const Tensor& logits, double temperature, PhiloxState s,
                         const Tensor& out) {
   const int64_t n = logits.shape()[0], c = logits.shape()[1];
   const float t = static_cast<float>(temperature);
-  // The scores of every element first (the words come 64 at a time, across row ends), then each
-  // row's argmax.
-  std::vector<float> score(static_cast<size_t>(n * c));
-  dispatch_floating(logits.dtype(), "sample_categorical", [&]<class T>() {
-    const T* x = logits.data<T>();
-    engine::cpu::philox::for_each_words(
-        n * c, s, [&](int64_t base, const uint32_t* words, int64_t count) {
-          for (int64_t k = 0; k < count; ++k)
-            score[size_t(base + k)] =
-                static_cast<float>(x[base + k]) / t + gumbel_from_word(words[k]);
-        });
-  });
   int64_t* o = out.data<int64_t>();
-#pragma omp parallel for if (n * c > ::engine::cpu::kParallelMinElems)
-  for (int64_t i = 0; i < n; ++i) {
-    const float* r = score.data() + i * c;
-    float best = -std::numeric_limits<float>::infinity();
-    int64_t arg = 0;
-    for (int64_t j = 0; j < c; ++j)
-      if (r[j] > best) best = r[j], arg = j;
-    o[i] = arg;
-  }
+  // Rows in chunks of kRows: the chunk's scores (its words drawn 64 at a time, across row ends),
+  // then each row's argmax. kRows x C words is a whole number of Philox blocks, so a chunk's
+  // words start at block offset + i0 * C / 4; the buffer stays kRows x C.
+  constexpr int64_t kRows = 64;
+  std::vector<float> score(static_cast<size_t>(std::min(n, kRows) * c));
+  dispatch_floating(logits.dtype(), "sample_categorical", [&]<class T>() {
+    for (int64_t i0 = 0; i0 < n; i0 += kRows) {
+      const int64_t rows = std::min(kRows, n - i0);
+      const T* x = logits.data<T>() + i0 * c;
+      const PhiloxState chunk{s.seed, s.offset + static_cast<uint64_t>(i0 * c / 4)};
+      engine::cpu::philox::for_each_words(
+          rows * c, chunk, [&](int64_t base, const uint32_t* words, int64_t count) {
+            for (int64_t k = 0; k < count; ++k)
+              score[size_t(base + k)] =
+                  static_cast<float>(x[base + k]) / t + gumbel_from_word(words[k]);
+          });
+#pragma omp parallel for if (rows * c > ::engine::cpu::kParallelMinElems)
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* r = score.data() + i * c;
+        float best = -std::numeric_limits<float>::infinity();
+        int64_t arg = 0;
+        for (int64_t j = 0; j < c; ++j)
+          if (r[j] > best) best = r[j], arg = j;
+        o[i0 + i] = arg;
+      }
+    }
+  });
 }
 
 void replace_tokens(const Tensor& ids, const Tensor& mask, const Tensor& positions,

@@ -13,7 +13,7 @@ using namespace engine;
 
 TEST_CASE("sample_categorical is the Gumbel-max argmax of word i * C + c", "[sampling]") {
   Generator init(3);
-  for (auto [n, c] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {5, 130}, {2, 1031}}) {
+  for (auto [n, c] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {5, 130}, {2, 1031}, {130, 7}}) {
     INFO(n << " x " << c);
     Tensor logits = Tensor::randn({n, c}, init, 0.0, 3.0);
     for (double t : {1.0, 0.5, 2.0}) {

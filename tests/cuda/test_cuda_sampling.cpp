@@ -16,7 +16,8 @@ using engine::testing::require_equal;
 TEST_CASE("sample_categorical on the device draws the CPU's classes", "[cuda]") {
   Generator init(51);
   for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
-    for (auto [n, c] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {4, 300}, {2, 30522}}) {
+    for (auto [n, c] :
+         {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {4, 300}, {2, 30522}, {130, 33}}) {
       INFO(dtype_name(dt) << " " << n << " x " << c);
       Tensor logits = Tensor::randn({n, c}, init, 0.0, 2.0).to(dt);
       Generator a(3), b(3);
