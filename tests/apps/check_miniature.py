@@ -1,0 +1,173 @@
+#!/usr/bin/python3
+"""tools/miniature.py end to end on a tiny corpus and a small RTE-format task (standard library only):
+2 presets x 2 seeds pretrained, a random-initialisation row, 2 finetuning learning rates; the table's
+means, stds, chosen learning rates, validation losses and majority row must equal what the runs'
+own files say; a second invocation runs nothing, one with a finetuning result removed runs just
+that one; a preset that does not exist and a missing GLUE folder end with one clear message.
+
+usage: check_miniature.py BIN_DIR WORKDIR
+"""
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tiny_corpus import make_corpus  # noqa: E402
+
+bin_dir, work = sys.argv[1], sys.argv[2]
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+P = lambda *a: os.path.join(work, *a)  # noqa: E731
+tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "miniature.py")
+failures = []
+
+
+def check(ok, label, detail=""):
+    print(("ok   " if ok else "FAIL ") + label)
+    if not ok:
+        failures.append(label)
+        if detail:
+            print("     " + detail.strip()[-3000:].replace("\n", "\n     "))
+
+
+p = make_corpus(os.path.join(bin_dir, "pretrain_app"), work)
+check(p.returncode == 0, "prepare a corpus", p.stdout + p.stderr)
+with open(P("cfg.yaml"), "w") as f:
+    f.write("""seed: 1
+model:
+  hidden_size: 32
+  num_layers: 1
+  num_heads: 2
+  ffn_size: 64
+  max_positions: 64
+  type_vocab_size: 2
+  position:
+    preset: bert_a
+optim:
+  lr: 2.0e-3
+data:
+  corpus: unused
+  seq_len: 64
+  batch_size: 8
+train:
+  steps: 10
+""")
+
+# An RTE-format task over the corpus's words: entailment iff sentence2 holds w1.
+rng = random.Random(3)
+
+
+def rows(n):
+    out = []
+    for i in range(n):
+        s2 = [f"w{rng.randrange(2, 300)}" for _ in range(rng.randint(3, 8))]
+        if i % 2 == 0:
+            s2.insert(rng.randrange(len(s2) + 1), "w1")
+        s1 = " ".join(f"w{rng.randrange(2, 300)}" for _ in range(rng.randint(3, 8)))
+        out.append(f"{i}\t{s1}\t{' '.join(s2)}\t{'entailment' if i % 2 == 0 else 'not_entailment'}\n")
+    return out
+
+
+os.makedirs(P("glue", "RTE"))
+for name, n in (("train.tsv", 256), ("dev.tsv", 41)):
+    with open(P("glue", "RTE", name), "w") as f:
+        f.write("index\tsentence1\tsentence2\tlabel\n" + "".join(rows(n)))
+
+base = [sys.executable, tool, "--bin", bin_dir, "--corpus", P("corpus"), "--glue", P("glue"),
+        "--config", P("cfg.yaml"), "--presets", "tupe_r,bert_a", "--scratch", "bert_a", "--seeds", "2",
+        "--steps", "20", "--warmup", "2", "--valid-every", "10", "--valid-batches", "2", "--tasks", "RTE",
+        "--lrs", "3e-3,1e-3", "--epochs", "4", "--finetune-args", "--batch-size 16 --max-len 32"]
+out = P("mini")
+
+
+def sweep(extra=()):
+    return subprocess.run(base + ["--out", out, *extra], capture_output=True, text=True)
+
+
+p = sweep()
+check(p.returncode == 0 and "0 of 6 jobs already done, 6 to run" in p.stdout
+      and "6 of 18 jobs already done, 12 to run" in p.stdout,
+      "the whole sweep runs (6 pretraining, then 12 finetuning jobs)",
+      p.stdout + p.stderr)
+
+# ---- the table against the runs' own files ----------------------------------------------------
+try:
+    table = json.load(open(os.path.join(out, "table.json")))
+    md = open(os.path.join(out, "table.md")).read()
+except (OSError, json.JSONDecodeError) as e:
+    table, md = None, ""
+    check(False, f"table.json and table.md written ({e})")
+
+def check_table(table, md):
+    check([r["model"] for r in table["rows"]] == ["tupe_r", "bert_a", "bert_a, random init"],
+          "rows: the presets, then the random initialisation", str([r["model"] for r in table["rows"]]))
+    ok, detail = True, ""
+    for r in table["rows"]:
+        runs = [os.path.join(out, f"{'init' if 'random' in r['model'] else 'pre'}_{r['model'].split(',')[0]}_s{s}")
+                for s in (1, 2)]
+        means = {}
+        for lr in ("3e-3", "1e-3"):
+            xs = [100 * json.load(open(os.path.join(out, "ft", os.path.basename(d), f"RTE_lr{lr}", "results.json")))
+                  ["runs"][0]["best"]["score"] for d in runs]
+            m = sum(xs) / 2
+            means[lr] = (m, math.sqrt(sum((x - m) ** 2 for x in xs)), xs)
+        lr = max(means, key=lambda k: means[k][0])
+        got = r["tasks"]["RTE"]
+        if got["lr"] != lr or abs(got["mean"] - means[lr][0]) > 1e-9 or abs(got["std"] - means[lr][1]) > 1e-9:
+            ok, detail = False, f"{r['model']}: table {got}, runs {means}"
+        if "random" not in r["model"]:
+            finals = []
+            for d in runs:
+                v = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
+                v = [m for m in v if "valid_loss" in m]
+                finals.append(v[-1]["valid_loss"])
+                ok = ok and v[-1]["step"] == 20 and [m["step"] for m in v] == [10, 20]
+            m = sum(finals) / 2
+            s = math.sqrt(sum((x - m) ** 2 for x in finals))
+            if abs(r["valid_loss"][0] - m) > 1e-9 or abs(r["valid_loss"][1] - s) > 1e-9:
+                ok, detail = False, f"{r['model']}: valid loss {r['valid_loss']} vs {finals}"
+            cells = f"| {r['model']} | {m:.3f} ± {s:.3f} | {got['mean']:.1f} ± {got['std']:.1f}"
+            ok = ok and cells in md
+        elif "valid_loss" in r:
+            ok, detail = False, "the random-initialisation row has a validation loss"
+    check(ok, "per row: the learning rate of the best mean over seeds, its mean and std; the final valid loss",
+          detail or md)
+    ok = "| majority class | | 51.2 | 51.2 |" in md  # 21 of 41 dev examples are entailment
+    check(ok, "the majority-class row (21/41 = 51.2)", md)
+
+
+if table:
+    try:
+        check_table(table, md)
+    except (OSError, KeyError, IndexError, TypeError, ValueError) as e:
+        check(False, f"the table and the runs' files agree ({type(e).__name__}: {e})")
+if subprocess.run([sys.executable, "-c", "import matplotlib"]).returncode == 0:
+    png = os.path.join(out, "curves.png")
+    check(os.path.exists(png) and os.path.getsize(png) > 1000, "curves.png drawn")
+
+# ---- continuing: nothing to redo; one removed result is run again alone --------------------------
+p = sweep()
+check(p.returncode == 0 and "6 of 6 jobs already done, 0 to run" in p.stdout
+      and "18 of 18 jobs already done, 0 to run" in p.stdout, "a second invocation runs nothing",
+      p.stdout + p.stderr)
+os.remove(os.path.join(out, "ft", "pre_bert_a_s2", "RTE_lr1e-3", "results.json"))
+p = sweep()
+check(p.returncode == 0 and "17 of 18 jobs already done, 1 to run" in p.stdout
+      and "pre_bert_a_s2 RTE lr 1e-3 done" in p.stdout, "a removed result is run again, alone", p.stdout + p.stderr)
+
+# ---- bad input: one clear message ----------------------------------------------------------------
+p = subprocess.run(base + ["--out", P("bad"), "--presets", "nosuch"], capture_output=True, text=True)
+check(p.returncode == 1 and "miniature: pre_nosuch_s1 failed (exit 1); see " in p.stderr,
+      "an unknown preset: the failed job and its log named", p.stdout + p.stderr)
+log = p.stderr.rsplit("see ", 1)[-1].strip()
+check(os.path.exists(log) and "nosuch" in open(log).read(), "that log says what was wrong with the preset")
+p = subprocess.run(base + ["--out", P("bad2"), "--glue", P("nowhere")], capture_output=True, text=True)
+check(p.returncode == 1 and "--glue" in p.stderr and "RTE/train.tsv" in p.stderr and "Traceback" not in p.stderr,
+      "a missing GLUE folder: one message", p.stderr)
+
+print(f"\n{len(failures)} failure(s)" if failures else "\nall miniature checks passed")
+sys.exit(1 if failures else 0)
