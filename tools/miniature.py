@@ -16,7 +16,8 @@ done in --out is skipped, so an interrupted sweep continues where it stopped):
   report     OUT/curves.png (MLM validation loss, mean and a band of +- one std over seeds),
              OUT/table.md and OUT/table.json: per model and task, the learning rate with the best
              mean dev score over seeds, its mean +- std (x 100; GLUE's score: the mean of the task's
-             metrics), the majority class's score, and the final validation MLM loss.
+             metrics), the majority class's score (n/a for STS-B: a constant has no correlation),
+             and the final validation MLM loss (mean +- std over seeds).
 Jobs run --jobs at a time with OMP_NUM_THREADS=--threads each; all learning rates' first runs go
 before the second learning rate's, so a stopped sweep still has one complete grid point.
 """
@@ -156,15 +157,15 @@ def report(args, models, tasks, lrs):
         table["rows"].append(row)
     table["baseline"] = baseline
 
-    def base_score(task):
-        m = baseline[task]["metrics"]
-        return 100 * sum(m.values()) / len(m)
+    def base_cell(task):  # a regression task has no majority class: its baseline is null
+        m = (baseline.get(task) or {}).get("metrics")
+        return f"{100 * sum(m.values()) / len(m):.1f}" if m else ("n/a" if task in baseline else "")
 
     lines = ["| model | valid MLM loss | " + " | ".join(tasks) + " | mean |",
              "|---|---|" + "---|" * (len(tasks) + 1)]
-    lines.append("| majority class | | " + " | ".join(f"{base_score(t):.1f}" if t in baseline else "" for t in tasks)
-                 + " | " + (f"{sum(base_score(t) for t in tasks) / len(tasks):.1f}"
-                            if all(t in baseline for t in tasks) else "") + " |")
+    cells = [base_cell(t) for t in tasks]
+    mean = f"{sum(float(c) for c in cells) / len(cells):.1f}" if all(c not in ("", "n/a") for c in cells) else ""
+    lines.append("| majority class | | " + " | ".join(cells) + f" | {mean} |")
     for row in table["rows"]:
         cells = []
         for t in tasks:

@@ -73,13 +73,19 @@ def rows(n):
 
 
 os.makedirs(P("glue", "RTE"))
+os.makedirs(P("glue", "STS-B"))
 for name, n in (("train.tsv", 256), ("dev.tsv", 41)):
     with open(P("glue", "RTE", name), "w") as f:
         f.write("index\tsentence1\tsentence2\tlabel\n" + "".join(rows(n)))
+    with open(P("glue", "STS-B", name), "w") as f:  # a regression task: no majority class
+        f.write("index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n")
+        for r in rows(n):
+            i, s1, s2, label = r.rstrip("\n").split("\t")
+            f.write(f"{i}\tg\tf\t2012\t{i}\ts\ts\t{s1}\t{s2}\t{5.0 if label == 'entailment' else 1.0}\n")
 
 base = [sys.executable, tool, "--bin", bin_dir, "--corpus", P("corpus"), "--glue", P("glue"),
         "--config", P("cfg.yaml"), "--presets", "tupe_r,bert_a", "--scratch", "bert_a", "--seeds", "2",
-        "--steps", "20", "--warmup", "2", "--valid-every", "10", "--valid-batches", "2", "--tasks", "RTE",
+        "--steps", "20", "--warmup", "2", "--valid-every", "10", "--valid-batches", "2", "--tasks", "RTE,STS-B",
         "--lrs", "3e-3,1e-3", "--epochs", "4", "--finetune-args", "--batch-size 16 --max-len 32"]
 out = P("mini")
 
@@ -90,8 +96,8 @@ def sweep(extra=()):
 
 p = sweep()
 check(p.returncode == 0 and "0 of 6 jobs already done, 6 to run" in p.stdout
-      and "6 of 18 jobs already done, 12 to run" in p.stdout,
-      "the whole sweep runs (6 pretraining, then 12 finetuning jobs)",
+      and "6 of 30 jobs already done, 24 to run" in p.stdout,
+      "the whole sweep runs (6 pretraining, then 24 finetuning jobs)",
       p.stdout + p.stderr)
 
 # ---- the table against the runs' own files ----------------------------------------------------
@@ -102,6 +108,7 @@ except (OSError, json.JSONDecodeError) as e:
     table, md = None, ""
     check(False, f"table.json and table.md written ({e})")
 
+
 def check_table(table, md):
     check([r["model"] for r in table["rows"]] == ["tupe_r", "bert_a", "bert_a, random init"],
           "rows: the presets, then the random initialisation", str([r["model"] for r in table["rows"]]))
@@ -109,16 +116,19 @@ def check_table(table, md):
     for r in table["rows"]:
         runs = [os.path.join(out, f"{'init' if 'random' in r['model'] else 'pre'}_{r['model'].split(',')[0]}_s{s}")
                 for s in (1, 2)]
-        means = {}
-        for lr in ("3e-3", "1e-3"):
-            xs = [100 * json.load(open(os.path.join(out, "ft", os.path.basename(d), f"RTE_lr{lr}", "results.json")))
-                  ["runs"][0]["best"]["score"] for d in runs]
-            m = sum(xs) / 2
-            means[lr] = (m, math.sqrt(sum((x - m) ** 2 for x in xs)), xs)
-        lr = max(means, key=lambda k: means[k][0])
-        got = r["tasks"]["RTE"]
-        if got["lr"] != lr or abs(got["mean"] - means[lr][0]) > 1e-9 or abs(got["std"] - means[lr][1]) > 1e-9:
-            ok, detail = False, f"{r['model']}: table {got}, runs {means}"
+        got = {}
+        for task in ("RTE", "STS-B"):
+            means = {}
+            for lr in ("3e-3", "1e-3"):
+                xs = [100 * json.load(open(os.path.join(out, "ft", os.path.basename(d), f"{task}_lr{lr}",
+                                                         "results.json")))["runs"][0]["best"]["score"] for d in runs]
+                m = sum(xs) / 2
+                means[lr] = (m, math.sqrt(sum((x - m) ** 2 for x in xs)), xs)
+            lr = max(means, key=lambda k: means[k][0])
+            got[task] = r["tasks"][task]
+            if (got[task]["lr"] != lr or abs(got[task]["mean"] - means[lr][0]) > 1e-9
+                    or abs(got[task]["std"] - means[lr][1]) > 1e-9):
+                ok, detail = False, f"{r['model']} {task}: table {got[task]}, runs {means}"
         if "random" not in r["model"]:
             finals = []
             for d in runs:
@@ -130,14 +140,15 @@ def check_table(table, md):
             s = math.sqrt(sum((x - m) ** 2 for x in finals))
             if abs(r["valid_loss"][0] - m) > 1e-9 or abs(r["valid_loss"][1] - s) > 1e-9:
                 ok, detail = False, f"{r['model']}: valid loss {r['valid_loss']} vs {finals}"
-            cells = f"| {r['model']} | {m:.3f} ± {s:.3f} | {got['mean']:.1f} ± {got['std']:.1f}"
+            cells = f"| {r['model']} | {m:.3f} ± {s:.3f} | " + " | ".join(
+                f"{got[t]['mean']:.1f} ± {got[t]['std']:.1f}" for t in ("RTE", "STS-B"))
             ok = ok and cells in md
         elif "valid_loss" in r:
             ok, detail = False, "the random-initialisation row has a validation loss"
     check(ok, "per row: the learning rate of the best mean over seeds, its mean and std; the final valid loss",
           detail or md)
-    ok = "| majority class | | 51.2 | 51.2 |" in md  # 21 of 41 dev examples are entailment
-    check(ok, "the majority-class row (21/41 = 51.2)", md)
+    ok = "| majority class | | 51.2 | n/a |  |" in md  # 21 of 41 RTE dev examples are entailment
+    check(ok, "the majority-class row (RTE 21/41 = 51.2; STS-B none)", md)
 
 
 if table:
@@ -152,11 +163,11 @@ if subprocess.run([sys.executable, "-c", "import matplotlib"]).returncode == 0:
 # ---- continuing: nothing to redo; one removed result is run again alone --------------------------
 p = sweep()
 check(p.returncode == 0 and "6 of 6 jobs already done, 0 to run" in p.stdout
-      and "18 of 18 jobs already done, 0 to run" in p.stdout, "a second invocation runs nothing",
+      and "30 of 30 jobs already done, 0 to run" in p.stdout, "a second invocation runs nothing",
       p.stdout + p.stderr)
 os.remove(os.path.join(out, "ft", "pre_bert_a_s2", "RTE_lr1e-3", "results.json"))
 p = sweep()
-check(p.returncode == 0 and "17 of 18 jobs already done, 1 to run" in p.stdout
+check(p.returncode == 0 and "29 of 30 jobs already done, 1 to run" in p.stdout
       and "pre_bert_a_s2 RTE lr 1e-3 done" in p.stdout, "a removed result is run again, alone", p.stdout + p.stderr)
 
 # ---- bad input: one clear message ----------------------------------------------------------------
