@@ -5,8 +5,9 @@ mean +- std over the seeds beside the majority-class baseline (docs/results.md, 
 
 usage: miniature.py --bin DIR --corpus DIR --glue DIR --out DIR [options]
 
-Stages (--stage all runs them all, pretrain only the first, report only the last; work already
-done in --out is skipped, so an interrupted sweep continues where it stopped):
+Stages (--stage all runs them all, pretrain the first two, report only the last; work already
+done in --out is skipped, so an interrupted sweep continues where it stopped — a pretraining run
+killed before its one checkpoint, at the last step, starts again):
   pretrain   pretrain_app --config CONFIG --set model.position.preset=P --set seed=S ... for every
              preset P and seed S = 1..--seeds (OUT/pre_P_sS, log OUT/pre_P_sS.log);
   scratch    the random-initialisation models of --scratch presets: the same config, one step at a
