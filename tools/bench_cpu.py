@@ -4,9 +4,12 @@ run and prints a markdown table: our median ms, PyTorch's, and the ratio (>1: we
 The GEMM rows also run with ENGINE_CPU_GEMM=openblas and =eigen (the other libraries behind the
 CPU GEMM; the default is oneDNN's when the build found it), and the measured FMA peak is printed
 with them. Prints which BLAS library PyTorch loaded (Debian's torch
-calls the libblas.so.3 alternative: install libopenblas0-openmp so that it is OpenBLAS).
+calls the libblas.so.3 alternative: install libopenblas0-openmp so that it is OpenBLAS) and the
+core type OpenBLAS runs: where it does not know the CPU and would fall back to older kernels,
+OPENBLAS_CORETYPE is set for both sides (tools/openblas_core.py).
 
-usage: /usr/bin/python3 tools/bench_cpu.py [--quick] [--threads N] [--bin build/bin/bench_ops]
+usage: /usr/bin/python3 tools/bench_cpu.py [--quick] [--threads N] [--rounds R]
+           [--bin build/bin/bench_ops]
 PyTorch is Debian's python3-torch; without it only our column is printed.
 """
 import argparse
@@ -115,13 +118,37 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of both sides")
     ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "..", "build", "bin", "bench_ops"))
     a = ap.parse_args()
     if not os.path.exists(a.bin):
         sys.exit(f"bench_cpu: {a.bin} not found; build first (tools/setup.sh)")
+    # PyTorch loads OpenBLAS in this process, which reads OPENBLAS_CORETYPE as it loads: when
+    # OpenBLAS would run this CPU on older kernels than it has (tools/openblas_core.py), start
+    # again with the variable set; bench_ops' OpenBLAS columns run under the same setting.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import openblas_core
+    if "BENCH_CPU_OPENBLAS_NOTE" not in os.environ:
+        fair, note = openblas_core.fair_env()
+        fair["BENCH_CPU_OPENBLAS_NOTE"] = note
+        os.execve(sys.executable, [sys.executable] + sys.argv, fair)
+    print("# " + os.environ["BENCH_CPU_OPENBLAS_NOTE"])
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
-    out = subprocess.run([a.bin] + (["--quick"] if a.quick else []), env=env, check=True,
-                         capture_output=True, text=True).stdout
+    try:
+        import torch
+        torch.set_num_threads(a.threads)
+        cases = torch_cases(torch, a.quick)
+    except ImportError:
+        torch, cases = None, {}
+    # Rounds alternate the two sides (ours, then PyTorch's) so that both see the same minutes of a
+    # VM whose speed drifts; the table gives each side's median and the median of the rounds'
+    # ratios.
+    outs, peers = [], []
+    for _ in range(a.rounds):
+        outs.append(subprocess.run([a.bin] + (["--quick"] if a.quick else []), env=env, check=True,
+                                   capture_output=True, text=True).stdout)
+        peers.append({k: time_ms(f) for k, f in cases.items()})
+    out = outs[-1]
     other = {}  # library -> {gemm case: GFLOP/s}
     for lib in ("openblas", "eigen"):
         p = subprocess.run([a.bin, "--only", "gemm"] + (["--quick"] if a.quick else []),
@@ -134,32 +161,45 @@ def main():
             f = line.split("\t")
             if line.startswith("gemm") and len(f) >= 4:
                 other[lib][f[0]] = float(f[2])
-    ours, notes = [], {}
+    ours, notes, per_round = [], {}, []  # per_round: [{case: (ms, rate)}] of each round
+    for text in outs:
+        per_round.append({})
+        for line in text.splitlines():
+            if line.startswith("#") or line.startswith("case\t"):
+                continue
+            f = line.split("\t")
+            per_round[-1][f[0]] = (float(f[1]), float(f[2]))
     for line in out.splitlines():
         if line.startswith("#") or line.startswith("case\t"):
             print(line) if line.startswith("#") else None
             continue
         f = line.split("\t")
-        name, ms, rate, unit = f[:4]
+        name, unit = f[0], f[3]
         if len(f) > 4:
             notes[name] = f[4].lstrip("# ")
-        ours.append((name, float(ms), float(rate), unit))
-    try:
-        import torch
-        torch.set_num_threads(a.threads)
-        peer = {k: time_ms(f) for k, f in torch_cases(torch, a.quick).items()}
+        ours.append((name, statistics.median(r[name][0] for r in per_round),
+                     statistics.median(r[name][1] for r in per_round), unit))
+    peer = {k: statistics.median(p[k] for p in peers) for k in cases}
+
+    def ratio_of(name):  # median over the rounds of PyTorch ms / ours ms
+        key = name if name in cases else name.split(" ")[0]
+        if key not in cases:
+            return None
+        return statistics.median(p[key] / r[name][0] for p, r in zip(peers, per_round))
+    if torch is not None:
         peer_name = f"PyTorch {torch.__version__}"
         blas = sorted({os.path.realpath(line.split()[-1]) for line in open("/proc/self/maps")
                        if "blas" in line.split()[-1].lower()})
         print(f"# PyTorch's BLAS: {', '.join(blas) or 'none loaded'}")
-    except ImportError:
-        peer, peer_name = {}, "PyTorch (not installed)"
-    print(f"# threads: {a.threads}; peer: {peer_name}\n")
+    else:
+        peer_name = "PyTorch (not installed)"
+    print(f"# threads: {a.threads}; rounds: {a.rounds}; peer: {peer_name}\n")
     print(f"| case | ours ms | ours rate | (OpenBLAS GEMM) | (Eigen GEMM) | {peer_name} ms | speed-up | note |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     for name, ms, rate, unit in ours:
         pm = peer.get(name) or peer.get(name.split(" ")[0])
-        ratio = f"{pm / ms:.2f}x" if pm else "-"
+        q = ratio_of(name)
+        ratio = f"{q:.2f}x" if q else "-"
         pms = f"{pm:.3f}" if pm else "-"
         o, e = (f"{other[lib][name]:.1f}" if name in other[lib] else "" for lib in ("openblas", "eigen"))
         print(f"| {name} | {ms:.3f} | {rate:.1f} {unit} | {o} | {e} | {pms} | {ratio} | {notes.get(name, '')} |")

@@ -28,6 +28,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(HERE, "reference"))
+sys.path.insert(0, HERE)
 
 MODELS = {
     # name: (hidden, layers, heads, ffn, max_positions, type_vocab, batch, seq)
@@ -167,8 +168,12 @@ def main():
         ap.error(f"--app {args.app}: not an executable (build first: tools/setup.sh)")
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench_step.")
     os.makedirs(workdir, exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    # Both sides under the same OpenBLAS core type (tools/openblas_core.py): PyTorch's GEMMs,
+    # and the engine's when ENGINE_CPU_GEMM=openblas.
+    import openblas_core
+    env, blas_note = openblas_core.fair_env(dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
     print(f"threads {args.threads} per side, f32, dropout 0.1, TUPE-R, vocab {VOCAB}; workdir {workdir}")
+    print(blas_note)
 
     rows, info = [], {}
     for model in models:
