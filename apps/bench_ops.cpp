@@ -312,6 +312,9 @@ void bench_gemms(bool quick) {
       {"gemm PV (BH,128,128)x(128,64)", B * H, T, dh, T, false, false},
       {"gemm tiny (2048,128)x(128,512)^T", 1, 2048, 512, 128, false, true},
       {"gemm tiny (2048,128)x(128,128)^T", 1, 2048, 128, 128, false, true},
+      // The tiny model's attention (16 x 128 tokens, 4 heads of 32).
+      {"gemm tiny QK^T (64,128,32)x(32,128)", 64, 128, 128, 32, false, true},
+      {"gemm tiny PV (64,128,128)x(128,32)", 64, 128, 32, 128, false, false},
   };
   for (const Case& c : cases) {
     if (!selected(c.name)) continue;
