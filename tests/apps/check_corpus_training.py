@@ -23,21 +23,13 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish  # noqa: E402
 from tiny_corpus import make_corpus  # noqa: E402
 
 app, work = sys.argv[1], sys.argv[2]
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 P = lambda *a: os.path.join(work, *a)  # noqa: E731
-failures = []
-
-
-def check(ok, label, detail=""):
-    print(("ok   " if ok else "FAIL ") + label)
-    if not ok:
-        failures.append(label)
-        if detail:
-            print("     " + detail.strip().replace("\n", "\n     "))
 
 
 def run(args, **kw):
@@ -265,5 +257,4 @@ check(p.returncode == 1 and "already holds checkpoints" in p.stderr, "refuses to
 p = run(["--config", P("cfg.yaml"), "--out", P("a"), "--resume", "--set", "model.num_layers=3"])
 check(p.returncode == 1 and "differs" in p.stderr, "checkpoint/model mismatch on resume", p.stderr)
 
-print(f"{len(failures)} failure(s)" if failures else "all corpus training checks passed")
-sys.exit(1 if failures else 0)
+finish("corpus training")

@@ -11,20 +11,14 @@ import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish  # noqa: E402
+
 work = sys.argv[1]
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools",
                     "glue_dev_split.py")
-failures = []
-
-
-def check(ok, label, detail=""):
-    print(("ok   " if ok else "FAIL ") + label)
-    if not ok:
-        failures.append(label)
-        if detail:
-            print("     " + detail.replace("\n", "\n     "))
 
 
 def run(*args):
@@ -90,5 +84,4 @@ p = run("--glue", glue, "--task", "MNLI", "--train", "3", "--out", os.path.join(
 check(p.returncode != 0 and "MNLI/dev.tsv: no such file" in p.stderr and "Traceback" not in p.stderr,
       "a task without dev.tsv is refused, naming the file", p.stderr)
 
-print(f"{len(failures)} failure(s)" if failures else "all checks passed")
-sys.exit(1 if failures else 0)
+finish("glue_dev_split")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish  # noqa: E402
 from tiny_corpus import make_corpus  # noqa: E402
 
 bin_dir, work = sys.argv[1], sys.argv[2]
@@ -23,15 +24,6 @@ shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 P = lambda *a: os.path.join(work, *a)  # noqa: E731
 tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "miniature.py")
-failures = []
-
-
-def check(ok, label, detail=""):
-    print(("ok   " if ok else "FAIL ") + label)
-    if not ok:
-        failures.append(label)
-        if detail:
-            print("     " + detail.strip()[-3000:].replace("\n", "\n     "))
 
 
 p = make_corpus(os.path.join(bin_dir, "pretrain_app"), work)
@@ -180,5 +172,4 @@ p = subprocess.run(base + ["--out", P("bad2"), "--glue", P("nowhere")], capture_
 check(p.returncode == 1 and "--glue" in p.stderr and "RTE/train.tsv" in p.stderr and "Traceback" not in p.stderr,
       "a missing GLUE folder: one message", p.stderr)
 
-print(f"\n{len(failures)} failure(s)" if failures else "\nall miniature checks passed")
-sys.exit(1 if failures else 0)
+finish("miniature")

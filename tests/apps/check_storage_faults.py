@@ -32,21 +32,13 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish  # noqa: E402
 from tiny_corpus import make_corpus  # noqa: E402
 
 app, work = sys.argv[1], sys.argv[2]
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 P = lambda *a: os.path.join(work, *a)  # noqa: E731
-failures = []
-
-
-def check(ok, label, detail=""):
-    print(("ok   " if ok else "FAIL ") + label)
-    if not ok:
-        failures.append(label)
-        if detail:
-            print("     " + detail.strip().replace("\n", "\n     "))
 
 
 def limited(max_bytes):
@@ -294,7 +286,4 @@ check(acted and rc == 0, "train.bin renamed away mid-run: the mapping holds it, 
       f"acted {acted}, exit {rc}\n{err}")
 same_as_a(d, "the run whose shard was renamed away")
 
-if failures:
-    print(f"{len(failures)} check(s) failed")
-    sys.exit(1)
-print("all storage-fault checks passed")
+finish("storage-fault")
