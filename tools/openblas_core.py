@@ -21,7 +21,11 @@ _PROBE = ("import ctypes\n"
 
 def corename(env=None):
     """The core OpenBLAS (the libblas.so.3 alternative) picks under env; None if not OpenBLAS."""
-    p = subprocess.run(["/usr/bin/python3", "-c", _PROBE], env=env, capture_output=True, text=True)
+    try:
+        p = subprocess.run(["/usr/bin/python3", "-c", _PROBE], env=env, capture_output=True,
+                           text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
     return p.stdout.strip() if p.returncode == 0 and p.stdout.strip() else None
 
 
