@@ -451,7 +451,7 @@ class CpuBackend final : public Backend {
           std::vector<double, Eigen::aligned_allocator<double>> fresh_sums;
           double* const task_sums = direct ? sum_scratch<double, 2>(task_width, fresh_sums)
                                            : part + c * K + o * inner + j0;
-          [&] {
+          do {  // a block to break out of (a lambda here broke clang's OpenMP: a captured const)
             int64_t width = task_width;
             const T* base = s + SumCursor(kept, o * inner).off + j0;
             double* sums = task_sums;
@@ -464,14 +464,14 @@ class CpuBackend final : public Backend {
               base += done;
               sums += done;
               width -= done;
-              if (width == 0) return;
+              if (width == 0) break;
             }
             SumCursor r(reduced, i0);
             if (i1 - i0 <= kSumLanes) {  // one element a lane: the tree straight from the rows
               std::array<const T*, kSumLanes> row;
               for (int q = 0; q < used; ++q, r.advance(1)) row[q] = base + r.off;
               combine_lanes<A>(row.data(), used, width, sums);
-              return;
+              break;
             }
             std::vector<A, Eigen::aligned_allocator<A>> fresh_lanes;
             A* lanes = sum_scratch<A, 0>(kSumLanes * width, fresh_lanes);
@@ -488,7 +488,7 @@ class CpuBackend final : public Backend {
             std::array<const A*, kSumLanes> lane;
             for (int q = 0; q < used; ++q) lane[q] = lanes + q * width;
             combine_lanes<A>(lane.data(), used, width, sums);
-          }();
+          } while (false);
           if (direct) {
             T* out = d + o * inner + j0;
             for (int64_t j = 0; j < task_width; ++j) out[j] = store<T>(task_sums[j]);
