@@ -148,7 +148,6 @@ def main():
         outs.append(subprocess.run([a.bin] + (["--quick"] if a.quick else []), env=env, check=True,
                                    capture_output=True, text=True).stdout)
         peers.append({k: time_ms(f) for k, f in cases.items()})
-    out = outs[-1]
     other = {}  # library -> {gemm case: GFLOP/s}
     for lib in ("openblas", "eigen"):
         p = subprocess.run([a.bin, "--only", "gemm"] + (["--quick"] if a.quick else []),
@@ -161,31 +160,30 @@ def main():
             f = line.split("\t")
             if line.startswith("gemm") and len(f) >= 4:
                 other[lib][f[0]] = float(f[2])
-    ours, notes, per_round = [], {}, []  # per_round: [{case: (ms, rate)}] of each round
-    for text in outs:
-        per_round.append({})
+    def parse(text):  # bench_ops' rows in its order: {case: (ms, rate, unit, note)}
+        rows = {}
         for line in text.splitlines():
-            if line.startswith("#") or line.startswith("case\t"):
-                continue
-            f = line.split("\t")
-            per_round[-1][f[0]] = (float(f[1]), float(f[2]))
-    for line in out.splitlines():
-        if line.startswith("#") or line.startswith("case\t"):
-            print(line) if line.startswith("#") else None
-            continue
-        f = line.split("\t")
-        name, unit = f[0], f[3]
-        if len(f) > 4:
-            notes[name] = f[4].lstrip("# ")
-        ours.append((name, statistics.median(r[name][0] for r in per_round),
-                     statistics.median(r[name][1] for r in per_round), unit))
-    peer = {k: statistics.median(p[k] for p in peers) for k in cases}
+            if not line.startswith("#") and not line.startswith("case\t"):
+                f = line.split("\t")
+                rows[f[0]] = (float(f[1]), float(f[2]), f[3], f[4].lstrip("# ") if len(f) > 4 else "")
+        return rows
+    per_round = [parse(text) for text in outs]
+    for line in outs[-1].splitlines():
+        if line.startswith("#"):
+            print(line)
 
-    def ratio_of(name):  # median over the rounds of PyTorch ms / ours ms
+    def peer_key(name):  # PyTorch's case for ours: the same name, or its first word
         key = name if name in cases else name.split(" ")[0]
-        if key not in cases:
-            return None
-        return statistics.median(p[key] / r[name][0] for p, r in zip(peers, per_round))
+        return key if key in cases else None
+    table = []  # (case, ours ms, ours rate, unit, note, PyTorch ms, speed-up)
+    for name, (_, _, unit, note) in per_round[-1].items():
+        ms = statistics.median(r[name][0] for r in per_round)
+        rate = statistics.median(r[name][1] for r in per_round)
+        key = peer_key(name)
+        pm = statistics.median(p[key] for p in peers) if key else None
+        # The speed-up: the median over the rounds of PyTorch ms / ours ms.
+        q = statistics.median(p[key] / r[name][0] for p, r in zip(peers, per_round)) if key else None
+        table.append((name, ms, rate, unit, note, pm, q))
     if torch is not None:
         peer_name = f"PyTorch {torch.__version__}"
         blas = sorted({os.path.realpath(line.split()[-1]) for line in open("/proc/self/maps")
@@ -196,13 +194,11 @@ def main():
     print(f"# threads: {a.threads}; rounds: {a.rounds}; peer: {peer_name}\n")
     print(f"| case | ours ms | ours rate | (OpenBLAS GEMM) | (Eigen GEMM) | {peer_name} ms | speed-up | note |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
-    for name, ms, rate, unit in ours:
-        pm = peer.get(name) or peer.get(name.split(" ")[0])
-        q = ratio_of(name)
+    for name, ms, rate, unit, note, pm, q in table:
         ratio = f"{q:.2f}x" if q else "-"
         pms = f"{pm:.3f}" if pm else "-"
         o, e = (f"{other[lib][name]:.1f}" if name in other[lib] else "" for lib in ("openblas", "eigen"))
-        print(f"| {name} | {ms:.3f} | {rate:.1f} {unit} | {o} | {e} | {pms} | {ratio} | {notes.get(name, '')} |")
+        print(f"| {name} | {ms:.3f} | {rate:.1f} {unit} | {o} | {e} | {pms} | {ratio} | {note} |")
 
 
 if __name__ == "__main__":
