@@ -245,6 +245,31 @@ void measure_parallel_threshold() {
   std::fflush(stdout);
 }
 
+// The memory bandwidth all threads get copying 64 MB into another 64 MB (bytes read + bytes
+// written a second, the best of 5), printed as stream_copy: the bound for a GEMM whose operands
+// and result do not fit the caches (a batch of attention products moves ~12.6 MB a call).
+double measure_copy_bandwidth() {
+  using clock = std::chrono::steady_clock;
+  const int64_t n = int64_t(16) << 20;  // floats: 64 MB
+  std::vector<float> src(size_t(n), 1.0f), dst(size_t(n), 0.0f);
+  double best = 1e30;
+  for (int rep = 0; rep < 6; ++rep) {
+    const auto t0 = clock::now();
+    float* d = dst.data();
+    const float* x = src.data();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] = x[i];
+    const double s = std::chrono::duration<double>(clock::now() - t0).count();
+    if (rep > 0) best = std::min(best, s);  // the first run faults the pages in
+  }
+  const double gbs = 2.0 * double(n) * sizeof(float) / best * 1e-9;
+  std::printf(
+      "stream_copy %d threads\t%.4f\t%.2f\tGB/s\t# 64 MB -> 64 MB, read + written, best of 5\n",
+      omp_get_max_threads(), best * 1e3, gbs);
+  std::fflush(stdout);
+  return gbs;
+}
+
 // A GEMM's rate against the FMA peak measured in the same seconds. On a VM the rate the cores
 // give swings by 20-30% within a minute (other tenants): a GEMM timed now against a peak timed
 // before can read 62% or 94% of it in two runs a minute apart. So each of 9 rounds times the peak
@@ -295,6 +320,7 @@ PairedRate paired_with_peak(const std::function<void()>& f, double gflop) {
 // op(A) op(B), rate and share of the FMA peak measured beside it (paired_with_peak).
 void bench_gemms(bool quick) {
   Generator g(1);
+  const double copy_gbs = measure_copy_bandwidth();
   const int64_t B = quick ? 2 : 8, T = 128, D = 768, F = 3072, H = 12, dh = 64;
   const int64_t rows = B * T;
   struct Case {
@@ -315,6 +341,13 @@ void bench_gemms(bool quick) {
       // The tiny model's attention (16 x 128 tokens, 4 heads of 32).
       {"gemm tiny QK^T (64,128,32)x(32,128)", 64, 128, 128, 32, false, true},
       {"gemm tiny PV (64,128,128)x(128,32)", 64, 128, 32, 128, false, false},
+      // The attention backward's transposed-A product (dK = dS^T Q, dV = P^T dO).
+      {"gemm dK (BH,128,128)^T x(128,64)", B * H, T, dh, T, true, false},
+      // As the attention op runs them: one batch entry's 12 heads per thread, whose operands and
+      // scores (1.5 MB) stay in the core's L2 from call to call, so the FMA units and not the
+      // memory bound them -- the kernel's own share of the peak.
+      {"gemm QK^T L2-resident (2x12,128,64)x(64,128)", 2 * H, T, T, dh, false, true},
+      {"gemm PV L2-resident (2x12,128,128)x(128,64)", 2 * H, T, dh, T, false, false},
   };
   for (const Case& c : cases) {
     if (!selected(c.name)) continue;
@@ -325,11 +358,15 @@ void bench_gemms(bool quick) {
     Tensor b = c.tb ? mat(c.n, c.k) : mat(c.k, c.n);
     Tensor out = c.batch == 1 ? Tensor::empty({c.m, c.n}) : Tensor::empty({c.batch, c.m, c.n});
     const double gflop = 2.0 * c.batch * c.m * c.n * c.k * 1e-9;
+    // The bytes a call must move at least: A, B and C once each (C written: beta = 0).
+    const double mb = 4.0 * c.batch * (c.m * c.k + c.k * c.n + c.m * c.n) * 1e-6;
     const PairedRate r = paired_with_peak([&] { gemm(a, c.ta, b, c.tb, out); }, gflop);
     std::printf(
         "%s\t%.4f\t%.2f\tGFLOP/s\t# %.0f%% of the peak measured beside it (median of 9 paired "
-        "rounds; best round %.1f GFLOP/s; %s)\n",
-        c.name.c_str(), r.ms, r.gflops, 100.0 * r.share, r.best_gflops, cpu_gemm_library());
+        "rounds; best round %.1f GFLOP/s; %s); moves %.1f MB a call = %.0f%% of stream_copy\n",
+        c.name.c_str(), r.ms, r.gflops, 100.0 * r.share, r.best_gflops,
+        c.batch > 1 && cpu_small_gemm_active() ? "the small-GEMM kernel" : cpu_gemm_library(), mb,
+        100.0 * mb * 1e-3 / (r.ms * 1e-3) / copy_gbs);
     std::fflush(stdout);
   }
 }

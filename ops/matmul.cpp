@@ -24,6 +24,7 @@
 #include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
+#include "engine/cpu/small_gemm.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
 
@@ -207,7 +208,7 @@ struct LinearNode : Node {
 
 // ---- CPU kernel ------------------------------------------------------------------------------
 
-namespace cpu {
+namespace cpu_gemm {
 
 // Below this many multiply-adds per matrix a batch is spread across threads one whole matrix
 // each: Eigen's own threading of a product this small (attention's (T x d) @ (d x T) at T = 128,
@@ -252,6 +253,28 @@ constexpr bool kHaveOpenblas = true;
 #else
 constexpr bool kHaveOpenblas = false;
 #endif
+
+// True when ENGINE_CPU_GEMM names a library: then it multiplies everything, the batches of small
+// products included (for comparisons); unset, those go to the small-GEMM kernel where it exists.
+bool gemm_lib_forced() {
+  static const bool forced = [] {
+    const char* e = std::getenv("ENGINE_CPU_GEMM");
+    return e && *e;
+  }();
+  return forced;
+}
+
+// The batched small products (attention's, one matrix per thread: see kSmallGemmWork) go to the
+// register-tiled AVX-512 kernel (engine/cpu/small_gemm.h) in f32, unless a library is forced: it
+// packs only a transposed B, where a library packs both operands for every matrix (QK^T at
+// 128 x 128 x 64 per head: 57-69% of the FMA peak through oneDNN's sgemm, docs/benchmarks.md).
+// A transposed B is packed into a per-thread k x n panel, capped here at 4 MB.
+template <class T>
+bool use_small_gemm(const GemmArgs& g, double work) {
+  return std::is_same_v<T, float> && g.batch > 1 && work < kSmallGemmWork &&
+         cpu::small_gemm_available() && !gemm_lib_forced() &&
+         (!g.trans_b || static_cast<double>(g.k) * static_cast<double>(g.n) <= 1024.0 * 1024.0);
+}
 
 GemmLib chosen_gemm_lib() {
   static const GemmLib lib = [] {
@@ -377,6 +400,7 @@ void gemm_typed(const GemmArgs& g) {
           Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(static_cast<const T*>(g.bias), g.n);
     if (with_gelu) c = c.unaryExpr([](T x) { return gelu_tanh(x); });
   };
+  const bool small = use_small_gemm<T>(g, work);
   auto one = [&](int64_t i) {
     MapC c(pc + i * g.stride_c, g.m, g.n, Eigen::OuterStride<>(g.ldc));
     if (g.k == 0) {  // an empty sum: C = beta C
@@ -407,6 +431,28 @@ void gemm_typed(const GemmArgs& g) {
 
   const bool over_batch = g.batch > 1 && work < kSmallGemmWork &&
                           work * static_cast<double>(g.batch) >= kMinParallelWork;
+  if constexpr (std::is_same_v<T, float>) {
+    if (small) {
+      // Each thread takes a contiguous run of the matrices (as schedule(static) would), so the
+      // kernel can fetch each next matrix while it computes the current one.
+#pragma omp parallel if (over_batch)
+      {
+        const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t i0 = g.batch * t / nt, i1 = g.batch * (t + 1) / nt;
+        if (i1 > i0) {
+          cpu::small_gemm_f32(g.trans_a, g.trans_b, g.m, g.n, g.k, alpha, pa + i0 * g.stride_a,
+                              g.lda, g.stride_a, pb + i0 * g.stride_b, g.ldb, g.stride_b, beta,
+                              pc + i0 * g.stride_c, g.ldc, g.stride_c, i1 - i0);
+          if (g.epilogue != GemmEpilogue::none)
+            for (int64_t i = i0; i < i1; ++i) {
+              MapC c(pc + i * g.stride_c, g.m, g.n, Eigen::OuterStride<>(g.ldc));
+              epilogue(c);
+            }
+        }
+      }
+      return;
+    }
+  }
   // Inside this region Eigen sees omp_get_num_threads() > 1 and does not nest its own threads.
 #pragma omp parallel for schedule(static) if (over_batch)
   for (int64_t i = 0; i < g.batch; ++i) one(i);
@@ -428,25 +474,27 @@ void gemm(const GemmArgs& g) {
   });
 }
 
-}  // namespace cpu
+}  // namespace cpu_gemm
 
-ENGINE_REGISTER_KERNEL(gemm_kernel, DeviceType::CPU, cpu::gemm);
+ENGINE_REGISTER_KERNEL(gemm_kernel, DeviceType::CPU, cpu_gemm::gemm);
 
 }  // namespace
 
 // ---- public ----------------------------------------------------------------------------------
 
 const char* cpu_gemm_library() {
-  switch (cpu::chosen_gemm_lib()) {
-    case cpu::GemmLib::onednn:
-      return cpu::kHaveOpenblas ? "oneDNN (f64: OpenBLAS)" : "oneDNN (f64: Eigen)";
-    case cpu::GemmLib::openblas:
+  switch (cpu_gemm::chosen_gemm_lib()) {
+    case cpu_gemm::GemmLib::onednn:
+      return cpu_gemm::kHaveOpenblas ? "oneDNN (f64: OpenBLAS)" : "oneDNN (f64: Eigen)";
+    case cpu_gemm::GemmLib::openblas:
       return "OpenBLAS";
-    case cpu::GemmLib::eigen:
+    case cpu_gemm::GemmLib::eigen:
       break;
   }
   return "Eigen";
 }
+
+bool cpu_small_gemm_active() { return cpu::small_gemm_available() && !cpu_gemm::gemm_lib_forced(); }
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           double alpha, double beta, GemmEpilogue epilogue, const Tensor& bias) {

@@ -77,6 +77,11 @@ void add_work_cost(WorkCost& cost, const GemmArgs& g);
 // eigen names in the environment.
 const char* cpu_gemm_library();
 
+// True when the CPU's f32 batches of small products (attention's) run on the AVX-512 small-GEMM
+// kernel (engine/cpu/small_gemm.h) rather than the library: an AVX-512 build, ENGINE_CPU_GEMM
+// unset.
+bool cpu_small_gemm_active();
+
 // Called as gemm_kernel(device, args).
 inline Kernel<void(const GemmArgs& args)> gemm_kernel{"gemm"};
 

@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 
+#include "engine/cpu/small_gemm.h"
 #include "gradcheck.h"
 #include "ops/matmul.h"
 #include "ops/ops.h"
@@ -458,4 +459,65 @@ TEST_CASE("the CPU GEMM library is the one ENGINE_CPU_GEMM names", "[matmul]") {
   if (e && std::strcmp(e, "openblas") == 0) CHECK(lib == "OpenBLAS");
   if (e && std::strcmp(e, "onednn") == 0) CHECK(lib.rfind("oneDNN", 0) == 0);
   if (!e || !*e) CHECK(lib != "");
+}
+
+TEST_CASE("the AVX-512 small GEMM matches a double loop in every layout and edge", "[matmul]") {
+  // engine/cpu/small_gemm.h: the kernel behind attention's batched products on AVX-512 builds.
+  // Called directly (the gemm op reaches it only for f32 batches of small products): row counts
+  // around its 6-row tiles, column counts around its 16-column vectors and 64-column strips, k
+  // around the 16 x 16 transposes of a packed B, leading dims wider than the matrices, batches of
+  // 3 with a shared (stride 0) A or B in some, alpha and beta, and C full of NaN when beta == 0
+  // (must not be read).
+  if (!engine::cpu::small_gemm_available()) {
+    WARN("this build has no AVX-512: no small GEMM kernel to test (the library runs instead)");
+    return;
+  }
+  uint32_t seed = 1;
+  const int64_t batch = 3;
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true})
+      for (const int64_t m : {1, 5, 6, 7, 13})
+        for (const int64_t n : {1, 15, 16, 17, 64, 65, 130})
+          for (const int64_t k : {0, 1, 15, 16, 33, 64}) {
+            const float alpha = 0.75f, beta = (m + n + k) % 2 == 0 ? 0.0f : -0.5f;
+            const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 5;
+            const int64_t size_a = (ta ? k : m) * lda, size_b = (tb ? n : k) * ldb;
+            const int64_t stride_a = (m + n) % 3 == 1 ? 0 : size_a + 7;
+            const int64_t stride_b = (m + n) % 3 == 2 ? 0 : size_b + 9;
+            const int64_t stride_c = m * ldc + 4;
+            const std::vector<double> av = random_values(size_a + 2 * stride_a, seed++);
+            const std::vector<double> bv = random_values(size_b + 2 * stride_b, seed++);
+            const std::vector<double> cv = random_values(batch * stride_c, seed++);
+            std::vector<float> a(av.begin(), av.end()), b(bv.begin(), bv.end());
+            std::vector<float> c(cv.begin(), cv.end());
+            if (beta == 0.0f)
+              std::fill(c.begin(), c.end(), std::numeric_limits<float>::quiet_NaN());
+            const std::vector<float> c_before = c;
+            engine::cpu::small_gemm_f32(ta, tb, m, n, k, alpha, a.data(), lda, stride_a, b.data(),
+                                        ldb, stride_b, beta, c.data(), ldc, stride_c, batch);
+            for (int64_t e = 0; e < batch; ++e)
+              for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < ldc; ++j) {
+                  const int64_t at = e * stride_c + i * ldc + j;
+                  const float got = c[at];
+                  if (j >= n) {  // outside C's columns: untouched
+                    REQUIRE(std::memcmp(&got, &c_before[at], sizeof got) == 0);
+                    continue;
+                  }
+                  const float* ae = a.data() + e * stride_a;
+                  const float* be = b.data() + e * stride_b;
+                  double ref = 0;
+                  for (int64_t p = 0; p < k; ++p)
+                    ref += double(ae[ta ? p * lda + i : i * lda + p]) *
+                           double(be[tb ? j * ldb + p : p * ldb + j]);
+                  ref = alpha * ref + (beta == 0.0f ? 0.0 : beta * double(c_before[at]));
+                  INFO("ta " << ta << " tb " << tb << " m " << m << " n " << n << " k " << k
+                             << " matrix " << e << " at (" << i << ", " << j << ")");
+                  REQUIRE(std::abs(got - ref) <= 1e-5 * (1.0 + double(k)));
+                }
+            // The padding between matrices is untouched too.
+            for (int64_t e = 0; e < batch; ++e)
+              for (int64_t x = m * ldc; x < stride_c; ++x)
+                REQUIRE(std::memcmp(&c[e * stride_c + x], &c_before[e * stride_c + x], 4) == 0);
+          }
 }
