@@ -333,7 +333,7 @@ int run(Args args) {
         config.position.preset.c_str());
   if (root)
     std::printf("%s, CPU GEMMs: %s\n", engine::describe(engine::cpu_threads()).c_str(),
-                engine::cpu_gemm_library());
+                engine::describe_cpu_gemms().c_str());
   models::SweepOptions s;
   s.lrs = args.lrs;
   s.seeds = args.seeds;

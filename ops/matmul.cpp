@@ -7,6 +7,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -256,6 +257,9 @@ constexpr bool kHaveOpenblas = false;
 
 // True when ENGINE_CPU_GEMM names a library: then it multiplies everything, the batches of small
 // products included (for comparisons); unset, those go to the small-GEMM kernel where it exists.
+// set_cpu_small_gemm(false) turns the kernel off at run time (benchmarks' paired comparisons).
+std::atomic<bool> g_small_gemm_on{true};
+
 bool gemm_lib_forced() {
   static const bool forced = [] {
     const char* e = std::getenv("ENGINE_CPU_GEMM");
@@ -273,6 +277,7 @@ template <class T>
 bool use_small_gemm(const GemmArgs& g, double work) {
   return std::is_same_v<T, float> && g.batch > 1 && work < kSmallGemmWork &&
          cpu::small_gemm_available() && !gemm_lib_forced() &&
+         g_small_gemm_on.load(std::memory_order_relaxed) &&
          (!g.trans_b || static_cast<double>(g.k) * static_cast<double>(g.n) <= 1024.0 * 1024.0);
 }
 
@@ -494,7 +499,18 @@ const char* cpu_gemm_library() {
   return "Eigen";
 }
 
-bool cpu_small_gemm_active() { return cpu::small_gemm_available() && !cpu_gemm::gemm_lib_forced(); }
+bool cpu_small_gemm_active() {
+  return cpu::small_gemm_available() && !cpu_gemm::gemm_lib_forced() &&
+         cpu_gemm::g_small_gemm_on.load(std::memory_order_relaxed);
+}
+
+void set_cpu_small_gemm(bool on) { cpu_gemm::g_small_gemm_on.store(on); }
+
+std::string describe_cpu_gemms() {
+  std::string s = cpu_gemm_library();
+  if (cpu_small_gemm_active()) s += "; batches of small products: the AVX-512 small-GEMM kernel";
+  return s;
+}
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           double alpha, double beta, GemmEpilogue epilogue, const Tensor& bias) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "engine/kernel.h"
 #include "engine/tensor.h"
@@ -79,8 +80,15 @@ const char* cpu_gemm_library();
 
 // True when the CPU's f32 batches of small products (attention's) run on the AVX-512 small-GEMM
 // kernel (engine/cpu/small_gemm.h) rather than the library: an AVX-512 build, ENGINE_CPU_GEMM
-// unset.
+// unset, not turned off below.
 bool cpu_small_gemm_active();
+// Turns that kernel off (the library multiplies those batches too) or back on, for the whole
+// process: for comparisons (bench_ops times both in alternating rounds). Not while GEMMs run.
+void set_cpu_small_gemm(bool on);
+
+// cpu_gemm_library(), plus "; batches of small products: the AVX-512 small-GEMM kernel" while
+// that kernel is active: what the apps print at start.
+std::string describe_cpu_gemms();
 
 // Called as gemm_kernel(device, args).
 inline Kernel<void(const GemmArgs& args)> gemm_kernel{"gemm"};

@@ -464,7 +464,8 @@ TEST_CASE("the CPU GEMM library is the one ENGINE_CPU_GEMM names", "[matmul]") {
 TEST_CASE("the AVX-512 small GEMM matches a double loop in every layout and edge", "[matmul]") {
   // engine/cpu/small_gemm.h: the kernel behind attention's batched products on AVX-512 builds.
   // Called directly (the gemm op reaches it only for f32 batches of small products): row counts
-  // around its 6-row tiles, column counts around its 16-column vectors and 64-column strips, k
+  // around its 6-, 8- and 12-row tiles, column counts around its 16-column vectors and 64-column
+  // strips (32 and 48: the 12- and 8-row tiles), k
   // around the 16 x 16 transposes of a packed B, leading dims wider than the matrices, batches of
   // 3 with a shared (stride 0) A or B in some, alpha and beta, and C full of NaN when beta == 0
   // (must not be read).
@@ -476,8 +477,8 @@ TEST_CASE("the AVX-512 small GEMM matches a double loop in every layout and edge
   const int64_t batch = 3;
   for (const bool ta : {false, true})
     for (const bool tb : {false, true})
-      for (const int64_t m : {1, 5, 6, 7, 13})
-        for (const int64_t n : {1, 15, 16, 17, 64, 65, 130})
+      for (const int64_t m : {1, 5, 6, 7, 9, 12, 13, 25})
+        for (const int64_t n : {1, 15, 16, 17, 32, 48, 64, 65, 130})
           for (const int64_t k : {0, 1, 15, 16, 33, 64}) {
             const float alpha = 0.75f, beta = (m + n + k) % 2 == 0 ? 0.0f : -0.5f;
             const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 2, ldc = n + 5;

@@ -184,6 +184,10 @@ const std::vector<Case> kCases = {
     {{12, 100}, {100}},
     {{40, 100}, {1, 100}},
     {{3, 70, 1030}, {70, 1}},
+    // One chunk of few output rows, cut into a block per thread (a small batch's bias gradient).
+    {{256, 3072}, {3072}},
+    {{100, 1030}, {1030}},
+    {{40, 2, 700}, {2, 700}},
 };
 
 // One case: the engine at each thread count against the reference, bit for bit.

@@ -160,12 +160,13 @@ def main():
             f = line.split("\t")
             if line.startswith("gemm") and len(f) >= 4:
                 other[lib][f[0]] = float(f[2])
-    def parse(text):  # bench_ops' rows in its order: {case: (ms, rate, unit, note)}
+    def parse(text):  # bench_ops' rows in its order: {case: (ms, rate, unit, note)}; ms None: "-"
         rows = {}
         for line in text.splitlines():
             if not line.startswith("#") and not line.startswith("case\t"):
                 f = line.split("\t")
-                rows[f[0]] = (float(f[1]), float(f[2]), f[3], f[4].lstrip("# ") if len(f) > 4 else "")
+                ms = None if f[1] == "-" else float(f[1])  # a ratio row (the small-GEMM kernel's)
+                rows[f[0]] = (ms, float(f[2]), f[3], f[4].lstrip("# ") if len(f) > 4 else "")
         return rows
     per_round = [parse(text) for text in outs]
     for line in outs[-1].splitlines():
@@ -177,8 +178,11 @@ def main():
         return key if key in cases else None
     table = []  # (case, ours ms, ours rate, unit, note, PyTorch ms, speed-up)
     for name, (_, _, unit, note) in per_round[-1].items():
-        ms = statistics.median(r[name][0] for r in per_round)
         rate = statistics.median(r[name][1] for r in per_round)
+        if any(r[name][0] is None for r in per_round):
+            table.append((name, None, rate, unit, note, None, None))
+            continue
+        ms = statistics.median(r[name][0] for r in per_round)
         key = peer_key(name)
         pm = statistics.median(p[key] for p in peers) if key else None
         # The speed-up: the median over the rounds of PyTorch ms / ours ms.
@@ -198,7 +202,9 @@ def main():
         ratio = f"{q:.2f}x" if q else "-"
         pms = f"{pm:.3f}" if pm else "-"
         o, e = (f"{other[lib][name]:.1f}" if name in other[lib] else "" for lib in ("openblas", "eigen"))
-        print(f"| {name} | {ms:.3f} | {rate:.1f} {unit} | {o} | {e} | {pms} | {ratio} | {note} |")
+        rate_s = f"{rate:.3f} {unit}" if ms is None else f"{rate:.1f} {unit}"
+        ms_s = "-" if ms is None else f"{ms:.3f}"
+        print(f"| {name} | {ms_s} | {rate_s} | {o} | {e} | {pms} | {ratio} | {note} |")
 
 
 if __name__ == "__main__":

@@ -419,7 +419,13 @@ class CpuBackend final : public Backend {
     const int64_t inner = rows ? kept.inner_size() : 1;
     const int64_t per_chunk = std::min(R, kSumChunk);
     const bool strips = rows && (per_chunk <= kStripRows || inner <= kStripWidth);
-    const int64_t row_block = std::min<int64_t>(inner, 4096);
+    int64_t row_block = std::min<int64_t>(inner, 4096);
+    // Fewer tasks than threads (one chunk of one row of outputs: a bias gradient over a small
+    // batch, 256 rows of 3072) would leave all but one thread idle: the row is cut into as many
+    // blocks as threads (whole cache lines; outputs are independent, so no bit changes).
+    const int64_t threads = omp_get_max_threads();
+    if (rows && chunks * (K / inner) < threads && inner >= 512 && src.numel() > kSumToParallel)
+      row_block = std::min(row_block, (inner + threads - 1) / threads + 15) / 16 * 16;
     const int64_t row_blocks = (inner + row_block - 1) / row_block;
     const int64_t lane_block = std::clamp<int64_t>(4096 / std::max<int64_t>(per_chunk, 1), 1, K);
     const int64_t blocks = rows ? (K / inner) * row_blocks : (K + lane_block - 1) / lane_block;

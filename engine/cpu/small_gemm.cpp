@@ -1,10 +1,11 @@
 // The AVX-512 small GEMM (see small_gemm.h).
 //
-// Tile: MR <= 6 rows x NV <= 4 vectors of 16 columns, 24 accumulators; per k step NV loads of a
-// B row, MR broadcasts of A's elements and MR x NV FMAs, so the two FMA ports bound it (12
-// cycles a step for a full tile against 10 loads). Tiles walk 64-column strips of C, all rows of
-// a strip before the next, so the strip of B (k x 64 floats, 32 KB at k = 128) stays in L1 while
-// every row block reads it. A transposed B (stored n x k) is packed first into a k x n panel.
+// Tile: MR rows x NV <= 4 vectors of 16 columns, 24 accumulators (6 x 4, 8 x 3, 12 x 2); per k
+// step NV loads of a B row, MR broadcasts of A's elements and MR x NV FMAs, so the two FMA ports
+// bound it (12 cycles a step for a full tile against 10-14 loads). Tiles walk 64-column strips of
+// C, all rows of a strip before the next, so the strip of B (k x 64 floats, 32 KB at k = 128) stays
+// in L1 while every row block reads it. A transposed B (stored n x k) is packed first into a k x n
+// panel.
 #include "engine/cpu/small_gemm.h"
 
 #include "engine/error.h"
@@ -22,8 +23,11 @@ namespace engine::cpu {
 #if defined(__AVX512F__)
 namespace {
 
-constexpr int kMaxRows = 6;     // MR
 constexpr int kMaxVectors = 4;  // NV: 64 columns
+constexpr int kMaxRows = 12;    // MR, for the narrowest strips
+// The tile's rows for a strip of NV vectors: 24 accumulators (6 x 4, 8 x 3, 12 x 2 or 1), so
+// that a narrow strip (the tiny model's 32-wide heads) has as many FMAs per B load as a wide one.
+constexpr int rows_for(int vectors) { return vectors >= 4 ? 6 : vectors == 3 ? 8 : 12; }
 
 // One MR x (16 NV) tile of C over the whole k. A's element (r, p) is at a[r * a_row + p * a_k]
 // (TA: a_row = 1, a_k = lda; else a_row = lda, a_k = 1); B's row p at b + p * ldb. `tail` masks
@@ -34,32 +38,32 @@ template <int MR, int NV, bool TA, bool TAIL>
 void tile(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, __mmask16 tail,
           float alpha, float beta, float* c, int64_t ldc) {
   __m512 acc[MR][NV];
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
   const float* arow[MR];
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < MR; ++r) arow[r] = TA ? a + r : a + r * lda;
   for (int64_t p = 0; p < k; ++p) {
     const float* bp = b + p * ldb;
     __m512 bv[NV];
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int v = 0; v + 1 < NV; ++v) bv[v] = _mm512_loadu_ps(bp + 16 * v);
     bv[NV - 1] = TAIL ? _mm512_maskz_loadu_ps(tail, bp + 16 * (NV - 1))
                       : _mm512_loadu_ps(bp + 16 * (NV - 1));
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int r = 0; r < MR; ++r) {
       const __m512 av = _mm512_set1_ps(TA ? arow[r][p * lda] : arow[r][p]);
-#pragma GCC unroll 8
+#pragma GCC unroll 12
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
     }
   }
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-#pragma GCC unroll 8
+#pragma GCC unroll 12
   for (int r = 0; r < MR; ++r) {
     float* cr = c + r * ldc;
-#pragma GCC unroll 8
+#pragma GCC unroll 12
     for (int v = 0; v < NV; ++v) {
       const __mmask16 m = v + 1 < NV ? __mmask16(0xFFFF) : tail;
       __m512 out = _mm512_mul_ps(va, acc[r][v]);
@@ -77,35 +81,30 @@ void tile(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, _
 using TileFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, __mmask16, float,
                         float, float*, int64_t);
 
-// The tiles for every row count (1 .. 6) and vector count (1 .. 4), with and without a partial
-// last vector: indexed [tail][rows - 1][vectors - 1].
-template <bool TA, bool TAIL, int MR>
-void fill_row(TileFn* t) {
-  t[(MR - 1) * kMaxVectors + 0] = &tile<MR, 1, TA, TAIL>;
-  t[(MR - 1) * kMaxVectors + 1] = &tile<MR, 2, TA, TAIL>;
-  t[(MR - 1) * kMaxVectors + 2] = &tile<MR, 3, TA, TAIL>;
-  t[(MR - 1) * kMaxVectors + 3] = &tile<MR, 4, TA, TAIL>;
-}
-
-template <bool TA, bool TAIL>
-void fill_rows(TileFn* t) {
-  fill_row<TA, TAIL, 1>(t);
-  fill_row<TA, TAIL, 2>(t);
-  fill_row<TA, TAIL, 3>(t);
-  fill_row<TA, TAIL, 4>(t);
-  fill_row<TA, TAIL, 5>(t);
-  fill_row<TA, TAIL, 6>(t);
+// The tiles for every vector count (1 .. 4) and row count (1 .. rows_for(vectors)), with and
+// without a partial last vector: indexed [tail][vectors - 1][rows - 1].
+template <bool TA, bool TAIL, int NV, int MR = 1>
+void fill_strip(TileFn* t) {
+  t[MR - 1] = &tile<MR, NV, TA, TAIL>;
+  if constexpr (MR < rows_for(NV)) fill_strip<TA, TAIL, NV, MR + 1>(t);
 }
 
 template <bool TA>
 struct Tiles {
-  TileFn fn[2][kMaxRows * kMaxVectors];
-  Tiles() {
-    fill_rows<TA, false>(fn[0]);
-    fill_rows<TA, true>(fn[1]);
+  TileFn fn[2][kMaxVectors][kMaxRows] = {};
+  template <bool TAIL>
+  void fill(TileFn (&t)[kMaxVectors][kMaxRows]) {
+    fill_strip<TA, TAIL, 1>(t[0]);
+    fill_strip<TA, TAIL, 2>(t[1]);
+    fill_strip<TA, TAIL, 3>(t[2]);
+    fill_strip<TA, TAIL, 4>(t[3]);
   }
-  TileFn at(bool tail, int64_t rows, int64_t vectors) const {
-    return fn[tail ? 1 : 0][(rows - 1) * kMaxVectors + (vectors - 1)];
+  Tiles() {
+    fill<false>(fn[0]);
+    fill<true>(fn[1]);
+  }
+  TileFn at(bool tail, int64_t vectors, int64_t rows) const {
+    return fn[tail ? 1 : 0][vectors - 1][rows - 1];
   }
 };
 
@@ -167,10 +166,11 @@ void run_tiles(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int
     const int64_t vectors = (cols + 15) / 16;
     const int64_t last = cols - 16 * (vectors - 1);  // 1 .. 16 columns in the last vector
     const __mmask16 tail = static_cast<__mmask16>((1u << last) - 1u);
-    for (int64_t i0 = 0; i0 < m; i0 += kMaxRows) {
-      const int64_t rows = std::min<int64_t>(kMaxRows, m - i0);
+    const int64_t max_rows = rows_for(static_cast<int>(vectors));
+    for (int64_t i0 = 0; i0 < m; i0 += max_rows) {
+      const int64_t rows = std::min<int64_t>(max_rows, m - i0);
       const float* ai = TA ? a + i0 : a + i0 * lda;
-      tiles.at(last < 16, rows, vectors)(k, ai, lda, b + j0, ldb, tail, alpha, beta,
+      tiles.at(last < 16, vectors, rows)(k, ai, lda, b + j0, ldb, tail, alpha, beta,
                                          c + i0 * ldc + j0, ldc);
     }
   }
