@@ -241,7 +241,8 @@ class CorpusSource : public models::BatchSource {
   CorpusSource(const data::Corpus& corpus, const data::Tokenizer& tok,
                const data::BatchOptions& opt)
       : train_(corpus, data::Split::train, tok, opt),
-        valid_(corpus, data::Split::valid, tok, opt.batch_size, opt.max_len) {}
+        valid_(corpus, data::Split::valid, tok, opt.batch_size, opt.max_len,
+               data::EvalBatches::kDefaultSeed, opt.masking, opt.segment_pairs) {}
   data::MlmBatch next_train() override { return train_.next_batch(); }
   std::string position() const override { return train_.position().to_json(); }
   void seek(const std::string& p) override { train_.seek(data::DataPosition::from_json(p)); }
@@ -469,14 +470,15 @@ int run(const Args& args) {
   bo.max_len = data_opt.seq_len;
   bo.seed = seed;
   bo.shuffle = data_opt.shuffle;
+  bo.segment_pairs = data_opt.segment_pairs;
   bo.shard = comm.rank();
   bo.num_shards = comm.size();
   CorpusSource source(*corpus, *tokenizer, bo);
   if (comm.is_root()) {
-    std::printf("corpus %s: %lld train / %lld valid tokens; batches of %lld x %lld\n",
+    std::printf("corpus %s: %lld train / %lld valid tokens; batches of %lld x %lld%s\n",
                 data_opt.corpus.c_str(), (long long)corpus->train().num_tokens(),
                 (long long)corpus->valid().num_tokens(), (long long)bo.batch_size,
-                (long long)bo.max_len);
+                (long long)bo.max_len, bo.segment_pairs ? ", segment pairs" : "");
     std::printf(
         "global batch: %d rank%s x %lld sequences x %lld accumulation = %lld sequences of %lld "
         "tokens (%s)\n",

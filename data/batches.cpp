@@ -14,6 +14,7 @@ namespace {
 
 // Stream tags: the same seed keys shuffling and masking, so each gets its own Philox key.
 constexpr uint64_t kMaskTag = 0x4D41534Bull;     // "MASK"
+constexpr uint64_t kPairTag = 0x50414952ull;     // "PAIR"
 constexpr uint64_t kShuffleTag = 0x53485546ull;  // "SHUF"
 
 uint64_t tagged_key(uint64_t seed, uint64_t tag) { return seed ^ (tag * 0x9E3779B97F4A7C15ull); }
@@ -76,16 +77,21 @@ void check_shape(int64_t batch_size, int64_t max_len) {
 // Fills rows of a batch: row r is sequence seqs[r] of epochs[r]. The masker's labels are valid
 // by construction; the predicted positions and targets are collected in the same pass.
 MlmBatch build_batch(const SequencePacker& packer, const Masker& masker, uint64_t seed,
-                     const std::vector<int64_t>& seqs, const std::vector<int64_t>& epochs) {
+                     const std::vector<int64_t>& seqs, const std::vector<int64_t>& epochs,
+                     bool segment_pairs, int32_t sep) {
   const int64_t rows = static_cast<int64_t>(seqs.size()), T = packer.max_len();
   std::vector<int64_t> ids(static_cast<size_t>(rows * T));
   std::vector<int64_t> attention(ids.size(), 0), labels(ids.size(), -100);
+  std::vector<int64_t> types(segment_pairs ? ids.size() : 0, 0);
   std::vector<int64_t> positions, targets;
   int64_t tokens = 0;
   for (int64_t r = 0; r < rows; ++r) {
     int64_t* row = ids.data() + r * T;
     int64_t* row_labels = labels.data() + r * T;
-    const int64_t len = packer.fill(seqs[r], row);
+    int64_t len = packer.fill(seqs[r], row);
+    if (segment_pairs)
+      len = cut_segment_pair(row, types.data() + r * T, len, T, sep, seed,
+                             static_cast<uint64_t>(epochs[r]), static_cast<uint64_t>(seqs[r]));
     std::fill_n(attention.data() + r * T, len, 1);
     tokens += len;
     masker.apply(row, row_labels, len, seed, static_cast<uint64_t>(epochs[r]),
@@ -99,6 +105,7 @@ MlmBatch build_batch(const SequencePacker& packer, const Masker& masker, uint64_
   MlmBatch b;
   b.inputs.input_ids = engine::Tensor::from_vector(ids, {rows, T});
   b.inputs.attention_mask = engine::Tensor::from_vector(attention, {rows, T});
+  if (segment_pairs) b.inputs.token_type_ids = engine::Tensor::from_vector(types, {rows, T});
   b.labels = engine::Tensor::from_vector(labels, {rows, T});
   const int64_t m = static_cast<int64_t>(positions.size());
   b.positions = engine::Tensor::from_vector(positions, {m});
@@ -134,10 +141,16 @@ DataPosition DataPosition::from_json(const std::string& text) {
 
 // ---- packing -----------------------------------------------------------------------------------
 
-SequencePacker::SequencePacker(const ShardReader& shard, int64_t max_len, const SpecialIds& special)
-    : shard_(&shard), max_len_(max_len), content_(max_len - 2), special_(special) {
+SequencePacker::SequencePacker(const ShardReader& shard, int64_t max_len, const SpecialIds& special,
+                               bool segment_pairs)
+    : shard_(&shard),
+      max_len_(max_len),
+      content_(max_len - (segment_pairs ? 3 : 2)),
+      special_(special) {
   ENGINE_CHECK(max_len >= 3, "[batch] max_len is ", max_len,
                " (expected >= 3: [CLS], at least one token, [SEP])");
+  ENGINE_CHECK(!segment_pairs || max_len >= 5, "[batch] max_len is ", max_len,
+               " (expected >= 5 for segment pairs: [CLS], a token, [SEP], a token, [SEP])");
   check_special_ids(special, shard.vocab_size(), "the tokenizer");
   const int64_t docs = shard.num_documents();
   stream_length_ = docs == 0 ? 0 : shard.num_tokens() + (docs - 1);
@@ -180,6 +193,24 @@ int64_t SequencePacker::fill(int64_t i, int64_t* ids) const {
   ids[n++] = special_.sep;
   std::fill(ids + n, ids + max_len_, static_cast<int64_t>(special_.pad));
   return n;
+}
+
+// ---- segment pairs -----------------------------------------------------------------------------
+
+int64_t cut_segment_pair(int64_t* ids, int64_t* types, int64_t length, int64_t max_len, int32_t sep,
+                         uint64_t seed, uint64_t epoch, uint64_t sequence) {
+  std::fill_n(types, max_len, 0);
+  const int64_t content = length - 2;
+  if (content < 2) return length;
+  ENGINE_CHECK(length < max_len, "[batch] no room to cut a row of ", length,
+               " tokens into a pair (", max_len, " positions)");
+  PhiloxStream rng(tagged_key(seed, kPairTag), sequence, epoch);
+  const int64_t a = 1 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(content - 1)));
+  // [CLS] x_1 .. x_a | x_{a+1} .. [SEP] -> [CLS] x_1 .. x_a [SEP] x_{a+1} .. [SEP]
+  std::copy_backward(ids + 1 + a, ids + length, ids + length + 1);
+  ids[1 + a] = sep;
+  std::fill(types + 2 + a, types + length + 1, 1);
+  return length + 1;
 }
 
 // ---- masking -----------------------------------------------------------------------------------
@@ -275,8 +306,9 @@ BatchStream::BatchStream(const Corpus& corpus, Split split, const Tokenizer& tok
     : options_(options),
       packer_((check_shape(options.batch_size, options.max_len), check_tokenizer(corpus, tok),
                corpus.split(split)),
-              options.max_len, tok.special()),
-      masker_(tok, options.masking) {
+              options.max_len, tok.special(), options.segment_pairs),
+      masker_(tok, options.masking),
+      tok_sep_(tok.special().sep) {
   ENGINE_CHECK(options.num_shards >= 1 && options.shard >= 0 && options.shard < options.num_shards,
                "[batch] shard ", options.shard, " of ", options.num_shards,
                ": expected 0 <= shard < num_shards");
@@ -310,17 +342,20 @@ MlmBatch BatchStream::next_batch() {
       ++pos_.epoch;
     }
   }
-  return build_batch(packer_, masker_, options_.seed, seqs, epochs);
+  return build_batch(packer_, masker_, options_.seed, seqs, epochs, options_.segment_pairs,
+                     tok_sep_);
 }
 
 EvalBatches::EvalBatches(const Corpus& corpus, Split split, const Tokenizer& tok,
                          int64_t batch_size, int64_t max_len, uint64_t seed,
-                         const MaskingOptions& masking)
+                         const MaskingOptions& masking, bool segment_pairs)
     : batch_size_(batch_size),
       seed_(seed),
+      segment_pairs_(segment_pairs),
       packer_((check_shape(batch_size, max_len), check_tokenizer(corpus, tok), corpus.split(split)),
-              max_len, tok.special()),
-      masker_(tok, masking) {}
+              max_len, tok.special(), segment_pairs),
+      masker_(tok, masking),
+      sep_(tok.special().sep) {}
 
 int64_t EvalBatches::num_batches() const {
   return (packer_.num_sequences() + batch_size_ - 1) / batch_size_;
@@ -334,7 +369,7 @@ std::optional<MlmBatch> EvalBatches::next() {
     seqs.push_back(next_);
     epochs.push_back(0);
   }
-  return build_batch(packer_, masker_, seed_, seqs, epochs);
+  return build_batch(packer_, masker_, seed_, seqs, epochs, segment_pairs_, sep_);
 }
 
 }  // namespace data

@@ -23,6 +23,16 @@
 // label is the original id, every other label is -100. All draws come from Philox keyed by the
 // seed with counter (sequence index, epoch), so the batch at step k is a pure function of
 // (seed, k): a resumed run sees the same batches without replaying anything.
+//
+// Segment pairs (segment_pairs = true; BERT's two-segment input without next-sentence
+// prediction). Sequences are packed with one position fewer (C = max_len - 3), and each is cut
+// in two before masking: with c content tokens (c >= 2), A takes the first s of them, s uniform in
+// [1, c - 1] from Philox keyed by the seed with counter (sequence index, epoch) — a new cut each
+// epoch, like the masks — and the row becomes [CLS] A [SEP] B [SEP], token types 0 up to and
+// including the middle [SEP] and 1 after (padding 0). B continues A's text (the packed stream's
+// next tokens), so the model learns to read across a [SEP] and a segment change, the layout of
+// GLUE's sentence pairs, without a next-sentence objective. A sequence of one content token is
+// not cut (types all 0). Masking never picks the inserted [SEP].
 #pragma once
 
 #include <cstdint>
@@ -49,6 +59,7 @@ struct BatchOptions {
   uint64_t seed = 1;      // shuffling and masking
   bool shuffle = true;
   MaskingOptions masking;
+  bool segment_pairs = false;  // [CLS] A [SEP] B [SEP] with token types (see the file comment)
   // Data parallelism: the stream advances by num_shards * batch_size slots per batch (the global
   // batch) and serves slots [shard * batch_size, (shard + 1) * batch_size) of it, so the shards
   // of ranks 0..n-1 concatenated are the batch that one stream with n * batch_size would serve.
@@ -69,8 +80,11 @@ struct DataPosition {
 // The FULL-SENTENCES layout of one split (see the file comment).
 class SequencePacker {
  public:
-  // Keeps a reference to `shard`, which must outlive the packer.
-  SequencePacker(const ShardReader& shard, int64_t max_len, const SpecialIds& special);
+  // Keeps a reference to `shard`, which must outlive the packer. segment_pairs: one position
+  // fewer of content per sequence (room for the [SEP] between the segments; see the file
+  // comment).
+  SequencePacker(const ShardReader& shard, int64_t max_len, const SpecialIds& special,
+                 bool segment_pairs = false);
   int64_t max_len() const { return max_len_; }
   int64_t num_sequences() const { return num_sequences_; }
   int64_t stream_length() const { return stream_length_; }  // tokens + separators
@@ -84,6 +98,13 @@ class SequencePacker {
   SpecialIds special_;
   int64_t stream_length_ = 0, num_sequences_ = 0;
 };
+
+// Cuts a packed row ids[0 .. length) = [CLS] content [SEP] (length < max_len) into
+// [CLS] A [SEP] B [SEP] in place, writes types[0 .. max_len) and returns the new length; a row of
+// fewer than 2 content tokens is left as it is (types 0). The cut is drawn from Philox keyed by
+// `seed` with counter (sequence, epoch) (see the file comment, "Segment pairs").
+int64_t cut_segment_pair(int64_t* ids, int64_t* types, int64_t length, int64_t max_len, int32_t sep,
+                         uint64_t seed, uint64_t epoch, uint64_t sequence);
 
 // Dynamic masking (see the file comment); built once per tokenizer.
 class Masker {
@@ -126,6 +147,7 @@ class BatchStream {
   BatchOptions options_;
   SequencePacker packer_;
   Masker masker_;
+  int32_t tok_sep_;
   DataPosition pos_;
 };
 
@@ -136,7 +158,8 @@ class EvalBatches {
  public:
   static constexpr uint64_t kDefaultSeed = 0xE7A1;
   EvalBatches(const Corpus& corpus, Split split, const Tokenizer& tok, int64_t batch_size,
-              int64_t max_len, uint64_t seed = kDefaultSeed, const MaskingOptions& masking = {});
+              int64_t max_len, uint64_t seed = kDefaultSeed, const MaskingOptions& masking = {},
+              bool segment_pairs = false);
   std::optional<MlmBatch> next();  // nullopt after the last batch
   void rewind() { next_ = 0; }
   int64_t num_sequences() const { return packer_.num_sequences(); }
@@ -145,8 +168,10 @@ class EvalBatches {
  private:
   int64_t batch_size_;
   uint64_t seed_;
+  bool segment_pairs_;
   SequencePacker packer_;
   Masker masker_;
+  int32_t sep_;
   int64_t next_ = 0;
 };
 

@@ -35,10 +35,13 @@ DataOptions read_data_options(const engine::ConfigSection& t) {
   o.batch_size = t.get_int("batch_size", o.batch_size);
   o.shuffle = t.get_bool("shuffle", o.shuffle);
   o.lower_case = t.get_bool("lower_case", o.lower_case);
+  o.segment_pairs = t.get_bool("segment_pairs", o.segment_pairs);
   t.finish();
   ENGINE_CHECK(o.seq_len >= 3, "[config] ", t.where("seq_len"),
                ": must be at least 3 ([CLS] x [SEP])");
   ENGINE_CHECK(o.batch_size >= 1, "[config] ", t.where("batch_size"), ": must be at least 1");
+  ENGINE_CHECK(!o.segment_pairs || o.seq_len >= 5, "[config] ", t.where("seq_len"), ": ", o.seq_len,
+               " is too short for data.segment_pairs (at least 5: [CLS] a [SEP] b [SEP])");
   return o;
 }
 
@@ -118,6 +121,7 @@ PretrainConfig PretrainConfig::read(const engine::Config& cfg) {
   const engine::ConfigSection data = root.section("data");
   c.data = read_data_options(data);
   c.seq_len_where_ = data.where("seq_len");
+  c.segment_pairs_where_ = data.where("segment_pairs");
   c.train = read_train_options(root.section("train"));
   c.has_model = root.has("model");
   const engine::ConfigSection model = root.section("model");
@@ -142,6 +146,9 @@ void PretrainConfig::check_for_corpus(const BertConfig& m, int64_t vocab,
   ENGINE_CHECK(m.vocab_size == vocab, "[config] ", vocab_where_, ": ", m.vocab_size,
                " does not match the tokenizer ", tokenizer, " (", vocab,
                " tokens); leave model.vocab_size out to take the tokenizer's");
+  ENGINE_CHECK(!data.segment_pairs || m.type_vocab_size >= 2, "[config] ", segment_pairs_where_,
+               ": segment pairs need segment embeddings, but model.type_vocab_size is ",
+               m.type_vocab_size, " (expected >= 2)");
   // Learned position tables have max_positions rows: longer sequences cannot be represented.
   if (m.position.has_position_table())
     ENGINE_CHECK(data.seq_len <= m.max_positions, "[config] ", seq_len_where_, ": ", data.seq_len,

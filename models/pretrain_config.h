@@ -24,6 +24,9 @@ struct DataOptions {
   int64_t batch_size = 32;
   bool shuffle = true;
   bool lower_case = true;
+  // [CLS] A [SEP] B [SEP] with token types 0 / 1, cut at a random point of each sequence
+  // (data/batches.h, "Segment pairs"); needs model.type_vocab_size >= 2.
+  bool segment_pairs = false;
 };
 
 struct PretrainConfig {
@@ -48,6 +51,7 @@ struct PretrainConfig {
 
  private:
   std::string seq_len_where_, vocab_where_;  // "file.yaml:7: data.seq_len" for the errors
+  std::string segment_pairs_where_;
 };
 
 // The pretraining model a checkpoint holds (its kind: BERT's masked LM or ELECTRA, with the

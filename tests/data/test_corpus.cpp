@@ -723,6 +723,117 @@ TEST_CASE("the unshuffled, unmasked stream yields the packed sequences in order"
   }
 }
 
+TEST_CASE("cut_segment_pair: [CLS] A [SEP] B [SEP], types 0 then 1, a new cut each epoch",
+          "[batches]") {
+  const int64_t T = 16, sep = 3;
+  std::set<int64_t> cuts;
+  for (uint64_t epoch = 0; epoch < 60; ++epoch) {
+    std::vector<int64_t> ids(T, 0), types(T, 7);
+    ids[0] = 2;
+    for (int64_t p = 1; p <= 10; ++p) ids[p] = 100 + p;  // 10 content tokens
+    ids[11] = sep;
+    const int64_t len = data::cut_segment_pair(ids.data(), types.data(), 12, T, sep, 5, epoch, 9);
+    REQUIRE(len == 13);
+    // Exactly one [SEP] inserted inside the content, A and B non-empty.
+    std::vector<int64_t> seps;
+    for (int64_t p = 0; p < len; ++p)
+      if (ids[p] == sep) seps.push_back(p);
+    REQUIRE(seps.size() == 2);
+    const int64_t mid = seps[0];
+    CHECK(mid >= 2);
+    CHECK(mid <= 10);
+    CHECK(seps[1] == len - 1);
+    cuts.insert(mid);
+    // The content in order, without the inserted [SEP].
+    std::vector<int64_t> content;
+    for (int64_t p = 1; p < len - 1; ++p)
+      if (p != mid) content.push_back(ids[p]);
+    std::vector<int64_t> want(10);
+    std::iota(want.begin(), want.end(), 101);
+    CHECK(content == want);
+    for (int64_t p = 0; p < T; ++p) CHECK(types[p] == (p > mid && p < len ? 1 : 0));
+    for (int64_t p = len; p < T; ++p) CHECK(ids[p] == 0);
+    // The same (seed, epoch, sequence): the same cut.
+    std::vector<int64_t> again(T, 0), again_types(T);
+    again[0] = 2;
+    for (int64_t p = 1; p <= 10; ++p) again[p] = 100 + p;
+    again[11] = sep;
+    data::cut_segment_pair(again.data(), again_types.data(), 12, T, sep, 5, epoch, 9);
+    CHECK(again == ids);
+  }
+  CHECK(cuts.size() >= 5);  // 9 possible cuts, 60 epochs
+  // One content token: nothing to cut.
+  std::vector<int64_t> one{2, 50, sep, 0, 0, 0}, types(6, 9);
+  CHECK(data::cut_segment_pair(one.data(), types.data(), 3, 6, sep, 1, 0, 0) == 3);
+  CHECK(one == std::vector<int64_t>{2, 50, sep, 0, 0, 0});
+  CHECK(types == std::vector<int64_t>(6, 0));
+}
+
+TEST_CASE("segment-pair batches: the packed stream with a [SEP] and types, never masked there",
+          "[batches]") {
+  TempDir dir;
+  TestTokenizer tok;
+  const data::Corpus corpus(random_corpus(dir, 50, 100, 4));
+  data::BatchOptions o;
+  o.batch_size = 4;
+  o.max_len = 24;
+  o.shuffle = false;
+  o.segment_pairs = true;
+  data::BatchStream stream(corpus, Split::train, tok, o);
+  const data::SequencePacker packer(corpus.train(), 24, tok.special(), true);
+  CHECK(stream.num_sequences() == packer.num_sequences());
+  std::vector<int64_t> ids(24);
+  int64_t seq = 0;
+  for (int step = 0; step < 5; ++step) {
+    const data::MlmBatch b = stream.next_batch();
+    REQUIRE(b.inputs.token_type_ids.defined());
+    REQUIRE(b.inputs.token_type_ids.shape() == engine::Shape{4, 24});
+    for (int64_t r = 0; r < 4; ++r, ++seq) {
+      const int64_t len = packer.fill(seq, ids.data());
+      REQUIRE(len <= 23);  // room for the [SEP] between the segments
+      const std::vector<int64_t> got = row(b.inputs.input_ids, r),
+                                 types = row(b.inputs.token_type_ids, r);
+      const std::vector<int64_t> labels = row(b.labels, r), mask = row(b.inputs.attention_mask, r);
+      // Undo the masking, then drop the first [SEP] after B starts' predecessor: the packed row.
+      std::vector<int64_t> orig = got;
+      for (int64_t p = 0; p < 24; ++p)
+        if (labels[p] != -100) orig[p] = labels[p];
+      int64_t mid = -1;
+      for (int64_t p = 1; p < 24; ++p)
+        if (types[p] == 1) {
+          mid = p - 1;
+          break;
+        }
+      REQUIRE(mid > 1);
+      CHECK(orig[mid] == 3);
+      CHECK(labels[mid] == -100);  // the inserted [SEP] is never a prediction target
+      orig.erase(orig.begin() + mid);
+      orig.push_back(0);
+      CHECK(orig == ids);
+      for (int64_t p = 0; p < 24; ++p) CHECK(mask[p] == (p < len + 1 ? 1 : 0));
+      for (int64_t p = mid + 1; p < len + 1; ++p) CHECK(types[p] == 1);
+    }
+  }
+  // Same seed, same batches (types included).
+  data::BatchStream a(corpus, Split::train, tok, o), c(corpus, Split::train, tok, o);
+  const data::MlmBatch ba = a.next_batch(), bc = c.next_batch();
+  CHECK(ba.inputs.token_type_ids.to_vector<int64_t>() ==
+        bc.inputs.token_type_ids.to_vector<int64_t>());
+  CHECK(ba.inputs.input_ids.to_vector<int64_t>() == bc.inputs.input_ids.to_vector<int64_t>());
+  // Evaluation batches cut the same way every pass.
+  data::EvalBatches e(corpus, Split::train, tok, 4, 24, data::EvalBatches::kDefaultSeed, {}, true);
+  const std::optional<data::MlmBatch> e1 = e.next();
+  e.rewind();
+  const std::optional<data::MlmBatch> e2 = e.next();
+  REQUIRE(e1);
+  REQUIRE(e1->inputs.token_type_ids.defined());
+  CHECK(e1->inputs.token_type_ids.to_vector<int64_t>() ==
+        e2->inputs.token_type_ids.to_vector<int64_t>());
+  // Too short for a pair.
+  CHECK_THAT(error_of([&] { data::SequencePacker(corpus.train(), 4, tok.special(), true); }),
+             Catch::Contains("expected >= 5 for segment pairs"));
+}
+
 TEST_CASE("shuffled_index is a permutation per epoch", "[batches]") {
   for (uint64_t n : {1, 2, 3, 7, 100, 1000, 4097}) {
     std::set<uint64_t> seen;

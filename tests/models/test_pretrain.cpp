@@ -231,4 +231,18 @@ TEST_CASE("a pretraining config: every section read and checked in one place, er
   m.position.input = InputPosition::sinusoid;  // no table: any length
   apply_position_preset(m.position, "sin_ape");
   long_seq.check_for_corpus(m, 100, "vocab.txt");
+
+  // Segment pairs need segment embeddings and room for [CLS] a [SEP] b [SEP].
+  const PretrainConfig pairs = read("model:\n  type_vocab_size: 0\ndata:\n  segment_pairs: true\n");
+  CHECK(pairs.data.segment_pairs);
+  BertConfig pm = pairs.model;
+  pm.vocab_size = 100;
+  REQUIRE_THROWS_WITH(pairs.check_for_corpus(pm, 100, "vocab.txt"),
+                      Contains("p.yaml:4: data.segment_pairs: segment pairs need segment "
+                               "embeddings, but model.type_vocab_size is 0 (expected >= 2)"));
+  pm.type_vocab_size = 2;
+  pairs.check_for_corpus(pm, 100, "vocab.txt");
+  REQUIRE_THROWS_WITH(read("data:\n  seq_len: 4\n  segment_pairs: true\n"),
+                      Contains("p.yaml:2: data.seq_len: 4 is too short for data.segment_pairs"));
+  REQUIRE_THROWS_WITH(read("data:\n  segment_pairs: maybe\n"), Contains("data.segment_pairs"));
 }
