@@ -388,9 +388,10 @@ void bench_gemms(bool quick) {
         "%s\t%.4f\t%.2f\tGFLOP/s\t# %.0f%% of the peak measured beside it (median of 9 paired "
         "rounds; best round %.1f GFLOP/s; %s); moves %.1f MB a call = %.0f%% of stream_copy\n",
         c.name.c_str(), r.ms, r.gflops, 100.0 * r.share, r.best_gflops,
-        c.batch > 1 && cpu_small_gemm_active() ? "the small-GEMM kernel" : cpu_gemm_library(), mb,
-        100.0 * mb * 1e-3 / (r.ms * 1e-3) / copy_gbs);
-    if (c.batch > 1 && cpu_small_gemm_active())
+        cpu_small_gemm_takes(c.batch, c.m, c.n, c.k, c.tb) ? "the small-GEMM kernel"
+                                                           : cpu_gemm_library(),
+        mb, 100.0 * mb * 1e-3 / (r.ms * 1e-3) / copy_gbs);
+    if (cpu_small_gemm_takes(c.batch, c.m, c.n, c.k, c.tb))
       std::printf(
           "%s: small-GEMM kernel vs library\t-\t%.3f\tx\t# the kernel's speed over %s's, "
           "median of 9 paired rounds\n",

@@ -272,13 +272,19 @@ bool gemm_lib_forced() {
 // register-tiled AVX-512 kernel (engine/cpu/small_gemm.h) in f32, unless a library is forced: it
 // packs only a transposed B, where a library packs both operands for every matrix (QK^T at
 // 128 x 128 x 64 per head: 57-69% of the FMA peak through oneDNN's sgemm, docs/benchmarks.md).
-// A transposed B is packed into a per-thread k x n panel, capped here at 4 MB.
+// A transposed B is packed into a per-thread k x n panel, capped here at 4 MB. Products under 48
+// columns with B as stored stay with the library: the tiny model's P V (128 x 32 x 128 per head)
+// ran at 0.91-0.98x of oneDNN's speed on the kernel's 12 x 32 tiles (its q k^T, 128 columns from
+// a transposed B, at 1.07-1.11x).
+bool small_gemm_takes(bool trans_b, int64_t n, int64_t k, int64_t batch, double work) {
+  return batch > 1 && work < kSmallGemmWork && cpu::small_gemm_available() && !gemm_lib_forced() &&
+         g_small_gemm_on.load(std::memory_order_relaxed) &&
+         (trans_b ? static_cast<double>(k) * static_cast<double>(n) <= 1024.0 * 1024.0 : n >= 48);
+}
+
 template <class T>
 bool use_small_gemm(const GemmArgs& g, double work) {
-  return std::is_same_v<T, float> && g.batch > 1 && work < kSmallGemmWork &&
-         cpu::small_gemm_available() && !gemm_lib_forced() &&
-         g_small_gemm_on.load(std::memory_order_relaxed) &&
-         (!g.trans_b || static_cast<double>(g.k) * static_cast<double>(g.n) <= 1024.0 * 1024.0);
+  return std::is_same_v<T, float> && small_gemm_takes(g.trans_b, g.n, g.k, g.batch, work);
 }
 
 GemmLib chosen_gemm_lib() {
@@ -497,6 +503,10 @@ const char* cpu_gemm_library() {
       break;
   }
   return "Eigen";
+}
+
+bool cpu_small_gemm_takes(int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_b) {
+  return cpu_gemm::small_gemm_takes(trans_b, n, k, batch, double(m) * double(n) * double(k));
 }
 
 bool cpu_small_gemm_active() {

@@ -85,6 +85,9 @@ bool cpu_small_gemm_active();
 // Turns that kernel off (the library multiplies those batches too) or back on, for the whole
 // process: for comparisons (bench_ops times both in alternating rounds). Not while GEMMs run.
 void set_cpu_small_gemm(bool on);
+// Whether that kernel takes an f32 batch of `batch` products C (m x n) = A (m x k) op(B), op(B)
+// = B^T when trans_b (as stored, row-major): the others go to the library.
+bool cpu_small_gemm_takes(int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_b);
 
 // cpu_gemm_library(), plus "; batches of small products: the AVX-512 small-GEMM kernel" while
 // that kernel is active: what the apps print at start.
