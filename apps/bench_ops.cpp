@@ -383,20 +383,20 @@ void bench_gemms(bool quick) {
     const double gflop = 2.0 * c.batch * c.m * c.n * c.k * 1e-9;
     // The bytes a call must move at least: A, B and C once each (C written: beta = 0).
     const double mb = 4.0 * c.batch * (c.m * c.k + c.k * c.n + c.m * c.n) * 1e-6;
-    const PairedRate r = paired_with_peak([&] { gemm(a, c.ta, b, c.tb, out); }, gflop);
+    const auto call = [&] { gemm(a, c.ta, b, c.tb, out); };
+    const bool kernel = cpu_small_gemm_takes(c.batch, c.m, c.n, c.k, c.tb);
+    const PairedRate r = paired_with_peak(call, gflop);
     std::printf(
         "%s\t%.4f\t%.2f\tGFLOP/s\t# %.0f%% of the peak measured beside it (median of 9 paired "
         "rounds; best round %.1f GFLOP/s; %s); moves %.1f MB a call = %.0f%% of stream_copy\n",
         c.name.c_str(), r.ms, r.gflops, 100.0 * r.share, r.best_gflops,
-        cpu_small_gemm_takes(c.batch, c.m, c.n, c.k, c.tb) ? "the small-GEMM kernel"
-                                                           : cpu_gemm_library(),
-        mb, 100.0 * mb * 1e-3 / (r.ms * 1e-3) / copy_gbs);
-    if (cpu_small_gemm_takes(c.batch, c.m, c.n, c.k, c.tb))
+        kernel ? "the small-GEMM kernel" : cpu_gemm_library(), mb,
+        100.0 * mb * 1e-3 / (r.ms * 1e-3) / copy_gbs);
+    if (kernel)
       std::printf(
           "%s: small-GEMM kernel vs library\t-\t%.3f\tx\t# the kernel's speed over %s's, "
           "median of 9 paired rounds\n",
-          c.name.c_str(), paired_small_vs_library([&] { gemm(a, c.ta, b, c.tb, out); }),
-          cpu_gemm_library());
+          c.name.c_str(), paired_small_vs_library(call), cpu_gemm_library());
     std::fflush(stdout);
   }
 }

@@ -77,9 +77,10 @@ void check_shape(int64_t batch_size, int64_t max_len) {
 // Fills rows of a batch: row r is sequence seqs[r] of epochs[r]. The masker's labels are valid
 // by construction; the predicted positions and targets are collected in the same pass.
 MlmBatch build_batch(const SequencePacker& packer, const Masker& masker, uint64_t seed,
-                     const std::vector<int64_t>& seqs, const std::vector<int64_t>& epochs,
-                     bool segment_pairs, int32_t sep) {
+                     const std::vector<int64_t>& seqs, const std::vector<int64_t>& epochs) {
   const int64_t rows = static_cast<int64_t>(seqs.size()), T = packer.max_len();
+  const bool segment_pairs = packer.segment_pairs();
+  const int32_t sep = packer.special().sep;
   std::vector<int64_t> ids(static_cast<size_t>(rows * T));
   std::vector<int64_t> attention(ids.size(), 0), labels(ids.size(), -100);
   std::vector<int64_t> types(segment_pairs ? ids.size() : 0, 0);
@@ -146,6 +147,7 @@ SequencePacker::SequencePacker(const ShardReader& shard, int64_t max_len, const 
     : shard_(&shard),
       max_len_(max_len),
       content_(max_len - (segment_pairs ? 3 : 2)),
+      segment_pairs_(segment_pairs),
       special_(special) {
   ENGINE_CHECK(max_len >= 3, "[batch] max_len is ", max_len,
                " (expected >= 3: [CLS], at least one token, [SEP])");
@@ -307,8 +309,7 @@ BatchStream::BatchStream(const Corpus& corpus, Split split, const Tokenizer& tok
       packer_((check_shape(options.batch_size, options.max_len), check_tokenizer(corpus, tok),
                corpus.split(split)),
               options.max_len, tok.special(), options.segment_pairs),
-      masker_(tok, options.masking),
-      tok_sep_(tok.special().sep) {
+      masker_(tok, options.masking) {
   ENGINE_CHECK(options.num_shards >= 1 && options.shard >= 0 && options.shard < options.num_shards,
                "[batch] shard ", options.shard, " of ", options.num_shards,
                ": expected 0 <= shard < num_shards");
@@ -342,8 +343,7 @@ MlmBatch BatchStream::next_batch() {
       ++pos_.epoch;
     }
   }
-  return build_batch(packer_, masker_, options_.seed, seqs, epochs, options_.segment_pairs,
-                     tok_sep_);
+  return build_batch(packer_, masker_, options_.seed, seqs, epochs);
 }
 
 EvalBatches::EvalBatches(const Corpus& corpus, Split split, const Tokenizer& tok,
@@ -351,11 +351,9 @@ EvalBatches::EvalBatches(const Corpus& corpus, Split split, const Tokenizer& tok
                          const MaskingOptions& masking, bool segment_pairs)
     : batch_size_(batch_size),
       seed_(seed),
-      segment_pairs_(segment_pairs),
       packer_((check_shape(batch_size, max_len), check_tokenizer(corpus, tok), corpus.split(split)),
               max_len, tok.special(), segment_pairs),
-      masker_(tok, masking),
-      sep_(tok.special().sep) {}
+      masker_(tok, masking) {}
 
 int64_t EvalBatches::num_batches() const {
   return (packer_.num_sequences() + batch_size_ - 1) / batch_size_;
@@ -369,7 +367,7 @@ std::optional<MlmBatch> EvalBatches::next() {
     seqs.push_back(next_);
     epochs.push_back(0);
   }
-  return build_batch(packer_, masker_, seed_, seqs, epochs, segment_pairs_, sep_);
+  return build_batch(packer_, masker_, seed_, seqs, epochs);
 }
 
 }  // namespace data

@@ -88,6 +88,8 @@ class SequencePacker {
   int64_t max_len() const { return max_len_; }
   int64_t num_sequences() const { return num_sequences_; }
   int64_t stream_length() const { return stream_length_; }  // tokens + separators
+  bool segment_pairs() const { return segment_pairs_; }
+  const SpecialIds& special() const { return special_; }
   // Writes sequence i into ids[0 .. max_len) ([PAD] after its end) and returns its length
   // (positions before it have attention 1).
   int64_t fill(int64_t i, int64_t* ids) const;
@@ -95,6 +97,7 @@ class SequencePacker {
  private:
   const ShardReader* shard_;
   int64_t max_len_, content_;
+  bool segment_pairs_;
   SpecialIds special_;
   int64_t stream_length_ = 0, num_sequences_ = 0;
 };
@@ -147,7 +150,6 @@ class BatchStream {
   BatchOptions options_;
   SequencePacker packer_;
   Masker masker_;
-  int32_t tok_sep_;
   DataPosition pos_;
 };
 
@@ -168,10 +170,8 @@ class EvalBatches {
  private:
   int64_t batch_size_;
   uint64_t seed_;
-  bool segment_pairs_;
   SequencePacker packer_;
   Masker masker_;
-  int32_t sep_;
   int64_t next_ = 0;
 };
 

@@ -276,9 +276,13 @@ bool gemm_lib_forced() {
 // columns with B as stored stay with the library: the tiny model's P V (128 x 32 x 128 per head)
 // ran at 0.91-0.98x of oneDNN's speed on the kernel's 12 x 32 tiles (its q k^T, 128 columns from
 // a transposed B, at 1.07-1.11x).
+bool small_gemm_on() {
+  return cpu::small_gemm_available() && !gemm_lib_forced() &&
+         g_small_gemm_on.load(std::memory_order_relaxed);
+}
+
 bool small_gemm_takes(bool trans_b, int64_t n, int64_t k, int64_t batch, double work) {
-  return batch > 1 && work < kSmallGemmWork && cpu::small_gemm_available() && !gemm_lib_forced() &&
-         g_small_gemm_on.load(std::memory_order_relaxed) &&
+  return batch > 1 && work < kSmallGemmWork && small_gemm_on() &&
          (trans_b ? static_cast<double>(k) * static_cast<double>(n) <= 1024.0 * 1024.0 : n >= 48);
 }
 
@@ -444,8 +448,8 @@ void gemm_typed(const GemmArgs& g) {
                           work * static_cast<double>(g.batch) >= kMinParallelWork;
   if constexpr (std::is_same_v<T, float>) {
     if (small) {
-      // Each thread takes a contiguous run of the matrices (as schedule(static) would), so the
-      // kernel can fetch each next matrix while it computes the current one.
+      // Each thread takes a contiguous run of the matrices (as schedule(static) would) in one
+      // call, so a transposed B that the batch shares is packed once per thread.
 #pragma omp parallel if (over_batch)
       {
         const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
@@ -509,10 +513,7 @@ bool cpu_small_gemm_takes(int64_t batch, int64_t m, int64_t n, int64_t k, bool t
   return cpu_gemm::small_gemm_takes(trans_b, n, k, batch, double(m) * double(n) * double(k));
 }
 
-bool cpu_small_gemm_active() {
-  return cpu::small_gemm_available() && !cpu_gemm::gemm_lib_forced() &&
-         cpu_gemm::g_small_gemm_on.load(std::memory_order_relaxed);
-}
+bool cpu_small_gemm_active() { return cpu_gemm::small_gemm_on(); }
 
 void set_cpu_small_gemm(bool on) { cpu_gemm::g_small_gemm_on.store(on); }
 
