@@ -495,6 +495,26 @@ void run(bool quick) {
       },
       4.0 * big.numel() * 4 * 1e-9, "GB/s");
 
+  // GELU with its bias as the FFN's first layer runs it: bias_gelu over the bias-free product
+  // (forward reads x, writes y; backward reads x and dy, writes dx and sums the bias: 5 passes),
+  // beside the unfused pair, the bias added to y and a gelu of its own (7 passes).
+  Tensor b3072 = param({F}, g);
+  const double gbytes = big.numel() * 4 * 1e-9;
+  bench(
+      "bias_gelu_fwd_bwd (BT,3072)+(3072)",
+      [&] {
+        Tensor y = bias_gelu(big, b3072);
+        y.backward(Tensor::ones(y.shape()));
+      },
+      5.0 * gbytes, "GB/s");
+  bench(
+      "bias_add_gelu_fwd_bwd (BT,3072)+(3072), unfused",
+      [&] {
+        Tensor y = gelu(big + b3072);
+        y.backward(Tensor::ones(y.shape()));
+      },
+      5.0 * gbytes, "GB/s");
+
   // MLM-style loss over 15% of the rows.
   const int64_t n = std::max<int64_t>(1, rows * 15 / 100);
   Tensor logits = Tensor::randn({n, V}, g).set_requires_grad();

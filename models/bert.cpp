@@ -26,6 +26,11 @@ Linear::Linear(int64_t in, int64_t out, Generator& gen, double std, bool has_bia
 
 Tensor Linear::forward(const Tensor& x) const { return engine::linear(x, weight, bias); }
 
+Tensor Linear::forward_gelu(const Tensor& x) const {
+  if (!bias.defined()) return engine::gelu(engine::linear(x, weight));
+  return engine::bias_gelu(engine::linear(x, weight), bias);
+}
+
 LayerNorm::LayerNorm(int64_t width, double eps_) : eps(eps_) {
   weight = register_parameter("weight", Tensor::ones({width}));
   bias = register_parameter("bias", Tensor::zeros({width}));
@@ -417,7 +422,7 @@ Tensor BertLayer::forward(const Tensor& x, const Tensor& key_mask, const Attenti
                           Generator& gen) const {
   const bool training = this->training();
   const double p = config_.hidden_dropout;
-  auto ffn_branch = [&](const Tensor& y) { return fc2.forward(engine::gelu(fc1.forward(y))); };
+  auto ffn_branch = [&](const Tensor& y) { return fc2.forward(fc1.forward_gelu(y)); };
   if (config_.pre_layer_norm) {
     Tensor y = x + engine::dropout(self_attention(attention_norm.forward(x), key_mask, terms, gen),
                                    p, training, gen);
@@ -544,7 +549,7 @@ MlmOutput BertForMaskedLM::forward(const data::MlmBatch& batch, Generator& gen) 
   // The head and the (M, V) logits only at the predicted positions, gathered first.
   Tensor flat = hidden.reshape({hidden.size(0) * hidden.size(1), c.hidden_size});
   Tensor h = engine::index_select(flat, positions);  // (M, d)
-  h = norm.forward(engine::gelu(dense.forward(h)));
+  h = norm.forward(dense.forward_gelu(h));
   MlmOutput out;
   out.logits = engine::linear(h, bert.token_embedding, decoder_bias);  // (M, V), tied decoder
   out.loss = engine::cross_entropy(out.logits, targets);

@@ -35,7 +35,9 @@ class Linear : public engine::Module {
  public:
   Linear(int64_t in, int64_t out, Generator& gen, double std, bool bias = true);
   Tensor forward(const Tensor& x) const;  // (..., in) -> (..., out)
-  Tensor weight, bias;                    // (out, in), (out)
+  // gelu(forward(x)), the bias added inside the GELU's pass (engine::bias_gelu).
+  Tensor forward_gelu(const Tensor& x) const;
+  Tensor weight, bias;  // (out, in), (out)
 };
 
 // gamma 1, beta 0.

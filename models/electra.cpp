@@ -59,7 +59,7 @@ ElectraOutput ElectraForPretraining::forward(const data::MlmBatch& batch, Genera
   in.input_ids = r.ids;
   Tensor h = bert.forward(in, gen);  // (B, T, d)
   const int64_t b = h.size(0), t = h.size(1);
-  Tensor logit = rtd_out.forward(engine::gelu(rtd_dense.forward(h))).reshape({b * t, 1});
+  Tensor logit = rtd_out.forward(rtd_dense.forward_gelu(h)).reshape({b * t, 1});
   out.rtd_logits = logit.reshape({b, t});
   // Binary cross-entropy with logits as a 2-class cross-entropy over (0, x): softmax's second
   // probability is sigmoid(x), and the loss is log(1 + e^x) - y x; padding (-100) is ignored.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <unsupported/Eigen/SpecialFunctions>
+#include <vector>
 
 #include "engine/autocast.h"
 #include "engine/autograd.h"
@@ -167,6 +168,19 @@ Tensor unary(UnaryOp op, const Tensor& x) {
   return y;
 }
 
+struct BiasGeluNode : Node {
+  Tensor x, bias;  // contiguous; x + bias is recomputed (no pre-activation kept)
+  const char* name() const override { return "bias_gelu"; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& g) override {
+    Tensor gx = Tensor::empty(x.shape(), x.dtype(), x.device());  // needed for the bias's sum too
+    Tensor gb =
+        needs_input_grad(1) ? Tensor::empty(bias.shape(), bias.dtype(), bias.device()) : Tensor();
+    bias_gelu_backward_kernel(x.device(), x, bias, g[0].contiguous(), gx, gb);
+    return {needs_input_grad(0) ? gx : Tensor(), gb};
+  }
+  void release_saved() override { x = bias = Tensor(); }
+};
+
 // ---- CPU kernels -----------------------------------------------------------------------------
 
 namespace cpu {
@@ -225,6 +239,30 @@ constexpr int64_t kChunk = 4096;
 constexpr double kInvSqrt2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 
+// GELU and its derivative d/dx [x Phi(x)] = Phi(x) + x phi(x), written once for gelu and
+// bias_gelu: f32 over Eigen arrays (its vectorised erf and exp; coefficient-wise, so the result
+// may be assigned to the argument), other types through the exact std:: functions (the f64
+// gradient checks need them exact).
+template <class A>
+auto gelu_f32(const A& a) {
+  return 0.5f * a * (1.0f + (a * float(kInvSqrt2)).erf());
+}
+template <class A>
+auto gelu_grad_f32(const A& x) {
+  return 0.5f * (1.0f + (x * float(kInvSqrt2)).erf()) +
+         x * float(kInvSqrt2Pi) * (-0.5f * x.square()).exp();
+}
+template <class T>
+T gelu_exact(T v) {
+  return T(0.5) * v * (T(1) + std::erf(v * T(kInvSqrt2)));
+}
+template <class T>
+T gelu_grad_exact(T x) {
+  const T cdf = T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2)));
+  const T pdf = T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
+  return cdf + x * pdf;
+}
+
 // x and y contiguous.
 void unary(UnaryOp op, const Tensor& x, const Tensor& y) {
   dispatch_floating(x.dtype(), "unary", [&]<class T>() {
@@ -238,7 +276,7 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& y) {
         Eigen::Map<ArrayF> b(py + c, a.size());
         switch (op) {
           case UnaryOp::gelu:
-            b = 0.5f * a * (1.0f + (a * float(kInvSqrt2)).erf());
+            b = gelu_f32(a);
             break;
           case UnaryOp::tanh:
             b = a.tanh();
@@ -259,7 +297,7 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& y) {
       };
       switch (op) {
         case UnaryOp::gelu:
-          run([](T v) { return T(0.5) * v * (T(1) + std::erf(v * T(kInvSqrt2))); });
+          run([](T v) { return gelu_exact(v); });
           break;
         case UnaryOp::tanh:
           run([](T v) { return std::tanh(v); });
@@ -288,9 +326,8 @@ void unary_backward(UnaryOp op, const Tensor& saved, const Tensor& gy, const Ten
         Eigen::Map<const ArrayF> x(s + c, m), gy(g + c, m);
         Eigen::Map<ArrayF> gx(o + c, m);
         switch (op) {
-          case UnaryOp::gelu:  // d/dx [x Phi(x)] = Phi(x) + x phi(x)
-            gx = gy * (0.5f * (1.0f + (x * float(kInvSqrt2)).erf()) +
-                       x * float(kInvSqrt2Pi) * (-0.5f * x.square()).exp());
+          case UnaryOp::gelu:
+            gx = gy * gelu_grad_f32(x);
             break;
           case UnaryOp::tanh:
             gx = gy * (1.0f - x.square());
@@ -310,12 +347,8 @@ void unary_backward(UnaryOp op, const Tensor& saved, const Tensor& gy, const Ten
         for (int64_t i = 0; i < n; ++i) o[i] = g[i] * df(s[i]);
       };
       switch (op) {
-        case UnaryOp::gelu:  // d/dx [x Phi(x)] = Phi(x) + x phi(x)
-          run([](T x) {
-            T cdf = T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2)));
-            T pdf = T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
-            return cdf + x * pdf;
-          });
+        case UnaryOp::gelu:
+          run([](T x) { return gelu_grad_exact(x); });
           break;
         case UnaryOp::tanh:
           run([](T y) { return T(1) - y * y; });
@@ -331,12 +364,78 @@ void unary_backward(UnaryOp op, const Tensor& saved, const Tensor& gy, const Ten
   });
 }
 
+// Rows of x (rows, n) in parallel; bias read from cache.
+void bias_gelu(const Tensor& x, const Tensor& bias, const Tensor& y) {
+  dispatch_floating(x.dtype(), "bias_gelu", [&]<class T>() {
+    const int64_t n = bias.numel();
+    const int64_t rows = n == 0 ? 0 : x.numel() / n;
+    const T* px = x.data<T>();
+    const T* pb = bias.data<T>();
+    T* py = y.data<T>();
+#pragma omp parallel for schedule(static) if (rows * n > ::engine::cpu::kParallelMinElems)
+    for (int64_t r = 0; r < rows; ++r) {
+      if constexpr (std::is_same_v<T, float>) {
+        Eigen::Map<const ArrayF> xr(px + r * n, n), b(pb, n);
+        Eigen::Map<ArrayF> yr(py + r * n, n);
+        yr = xr + b;  // x + bias rounded to f32, as linear's bias epilogue stored it
+        yr = gelu_f32(yr);
+      } else {
+        for (int64_t j = 0; j < n; ++j) py[r * n + j] = gelu_exact(px[r * n + j] + pb[j]);
+      }
+    }
+  });
+}
+
+void bias_gelu_backward(const Tensor& x, const Tensor& bias, const Tensor& gy, const Tensor& gx,
+                        const Tensor& gbias) {
+  dispatch_floating(x.dtype(), "bias_gelu_backward", [&]<class T>() {
+    const int64_t n = bias.numel();
+    const int64_t rows = n == 0 ? 0 : x.numel() / n;
+    const T* px = x.data<T>();
+    const T* pb = bias.data<T>();
+    const T* pg = gy.data<T>();
+    T* pdx = gx.data<T>();
+    const bool want_b = gbias.defined();
+    const int64_t chunks = std::min(rows, kBiasGeluChunks);
+    std::vector<double> part(want_b ? static_cast<size_t>(chunks * n) : 0, 0.0);
+#pragma omp parallel for schedule(static) if (rows * n > ::engine::cpu::kParallelMinElems)
+    for (int64_t k = 0; k < chunks; ++k) {
+      const int64_t r0 = rows * k / chunks, r1 = rows * (k + 1) / chunks;
+      double* acc = want_b ? part.data() + k * n : nullptr;
+      for (int64_t r = r0; r < r1; ++r) {
+        T* dr = pdx + r * n;
+        if constexpr (std::is_same_v<T, float>) {
+          Eigen::Map<const ArrayF> xr(px + r * n, n), b(pb, n), g(pg + r * n, n);
+          Eigen::Map<ArrayF> d(dr, n);
+          d = xr + b;  // u = x + bias, then dy * gelu'(u) in place
+          d = g * gelu_grad_f32(d);
+        } else {
+          for (int64_t j = 0; j < n; ++j)
+            dr[j] = pg[r * n + j] * gelu_grad_exact(px[r * n + j] + pb[j]);
+        }
+        if (acc)
+          for (int64_t j = 0; j < n; ++j) acc[j] += static_cast<double>(dr[j]);
+      }
+    }
+    if (!want_b) return;
+    // The chunks in order, per column (the loop over columns innermost, so it vectorises).
+    std::vector<double> sum(static_cast<size_t>(n), 0.0);
+    for (int64_t k = 0; k < chunks; ++k)
+      for (int64_t j = 0; j < n; ++j)
+        sum[static_cast<size_t>(j)] += part[static_cast<size_t>(k * n + j)];
+    T* pdb = gbias.data<T>();
+    for (int64_t j = 0; j < n; ++j) pdb[j] = static_cast<T>(sum[static_cast<size_t>(j)]);
+  });
+}
+
 }  // namespace cpu
 
 ENGINE_REGISTER_KERNEL(binary_kernel, DeviceType::CPU, cpu::binary);
 ENGINE_REGISTER_KERNEL(affine_kernel, DeviceType::CPU, cpu::affine);
 ENGINE_REGISTER_KERNEL(unary_kernel, DeviceType::CPU, cpu::unary);
 ENGINE_REGISTER_KERNEL(unary_backward_kernel, DeviceType::CPU, cpu::unary_backward);
+ENGINE_REGISTER_KERNEL(bias_gelu_kernel, DeviceType::CPU, cpu::bias_gelu);
+ENGINE_REGISTER_KERNEL(bias_gelu_backward_kernel, DeviceType::CPU, cpu::bias_gelu_backward);
 
 }  // namespace
 
@@ -358,6 +457,26 @@ Tensor affine(const Tensor& x, double alpha, double beta) {
 }
 Tensor scale(const Tensor& x, double alpha) { return affine(x, alpha, 0.0); }
 Tensor gelu(const Tensor& x) { return unary(UnaryOp::gelu, x); }
+
+Tensor bias_gelu(const Tensor& x_in, const Tensor& bias_in) {
+  const Tensor x = autocast_to_compute(x_in), bias = autocast_to_compute(bias_in);
+  ENGINE_CHECK(x.defined() && bias.defined(), "[bias_gelu] got an undefined input: x ", describe(x),
+               ", bias ", describe(bias));
+  check_same(x, bias, "bias_gelu");
+  ENGINE_CHECK(x.dim() >= 1 && bias.dim() == 1 && bias.size(0) == x.size(-1), "[bias_gelu] bias ",
+               describe(bias), " does not match x ", describe(x), ": expected bias (",
+               x.dim() >= 1 ? x.size(-1) : 0, ") for x's last dim");
+  Tensor xc = x.contiguous(), bc = bias.contiguous();
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  bias_gelu_kernel(x.device(), xc, bc, y);
+  if (needs_grad(x, bias)) {
+    auto n = std::make_shared<BiasGeluNode>();
+    n->x = xc.detach();
+    n->bias = bc.detach();
+    record(n, {x, bias}, {y});
+  }
+  return y;
+}
 Tensor tanh(const Tensor& x) { return unary(UnaryOp::tanh, x); }
 Tensor sin(const Tensor& x) { return unary(UnaryOp::sin, x); }
 Tensor cos(const Tensor& x) { return unary(UnaryOp::cos, x); }

@@ -1,5 +1,6 @@
 // CUDA kernels of the elementwise ops (see elementwise.h): add/sub/mul/div over broadcast views,
-// affine, and GELU / tanh / sin / cos forward and backward, in f32, f64, bf16 and f16.
+// affine, GELU / tanh / sin / cos forward and backward, and GELU of x + bias (bias_gelu) with its
+// bias gradient summed in the backward's pass, in f32, f64, bf16 and f16.
 //
 // The math is the CPU kernels' (elementwise.cpp), written as the same expressions in the same
 // order: f32 and f64 compute in their own type, bf16 and f16 in f32 (to_acc) and are rounded once
@@ -146,6 +147,53 @@ void check_operands(const char* op, std::initializer_list<const Tensor*> ts, con
   }
 }
 
+// ---- bias_gelu --------------------------------------------------------------------------------
+
+constexpr int kColumnThreads = 256;
+
+// y[r][j] = gelu(x[r][j] + bias[j]): one thread per column j (a warp reads 32 consecutive
+// elements of a row), rows strided over grid.y. x + bias is rounded to the compute type V first,
+// as the CPU stores it.
+template <class T>
+__global__ void bias_gelu_rows(const T* x, const T* bias, T* y, int64_t rows, int64_t n) {
+  using V = Acc<T>;
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j >= n) return;
+  const V b = to_acc(bias[j]);
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    y[r * n + j] = from_acc<T>(GeluOp<V>{}(to_acc(x[r * n + j]) + b));
+}
+
+// dx = dy * gelu'(x + bias) for chunk blockIdx.y of the rows (the CPU's chunks: rows * k / chunks
+// onwards), and when `part` is given the chunk's sum of dx per column, in row order, in double.
+template <class T>
+__global__ void bias_gelu_backward_chunks(const T* x, const T* bias, const T* dy, T* dx,
+                                          double* part, int64_t rows, int64_t n, int64_t chunks) {
+  using V = Acc<T>;
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t k = blockIdx.y;
+  if (j >= n) return;
+  const int64_t r0 = rows * k / chunks, r1 = rows * (k + 1) / chunks;
+  const V b = to_acc(bias[j]);
+  double acc = 0;
+  for (int64_t r = r0; r < r1; ++r) {
+    const V d = GeluBackwardOp<V>{}(to_acc(x[r * n + j]) + b, to_acc(dy[r * n + j]));
+    dx[r * n + j] = from_acc<T>(d);
+    acc += static_cast<double>(d);
+  }
+  if (part) part[k * n + j] = acc;
+}
+
+// grad_bias[j] = the chunks' sums in chunk order.
+template <class T>
+__global__ void bias_gelu_sum_chunks(const double* part, T* out, int64_t n, int64_t chunks) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j >= n) return;
+  double s = 0;
+  for (int64_t k = 0; k < chunks; ++k) s += part[k * n + j];
+  out[j] = from_acc<T>(s);
+}
+
 // ---- kernels registered with the op's tables --------------------------------------------------
 
 void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
@@ -260,11 +308,60 @@ void unary_backward(UnaryOp op, const Tensor& saved, const Tensor& gy, const Ten
   });
 }
 
+// x, y (rows, n) and bias (n), contiguous, one dtype.
+void bias_gelu(const Tensor& x, const Tensor& bias, const Tensor& y) {
+  check_operands("bias_gelu", {&x}, y);
+  const int64_t n = bias.numel();
+  const int64_t rows = n == 0 ? 0 : x.numel() / n;
+  if (rows == 0) return;
+  DeviceGuard guard(x.device().index);
+  const LaunchConfig cfg{dim3(static_cast<unsigned>(grid_blocks(n, kColumnThreads)),
+                              static_cast<unsigned>(rows < 65535 ? rows : 65535)),
+                         dim3(kColumnThreads), 0, compute_stream(x.device().index)};
+  dispatch_floating(x.dtype(), "bias_gelu", [&]<class T>() {
+    ENGINE_LAUNCH(bias_gelu_rows<T>, cfg, static_cast<const T*>(x.raw_data()),
+                  static_cast<const T*>(bias.raw_data()), static_cast<T*>(y.raw_data()), rows, n);
+  });
+}
+
+void bias_gelu_backward(const Tensor& x, const Tensor& bias, const Tensor& gy, const Tensor& gx,
+                        const Tensor& gbias) {
+  check_operands("bias_gelu_backward", {&x, &gy}, gx);
+  const int64_t n = bias.numel();
+  const int64_t rows = n == 0 ? 0 : x.numel() / n;
+  const bool want_b = gbias.defined();
+  if (rows == 0) {  // a sum over no rows
+    if (want_b) gbias.fill_(0.0);
+    return;
+  }
+  const int index = x.device().index;
+  DeviceGuard guard(index);
+  const cudaStream_t stream = compute_stream(index);
+  const int64_t chunks = rows < kBiasGeluChunks ? rows : kBiasGeluChunks;
+  Tensor part = want_b ? Tensor::empty({chunks, n}, DType::f64, x.device()) : Tensor();
+  const unsigned col_blocks = static_cast<unsigned>(grid_blocks(n, kColumnThreads));
+  dispatch_floating(x.dtype(), "bias_gelu_backward", [&]<class T>() {
+    ENGINE_LAUNCH(bias_gelu_backward_chunks<T>,
+                  (LaunchConfig{dim3(col_blocks, static_cast<unsigned>(chunks)),
+                                dim3(kColumnThreads), 0, stream}),
+                  static_cast<const T*>(x.raw_data()), static_cast<const T*>(bias.raw_data()),
+                  static_cast<const T*>(gy.raw_data()), static_cast<T*>(gx.raw_data()),
+                  want_b ? part.data<double>() : nullptr, rows, n, chunks);
+    if (want_b)
+      ENGINE_LAUNCH(bias_gelu_sum_chunks<T>,
+                    (LaunchConfig{dim3(col_blocks), dim3(kColumnThreads), 0, stream}),
+                    static_cast<const double*>(part.data<double>()),
+                    static_cast<T*>(gbias.raw_data()), n, chunks);
+  });
+}
+
 }  // namespace
 
 ENGINE_REGISTER_KERNEL(binary_kernel, DeviceType::CUDA, binary);
 ENGINE_REGISTER_KERNEL(affine_kernel, DeviceType::CUDA, affine);
 ENGINE_REGISTER_KERNEL(unary_kernel, DeviceType::CUDA, unary);
 ENGINE_REGISTER_KERNEL(unary_backward_kernel, DeviceType::CUDA, unary_backward);
+ENGINE_REGISTER_KERNEL(bias_gelu_kernel, DeviceType::CUDA, bias_gelu);
+ENGINE_REGISTER_KERNEL(bias_gelu_backward_kernel, DeviceType::CUDA, bias_gelu_backward);
 
 }  // namespace engine::cuda

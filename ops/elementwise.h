@@ -15,6 +15,13 @@ Tensor div(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& x, double alpha);                // alpha * x
 Tensor affine(const Tensor& x, double alpha, double beta);  // alpha * x + beta
 Tensor gelu(const Tensor& x);  // x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
+// gelu(x + bias), bias (n) added along x's last dim (..., n): a linear layer's bias and the GELU
+// after it (BERT's FFN, the MLM head's transform) as one op -- linear(x, w) without its bias, then
+// this. Forward reads x once and writes y; backward reads x and dy once, writes dx and sums the
+// bias gradient in the same pass (rows in fixed chunks, double partial sums: the same bits at any
+// thread count). Separately, the bias epilogue, gelu, gelu's backward and the bias's sum_to pass
+// over the (rows, n) activations 9 times; fused 6 (the GEMM's write included).
+Tensor bias_gelu(const Tensor& x, const Tensor& bias);
 Tensor tanh(const Tensor& x);
 // Inside namespace engine these hide std::sin/std::cos for unqualified calls: kernels and other
 // scalar code here must write std::sin, std::cos.
@@ -50,5 +57,15 @@ inline Kernel<void(UnaryOp, const Tensor& x, const Tensor& y)> unary_kernel{"una
 // the others.
 inline Kernel<void(UnaryOp, const Tensor& saved, const Tensor& grad_y, const Tensor& grad_x)>
     unary_backward_kernel{"unary_backward"};
+// y = gelu(x + bias); x and y contiguous (rows, n) of one dtype, bias contiguous (n).
+inline Kernel<void(const Tensor& x, const Tensor& bias, const Tensor& y)> bias_gelu_kernel{
+    "bias_gelu"};
+// dx = dy * gelu'(x + bias), and grad_bias = the sum of dx over the rows when defined (rows split
+// into min(rows, kBiasGeluChunks) chunks fixed by the row count, each summed in row order in
+// double, then the chunks in order: the same order on both backends). All contiguous.
+inline constexpr int64_t kBiasGeluChunks = 64;
+inline Kernel<void(const Tensor& x, const Tensor& bias, const Tensor& grad_y, const Tensor& grad_x,
+                   const Tensor& grad_bias)>
+    bias_gelu_backward_kernel{"bias_gelu_backward"};
 
 }  // namespace engine

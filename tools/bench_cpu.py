@@ -49,6 +49,7 @@ def torch_cases(torch, quick):
     lw, lb = torch.ones(D, requires_grad=True), torch.zeros(D, requires_grad=True)
     s = torch.randn(B, H, T, T, generator=g)
     big = torch.randn(rows, FF, generator=g, requires_grad=True)
+    b3072 = (torch.randn(FF, generator=g) * 0.02).requires_grad_()
     n = max(1, rows * 15 // 100)
     logits = torch.randn(n, V, generator=g, requires_grad=True)
     targets = torch.tensor([(i * 7919) % V for i in range(n)])
@@ -92,6 +93,8 @@ def torch_cases(torch, quick):
         "layer_norm_fwd_bwd": fwd_bwd(lambda: F.layer_norm(x, (D,), lw, lb, 1e-12)),
         "softmax_fwd": fwd(lambda: torch.softmax(s, -1)),
         "gelu_fwd_bwd": fwd_bwd(lambda: F.gelu(big)),
+        "bias_gelu_fwd_bwd": fwd_bwd(lambda: F.gelu(big + b3072)),
+        "bias_add_gelu_fwd_bwd": fwd_bwd(lambda: F.gelu(big + b3072)),
         "cross_entropy_fwd_bwd": fwd_bwd(lambda: F.cross_entropy(logits, targets)),
         # bench_ops' sum_to cases: the reductions of broadcast backwards, at B=32 (--quick: 2).
         "sum_to_bias768": fwd(lambda: g768.sum(0)),

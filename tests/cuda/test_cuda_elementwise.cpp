@@ -309,6 +309,42 @@ TEST_CASE("gelu, tanh, sin, cos match the CPU forward and backward in every dtyp
       for (const UnaryCase& c : unary_cases()) run_unary(op, dt, c, seed += 2);
 }
 
+TEST_CASE("bias_gelu matches the CPU forward and backward in every dtype", "[cuda]") {
+  // Rows of one, widths around a warp and a block, more rows than the 64 chunks of the bias
+  // gradient, a transposed (strided) x.
+  struct Case {
+    Shape x;
+    Layout layout;
+  };
+  const Case cases[] = {{{1, 1}, Layout::plain},       {{3, 33}, Layout::plain},
+                        {{70, 300}, Layout::plain},    {{2, 3, 257}, Layout::plain},
+                        {{33, 7}, Layout::transposed}, {{0, 5}, Layout::plain}};
+  uint64_t seed = 900;
+  for (DType dt : kDtypes)
+    for (const Case& c : cases) {
+      const int64_t n = c.x.back();
+      const std::string what = "bias_gelu " + std::string(dtype_name(dt)) + " " + shape_str(c.x) +
+                               "/" + layout_name(c.layout);
+      const Tensor vx = values(c.x, seed, dt, 0.0, 2.5), vb = values({n}, seed + 1, dt, 0.0, 1.0);
+      const Tensor vw = values(c.x, seed + 2, dt, 0.0, 1.0);
+      seed += 3;
+      const DType ct = cpu_dtype(dt);
+      Input cx = make_input(vx, c.layout, ct, Device::cpu()),
+            dx = make_input(vx, c.layout, dt, kGpu);
+      Input cb = make_input(vb, Layout::plain, ct, Device::cpu());
+      Input db = make_input(vb, Layout::plain, dt, kGpu);
+      Tensor cy = bias_gelu(cx.view, cb.view), dy = bias_gelu(dx.view, db.view);
+      // f64 in emulation: the same formulas over the same libm, the bias gradient's chunks summed
+      // in the same order -- bit for bit.
+      const bool exact = dt == DType::f64 && kEmulated;
+      expect_close(dy, cy, dt, exact, what + " forward");
+      cy.backward(vw.to(ct));
+      dy.backward(vw.to(dt).to(kGpu));
+      expect_close(dx.leaf.grad(), cx.leaf.grad(), dt, exact, what + " grad x");
+      expect_close(db.leaf.grad(), cb.leaf.grad(), dt, exact, what + " grad bias");
+    }
+}
+
 namespace {
 // Whether `device` computes affine's alpha * x + beta in `dt` as one FMA: with e = 2^-13 (f32) or
 // 2^-27 (f64), (1 + e)(1 + e) - (1 + 2e) is e^2 when fused and 0 when the product is rounded
