@@ -165,7 +165,8 @@ __global__ void bias_gelu_rows(const T* x, const T* bias, T* y, int64_t rows, in
 }
 
 // dx = dy * gelu'(x + bias) for chunk blockIdx.y of the rows (the CPU's chunks: rows * k / chunks
-// onwards), and when `part` is given the chunk's sum of dx per column, in row order, in double.
+// onwards), and when `part` is given the chunk's sum of dx per column, in row order in V (the
+// CPU's order and type), stored as double.
 template <class T>
 __global__ void bias_gelu_backward_chunks(const T* x, const T* bias, const T* dy, T* dx,
                                           double* part, int64_t rows, int64_t n, int64_t chunks) {
@@ -175,13 +176,13 @@ __global__ void bias_gelu_backward_chunks(const T* x, const T* bias, const T* dy
   if (j >= n) return;
   const int64_t r0 = rows * k / chunks, r1 = rows * (k + 1) / chunks;
   const V b = to_acc(bias[j]);
-  double acc = 0;
+  V acc = 0;
   for (int64_t r = r0; r < r1; ++r) {
     const V d = GeluBackwardOp<V>{}(to_acc(x[r * n + j]) + b, to_acc(dy[r * n + j]));
     dx[r * n + j] = from_acc<T>(d);
-    acc += static_cast<double>(d);
+    acc += d;
   }
-  if (part) part[k * n + j] = acc;
+  if (part) part[k * n + j] = static_cast<double>(acc);
 }
 
 // grad_bias[j] = the chunks' sums in chunk order.

@@ -18,9 +18,9 @@ Tensor gelu(const Tensor& x);  // x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
 // gelu(x + bias), bias (n) added along x's last dim (..., n): a linear layer's bias and the GELU
 // after it (BERT's FFN, the MLM head's transform) as one op -- linear(x, w) without its bias, then
 // this. Forward reads x once and writes y; backward reads x and dy once, writes dx and sums the
-// bias gradient in the same pass (rows in fixed chunks, double partial sums: the same bits at any
-// thread count). Separately, the bias epilogue, gelu, gelu's backward and the bias's sum_to pass
-// over the (rows, n) activations 9 times; fused 6 (the GEMM's write included).
+// bias gradient in the same pass (rows in fixed chunks: the same bits at any thread count).
+// Separately, the bias epilogue, gelu, gelu's backward and the bias's sum_to pass over the (rows,
+// n) activations 9 times; fused 6 (the GEMM's write included).
 Tensor bias_gelu(const Tensor& x, const Tensor& bias);
 Tensor tanh(const Tensor& x);
 // Inside namespace engine these hide std::sin/std::cos for unqualified calls: kernels and other
@@ -60,9 +60,10 @@ inline Kernel<void(UnaryOp, const Tensor& saved, const Tensor& grad_y, const Ten
 // y = gelu(x + bias); x and y contiguous (rows, n) of one dtype, bias contiguous (n).
 inline Kernel<void(const Tensor& x, const Tensor& bias, const Tensor& y)> bias_gelu_kernel{
     "bias_gelu"};
-// dx = dy * gelu'(x + bias), and grad_bias = the sum of dx over the rows when defined (rows split
-// into min(rows, kBiasGeluChunks) chunks fixed by the row count, each summed in row order in
-// double, then the chunks in order: the same order on both backends). All contiguous.
+// dx = dy * gelu'(x + bias), and grad_bias = the sum of dx over the rows when defined: the rows
+// split into min(rows, kBiasGeluChunks) chunks fixed by the row count, each chunk's dx (before
+// rounding to a half type) summed in row order from 0 in the compute type (f32; f64 for f64),
+// then the chunk sums in order in double -- the same order on both backends. All contiguous.
 inline constexpr int64_t kBiasGeluChunks = 64;
 inline Kernel<void(const Tensor& x, const Tensor& bias, const Tensor& grad_y, const Tensor& grad_x,
                    const Tensor& grad_bias)>
