@@ -10,6 +10,7 @@
 #include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
+#include "engine/cpu/chunk_sums.h"
 #include "engine/cpu/parallel.h"
 #include "engine/cpu/strided.h"
 #include "engine/dispatch.h"
@@ -400,7 +401,8 @@ void bias_gelu_backward(const Tensor& x, const Tensor& bias, const Tensor& gy, c
     T* pdx = gx.data<T>();
     const bool want_b = gbias.defined();
     const int64_t chunks = std::min(rows, kBiasGeluChunks);
-    std::vector<double> part(want_b ? static_cast<size_t>(chunks * n) : 0);
+    double* part =
+        want_b ? ::engine::cpu::chunk_sums_scratch(static_cast<size_t>(chunks * n)) : nullptr;
 #pragma omp parallel if (rows * n > ::engine::cpu::kParallelMinElems)
     {
       std::vector<T> acc(want_b ? static_cast<size_t>(n) : 0);
@@ -423,18 +425,10 @@ void bias_gelu_backward(const Tensor& x, const Tensor& bias, const Tensor& gy, c
             for (int64_t j = 0; j < n; ++j) pa[j] += dr[j];
         }
         if (want_b)
-          for (int64_t j = 0; j < n; ++j)
-            part[static_cast<size_t>(k * n + j)] = static_cast<double>(pa[j]);
+          for (int64_t j = 0; j < n; ++j) part[k * n + j] = static_cast<double>(pa[j]);
       }
     }
-    if (!want_b) return;
-    // The chunks in order, per column (the loop over columns innermost, so it vectorises).
-    std::vector<double> sum(static_cast<size_t>(n), 0.0);
-    for (int64_t k = 0; k < chunks; ++k)
-      for (int64_t j = 0; j < n; ++j)
-        sum[static_cast<size_t>(j)] += part[static_cast<size_t>(k * n + j)];
-    T* pdb = gbias.data<T>();
-    for (int64_t j = 0; j < n; ++j) pdb[j] = static_cast<T>(sum[static_cast<size_t>(j)]);
+    if (want_b) ::engine::cpu::sum_chunks_in_order(part, chunks, n, gbias.data<T>());
   });
 }
 

@@ -7,6 +7,7 @@
 
 #include "engine/autocast.h"
 #include "engine/autograd.h"
+#include "engine/cpu/chunk_sums.h"
 #include "engine/cpu/parallel.h"
 #include "engine/cpu/vmath.h"
 #include "engine/dispatch.h"
@@ -104,13 +105,15 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
     const bool want_w = dweight.defined(), want_b = dbias.defined();
     const int64_t chunks = std::min(rows, kMaxChunks);
     // Per-chunk partial sums in double: sums over many rows (B * T) lose little even for f32.
-    std::vector<double> part_w(want_w ? static_cast<size_t>(chunks * c) : 0, 0.0);
-    std::vector<double> part_b(want_b ? static_cast<size_t>(chunks * c) : 0, 0.0);
+    double* part =
+        ::engine::cpu::chunk_sums_scratch(static_cast<size_t>((want_w + want_b) * chunks * c));
+    double* part_w = want_w ? part : nullptr;
+    double* part_b = want_b ? part + (want_w ? chunks * c : 0) : nullptr;
 #pragma omp parallel for schedule(static) if (rows * c > kParallelElems)
     for (int64_t k = 0; k < chunks; ++k) {
       const int64_t r0 = rows * k / chunks, r1 = rows * (k + 1) / chunks;
-      double* acc_w = want_w ? part_w.data() + k * c : nullptr;
-      double* acc_b = want_b ? part_b.data() + k * c : nullptr;
+      double* acc_w = want_w ? part_w + k * c : nullptr;
+      double* acc_b = want_b ? part_b + k * c : nullptr;
       for (int64_t r = r0; r < r1; ++r) {
         const T* xr = px + r * c;
         const T* gr = pg + r * c;
@@ -161,16 +164,8 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
           dr[j] = rs * (dr[j] - mean_g - ((xr[j] - mu) * rs) * mean_gx);
       }
     }
-    auto finish = [&](const std::vector<double>& part, const Tensor& out) {
-      T* po = out.data<T>();
-      for (int64_t j = 0; j < c; ++j) {
-        double s = 0;
-        for (int64_t k = 0; k < chunks; ++k) s += part[static_cast<size_t>(k * c + j)];
-        po[j] = static_cast<T>(s);
-      }
-    };
-    if (want_w) finish(part_w, dweight);
-    if (want_b) finish(part_b, dbias);
+    if (want_w) ::engine::cpu::sum_chunks_in_order(part_w, chunks, c, dweight.data<T>());
+    if (want_b) ::engine::cpu::sum_chunks_in_order(part_b, chunks, c, dbias.data<T>());
   });
 }
 
