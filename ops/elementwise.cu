@@ -185,16 +185,6 @@ __global__ void bias_gelu_backward_chunks(const T* x, const T* bias, const T* dy
   if (part) part[k * n + j] = static_cast<double>(acc);
 }
 
-// grad_bias[j] = the chunks' sums in chunk order.
-template <class T>
-__global__ void bias_gelu_sum_chunks(const double* part, T* out, int64_t n, int64_t chunks) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j >= n) return;
-  double s = 0;
-  for (int64_t k = 0; k < chunks; ++k) s += part[k * n + j];
-  out[j] = from_acc<T>(s);
-}
-
 // ---- kernels registered with the op's tables --------------------------------------------------
 
 void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
@@ -349,7 +339,7 @@ void bias_gelu_backward(const Tensor& x, const Tensor& bias, const Tensor& gy, c
                   static_cast<const T*>(gy.raw_data()), static_cast<T*>(gx.raw_data()),
                   want_b ? part.data<double>() : nullptr, rows, n, chunks);
     if (want_b)
-      ENGINE_LAUNCH(bias_gelu_sum_chunks<T>,
+      ENGINE_LAUNCH(sum_chunks_in_order<T>,
                     (LaunchConfig{dim3(col_blocks), dim3(kColumnThreads), 0, stream}),
                     static_cast<const double*>(part.data<double>()),
                     static_cast<T*>(gbias.raw_data()), n, chunks);

@@ -119,15 +119,6 @@ __global__ void layer_norm_param_partials(const T* x, const S* mean, const S* rs
 }
 
 template <class T>
-__global__ void layer_norm_param_finish(const double* part, T* out, int64_t c, int64_t chunks) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j >= c) return;
-  double s = 0;
-  for (int64_t k = 0; k < chunks; ++k) s += part[k * c + j];
-  out[j] = from_acc<T>(s);
-}
-
-template <class T>
 using Stats = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
@@ -187,10 +178,10 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
                   px, mean.data<S>(), rstd.data<S>(), pg, pw, pb, rows, c, chunks);
     const LaunchConfig fin{dim3(col_blocks), dim3(kColumnThreads), 0, stream};
     if (want_w)
-      ENGINE_LAUNCH(layer_norm_param_finish<T>, fin, static_cast<const double*>(pw),
+      ENGINE_LAUNCH(sum_chunks_in_order<T>, fin, static_cast<const double*>(pw),
                     static_cast<T*>(dweight.raw_data()), c, chunks);
     if (want_b)
-      ENGINE_LAUNCH(layer_norm_param_finish<T>, fin, static_cast<const double*>(pb),
+      ENGINE_LAUNCH(sum_chunks_in_order<T>, fin, static_cast<const double*>(pb),
                     static_cast<T*>(dbias.raw_data()), c, chunks);
   });
 }

@@ -227,6 +227,21 @@ void launch_elementwise(const char* name, int64_t n, cudaStream_t stream, Op op,
   }
 }
 
+// ---- column sums over row chunks -------------------------------------------------------------
+
+// out[j] = the sum over k = 0 .. chunks-1, in that order, from 0 in double, of part[k * n + j],
+// rounded to T: the last step of a column sum whose chunks of rows wrote their sums into `part`
+// (layer_norm's weight and bias gradients, bias_gelu's bias), in the CPU's order
+// (engine/cpu/chunk_sums.h). One thread per column.
+template <class T>
+__global__ void sum_chunks_in_order(const double* part, T* out, int64_t n, int64_t chunks) {
+  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (j >= n) return;
+  double s = 0;
+  for (int64_t k = 0; k < chunks; ++k) s += part[k * n + j];
+  out[j] = from_acc<T>(s);
+}
+
 // ---- warp and block reductions ----------------------------------------------------------------
 
 template <class T>
