@@ -12,6 +12,7 @@
 #include "engine/backend.h"
 #include "engine/cpu/chunk_sums.h"
 #include "engine/cpu/parallel.h"
+#include "engine/cpu/scratch.h"
 #include "engine/cpu/strided.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
@@ -401,8 +402,8 @@ void bias_gelu_backward(const Tensor& x, const Tensor& bias, const Tensor& gy, c
     T* pdx = gx.data<T>();
     const bool want_b = gbias.defined();
     const int64_t chunks = std::min(rows, kBiasGeluChunks);
-    double* part =
-        want_b ? ::engine::cpu::chunk_sums_scratch(static_cast<size_t>(chunks * n)) : nullptr;
+    std::vector<double> fresh;  // every chunk's row is written: no zeroing needed
+    double* part = want_b ? ::engine::cpu::thread_scratch<double, 0>(chunks * n, fresh) : nullptr;
 #pragma omp parallel if (rows * n > ::engine::cpu::kParallelMinElems)
     {
       std::vector<T> acc(want_b ? static_cast<size_t>(n) : 0);

@@ -9,6 +9,7 @@
 #include "engine/autograd.h"
 #include "engine/cpu/chunk_sums.h"
 #include "engine/cpu/parallel.h"
+#include "engine/cpu/scratch.h"
 #include "engine/cpu/vmath.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
@@ -105,8 +106,10 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
     const bool want_w = dweight.defined(), want_b = dbias.defined();
     const int64_t chunks = std::min(rows, kMaxChunks);
     // Per-chunk partial sums in double: sums over many rows (B * T) lose little even for f32.
-    double* part =
-        ::engine::cpu::chunk_sums_scratch(static_cast<size_t>((want_w + want_b) * chunks * c));
+    const int64_t part_size = (want_w + want_b) * chunks * c;
+    std::vector<double> fresh;
+    double* part = ::engine::cpu::thread_scratch<double, 0>(part_size, fresh);
+    std::fill(part, part + part_size, 0.0);
     double* part_w = want_w ? part : nullptr;
     double* part_b = want_b ? part + (want_w ? chunks * c : 0) : nullptr;
 #pragma omp parallel for schedule(static) if (rows * c > kParallelElems)

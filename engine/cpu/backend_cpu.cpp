@@ -13,6 +13,7 @@
 
 #include "engine/backend.h"
 #include "engine/cpu/parallel.h"
+#include "engine/cpu/scratch.h"
 #include "engine/cpu/strided.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
@@ -243,19 +244,6 @@ int64_t strip_sums(const T* base, const int64_t* row, int64_t n, int64_t width, 
 }
 #pragma GCC diagnostic pop
 
-// A thread's scratch for sum_to, kept between calls up to 1 MiB (a fresh vector of a few hundred
-// KB is a fresh mmap and its page faults on every call). Slot 0: a task's lanes, slot 1: the
-// calling thread's chunk sums (the calling thread also runs tasks), slot 2: a task's outputs
-// when they go straight to the destination.
-template <class A, int Slot>
-A* sum_scratch(int64_t n, std::vector<A, Eigen::aligned_allocator<A>>& fresh) {
-  constexpr int64_t kKept = (int64_t(1) << 20) / int64_t(sizeof(A));
-  thread_local std::vector<A, Eigen::aligned_allocator<A>> kept;
-  auto& buffer = n <= kKept ? kept : fresh;
-  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(static_cast<size_t>(n));
-  return buffer.data();
-}
-
 // Adds n source elements p[0], p[step], ... with reduced indices i, i + 1, ... into their lanes.
 // f32 and f64 runs go through the lanes in whole vectors (SumVec): written as 16 scalar adds,
 // GCC 12 for Emerald Rapids built each vector from 16 scalar loads and inserts, and a full sum
@@ -404,8 +392,11 @@ class CpuBackend final : public Backend {
     // bias, 196,608 outputs of 32 rows each, spent ~30% of its time in a fresh 1.5 MB `part`'s
     // page faults and the extra pass.)
     const bool direct = chunks == 1;
+    // Scratch (engine/cpu/scratch.h), 64-byte aligned for the vector lanes. Slot 0: a task's
+    // lanes, slot 1: the calling thread's chunk sums (the calling thread also runs tasks), slot 2:
+    // a task's outputs when they go straight to the destination.
     std::vector<double, Eigen::aligned_allocator<double>> fresh_part;
-    double* const part = direct ? nullptr : sum_scratch<double, 1>(chunks * K, fresh_part);
+    double* const part = direct ? nullptr : thread_scratch<double, 1>(chunks * K, fresh_part);
     // Rows: the source's innermost kept dim is contiguous, so each reduced index adds a row of
     // outputs at once (vectorised along the outputs); a task is a chunk times a block of one row.
     // A chunk of few rows (or of narrow rows: the tiny model's 128-wide bias gradients) runs
@@ -455,7 +446,7 @@ class CpuBackend final : public Backend {
           const int64_t task_width = std::min(row_block, inner - j0);
           // This task's outputs: in `part`, or in a scratch stored to dst at the end (direct).
           std::vector<double, Eigen::aligned_allocator<double>> fresh_sums;
-          double* const task_sums = direct ? sum_scratch<double, 2>(task_width, fresh_sums)
+          double* const task_sums = direct ? thread_scratch<double, 2>(task_width, fresh_sums)
                                            : part + c * K + o * inner + j0;
           do {  // a block to break out of (a lambda here broke clang's OpenMP: a captured const)
             int64_t width = task_width;
@@ -480,7 +471,7 @@ class CpuBackend final : public Backend {
               break;
             }
             std::vector<A, Eigen::aligned_allocator<A>> fresh_lanes;
-            A* lanes = sum_scratch<A, 0>(kSumLanes * width, fresh_lanes);
+            A* lanes = thread_scratch<A, 0>(kSumLanes * width, fresh_lanes);
             // A lane's first element is 0 + x: stored, not added to a zeroed lane.
             for (int64_t i = i0; i < i1; ++i, r.advance(1)) {
               A* l = lanes + (i % kSumLanes) * width;

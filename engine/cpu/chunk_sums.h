@@ -1,22 +1,14 @@
 // Per-column sums over rows in a fixed order, for kernels whose parameter gradients are column
 // sums (layer_norm's weight and bias, bias_gelu's bias): each chunk of rows writes its sums into a
 // row of `part` (chunks x n, double), then this adds the chunks in order. The chunk boundaries
-// depend only on the row count, so the result is the same at any thread count.
+// depend only on the row count, so the result is the same at any thread count. `part` comes from
+// thread_scratch (engine/cpu/scratch.h).
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 namespace engine::cpu {
-
-// `size` zeroed doubles for the per-chunk sums of one kernel call, in a buffer of the calling
-// thread kept from call to call: a fresh vector of this size (hundreds of KB) came from mmap on
-// every call, and its page faults were ~10% of layer_norm's backward at 256 rows x 768.
-inline double* chunk_sums_scratch(size_t size) {
-  static thread_local std::vector<double> buf;
-  buf.assign(size, 0.0);
-  return buf.data();
-}
 
 // out[j] = sum over k = 0 .. chunks-1, in that order, of part[k * n + j] (from 0, in double), then
 // rounded to T. The loop over columns is the inner one: it vectorises, where a loop over the
