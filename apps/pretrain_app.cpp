@@ -36,6 +36,7 @@
 #include "engine/safetensors.h"
 #include "engine/threads.h"
 #include "models/bert.h"
+#include "models/bert_sop.h"
 #include "models/checkpoint.h"
 #include "models/electra.h"
 #include "models/hf_bert.h"
@@ -60,9 +61,11 @@ const char* kUsage = R"(usage: pretrain_app --config CFG [--set KEY=VALUE ...] [
        pretrain_app convert --from-hf DIR --out FILE.safetensors
        pretrain_app convert --to-hf CKPT --out DIR
 
-Pretraining of a BERT encoder: masked LM, or ELECTRA (`objective: electra`: a generator and a
-replaced-token-detecting discriminator, docs/models.md); model, data, training and optimizer from
-a YAML config (configs/README.md lists every key).
+Pretraining of a BERT encoder: masked LM, masked LM + sentence-order prediction (`objective:
+mlm_sop` with `data.segment_pairs: true`: half the pairs swapped, a head on [CLS] tells which), or
+ELECTRA (`objective: electra`: a generator and a replaced-token-detecting discriminator,
+docs/models.md); model, data, training and optimizer from a YAML config (configs/README.md lists
+every key).
 
 Pretraining on a prepared corpus (data.corpus in the config):
   --resume            continue from the newest checkpoint in train.out_dir (bit-identical losses)
@@ -97,7 +100,8 @@ Hugging Face BERT (docs/hf-interop.md; both directions bit-exact):
 Single-batch mode (dropout off unless --dropout, constant learning rate optim.lr):
   --batch-file FILE   safetensors batch: input_ids (B,T), attention_mask (B,T; 1 = token),
                       labels (B,T; -100 = not predicted), optional token_type_ids (B,T);
-                      ELECTRA: optional replacements (M), the generator's draws to use
+                      ELECTRA: optional replacements (M), the generator's draws to use;
+                      mlm_sop: sentence_labels (B; 1 swapped, 0 in order, -100 none)
   --steps N           AdamW steps on that batch (default 0: evaluate only); prints
                       "step <k> loss <value>" with the loss before step k's update
   --init CKPT         start from this checkpoint (its stored model config is used; a model
@@ -108,7 +112,8 @@ Single-batch mode (dropout off unless --dropout, constant learning rate optim.lr
                       backward (with --dropout, its masks too: the keep mask of every dropout op
                       as dropout_mask.<k>, u8, in forward order; the attention op's own dropout
                       is not among them; ELECTRA adds mlm_loss, rtd_loss, rtd_logits, rtd_labels
-                      and sampled, docs/checkpoint.md)
+                      and sampled; mlm_sop adds mlm_loss, sop_loss and sop_logits,
+                      docs/checkpoint.md)
   --dropout           train mode: dropout on, masks from the pretraining loop's dropout stream
                       (rank 0's; docs/models.md)
   --micro-batches M   M micro-batches per step, each the batch file with masks of its own,
@@ -242,7 +247,8 @@ class CorpusSource : public models::BatchSource {
                const data::BatchOptions& opt)
       : train_(corpus, data::Split::train, tok, opt),
         valid_(corpus, data::Split::valid, tok, opt.batch_size, opt.max_len,
-               data::EvalBatches::kDefaultSeed, opt.masking, opt.segment_pairs) {}
+               data::EvalBatches::kDefaultSeed, opt.masking, opt.segment_pairs,
+               opt.sentence_order) {}
   data::MlmBatch next_train() override { return train_.next_batch(); }
   std::string position() const override { return train_.position().to_json(); }
   void seek(const std::string& p) override { train_.seek(data::DataPosition::from_json(p)); }
@@ -308,8 +314,20 @@ int single_batch(const Args& args, models::PretrainModel& model, const engine::A
                ": 'replacements' is for objective: electra (this model is ", model.kind(), ")");
   if (replacements.defined()) replacements = replacements.to(flat.data().device());
   // One forward: the loss, the MLM logits and (ELECTRA) the discriminator's logits and labels.
+  const auto* sop = dynamic_cast<const models::BertForMlmSop*>(&model);
+  ENGINE_CHECK(!batch.sentence_labels.defined() || sop, "[pretrain_app] ", args.batch_file,
+               ": 'sentence_labels' is for objective: mlm_sop (this model is ", model.kind(), ")");
   auto forward = [&](engine::Generator& g, engine::NamedTensors* extra) {
     engine::Autocast autocast(compute);
+    if (sop) {
+      const models::MlmSopOutput o = sop->forward_sop(batch, g);
+      if (extra) {
+        extra->emplace_back("mlm_loss", o.mlm_loss.detach());
+        extra->emplace_back("sop_loss", o.sop_loss.detach());
+        extra->emplace_back("sop_logits", o.sop_logits.detach());
+      }
+      return models::PretrainModel::Output{o.loss, o.mlm_logits, {}};
+    }
     if (!electra) return model.pretrain_forward(batch, g);
     const models::ElectraOutput o = electra->forward(batch, g, replacements);
     if (extra) {
@@ -471,6 +489,7 @@ int run(const Args& args) {
   bo.seed = seed;
   bo.shuffle = data_opt.shuffle;
   bo.segment_pairs = data_opt.segment_pairs;
+  bo.sentence_order = pc.objective == "mlm_sop";
   bo.shard = comm.rank();
   bo.num_shards = comm.size();
   CorpusSource source(*corpus, *tokenizer, bo);
@@ -478,7 +497,10 @@ int run(const Args& args) {
     std::printf("corpus %s: %lld train / %lld valid tokens; batches of %lld x %lld%s\n",
                 data_opt.corpus.c_str(), (long long)corpus->train().num_tokens(),
                 (long long)corpus->valid().num_tokens(), (long long)bo.batch_size,
-                (long long)bo.max_len, bo.segment_pairs ? ", segment pairs" : "");
+                (long long)bo.max_len,
+                bo.sentence_order  ? ", segment pairs, half of them swapped (sentence order)"
+                : bo.segment_pairs ? ", segment pairs"
+                                   : "");
     std::printf(
         "global batch: %d rank%s x %lld sequences x %lld accumulation = %lld sequences of %lld "
         "tokens (%s)\n",
@@ -659,8 +681,10 @@ int eval_cmd(int argc, char** argv) {
   const std::unique_ptr<models::PretrainModel> model = models::load_pretrain_model(init);
   engine::FlatParameters flat(model->named_parameters(), device);
 
+  // MLM + sentence order is evaluated on what it was trained on: segment pairs, half swapped.
+  const bool sop = std::string(model->kind()) == "bert_mlm_sop";
   data::EvalBatches source(corpus, split == "valid" ? data::Split::valid : data::Split::train, *tok,
-                           batch_size, seq_len);
+                           batch_size, seq_len, data::EvalBatches::kDefaultSeed, {}, sop, sop);
   std::vector<data::MlmBatch> list;
   while (batches == 0 || int64_t(list.size()) < batches) {
     std::optional<data::MlmBatch> b = source.next();
@@ -674,13 +698,15 @@ int eval_cmd(int argc, char** argv) {
       models::evaluate_mlm(*model, list, comm, compute, /*by_position_too=*/!by_position.empty());
   ENGINE_CHECK(r.predicted > 0, "[pretrain_app] the ", split, " split of ", corpus_dir,
                " gave no masked token to predict");
+  std::string parts;
+  for (auto& [name, value] : r.parts) parts += " " + name + " " + std::to_string(value);
   if (comm.is_root())
     std::printf(
         "eval %s on %s (%s split): %lld batches of %lld x %lld, %lld predicted tokens: loss %.4f "
-        "perplexity %.2f accuracy %.4f\n",
+        "perplexity %.2f accuracy %.4f%s\n",
         init.c_str(), corpus_dir.c_str(), split.c_str(), (long long)r.batches,
         (long long)batch_size, (long long)seq_len, (long long)r.predicted, r.loss, r.perplexity,
-        r.accuracy);
+        r.accuracy, parts.c_str());
   if (comm.is_root() && !by_position.empty()) {
     std::string csv = "position,predicted,loss\n";
     for (size_t t = 0; t < r.predicted_by_position.size(); ++t) {

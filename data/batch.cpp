@@ -26,6 +26,7 @@ MlmBatch MlmBatch::to(engine::Device device) const {
   b.inputs = inputs.to(device);
   b.positions = moved(positions, device);
   b.targets = moved(targets, device);
+  b.sentence_labels = moved(sentence_labels, device);
   return b;
 }
 

@@ -29,10 +29,13 @@ struct MlmBatch {
   // (B, T) i64 on the host: the target at each predicted position, -100 elsewhere. For batch
   // files, tests and inspection; the model reads positions and targets.
   engine::Tensor labels;
+  // (B) i64, with sentence order only (data/batches.h): 1 = the row's segments swapped, 0 = in
+  // order, -100 = a row with no pair; undefined otherwise.
+  engine::Tensor sentence_labels;
   int64_t num_tokens = 0;  // non-padding tokens
 
   int64_t num_predicted() const { return positions.numel(); }
-  // inputs, positions and targets on `device` (labels stays on the host).
+  // inputs, positions, targets and sentence_labels on `device` (labels stays on the host).
   MlmBatch to(engine::Device device) const;
 };
 

@@ -84,15 +84,20 @@ MlmBatch build_batch(const SequencePacker& packer, const Masker& masker, uint64_
   std::vector<int64_t> ids(static_cast<size_t>(rows * T));
   std::vector<int64_t> attention(ids.size(), 0), labels(ids.size(), -100);
   std::vector<int64_t> types(segment_pairs ? ids.size() : 0, 0);
+  const bool sentence_order = packer.sentence_order();
+  std::vector<int64_t> order;  // sentence labels, one per row
   std::vector<int64_t> positions, targets;
   int64_t tokens = 0;
   for (int64_t r = 0; r < rows; ++r) {
     int64_t* row = ids.data() + r * T;
     int64_t* row_labels = labels.data() + r * T;
     int64_t len = packer.fill(seqs[r], row);
+    int64_t order_label = -100;
     if (segment_pairs)
       len = cut_segment_pair(row, types.data() + r * T, len, T, sep, seed,
-                             static_cast<uint64_t>(epochs[r]), static_cast<uint64_t>(seqs[r]));
+                             static_cast<uint64_t>(epochs[r]), static_cast<uint64_t>(seqs[r]),
+                             sentence_order ? &order_label : nullptr);
+    if (sentence_order) order.push_back(order_label);
     std::fill_n(attention.data() + r * T, len, 1);
     tokens += len;
     masker.apply(row, row_labels, len, seed, static_cast<uint64_t>(epochs[r]),
@@ -107,6 +112,7 @@ MlmBatch build_batch(const SequencePacker& packer, const Masker& masker, uint64_
   b.inputs.input_ids = engine::Tensor::from_vector(ids, {rows, T});
   b.inputs.attention_mask = engine::Tensor::from_vector(attention, {rows, T});
   if (segment_pairs) b.inputs.token_type_ids = engine::Tensor::from_vector(types, {rows, T});
+  if (sentence_order) b.sentence_labels = engine::Tensor::from_vector(order, {rows});
   b.labels = engine::Tensor::from_vector(labels, {rows, T});
   const int64_t m = static_cast<int64_t>(positions.size());
   b.positions = engine::Tensor::from_vector(positions, {m});
@@ -143,12 +149,15 @@ DataPosition DataPosition::from_json(const std::string& text) {
 // ---- packing -----------------------------------------------------------------------------------
 
 SequencePacker::SequencePacker(const ShardReader& shard, int64_t max_len, const SpecialIds& special,
-                               bool segment_pairs)
+                               bool segment_pairs, bool sentence_order)
     : shard_(&shard),
       max_len_(max_len),
       content_(max_len - (segment_pairs ? 3 : 2)),
       segment_pairs_(segment_pairs),
+      sentence_order_(sentence_order),
       special_(special) {
+  ENGINE_CHECK(!sentence_order || segment_pairs,
+               "[batch] sentence order needs segment pairs (two segments to swap)");
   ENGINE_CHECK(max_len >= 3, "[batch] max_len is ", max_len,
                " (expected >= 3: [CLS], at least one token, [SEP])");
   ENGINE_CHECK(!segment_pairs || max_len >= 5, "[batch] max_len is ", max_len,
@@ -200,8 +209,9 @@ int64_t SequencePacker::fill(int64_t i, int64_t* ids) const {
 // ---- segment pairs -----------------------------------------------------------------------------
 
 int64_t cut_segment_pair(int64_t* ids, int64_t* types, int64_t length, int64_t max_len, int32_t sep,
-                         uint64_t seed, uint64_t epoch, uint64_t sequence) {
+                         uint64_t seed, uint64_t epoch, uint64_t sequence, int64_t* order_label) {
   std::fill_n(types, max_len, 0);
+  if (order_label) *order_label = -100;
   const int64_t content = length - 2;
   if (content < 2) return length;
   ENGINE_CHECK(length < max_len, "[batch] no room to cut a row of ", length,
@@ -211,8 +221,19 @@ int64_t cut_segment_pair(int64_t* ids, int64_t* types, int64_t length, int64_t m
   // [CLS] x_1 .. x_a | x_{a+1} .. [SEP] -> [CLS] x_1 .. x_a [SEP] x_{a+1} .. [SEP]
   std::copy_backward(ids + 1 + a, ids + length, ids + length + 1);
   ids[1 + a] = sep;
-  std::fill(types + 2 + a, types + length + 1, 1);
-  return length + 1;
+  const int64_t n = length + 1;
+  if (order_label) {
+    *order_label = static_cast<int64_t>(rng.below(2));
+    if (*order_label == 1) {
+      // [CLS] A [SEP] B [SEP] -> [CLS] [SEP] B A [SEP] -> [CLS] B [SEP] A [SEP]
+      std::rotate(ids + 1, ids + 1 + a, ids + n - 1);
+      std::rotate(ids + 1, ids + 2, ids + n - 1 - a);
+      std::fill(types + n - 1 - a, types + n, 1);
+      return n;
+    }
+  }
+  std::fill(types + 2 + a, types + n, 1);
+  return n;
 }
 
 // ---- masking -----------------------------------------------------------------------------------
@@ -308,7 +329,7 @@ BatchStream::BatchStream(const Corpus& corpus, Split split, const Tokenizer& tok
     : options_(options),
       packer_((check_shape(options.batch_size, options.max_len), check_tokenizer(corpus, tok),
                corpus.split(split)),
-              options.max_len, tok.special(), options.segment_pairs),
+              options.max_len, tok.special(), options.segment_pairs, options.sentence_order),
       masker_(tok, options.masking) {
   ENGINE_CHECK(options.num_shards >= 1 && options.shard >= 0 && options.shard < options.num_shards,
                "[batch] shard ", options.shard, " of ", options.num_shards,
@@ -348,11 +369,11 @@ MlmBatch BatchStream::next_batch() {
 
 EvalBatches::EvalBatches(const Corpus& corpus, Split split, const Tokenizer& tok,
                          int64_t batch_size, int64_t max_len, uint64_t seed,
-                         const MaskingOptions& masking, bool segment_pairs)
+                         const MaskingOptions& masking, bool segment_pairs, bool sentence_order)
     : batch_size_(batch_size),
       seed_(seed),
       packer_((check_shape(batch_size, max_len), check_tokenizer(corpus, tok), corpus.split(split)),
-              max_len, tok.special(), segment_pairs),
+              max_len, tok.special(), segment_pairs, sentence_order),
       masker_(tok, masking) {}
 
 int64_t EvalBatches::num_batches() const {

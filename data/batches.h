@@ -33,6 +33,14 @@
 // next tokens), so the model learns to read across a [SEP] and a segment change, the layout of
 // GLUE's sentence pairs, without a next-sentence objective. A sequence of one content token is
 // not cut (types all 0). Masking never picks the inserted [SEP].
+//
+// Sentence order (sentence_order = true, with segment pairs; ALBERT's sentence-order prediction).
+// After the cut, a second draw of the same Philox stream swaps the two segments with probability
+// 1/2: the row becomes [CLS] B [SEP] A [SEP] (types 0 for B and its [SEP], 1 after), and the
+// batch's sentence_labels holds 1 for a swapped row, 0 for one in order, -100 for a row that was
+// not cut. Both orders are the same tokens from one place of the text, so telling them apart needs
+// the model to read the two segments against each other (not their topics, as next-sentence
+// prediction allows). The cut itself is the same draw as without sentence order.
 #pragma once
 
 #include <cstdint>
@@ -59,7 +67,8 @@ struct BatchOptions {
   uint64_t seed = 1;      // shuffling and masking
   bool shuffle = true;
   MaskingOptions masking;
-  bool segment_pairs = false;  // [CLS] A [SEP] B [SEP] with token types (see the file comment)
+  bool segment_pairs = false;   // [CLS] A [SEP] B [SEP] with token types (see the file comment)
+  bool sentence_order = false;  // swap A and B in half the rows, labelled (needs segment_pairs)
   // Data parallelism: the stream advances by num_shards * batch_size slots per batch (the global
   // batch) and serves slots [shard * batch_size, (shard + 1) * batch_size) of it, so the shards
   // of ranks 0..n-1 concatenated are the batch that one stream with n * batch_size would serve.
@@ -82,13 +91,14 @@ class SequencePacker {
  public:
   // Keeps a reference to `shard`, which must outlive the packer. segment_pairs: one position
   // fewer of content per sequence (room for the [SEP] between the segments; see the file
-  // comment).
+  // comment); sentence_order: swapped segments, labelled (needs segment_pairs).
   SequencePacker(const ShardReader& shard, int64_t max_len, const SpecialIds& special,
-                 bool segment_pairs = false);
+                 bool segment_pairs = false, bool sentence_order = false);
   int64_t max_len() const { return max_len_; }
   int64_t num_sequences() const { return num_sequences_; }
   int64_t stream_length() const { return stream_length_; }  // tokens + separators
   bool segment_pairs() const { return segment_pairs_; }
+  bool sentence_order() const { return sentence_order_; }
   const SpecialIds& special() const { return special_; }
   // Writes sequence i into ids[0 .. max_len) ([PAD] after its end) and returns its length
   // (positions before it have attention 1).
@@ -97,7 +107,7 @@ class SequencePacker {
  private:
   const ShardReader* shard_;
   int64_t max_len_, content_;
-  bool segment_pairs_;
+  bool segment_pairs_, sentence_order_;
   SpecialIds special_;
   int64_t stream_length_ = 0, num_sequences_ = 0;
 };
@@ -105,9 +115,12 @@ class SequencePacker {
 // Cuts a packed row ids[0 .. length) = [CLS] content [SEP] (length < max_len) into
 // [CLS] A [SEP] B [SEP] in place, writes types[0 .. max_len) and returns the new length; a row of
 // fewer than 2 content tokens is left as it is (types 0). The cut is drawn from Philox keyed by
-// `seed` with counter (sequence, epoch) (see the file comment, "Segment pairs").
+// `seed` with counter (sequence, epoch) (see the file comment, "Segment pairs"). With
+// `order_label`, the segments are then swapped with probability 1/2 and *order_label set to 1
+// (swapped), 0 (in order) or -100 (not cut) (the file comment, "Sentence order").
 int64_t cut_segment_pair(int64_t* ids, int64_t* types, int64_t length, int64_t max_len, int32_t sep,
-                         uint64_t seed, uint64_t epoch, uint64_t sequence);
+                         uint64_t seed, uint64_t epoch, uint64_t sequence,
+                         int64_t* order_label = nullptr);
 
 // Dynamic masking (see the file comment); built once per tokenizer.
 class Masker {
@@ -161,7 +174,7 @@ class EvalBatches {
   static constexpr uint64_t kDefaultSeed = 0xE7A1;
   EvalBatches(const Corpus& corpus, Split split, const Tokenizer& tok, int64_t batch_size,
               int64_t max_len, uint64_t seed = kDefaultSeed, const MaskingOptions& masking = {},
-              bool segment_pairs = false);
+              bool segment_pairs = false, bool sentence_order = false);
   std::optional<MlmBatch> next();  // nullopt after the last batch
   void rewind() { next_ = 0; }
   int64_t num_sequences() const { return packer_.num_sequences(); }

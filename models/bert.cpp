@@ -537,7 +537,12 @@ BertForMaskedLM::BertForMaskedLM(const BertConfig& c, uint64_t seed, const BertM
 }
 
 MlmOutput BertForMaskedLM::forward(const data::MlmBatch& batch, Generator& gen) const {
-  const BertConfig& c = config();
+  check_predicted(batch);
+  Tensor hidden = bert.forward(batch.inputs, gen);  // (B, T, d)
+  return head(hidden.reshape({hidden.size(0) * hidden.size(1), hidden.size(2)}), batch);
+}
+
+void BertForMaskedLM::check_predicted(const data::MlmBatch& batch) const {
   const Tensor &positions = batch.positions, &targets = batch.targets;
   ENGINE_CHECK(positions.defined() && targets.defined() && positions.dim() == 1 &&
                    targets.shape() == positions.shape(),
@@ -545,14 +550,15 @@ MlmOutput BertForMaskedLM::forward(const data::MlmBatch& batch, Generator& gen) 
                positions.defined() ? engine::describe(positions) : std::string("none"), " and ",
                targets.defined() ? engine::describe(targets) : std::string("none"));
   ENGINE_CHECK(positions.numel() > 0, "[bert] no position to predict: every label is -100");
-  Tensor hidden = bert.forward(batch.inputs, gen);  // (B, T, d)
+}
+
+MlmOutput BertForMaskedLM::head(const Tensor& flat, const data::MlmBatch& batch) const {
   // The head and the (M, V) logits only at the predicted positions, gathered first.
-  Tensor flat = hidden.reshape({hidden.size(0) * hidden.size(1), c.hidden_size});
-  Tensor h = engine::index_select(flat, positions);  // (M, d)
+  Tensor h = engine::index_select(flat, batch.positions);  // (M, d)
   h = norm.forward(dense.forward_gelu(h));
   MlmOutput out;
   out.logits = engine::linear(h, bert.token_embedding, decoder_bias);  // (M, V), tied decoder
-  out.loss = engine::cross_entropy(out.logits, targets);
+  out.loss = engine::cross_entropy(out.logits, batch.targets);
   return out;
 }
 

@@ -223,6 +223,10 @@ class BertForMaskedLM : public PretrainModel {
   Output pretrain_forward(const data::MlmBatch& batch, Generator& gen) const override;
   const BertConfig& config() const override { return bert.config(); }
   const char* kind() const override { return "bert_mlm"; }
+  // The parts of forward, for objectives that add a head (models/bert_sop.h): the batch's
+  // positions and targets checked; the MLM head on the encoder's output flattened to (B T, d).
+  void check_predicted(const data::MlmBatch& batch) const;
+  MlmOutput head(const Tensor& flat, const data::MlmBatch& batch) const;
 
   BertModel bert;
   engine::Module mlm;

@@ -43,11 +43,11 @@ std::string read_checkpoint_kind(const std::string& path) {
 engine::SafetensorsContents load_checkpoint(const std::string& path, PretrainModel& model,
                                             bool with_state) {
   const std::string kind = read_checkpoint_kind(path);
-  // An ELECTRA checkpoint into a masked LM or the reverse: one clear error (finetuning takes the
-  // encoder of either through load_bert_encoder).
-  ENGINE_CHECK(kind.empty() || (kind == "electra") == (std::string(model.kind()) == "electra"),
-               "[checkpoint] ", path, " holds a '", kind, "' model, not a '", model.kind(),
-               "' one (train.objective); load it with the objective it was trained with");
+  // A checkpoint of another objective (ELECTRA into a masked LM, MLM into MLM + SOP, ...): one
+  // clear error (finetuning takes the encoder of any through load_bert_encoder).
+  ENGINE_CHECK(kind.empty() || kind == model.kind(), "[checkpoint] ", path, " holds a '", kind,
+               "' model, not a '", model.kind(),
+               "' one (objective:); load it with the objective it was trained with");
   if (with_state)
     return engine::load_safetensors_into(path, model.named_parameters(),
                                          engine::ExtraTensors::read);
@@ -144,12 +144,12 @@ engine::SafetensorsContents load_bert_encoder(const std::string& path, BertModel
 
 data::MlmBatch load_mlm_batch(const std::string& path, const BertConfig& config) {
   engine::SafetensorsContents c = engine::load_safetensors(path);
-  static const std::set<std::string> known = {"input_ids", "attention_mask", "labels",
-                                              "token_type_ids", "replacements"};
+  static const std::set<std::string> known = {
+      "input_ids", "attention_mask", "labels", "token_type_ids", "replacements", "sentence_labels"};
   for (auto& [n, t] : c.tensors)
     ENGINE_CHECK(known.count(n), "[batch] ", path, ": unexpected tensor '", n,
                  "' (a batch holds input_ids, attention_mask, labels and optionally "
-                 "token_type_ids and replacements)");
+                 "token_type_ids, replacements and sentence_labels)");
   const Tensor ids = batch_tensor(c, path, "input_ids", true);
   const Tensor mask = batch_tensor(c, path, "attention_mask", true);
   const Tensor labels = batch_tensor(c, path, "labels", true);
@@ -176,8 +176,25 @@ data::MlmBatch load_mlm_batch(const std::string& path, const BertConfig& config)
         types, path, "token_type_ids", 0, config.type_vocab_size, 0,
         "a segment id in [0, type_vocab_size " + std::to_string(config.type_vocab_size) + ")");
   }
+  Tensor order;
+  for (auto& [n, t] : c.tensors) {
+    if (n != "sentence_labels") continue;
+    ENGINE_CHECK(t.dim() == 1 && t.size(0) == shape[0] &&
+                     (t.dtype() == DType::i64 || t.dtype() == DType::i32),
+                 "[batch] ", path, ": 'sentence_labels' must be (", shape[0],
+                 ") integers, one per row, got ", engine::describe(t));
+    order = t.to(DType::i64);
+  }
+  if (order.defined()) {
+    const std::vector<int64_t> v = order.to_vector<int64_t>();
+    for (size_t k = 0; k < v.size(); ++k)
+      ENGINE_CHECK(v[k] == 0 || v[k] == 1 || v[k] == -100, "[batch] ", path, ": sentence_labels[",
+                   k, "] = ", v[k], " (expected 1 swapped, 0 in order or -100 no pair)");
+  }
   // Labels are checked where the batch is made (data::make_mlm_batch).
-  return data::make_mlm_batch(ids, mask, labels, types, config.vocab_size, path);
+  data::MlmBatch b = data::make_mlm_batch(ids, mask, labels, types, config.vocab_size, path);
+  b.sentence_labels = order;
+  return b;
 }
 
 Tensor load_replacements(const std::string& path, const data::MlmBatch& batch,

@@ -8,6 +8,7 @@
 
 #include "engine/autograd.h"
 #include "engine/error.h"
+#include "models/bert_sop.h"
 #include "models/checkpoint.h"
 #include "models/pretrain_config.h"
 #include "ops/ops.h"
@@ -85,19 +86,23 @@ std::vector<std::pair<std::string, std::string>> ElectraForPretraining::checkpoi
 std::unique_ptr<PretrainModel> PretrainConfig::make_model(const BertConfig& m,
                                                           uint64_t seed) const {
   if (objective == "electra") return std::make_unique<ElectraForPretraining>(m, electra, seed);
+  if (objective == "mlm_sop") return std::make_unique<BertForMlmSop>(m, seed);
   return std::make_unique<BertForMaskedLM>(m, seed);
 }
 
 std::unique_ptr<PretrainModel> load_pretrain_model(const std::string& checkpoint) {
   const BertConfig config = read_checkpoint_config(checkpoint);
   std::unique_ptr<PretrainModel> model;
-  if (read_checkpoint_kind(checkpoint) == "electra") {
+  const std::string kind = read_checkpoint_kind(checkpoint);
+  if (kind == "electra") {
     const engine::SafetensorsMetadata meta = engine::read_safetensors_metadata(checkpoint);
     auto it = meta.find(kElectraConfigKey);
     ENGINE_CHECK(it != meta.end(), "[checkpoint] ", checkpoint, ": an ELECTRA checkpoint without '",
                  kElectraConfigKey, "' in its metadata");
     model = std::make_unique<ElectraForPretraining>(
         config, ElectraConfig::from_json(it->second, checkpoint), 0);
+  } else if (kind == "bert_mlm_sop") {
+    model = std::make_unique<BertForMlmSop>(config, 0);
   } else {
     model = std::make_unique<BertForMaskedLM>(config, 0);
   }

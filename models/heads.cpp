@@ -88,7 +88,7 @@ int64_t load_encoder(const std::string& path, BertForFinetuning& model) {
   const engine::SafetensorsContents rest = load_bert_encoder(path, model.bert);
   int64_t loaded = static_cast<int64_t>(model.bert.named_parameters().size());
   if (model.dense) {
-    for (const std::string prefix : {"hf.bert.pooler.dense.", "hf.pooler.dense."}) {
+    for (const std::string prefix : {"sop.dense.", "hf.bert.pooler.dense.", "hf.pooler.dense."}) {
       if (std::find(rest.skipped.begin(), rest.skipped.end(), prefix + "weight") ==
           rest.skipped.end())
         continue;

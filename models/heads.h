@@ -59,10 +59,10 @@ class BertForFinetuning : public engine::Module {
 // Copies the encoder (every bert.* tensor) of a checkpoint written by pretrain_app or
 // save_checkpoint into `model`; the checkpoint's MLM head (mlm.*) and training state are
 // ignored. The stored model config must equal the model's (the first difference is named), and
-// every encoder tensor must be there with its shape. A classification / regression head starts
-// from a converted Hugging Face model's pretrained pooler (hf.bert.pooler.dense.*: dense + tanh,
-// as BertForSequenceClassification) when the checkpoint carries one. Returns how many tensors
-// were loaded.
+// every encoder tensor must be there with its shape. A classification / regression head's dense
+// layer starts from a pretrained pooler (dense + tanh, as BertForSequenceClassification) when the
+// checkpoint carries one: the sentence-order head's (sop.dense.*, models/bert_sop.h) or a
+// converted Hugging Face model's (hf.bert.pooler.dense.*). Returns how many tensors were loaded.
 int64_t load_encoder(const std::string& path, BertForFinetuning& model);
 
 }  // namespace models

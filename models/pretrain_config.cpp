@@ -128,7 +128,13 @@ PretrainConfig PretrainConfig::read(const engine::Config& cfg) {
   c.has_vocab_size = model.has("vocab_size");
   c.vocab_where_ = model.where("vocab_size");
   c.model = BertConfig::from_config(model);
-  c.objective = root.get_choice("objective", c.objective, {"mlm", "electra"});
+  c.objective = root.get_choice("objective", c.objective, {"mlm", "mlm_sop", "electra"});
+  if (c.objective == "mlm_sop")
+    ENGINE_CHECK(c.data.segment_pairs, "[config] ", root.where("objective"),
+                 ": mlm_sop (sentence-order prediction) needs data.segment_pairs: true (the two "
+                 "segments it swaps), ",
+                 data.has("segment_pairs") ? c.segment_pairs_where_ : "data.segment_pairs",
+                 " is false");
   if (root.has("electra"))
     ENGINE_CHECK(c.objective == "electra", "[config] ", root.where("electra"),
                  ": an electra section needs objective: electra (the objective is ", c.objective,

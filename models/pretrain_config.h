@@ -34,8 +34,10 @@ struct PretrainConfig {
   bool has_model = false;       // a `model:` section was given (else a checkpoint's may be used)
   bool has_vocab_size = false;  // model.vocab_size was given (else the corpus tokenizer's applies)
   BertConfig model;             // the model section (the defaults when absent)
-  std::string objective = "mlm";  // `objective:` mlm (BERT) or electra (models/electra.h)
-  ElectraConfig electra;          // the `electra:` section (objective: electra only)
+  // `objective:` mlm (BERT), mlm_sop (+ sentence order, models/bert_sop.h; needs
+  // data.segment_pairs) or electra (models/electra.h)
+  std::string objective = "mlm";
+  ElectraConfig electra;  // the `electra:` section (objective: electra only)
   engine::AdamWOptions optim;
   DataOptions data;
   PretrainOptions train;

@@ -119,7 +119,11 @@ def valid_curve(run):
                 m = json.loads(line)
             except json.JSONDecodeError as e:
                 die(f"{path}:{n}: not JSON ({e})")
-            if "valid_loss" in m:
+            # The MLM part when the objective has more (mlm_sop: MLM + SOP), so that the
+            # curves of every objective are MLM losses.
+            if "valid_mlm_loss" in m:
+                curve[m["step"]] = m["valid_mlm_loss"]
+            elif "valid_loss" in m:
                 curve[m["step"]] = m["valid_loss"]
     return curve
 

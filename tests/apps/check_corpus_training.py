@@ -242,6 +242,33 @@ p = run(["--config", P("cfg.yaml"), "--out", P("electra"), "--resume", "--set", 
 check(p.returncode == 1 and "holds a 'electra' model" in p.stderr,
       "resuming an ELECTRA run as a masked LM: one clear error", p.stderr)
 
+# ---- MLM + sentence order (objective: mlm_sop) on the corpus: pairs, half swapped, three parts --
+sop_args = ["--set", "objective=mlm_sop", "--set", "data.segment_pairs=true", "--set", "model.type_vocab_size=2",
+            "--set", "train.steps=12", "--set", "train.valid_every=6"]
+p = run(["--config", P("cfg.yaml"), "--out", P("sop")] + sop_args)
+check(p.returncode == 0 and "half of them swapped (sentence order)" in p.stdout and "  sop " in p.stdout,
+      "an MLM + SOP run on the corpus", p.stdout + p.stderr)
+try:
+    _, s_rows = losses(P("sop"))
+    sv = [r for r in s_rows if "valid_loss" in r]
+    check(len(sv) == 2 and all(abs(r["valid_loss"] - r["valid_mlm_loss"] - r["valid_sop_loss"])
+                               < 1e-4 * r["valid_loss"] and 0 <= r["valid_sop_accuracy"] <= 1 for r in sv),
+          "MLM + SOP validation: loss = MLM + SOP, an accuracy in [0, 1]: "
+          f"{[(r['valid_loss'], r.get('valid_sop_accuracy')) for r in sv]}")
+except (OSError, ValueError, KeyError) as e:
+    check(False, f"MLM + SOP run outputs ({e})")
+p = run(["eval", "--init", P("sop", "model.safetensors"), "--corpus", P("corpus"), "--batches", "2",
+         "--batch-size", "8", "--seq-len", "64"])
+check(p.returncode == 0 and "sop_accuracy" in p.stdout, "eval of an MLM + SOP checkpoint (on swapped pairs)",
+      p.stdout + p.stderr)
+p = run(["--config", P("cfg.yaml"), "--out", P("sop_bad"), "--set", "objective=mlm_sop"])
+check(p.returncode == 1 and "needs data.segment_pairs: true" in p.stderr and p.stderr.count("\n") <= 2,
+      "mlm_sop without segment pairs: one clear error", p.stderr)
+p = run(["--config", P("cfg.yaml"), "--out", P("sop"), "--resume", "--set", "train.steps=14",
+         "--set", "model.type_vocab_size=2"])
+check(p.returncode == 1 and "holds a 'bert_mlm_sop' model" in p.stderr,
+      "resuming an MLM + SOP run as a masked LM: one clear error", p.stderr)
+
 # ---- bad inputs ----------------------------------------------------------------------------------
 with open(P("empty.txt"), "w") as f:
     f.write("\n\n   \n")

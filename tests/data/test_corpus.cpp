@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
@@ -832,6 +833,116 @@ TEST_CASE("segment-pair batches: the packed stream with a [SEP] and types, never
   // Too short for a pair.
   CHECK_THAT(error_of([&] { data::SequencePacker(corpus.train(), 4, tok.special(), true); }),
              Catch::Contains("expected >= 5 for segment pairs"));
+}
+
+TEST_CASE("sentence order: the same cut, half the pairs swapped and labelled", "[batches]") {
+  const int32_t sep = 3;
+  const int64_t T = 16;
+  int swapped = 0, in_order = 0;
+  for (uint64_t seq = 0; seq < 400; ++seq) {
+    // [CLS] 10 11 .. 20 [SEP]: 11 content tokens.
+    std::vector<int64_t> plain(T, 0), types_plain(T, 7);
+    plain[0] = 2;
+    for (int64_t k = 0; k < 11; ++k) plain[1 + k] = 10 + k;
+    plain[12] = sep;
+    std::vector<int64_t> ordered = plain, types(T, 7);
+    const int64_t n =
+        data::cut_segment_pair(plain.data(), types_plain.data(), 13, T, sep, 5, 1, seq);
+    int64_t label = 42;
+    CHECK(data::cut_segment_pair(ordered.data(), types.data(), 13, T, sep, 5, 1, seq, &label) == n);
+    REQUIRE(n == 14);
+    int64_t a = 0;  // A's length in the plain cut
+    while (plain[1 + a] != sep) ++a;
+    REQUIRE((label == 0 || label == 1));
+    if (label == 0) {
+      ++in_order;
+      CHECK(ordered == plain);  // the cut without sentence order
+      CHECK(types == types_plain);
+      continue;
+    }
+    ++swapped;
+    // [CLS] B [SEP] A [SEP], types 0 through B's [SEP], 1 after.
+    const int64_t b = 11 - a;
+    std::vector<int64_t> want{2};
+    for (int64_t k = 0; k < b; ++k) want.push_back(10 + a + k);
+    want.push_back(sep);
+    for (int64_t k = 0; k < a; ++k) want.push_back(10 + k);
+    want.push_back(sep);
+    want.resize(T, 0);
+    CHECK(ordered == want);
+    for (int64_t p = 0; p < T; ++p) CHECK(types[p] == (p >= b + 2 && p < n ? 1 : 0));
+  }
+  CHECK(swapped > 160);
+  CHECK(in_order > 160);
+  // One content token: no pair, label -100.
+  std::vector<int64_t> one{2, 50, sep, 0, 0, 0}, types(6, 9);
+  int64_t label = 0;
+  CHECK(data::cut_segment_pair(one.data(), types.data(), 3, 6, sep, 1, 0, 0, &label) == 3);
+  CHECK(label == -100);
+}
+
+TEST_CASE("sentence-order batches: labels per row, reproducible, the same tokens as pairs",
+          "[batches]") {
+  TempDir dir;
+  TestTokenizer tok;
+  const data::Corpus corpus(random_corpus(dir, 50, 100, 4));
+  data::BatchOptions o;
+  o.batch_size = 8;
+  o.max_len = 24;
+  o.segment_pairs = true;
+  data::BatchOptions so = o;
+  so.sentence_order = true;
+  data::BatchStream pairs(corpus, Split::train, tok, o), order(corpus, Split::train, tok, so),
+      again(corpus, Split::train, tok, so);
+  int64_t ones = 0, zeros = 0;
+  for (int step = 0; step < 6; ++step) {
+    const data::MlmBatch p = pairs.next_batch(), b = order.next_batch(), c = again.next_batch();
+    CHECK_FALSE(p.sentence_labels.defined());
+    REQUIRE(b.sentence_labels.defined());
+    REQUIRE(b.sentence_labels.shape() == engine::Shape{8});
+    CHECK(b.sentence_labels.to_vector<int64_t>() == c.sentence_labels.to_vector<int64_t>());
+    CHECK(b.inputs.input_ids.to_vector<int64_t>() == c.inputs.input_ids.to_vector<int64_t>());
+    const std::vector<int64_t> labels = b.sentence_labels.to_vector<int64_t>();
+    for (int64_t r = 0; r < 8; ++r) {
+      const int64_t l = labels[size_t(r)];
+      REQUIRE((l == 0 || l == 1));
+      (l ? ones : zeros) += 1;
+      // Rows in order are the segment-pair rows, masks included; swapped rows hold the same
+      // multiset of tokens.
+      std::vector<int64_t> x = row(b.inputs.input_ids, r), y = row(p.inputs.input_ids, r);
+      if (l == 0) {
+        CHECK(x == y);
+        CHECK(row(b.inputs.token_type_ids, r) == row(p.inputs.token_type_ids, r));
+      } else {
+        std::vector<int64_t> xl = row(b.labels, r), yl = row(p.labels, r);
+        for (size_t k = 0; k < x.size(); ++k) {
+          if (xl[k] != -100) x[k] = xl[k];
+          if (yl[k] != -100) y[k] = yl[k];
+        }
+        CHECK(x != y);
+        std::sort(x.begin(), x.end());
+        std::sort(y.begin(), y.end());
+        CHECK(x == y);
+      }
+    }
+  }
+  CHECK(ones > 8);
+  CHECK(zeros > 8);
+  // Host batches move their labels with them.
+  const data::MlmBatch moved = order.next_batch().to(engine::Device::cpu());
+  CHECK(moved.sentence_labels.defined());
+  // Evaluation batches: the same labels every pass.
+  data::EvalBatches e(corpus, Split::train, tok, 8, 24, data::EvalBatches::kDefaultSeed, {}, true,
+                      true);
+  const std::optional<data::MlmBatch> e1 = e.next();
+  e.rewind();
+  const std::optional<data::MlmBatch> e2 = e.next();
+  REQUIRE(e1);
+  REQUIRE(e1->sentence_labels.defined());
+  CHECK(e1->sentence_labels.to_vector<int64_t>() == e2->sentence_labels.to_vector<int64_t>());
+  CHECK_THAT(
+      error_of([&] { data::SequencePacker(corpus.train(), 24, tok.special(), false, true); }),
+      Catch::Contains("sentence order needs segment pairs"));
 }
 
 TEST_CASE("shuffled_index is a permutation per epoch", "[batches]") {

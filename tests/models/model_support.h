@@ -74,9 +74,15 @@ class SyntheticSource : public models::BatchSource {
         ids[i * t + j] = 29;  // [MASK]
       }
     mask[b * t - 1] = 0;
-    return data::make_mlm_batch(Tensor::from_vector<int64_t>(ids, {b, t}),
-                                Tensor::from_vector<int64_t>(mask, {b, t}),
-                                Tensor::from_vector<int64_t>(labels, {b, t}), {}, 30, "synthetic");
+    data::MlmBatch batch = data::make_mlm_batch(
+        Tensor::from_vector<int64_t>(ids, {b, t}), Tensor::from_vector<int64_t>(mask, {b, t}),
+        Tensor::from_vector<int64_t>(labels, {b, t}), {}, 30, "synthetic");
+    if (sentence_order) {  // objective mlm_sop: a label per row, one row of four without a pair
+      std::vector<int64_t> order(b);
+      for (int64_t i = 0; i < b; ++i) order[i] = (i + k) % 4 == 3 ? -100 : (i * 5 + k) % 3 == 0;
+      batch.sentence_labels = Tensor::from_vector<int64_t>(order, {b});
+    }
+    return batch;
   }
   data::MlmBatch next_train() override { return make(next_++); }
   std::string position() const override { return std::to_string(next_); }
@@ -87,6 +93,7 @@ class SyntheticSource : public models::BatchSource {
     return v;
   }
   int64_t next_ = 0;
+  bool sentence_order = false;
 };
 
 // The TUPE-R model SyntheticSource trains (width 16, 2 layers, dropout 0.1 left on).

@@ -245,4 +245,14 @@ TEST_CASE("a pretraining config: every section read and checked in one place, er
   REQUIRE_THROWS_WITH(read("data:\n  seq_len: 4\n  segment_pairs: true\n"),
                       Contains("p.yaml:2: data.seq_len: 4 is too short for data.segment_pairs"));
   REQUIRE_THROWS_WITH(read("data:\n  segment_pairs: maybe\n"), Contains("data.segment_pairs"));
+
+  // Sentence-order prediction swaps the two segments: it needs them.
+  const PretrainConfig sop = read("objective: mlm_sop\ndata:\n  segment_pairs: true\n");
+  CHECK(sop.objective == "mlm_sop");
+  REQUIRE_THROWS_WITH(read("objective: mlm_sop\n"),
+                      Contains("p.yaml:1: objective: mlm_sop (sentence-order prediction) needs "
+                               "data.segment_pairs: true"));
+  REQUIRE_THROWS_WITH(read("objective: mlm_sop\ndata:\n  segment_pairs: false\n"),
+                      Contains("p.yaml:3: data.segment_pairs is false"));
+  REQUIRE_THROWS_WITH(read("objective: nsp\n"), Contains("objective"));
 }

@@ -287,6 +287,12 @@ class Reference:
             x = self.encode(ids, mask, types)
         finally:
             self.stream = None
+        self.last_hidden = x
+        return self.mlm_head(x, labels)
+
+    def mlm_head(self, x, labels):
+        """The MLM head on the encoder's output x (B, T, d) at the labelled positions."""
+        P, cfg = self.P, self.cfg
         flat = x.reshape(-1, cfg["hidden_size"])
         lab = labels.reshape(-1)
         sel = lab != -100
@@ -294,6 +300,17 @@ class Reference:
         h = layer_norm(h, P, self.head + "norm", cfg["layer_norm_eps"])
         logits = h @ P["bert.embeddings.token"].t() + P[self.head + "decoder_bias"]
         return F.cross_entropy(logits, lab[sel]), logits
+
+    def mlm_sop(self, ids, mask, types, labels, order, stream=None):
+        """MLM + sentence-order prediction (ALBERT's SOP, the engine's objective mlm_sop):
+        -> (loss, MLM logits, MLM loss, SOP loss, SOP logits (B, 2)). The SOP head is BERT's
+        pooler on [CLS] (dense -> tanh, no dropout) then a 2-way linear layer; its loss the mean
+        cross-entropy over the rows whose label is not -100."""
+        mlm_loss, logits = self.mlm(ids, mask, types, labels, stream)
+        cls = self.last_hidden[:, 0]
+        sop_logits = linear(torch.tanh(linear(cls, self.P, "sop.dense")), self.P, "sop.out")
+        sop_loss = F.cross_entropy(sop_logits, order, ignore_index=-100)
+        return mlm_loss + sop_loss, logits, mlm_loss, sop_loss, sop_logits
 
 
 def no_weight_decay(name):

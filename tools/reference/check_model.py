@@ -15,6 +15,9 @@ step 1's forward and backward over --micro-batches copies of the batch, and ever
 the engine's graph holds (the hidden ones, and the attention probabilities' where Shaw's
 relative term keeps them out of the fused attention op) must equal the reference's bit for bit.
 When --seq equals --max-positions, the last row of the position table must get a gradient.
+With --sop the objective is mlm_sop (MLM + sentence-order prediction): the batch carries
+sentence_labels (one row swapped, one in order, one without a pair), and the MLM and SOP losses,
+the SOP logits and the head's gradients are compared too.
 """
 import argparse
 import json
@@ -65,6 +68,8 @@ def write_config(path, preset, args):
     if shaw:  # clip below T so that the clipping is exercised
         lines.append("    rpe_clip: 6")
     lines += ["optim:", f"  lr: {args.lr}", "  weight_decay: 0.01", "  eps: 1.0e-6"]
+    if getattr(args, "sop", False):
+        lines = ["objective: mlm_sop"] + lines + ["data:", "  segment_pairs: true"]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -89,6 +94,8 @@ def write_batch(path, args):
         for b, n in enumerate(lens):
             types[b, n // 2:n] = 1
         tensors["token_type_ids"] = types
+    if getattr(args, "sop", False):  # one row swapped, one in order, one without a pair
+        tensors["sentence_labels"] = np.array([1, 0, -100], np.int64)
     st.write(path, tensors)
     return {k: torch.from_numpy(v) for k, v in tensors.items()}
 
@@ -169,6 +176,8 @@ def main():
     ap.add_argument("--attention-dropout", type=float, default=0.2)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--sop", action="store_true",
+                    help="objective mlm_sop: MLM + sentence-order prediction (the batch labelled)")
     ap.add_argument("--device", default="cpu", help="pretrain_app --device (cuda: the GPU, or the emulated one)")
     args = ap.parse_args()
 
@@ -196,6 +205,8 @@ def main():
     model = ref.Reference(cfg, params)
     ids, mask, labels = batch["input_ids"], batch["attention_mask"], batch["labels"]
     types = batch.get("token_type_ids")
+    order = batch.get("sentence_labels")
+    parts = []  # mlm_sop: (MLM loss, SOP loss, SOP logits) of each micro-batch
     M = args.micro_batches
 
     def new_stream():  # pretraining's stream of rank 0, from its start
@@ -205,7 +216,11 @@ def main():
         """Step 1's forward and backward: -> (loss, logits, masks), gradients accumulated."""
         total, all_logits, masks = 0.0, [], []
         for _ in range(M):
-            l, lg = model.mlm(ids, mask, types, labels, stream)
+            if args.sop:
+                l, lg, *sop_parts = model.mlm_sop(ids, mask, types, labels, order, stream)
+                parts.append(sop_parts)
+            else:
+                l, lg = model.mlm(ids, mask, types, labels, stream)
             (l if M == 1 else l * (1.0 / M)).backward()
             total = total + (l if M == 1 else l.detach() * (1.0 / M))
             all_logits.append(lg)
@@ -216,6 +231,12 @@ def main():
 
     errors = [("loss", rel_err(dump["loss"].reshape(()), loss)),
               ("logits", rel_err(dump["logits"], logits))]
+    if args.sop:  # the first micro-batch's parts
+        mlm_loss, sop_loss, sop_logits = parts[0]
+        errors += [("mlm_loss", rel_err(dump["mlm_loss"].reshape(()), mlm_loss)),
+                   ("sop_loss", rel_err(dump["sop_loss"].reshape(()), sop_loss)),
+                   ("sop_logits", rel_err(dump["sop_logits"], sop_logits))]
+        print(f"SOP: loss engine {float(dump['sop_loss']):.7f} reference {sop_loss.item():.7f}")
     mask_problems = []
     if args.dropout:
         # The engine's graph holds the dropout ops' masks; the attention op keeps its own,
