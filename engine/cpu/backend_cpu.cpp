@@ -162,8 +162,8 @@ void combine_lanes(const S* const* lane, int used, int64_t width, double* out) {
 // vectors of outputs (128 bytes of each row: 1.5x faster than one vector on the tiny model's bias
 // gradient, no better with four), the chunk's n rows (source offsets `row`) go into 16 register
 // lanes, row i into lane i mod 16, then the tree runs in registers (unrolled for U = min(n, 16)
-// lanes). For chunks of few rows (a bias shared by the heads or the batch), where lanes in memory
-// cost more than the sums. Returns the outputs done (whole vectors); the caller does the rest.
+// lanes). Every f32 and f64 rows case runs it (see sum_to). Returns the outputs done (whole
+// vectors); the caller does the rest.
 // (Without -march=native these 64-byte vectors are passed differently than with AVX-512, which
 // GCC warns about; they never cross this file, so the warning is off here.)
 #pragma GCC diagnostic push
@@ -279,7 +279,68 @@ inline void add_to_lanes(A* lanes, const T* p, int64_t step, int64_t i, int64_t 
   }
   for (; m < n; ++m) lanes[(i + m) % kSumLanes] += static_cast<A>(load(p[m * step]));
 }
+
+// The fixed tree over 16 lanes (see kSumLanes) in halves of a vector: lanes [0, 8) plus [8, 16),
+// then [0, 4) plus [4, 8), ... — lane j plus lane j + w, the same adds as the loop in sum_to, in
+// 4 vector adds instead of 15 dependent scalar ones.
+template <class A>
+inline A halving_tree(const A* lanes) {
+  static_assert(kSumLanes == 16);
+  typedef A H8 __attribute__((vector_size(8 * sizeof(A))));
+  typedef A H4 __attribute__((vector_size(4 * sizeof(A))));
+  typedef A H2 __attribute__((vector_size(2 * sizeof(A))));
+  H8 a, b;
+  std::memcpy(&a, lanes, sizeof a);
+  std::memcpy(&b, lanes + 8, sizeof b);
+  a += b;
+  H4 c, e;
+  std::memcpy(&c, &a, sizeof c);
+  std::memcpy(&e, reinterpret_cast<const A*>(&a) + 4, sizeof e);
+  c += e;
+  H2 f, g;
+  std::memcpy(&f, &c, sizeof f);
+  std::memcpy(&g, reinterpret_cast<const A*>(&c) + 2, sizeof g);
+  f += g;
+  return f[0] + f[1];
+}
+
+// The lanes case when each output's elements lie contiguous in the source (a transposed bias
+// gradient, a full sum): N runs p[0 .. N) of n elements each, starting at a chunk's first element,
+// each summed exactly as add_to_lanes and the tree do (lane j takes the elements at j mod
+// kSumLanes, from +0, in order, then the tree), out[r] = run r's chunk sum. The N runs' lanes are
+// independent vector chains: one run at a time was one chain of dependent adds, bound by the
+// add's latency (4 cycles a vector) rather than by the loads (2 a cycle).
+template <int N, class A>
+inline void run_sums(const A* const* p, int64_t n, A* out) {
+  using V = SumVec<A>;
+  constexpr int kW = sizeof(V) / sizeof(A), kN = kSumLanes / kW;
+  V acc[N][kN];
+#pragma GCC unroll 8
+  for (int r = 0; r < N; ++r)
+#pragma GCC unroll 2
+    for (int t = 0; t < kN; ++t) acc[r][t] = V{};
+  int64_t m = 0;
+  for (; m + kSumLanes <= n; m += kSumLanes)
+#pragma GCC unroll 8
+    for (int r = 0; r < N; ++r)
+#pragma GCC unroll 2
+      for (int t = 0; t < kN; ++t) {
+        V x;
+        std::memcpy(&x, p[r] + m + t * kW, sizeof x);
+        acc[r][t] += x;
+      }
+  for (int r = 0; r < N; ++r) {
+    alignas(64) A lanes[kSumLanes];
+    std::memcpy(lanes, acc[r], sizeof lanes);
+    for (int64_t q = m; q < n; ++q) lanes[q % kSumLanes] += p[r][q];
+    out[r] = halving_tree(lanes);
+  }
+}
 #pragma GCC diagnostic pop
+
+// Runs summed side by side by run_sums: 8 vector chains (f32: one vector a run, f64: two).
+template <class A>
+constexpr int kRunGroup = std::is_same_v<A, float> ? 8 : 4;
 
 class CpuBackend final : public Backend {
  public:
@@ -399,30 +460,38 @@ class CpuBackend final : public Backend {
     double* const part = direct ? nullptr : thread_scratch<double, 1>(chunks * K, fresh_part);
     // Rows: the source's innermost kept dim is contiguous, so each reduced index adds a row of
     // outputs at once (vectorised along the outputs); a task is a chunk times a block of one row.
-    // A chunk of few rows (or of narrow rows: the tiny model's 128-wide bias gradients) runs
-    // strip_sums; one of many wide rows reads whole rows in order into lanes in memory (strips
-    // down 1024 rows of 768 ran 4x slower). Blocks of 4096 outputs (1024 measured ~5% slower on
-    // the batch-shared bias). Lanes: each output sums its elements along the source, in vector
-    // lanes when the innermost reduced dim is contiguous; a task is a run of chunks times a block
-    // of outputs.
-    constexpr int64_t kStripRows = 64, kStripWidth = 256;
+    // f32 and f64 run strip_sums (lanes in registers, down the chunk's rows); other types, and
+    // the last outputs of a row that is not a whole number of strips, read whole rows in order
+    // into lanes in memory. (Lanes in memory had been chosen for chunks of over 64 rows wider
+    // than 256 on an earlier CPU; on the 2026-11-26 VM strips were faster on the model's shapes,
+    // side harness, lower quartiles of alternating runs: the bias gradients (256, 3072) 52-54 ->
+    // 28 us, (4096, 3072) 1183-1239 -> 1044-1148 us, the MLM decoder's (614, 30522) 2.1 -> 1.65
+    // ms, (4096, 768) unchanged within the noise; (16384, 1040), whose last 16 columns go
+    // through lanes in memory, 1.56-1.59 -> 1.69-1.71 ms.) Blocks of 4096 outputs (1024
+    // measured ~5% slower on the batch-shared bias). Lanes: each output sums its elements along
+    // the source, in vector lanes when the innermost reduced dim is contiguous; a task is a run of
+    // chunks times a block of outputs.
+    constexpr int64_t kStripRows = 64;
     const bool rows = !kept.size.empty() && kept.inner_stride() == 1 && kept.inner_size() >= 8;
     const int64_t inner = rows ? kept.inner_size() : 1;
     const int64_t per_chunk = std::min(R, kSumChunk);
-    const bool strips = rows && (per_chunk <= kStripRows || inner <= kStripWidth);
+    const int64_t threads = omp_get_max_threads();
     int64_t row_block = std::min<int64_t>(inner, 4096);
     // Fewer tasks than threads (one chunk of one row of outputs: a bias gradient over a small
     // batch, 256 rows of 3072) would leave all but one thread idle: the row is cut into as many
     // blocks as threads (whole cache lines; outputs are independent, so no bit changes).
-    const int64_t threads = omp_get_max_threads();
     if (rows && chunks * (K / inner) < threads && inner >= 512 && src.numel() > kSumToParallel)
       row_block = std::min(row_block, (inner + threads - 1) / threads + 15) / 16 * 16;
     const int64_t row_blocks = (inner + row_block - 1) / row_block;
     const int64_t lane_block = std::clamp<int64_t>(4096 / std::max<int64_t>(per_chunk, 1), 1, K);
     const int64_t blocks = rows ? (K / inner) * row_blocks : (K + lane_block - 1) / lane_block;
-    // Lanes tasks take runs of chunks of their outputs (a task per chunk cost a full sum 25%).
+    // Lanes tasks take runs of chunks of their outputs (a task per chunk cost a full sum 25%);
+    // with contiguous runs (run_sums), at least 8 of them when there are so many chunks (a full
+    // sum: one output, its chunks side by side).
+    const bool contiguous_runs = !rows && reduced.size.size() == 1 && reduced.stride[0] == 1;
+    const int64_t min_group = contiguous_runs ? std::min<int64_t>(chunks, 8) : 1;
     const int64_t group =
-        rows ? 1 : std::clamp<int64_t>(chunks * blocks / 128, 1, chunks);  // ~128 tasks
+        rows ? 1 : std::clamp<int64_t>(chunks * blocks / 128, min_group, chunks);  // ~128 tasks
     const int64_t groups = (chunks + group - 1) / group;
     const int64_t tasks = R == 0 ? 0 : groups * blocks;
     const bool parallel = tasks > 1 && src.numel() > (per_chunk <= kStripRows ? kSumToParallelStrips
@@ -452,7 +521,7 @@ class CpuBackend final : public Backend {
             int64_t width = task_width;
             const T* base = s + SumCursor(kept, o * inner).off + j0;
             double* sums = task_sums;
-            if (strips) {
+            {
               int64_t row[kSumChunk];
               SumCursor r(reduced, i0);
               for (int64_t i = 0; i < i1 - i0; ++i, r.advance(1)) row[i] = r.off;
@@ -494,6 +563,44 @@ class CpuBackend final : public Backend {
           const int64_t k0 = b * lane_block, k1 = std::min(K, k0 + lane_block);
           const int64_t c0 = g * group, c1 = std::min(chunks, c0 + group);
           const int64_t step = reduced.inner_stride();
+          if constexpr (std::is_same_v<T, A> &&
+                        (std::is_same_v<T, float> || std::is_same_v<T, double>)) {
+            if (contiguous_runs) {
+              // Each (output, chunk) is one run; kRunGroup runs of one length go side by side.
+              constexpr int G = kRunGroup<A>;
+              const A* p[G];
+              int64_t len[G], at[G];
+              int pending = 0;
+              auto flush = [&] {
+                A sums[G];
+                int r = 0;
+                while (r < pending && len[r] == len[0]) ++r;
+                if (r == G) {
+                  run_sums<G>(p, len[0], sums);
+                } else {
+                  for (int q = 0; q < pending; ++q) run_sums<1>(p + q, len[q], sums + q);
+                }
+                for (int q = 0; q < pending; ++q) {
+                  if (direct)
+                    d[at[q]] = store<T>(double(sums[q]));
+                  else
+                    part[at[q]] = sums[q];
+                }
+                pending = 0;
+              };
+              SumCursor kc(kept, k0);
+              for (int64_t k = k0; k < k1; ++k, kc.advance(1))
+                for (int64_t c = c0; c < c1; ++c) {
+                  const int64_t i0 = c * kSumChunk;
+                  p[pending] = s + kc.off + i0;
+                  len[pending] = std::min(R, i0 + kSumChunk) - i0;
+                  at[pending] = direct ? k : c * K + k;
+                  if (++pending == G) flush();
+                }
+              if (pending) flush();
+              continue;
+            }
+          }
           SumCursor kc(kept, k0);
           for (int64_t k = k0; k < k1; ++k, kc.advance(1)) {
             SumCursor r(reduced, c0 * kSumChunk);
