@@ -682,7 +682,7 @@ int eval_cmd(int argc, char** argv) {
   engine::FlatParameters flat(model->named_parameters(), device);
 
   // MLM + sentence order is evaluated on what it was trained on: segment pairs, half swapped.
-  const bool sop = std::string(model->kind()) == "bert_mlm_sop";
+  const bool sop = dynamic_cast<const models::BertForMlmSop*>(model.get()) != nullptr;
   data::EvalBatches source(corpus, split == "valid" ? data::Split::valid : data::Split::train, *tok,
                            batch_size, seq_len, data::EvalBatches::kDefaultSeed, {}, sop, sop);
   std::vector<data::MlmBatch> list;

@@ -40,6 +40,10 @@ std::string read_checkpoint_kind(const std::string& path) {
   return it == meta.end() ? "" : it->second;
 }
 
+bool is_pretraining_kind(const std::string& kind) {
+  return kind == "bert_mlm" || kind == "bert_mlm_sop" || kind == "electra";
+}
+
 engine::SafetensorsContents load_checkpoint(const std::string& path, PretrainModel& model,
                                             bool with_state) {
   const std::string kind = read_checkpoint_kind(path);

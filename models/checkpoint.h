@@ -30,6 +30,10 @@ BertConfig read_checkpoint_config(const std::string& path);
 // The kind a checkpoint records (kKindKey: "bert_mlm", "electra", "bert_classification", ...);
 // "" when it records none.
 std::string read_checkpoint_kind(const std::string& path);
+// Whether `kind` is one that pretraining writes (the PretrainModel kinds: "bert_mlm",
+// "bert_mlm_sop", "electra"), which load_pretrain_model (models/pretrain_config.h) loads and which
+// carry no finetuned head. The one list a new objective extends.
+bool is_pretraining_kind(const std::string& kind);
 // Loads the parameters (names, shapes and dtypes checked; the first mismatch is named). A file
 // with tensors beyond the model's is an error unless `with_state` (then those tensors — optimizer,
 // scaler, trainer state — and the metadata are returned from the same read) or they are the

@@ -582,8 +582,8 @@ engine::SafetensorsMetadata check_finetuned(const std::string& checkpoint, const
     return it == meta.end() ? std::string() : it->second;
   };
   const std::string kind = get(kKindKey), want = std::string("bert_") + head_kind_name(head);
-  ENGINE_CHECK(kind != "bert_mlm" && kind != "bert_mlm_sop" && kind != "electra", "[finetune] ",
-               checkpoint, " is a pretraining checkpoint (", kKindKey, " ", kind,
+  ENGINE_CHECK(!is_pretraining_kind(kind), "[finetune] ", checkpoint,
+               " is a pretraining checkpoint (", kKindKey, " ", kind,
                ") with no finetuned head; prediction needs a model finetuned on ", task,
                " (finetune_app --save-model writes runs/<run>/model.safetensors)");
   ENGINE_CHECK(kind == want, "[finetune] ", checkpoint, ": ", kKindKey, " is '", kind,

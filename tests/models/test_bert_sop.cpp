@@ -216,3 +216,19 @@ TEST_CASE("the mlm_sop objective makes the MLM + SOP model", "[sop][config]") {
   REQUIRE(std::string(p.make_model(engine::testing::tiny_bert("tupe_r"), 1)->kind()) ==
           "bert_mlm_sop");
 }
+
+TEST_CASE("every objective's model kind is a pretraining kind, a finetuned one is not",
+          "[sop][config]") {
+  for (const char* objective : {"mlm", "mlm_sop", "electra"}) {
+    const PretrainConfig p = PretrainConfig::read(
+        engine::Config::parse(std::string("objective: ") + objective +
+                                  "\nmodel:\n  size: custom\ndata:\n  segment_pairs: true\n",
+                              "t.yaml"));
+    const std::string kind = p.make_model(engine::testing::tiny_bert("tupe_r"), 1)->kind();
+    INFO(objective << " -> " << kind);
+    CHECK(is_pretraining_kind(kind));
+  }
+  for (HeadKind head : {HeadKind::classification, HeadKind::regression, HeadKind::span})
+    CHECK_FALSE(is_pretraining_kind(std::string("bert_") + head_kind_name(head)));
+  CHECK_FALSE(is_pretraining_kind(""));
+}
