@@ -36,11 +36,7 @@ MlmSopOutput BertForMlmSop::forward_sop(const data::MlmBatch& batch, Generator& 
   const MlmOutput mlm = head(flat, batch);  // exactly BertForMaskedLM's
   out.mlm_logits = mlm.logits;
   out.mlm_loss = mlm.loss;
-  // [CLS] of every row: flat rows 0, T, 2T, ...
-  std::vector<int64_t> rows(static_cast<size_t>(b));
-  for (int64_t r = 0; r < b; ++r) rows[static_cast<size_t>(r)] = r * t;
-  Tensor cls = engine::index_select(
-      flat, Tensor::from_vector(rows, {b}).to(batch.positions.device()));  // (B, d)
+  Tensor cls = hidden.select(1, 0);  // (B, d): the [CLS] position of every row, a view
   out.sop_logits = sop_out.forward(engine::tanh(sop_dense.forward(cls)));
   out.sop_loss = engine::cross_entropy(out.sop_logits, labels);
   out.loss = out.mlm_loss + out.sop_loss;
