@@ -94,6 +94,11 @@ std::unique_ptr<PretrainModel> load_pretrain_model(const std::string& checkpoint
   const BertConfig config = read_checkpoint_config(checkpoint);
   std::unique_ptr<PretrainModel> model;
   const std::string kind = read_checkpoint_kind(checkpoint);
+  // A finetuned checkpoint (bert_classification, ...) has no pretraining head to continue from.
+  ENGINE_CHECK(kind.empty() || is_pretraining_kind(kind), "[checkpoint] ", checkpoint,
+               " holds a finetuned '", kind,
+               "' model, not a pretraining one (bert_mlm, bert_mlm_sop or electra); pretraining "
+               "starts from a pretraining checkpoint");
   if (kind == "electra") {
     const engine::SafetensorsMetadata meta = engine::read_safetensors_metadata(checkpoint);
     auto it = meta.find(kElectraConfigKey);

@@ -206,6 +206,17 @@ TEST_CASE("MLM + SOP pretraining resumes with bit-identical losses; finetuning t
   CHECK(values(ft.dense->weight) == values(trained.sop_dense.weight));
   CHECK(values(ft.dense->bias) == values(trained.sop_dense.bias));
   CHECK(values(ft.bert.token_embedding) == values(trained.bert.token_embedding));
+  // A finetuned checkpoint is not something pretraining continues from: one clear error.
+  const std::string ft_file = (a_dir / "finetuned.safetensors").string();
+  {
+    engine::NamedTensors weights;
+    for (auto& [name, t] : ft.named_parameters()) weights.emplace_back(name, t.detach());
+    engine::save_safetensors(ft_file, weights,
+                             {{kConfigKey, c.to_json()}, {kKindKey, "bert_classification"}});
+  }
+  REQUIRE(read_checkpoint_kind(ft_file) == "bert_classification");
+  REQUIRE_THROWS_WITH(load_pretrain_model(ft_file),
+                      Contains("holds a finetuned 'bert_classification' model"));
   fs::remove_all(a_dir);
   fs::remove_all(b_dir);
 }
