@@ -104,7 +104,8 @@ Single-batch mode (dropout off unless --dropout, constant learning rate optim.lr
                       mlm_sop: sentence_labels (B; 1 swapped, 0 in order, -100 none)
   --steps N           AdamW steps on that batch (default 0: evaluate only); prints
                       "step <k> loss <value>" with the loss before step k's update
-  --init CKPT         start from this checkpoint (its stored model config is used; a model
+  --init CKPT         start from this pretraining checkpoint (bert_mlm, bert_mlm_sop or
+                      electra: not a finetuned one; its stored model config is used; a model
                       section in --config must agree with it)
   --save OUT          write the model after the last step (safetensors, docs/checkpoint.md)
   --dump OUT          write the initial loss, logits at the predicted positions and every

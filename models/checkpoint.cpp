@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
@@ -41,7 +42,19 @@ std::string read_checkpoint_kind(const std::string& path) {
 }
 
 bool is_pretraining_kind(const std::string& kind) {
-  return kind == "bert_mlm" || kind == "bert_mlm_sop" || kind == "electra";
+  for (const char* k : kPretrainingKinds)
+    if (kind == k) return true;
+  return false;
+}
+
+std::string pretraining_kinds_text() {
+  std::string text;
+  const size_t n = std::size(kPretrainingKinds);
+  for (size_t i = 0; i < n; ++i) {
+    if (i > 0) text += i + 1 == n ? " or " : ", ";
+    text += kPretrainingKinds[i];
+  }
+  return text;
 }
 
 engine::SafetensorsContents load_checkpoint(const std::string& path, PretrainModel& model,

@@ -97,8 +97,8 @@ std::unique_ptr<PretrainModel> load_pretrain_model(const std::string& checkpoint
   // A finetuned checkpoint (bert_classification, ...) has no pretraining head to continue from.
   ENGINE_CHECK(kind.empty() || is_pretraining_kind(kind), "[checkpoint] ", checkpoint,
                " holds a finetuned '", kind,
-               "' model, not a pretraining one (bert_mlm, bert_mlm_sop or electra); pretraining "
-               "starts from a pretraining checkpoint");
+               "' model, not a pretraining one (", pretraining_kinds_text(),
+               "); pretraining starts from a pretraining checkpoint");
   if (kind == "electra") {
     const engine::SafetensorsMetadata meta = engine::read_safetensors_metadata(checkpoint);
     auto it = meta.find(kElectraConfigKey);

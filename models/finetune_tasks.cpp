@@ -484,17 +484,8 @@ SweepReport run_sweep(FinetuneTask& task, const BertConfig& config, const std::s
       // The model now holds the run's best weights.
       task.write_predictions(model, eval_batch, dir, o.test_predictions);
       if (root && o.save_models) {
-        engine::NamedTensors weights;
-        for (auto& [n, t] : model.named_parameters()) weights.emplace_back(n, t.detach());
-        engine::SafetensorsMetadata meta = o.model_metadata;
-        meta[kConfigKey] = model.config().to_json();
-        meta[kKindKey] = std::string("bert_") + head_kind_name(model.kind());
-        meta[kTaskKey] = label;
-        meta[kMaxLenKey] = std::to_string(o.max_len);
-        meta["format"] = "pt";
-        const std::string file = (dir / "model.safetensors").string();
-        make_tokenizer_relative(meta, file);
-        engine::save_safetensors(file, weights, meta);
+        save_finetuned((dir / "model.safetensors").string(), model, label, o.max_len,
+                       o.model_metadata);
       }
       runs.push_back({lr, seed, r});
       json hist = json::array();
@@ -572,6 +563,19 @@ SweepReport run_sweep(FinetuneTask& task, const BertConfig& config, const std::s
     }
   }
   return report;
+}
+
+void save_finetuned(const std::string& path, const BertForFinetuning& model,
+                    const std::string& task, int64_t max_len, engine::SafetensorsMetadata extra) {
+  engine::NamedTensors weights;
+  for (auto& [n, t] : model.named_parameters()) weights.emplace_back(n, t.detach());
+  extra[kConfigKey] = model.config().to_json();
+  extra[kKindKey] = std::string("bert_") + head_kind_name(model.kind());
+  extra[kTaskKey] = task;
+  extra[kMaxLenKey] = std::to_string(max_len);
+  extra["format"] = "pt";
+  make_tokenizer_relative(extra, path);
+  engine::save_safetensors(path, weights, extra);
 }
 
 engine::SafetensorsMetadata check_finetuned(const std::string& checkpoint, const std::string& task,

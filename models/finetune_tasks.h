@@ -118,6 +118,12 @@ std::string baseline_lines(const EvalResult& baseline, bool squad, const std::st
 inline constexpr const char* kMaxLenKey = "engine.max_len";
 engine::SafetensorsMetadata check_finetuned(const std::string& checkpoint, const std::string& task,
                                             HeadKind head);
+// Writes `model`, finetuned on `task` with sequences of `max_len`, as check_finetuned reads it:
+// the parameters, with the config, the kind (bert_<head>), the task and max_len in the metadata
+// beside `extra` (an absolute tokenizer path there is stored relative to `path`'s directory).
+void save_finetuned(const std::string& path, const BertForFinetuning& model,
+                    const std::string& task, int64_t max_len,
+                    engine::SafetensorsMetadata extra = {});
 struct PredictOptions {
   std::string out_dir;
   int64_t batch_size = 64;

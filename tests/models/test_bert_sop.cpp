@@ -14,6 +14,7 @@
 #include "engine/error.h"
 #include "models/bert_sop.h"
 #include "models/checkpoint.h"
+#include "models/finetune_tasks.h"
 #include "models/heads.h"
 #include "models/model_support.h"
 #include "models/pretrain.h"
@@ -208,13 +209,9 @@ TEST_CASE("MLM + SOP pretraining resumes with bit-identical losses; finetuning t
   CHECK(values(ft.bert.token_embedding) == values(trained.bert.token_embedding));
   // A finetuned checkpoint is not something pretraining continues from: one clear error.
   const std::string ft_file = (a_dir / "finetuned.safetensors").string();
-  {
-    engine::NamedTensors weights;
-    for (auto& [name, t] : ft.named_parameters()) weights.emplace_back(name, t.detach());
-    engine::save_safetensors(ft_file, weights,
-                             {{kConfigKey, c.to_json()}, {kKindKey, "bert_classification"}});
-  }
+  save_finetuned(ft_file, ft, "glue/MNLI", 16);
   REQUIRE(read_checkpoint_kind(ft_file) == "bert_classification");
+  REQUIRE(check_finetuned(ft_file, "glue/MNLI", HeadKind::classification).at(kMaxLenKey) == "16");
   REQUIRE_THROWS_WITH(load_pretrain_model(ft_file),
                       Contains("holds a finetuned 'bert_classification' model"));
   fs::remove_all(a_dir);
