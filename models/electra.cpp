@@ -96,9 +96,8 @@ std::unique_ptr<PretrainModel> load_pretrain_model(const std::string& checkpoint
   const std::string kind = read_checkpoint_kind(checkpoint);
   // A finetuned checkpoint (bert_classification, ...) has no pretraining head to continue from.
   ENGINE_CHECK(kind.empty() || is_pretraining_kind(kind), "[checkpoint] ", checkpoint,
-               " holds a finetuned '", kind,
-               "' model, not a pretraining one (", pretraining_kinds_text(),
-               "); pretraining starts from a pretraining checkpoint");
+               " holds a finetuned '", kind, "' model, not a pretraining one (",
+               pretraining_kinds_text(), "); pretraining starts from a pretraining checkpoint");
   if (kind == "electra") {
     const engine::SafetensorsMetadata meta = engine::read_safetensors_metadata(checkpoint);
     auto it = meta.find(kElectraConfigKey);
