@@ -361,6 +361,12 @@ void bench_gemms(bool quick) {
       {"gemm PV (BH,128,128)x(128,64)", B * H, T, dh, T, false, false},
       {"gemm tiny (2048,128)x(128,512)^T", 1, 2048, 512, 128, false, true},
       {"gemm tiny (2048,128)x(128,128)^T", 1, 2048, 128, 128, false, true},
+      // The tiny model's MLM decoder, tied to the word embedding (15% of 16 x 128 tokens
+      // predicted, BERT's vocabulary): logits, their input gradient, and the embedding's
+      // gradient dE = dlogits^T H, whose A is read across its 307 rows 122 KB apart.
+      {"gemm tiny decoder (307,128)x(30522,128)^T", 1, 307, 30522, 128, false, true},
+      {"gemm tiny decoder dH (307,30522)x(30522,128)", 1, 307, 128, 30522, false, false},
+      {"gemm tiny decoder dE (307,30522)^T x(307,128)", 1, 30522, 128, 307, true, false},
       // The tiny model's attention (16 x 128 tokens, 4 heads of 32).
       {"gemm tiny QK^T (64,128,32)x(32,128)", 64, 128, 128, 32, false, true},
       {"gemm tiny PV (64,128,128)x(128,32)", 64, 128, 32, 128, false, false},
@@ -491,6 +497,16 @@ void run(bool quick) {
       "gelu_fwd_bwd (BT,3072)",
       [&] {
         Tensor y = gelu(big);
+        y.backward(Tensor::ones(y.shape()));
+      },
+      4.0 * big.numel() * 4 * 1e-9, "GB/s");
+
+  // Dropout at BERT's p = 0.1 (forward reads x, writes y; backward reads dy, writes dx; each
+  // draws the Philox words of its mask anew: no mask is stored).
+  bench(
+      "dropout_fwd_bwd (BT,3072)",
+      [&] {
+        Tensor y = dropout(big, 0.1, true);
         y.backward(Tensor::ones(y.shape()));
       },
       4.0 * big.numel() * 4 * 1e-9, "GB/s");

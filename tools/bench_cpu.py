@@ -65,6 +65,9 @@ def torch_cases(torch, quick):
     gdy = torch.randn(rows, FF, generator=g)
     gq, gk = torch.randn(B * H, T, D // H, generator=g), torch.randn(B * H, T, D // H, generator=g)
     gp = torch.randn(B * H, T, T, generator=g)
+    # The tiny model's MLM decoder, tied to the word embedding: 15% of 16 x 128 tokens predicted.
+    dh, de = torch.randn(307, 128, generator=g), torch.randn(V, 128, generator=g)
+    dl = torch.randn(307, V, generator=g)
     gt, gt512, gt128 = (torch.randn(2048, 128, generator=g), torch.randn(512, 128, generator=g),
                         torch.randn(128, 128, generator=g))
 
@@ -93,6 +96,7 @@ def torch_cases(torch, quick):
         "layer_norm_fwd_bwd": fwd_bwd(lambda: F.layer_norm(x, (D,), lw, lb, 1e-12)),
         "softmax_fwd": fwd(lambda: torch.softmax(s, -1)),
         "gelu_fwd_bwd": fwd_bwd(lambda: F.gelu(big)),
+        "dropout_fwd_bwd": fwd_bwd(lambda: F.dropout(big, 0.1, training=True)),
         "bias_gelu_fwd_bwd": fwd_bwd(lambda: F.gelu(big + b3072)),
         "bias_add_gelu_fwd_bwd": fwd_bwd(lambda: F.gelu(big + b3072)),
         "cross_entropy_fwd_bwd": fwd_bwd(lambda: F.cross_entropy(logits, targets)),
@@ -114,6 +118,9 @@ def torch_cases(torch, quick):
         "gemm PV (BH,128,128)x(128,64)": fwd(lambda: torch.bmm(gp, gq)),
         "gemm tiny (2048,128)x(128,512)^T": fwd(lambda: torch.mm(gt, gt512.t())),
         "gemm tiny (2048,128)x(128,128)^T": fwd(lambda: torch.mm(gt, gt128.t())),
+        "gemm tiny decoder (307,128)x(30522,128)^T": fwd(lambda: torch.mm(dh, de.t())),
+        "gemm tiny decoder dH (307,30522)x(30522,128)": fwd(lambda: torch.mm(dl, de)),
+        "gemm tiny decoder dE (307,30522)^T x(307,128)": fwd(lambda: torch.mm(dl.t(), dh)),
     }
 
 
