@@ -158,9 +158,9 @@ void combine_lanes(const S* const* lane, int used, int64_t width, double* out) {
   }
 }
 
-// The rows case for f32 and f64 with the lanes in vector registers: for each strip of two
-// vectors of outputs (128 bytes of each row: 1.5x faster than one vector on the tiny model's bias
-// gradient, no better with four), the chunk's n rows (source offsets `row`) go into 16 register
+// The rows case for f32 and f64 with the lanes in vector registers: for each strip of outputs
+// (AVX-512: two vectors, 128 bytes of each row: 1.5x faster than one vector on the tiny model's
+// bias gradient, no better with four; AVX2: one, see kStripVecs), the chunk's n rows (source offsets `row`) go into 16 register
 // lanes, row i into lane i mod 16, then the tree runs in registers (unrolled for U = min(n, 16)
 // lanes). Every f32 and f64 rows case runs it (see sum_to). Returns the outputs done (whole
 // vectors); the caller does the rest.
@@ -172,6 +172,21 @@ typedef float SumVecF __attribute__((vector_size(64)));
 typedef double SumVecD __attribute__((vector_size(64)));
 template <class A>
 using SumVec = std::conditional_t<std::is_same_v<A, float>, SumVecF, SumVecD>;
+
+// strip_sums' lanes: 16 of them, each kStripVecs vectors of kStripVecBytes, held in registers.
+// AVX-512 (32 registers of 64 bytes): two 64-byte vectors a lane. Elsewhere one 32-byte vector a
+// lane: the 16 lanes fill AVX2's 16 registers (the adds take the rows from memory); with the
+// AVX-512 shape (64 registers' worth) GCC spilled them on every row, and the bias gradients ran
+// at half of PyTorch's speed on an AVX2 EPYC (docs/benchmarks.md).
+#if defined(__AVX512F__)
+constexpr int kStripVecBytes = 64, kStripVecs = 2;
+#else
+constexpr int kStripVecBytes = 32, kStripVecs = 1;
+#endif
+typedef float StripVecF __attribute__((vector_size(kStripVecBytes)));
+typedef double StripVecD __attribute__((vector_size(kStripVecBytes)));
+template <class A>
+using StripVec = std::conditional_t<std::is_same_v<A, float>, StripVecF, StripVecD>;
 
 // The fixed tree (see kSumLanes) over lanes v[0 .. U), in place, unrolled: lane j plus lane
 // j + 8, then + 4, + 2, + 1, leaving out lanes at or beyond U (never added to: exactly +0).
@@ -195,9 +210,9 @@ inline L lane_tree(L* v) {
 
 template <int U, class A>
 void strip_sums(const A* base, const int64_t* row, int64_t n, int64_t width, double* out) {
-  using V = SumVec<A>;
+  using V = StripVec<A>;
   constexpr int64_t kW = sizeof(V) / sizeof(A);
-  constexpr int kS = 2;  // vectors a lane per step: 128-byte pieces of each row
+  constexpr int kS = kStripVecs;  // vectors a lane per step
   auto at = [&](int64_t i, int64_t c) {
     V x;
     std::memcpy(&x, base + row[i] + c, sizeof x);
@@ -237,7 +252,7 @@ int64_t strip_sums(const T* base, const int64_t* row, int64_t n, int64_t width, 
        ...);
     }
     (std::make_integer_sequence<int, kSumLanes>());
-    constexpr int64_t kW = 2 * sizeof(SumVec<T>) / sizeof(T);
+    constexpr int64_t kW = kStripVecs * sizeof(StripVec<T>) / sizeof(T);
     return width / kW * kW;
   }
   return 0;
@@ -471,8 +486,15 @@ class CpuBackend final : public Backend {
     // measured ~5% slower on the batch-shared bias). Lanes: each output sums its elements along
     // the source, in vector lanes when the innermost reduced dim is contiguous; a task is a run of
     // chunks times a block of outputs.
-    constexpr int64_t kStripRows = 64;
+    // AVX2 builds (16 registers: one 32-byte vector a lane) keep the earlier rule: strips for
+    // chunks of at most 64 rows or rows of at most 256 outputs, lanes in memory for many wide
+    // rows, whose strips read 32 bytes of each of hundreds of rows 12 KB apart, a pattern the
+    // prefetchers do not follow ((256, 3072): 0.16-0.20 ms in strips against PyTorch's 0.08 on
+    // the 2026-11-27 AVX2 EPYC).
+    constexpr int64_t kStripRows = 64, kStripWidth = 256;
     const bool rows = !kept.size.empty() && kept.inner_stride() == 1 && kept.inner_size() >= 8;
+    const bool strips = kStripVecBytes == 64 || std::min(R, kSumChunk) <= kStripRows ||
+                        kept.inner_size() <= kStripWidth;
     const int64_t inner = rows ? kept.inner_size() : 1;
     const int64_t per_chunk = std::min(R, kSumChunk);
     const int64_t threads = omp_get_max_threads();
@@ -527,7 +549,7 @@ class CpuBackend final : public Backend {
               int64_t row[kSumChunk];
               SumCursor r(reduced, i0);
               for (int64_t i = 0; i < i1 - i0; ++i, r.advance(1)) row[i] = r.off;
-              const int64_t done = strip_sums(base, row, i1 - i0, width, sums);
+              const int64_t done = strips ? strip_sums(base, row, i1 - i0, width, sums) : 0;
               // The rest (the last outputs, or a dtype without strip_sums): the same order.
               base += done;
               sums += done;
