@@ -158,35 +158,32 @@ void combine_lanes(const S* const* lane, int used, int64_t width, double* out) {
   }
 }
 
-// The rows case for f32 and f64 with the lanes in vector registers: for each strip of outputs
-// (AVX-512: two vectors, 128 bytes of each row: 1.5x faster than one vector on the tiny model's
-// bias gradient, no better with four; AVX2: one, see kStripVecs), the chunk's n rows (source offsets `row`) go into 16 register
-// lanes, row i into lane i mod 16, then the tree runs in registers (unrolled for U = min(n, 16)
-// lanes). Every f32 and f64 rows case runs it (see sum_to). Returns the outputs done (whole
-// vectors); the caller does the rest.
-// (Without -march=native these 64-byte vectors are passed differently than with AVX-512, which
-// GCC warns about; they never cross this file, so the warning is off here.)
+// sum_to's vectors (GCC vector extensions), the native width: 64 bytes on AVX-512, 32 elsewhere.
+// (64-byte vectors on AVX2, lowered to pairs of registers, spilled: strip_sums' 32 lanes of them
+// on every row, and the runs' adds went through the stack; on the 2026-11-27 AVX2 EPYC the bias
+// gradients and full sums ran at 0.5-0.9x of PyTorch's speed, docs/benchmarks.md.)
+// Without -march=native the 64-byte vectors are passed differently than with AVX-512, which GCC
+// warns about; they never cross this file, so the warning is off here.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
-typedef float SumVecF __attribute__((vector_size(64)));
-typedef double SumVecD __attribute__((vector_size(64)));
+#if defined(__AVX512F__)
+constexpr int kSumVecBytes = 64;
+#else
+constexpr int kSumVecBytes = 32;
+#endif
+typedef float SumVecF __attribute__((vector_size(kSumVecBytes)));
+typedef double SumVecD __attribute__((vector_size(kSumVecBytes)));
 template <class A>
 using SumVec = std::conditional_t<std::is_same_v<A, float>, SumVecF, SumVecD>;
 
-// strip_sums' lanes: 16 of them, each kStripVecs vectors of kStripVecBytes, held in registers.
-// AVX-512 (32 registers of 64 bytes): two 64-byte vectors a lane. Elsewhere one 32-byte vector a
-// lane: the 16 lanes fill AVX2's 16 registers (the adds take the rows from memory); with the
-// AVX-512 shape (64 registers' worth) GCC spilled them on every row, and the bias gradients ran
-// at half of PyTorch's speed on an AVX2 EPYC (docs/benchmarks.md).
-#if defined(__AVX512F__)
-constexpr int kStripVecBytes = 64, kStripVecs = 2;
-#else
-constexpr int kStripVecBytes = 32, kStripVecs = 1;
-#endif
-typedef float StripVecF __attribute__((vector_size(kStripVecBytes)));
-typedef double StripVecD __attribute__((vector_size(kStripVecBytes)));
-template <class A>
-using StripVec = std::conditional_t<std::is_same_v<A, float>, StripVecF, StripVecD>;
+// The rows case for f32 and f64 with the lanes in vector registers: for each strip of kStripVecs
+// vectors of outputs, the chunk's n rows (source offsets `row`) go into 16 register lanes, row i
+// into lane i mod 16, then the tree runs in registers (unrolled for U = min(n, 16) lanes).
+// AVX-512 (32 registers): two vectors a lane, 128 bytes of each row (1.5x faster than one vector
+// on the tiny model's bias gradient, no better with four); AVX2 (16 registers): one, the 16
+// lanes fill the register file and the adds take the rows from memory. Returns the outputs done
+// (whole vectors); the caller does the rest.
+constexpr int kStripVecs = kSumVecBytes == 64 ? 2 : 1;
 
 // The fixed tree (see kSumLanes) over lanes v[0 .. U), in place, unrolled: lane j plus lane
 // j + 8, then + 4, + 2, + 1, leaving out lanes at or beyond U (never added to: exactly +0).
@@ -210,7 +207,7 @@ inline L lane_tree(L* v) {
 
 template <int U, class A>
 void strip_sums(const A* base, const int64_t* row, int64_t n, int64_t width, double* out) {
-  using V = StripVec<A>;
+  using V = SumVec<A>;
   constexpr int64_t kW = sizeof(V) / sizeof(A);
   constexpr int kS = kStripVecs;  // vectors a lane per step
   auto at = [&](int64_t i, int64_t c) {
@@ -252,7 +249,7 @@ int64_t strip_sums(const T* base, const int64_t* row, int64_t n, int64_t width, 
        ...);
     }
     (std::make_integer_sequence<int, kSumLanes>());
-    constexpr int64_t kW = kStripVecs * sizeof(StripVec<T>) / sizeof(T);
+    constexpr int64_t kW = kStripVecs * sizeof(SumVec<T>) / sizeof(T);
     return width / kW * kW;
   }
   return 0;
@@ -325,8 +322,10 @@ inline A halving_tree(const A* lanes) {
 // kSumLanes, from +0, in order, then the tree), out[r] = run r's chunk sum. The N runs' lanes are
 // independent vector chains: one run at a time was one chain of dependent adds, bound by the
 // add's latency (4 cycles a vector) rather than by the loads (2 a cycle).
+// Not inlined: inlined into sum_to's task loop, it made GCC 12 compile the rows cases' loops there
+// worse (AVX2 EPYC: the (256, 3072) bias gradient 0.072 -> 0.094 ms).
 template <int N, class A>
-inline void run_sums(const A* const* p, int64_t n, A* out) {
+__attribute__((noinline)) void run_sums(const A* const* p, int64_t n, A* out) {
   using V = SumVec<A>;
   constexpr int kW = sizeof(V) / sizeof(A), kN = kSumLanes / kW;
   V acc[N][kN];
@@ -353,7 +352,8 @@ inline void run_sums(const A* const* p, int64_t n, A* out) {
 }
 #pragma GCC diagnostic pop
 
-// Runs summed side by side by run_sums: 8 vector chains (f32: one vector a run, f64: two).
+// Runs summed side by side by run_sums: 8 vector chains on AVX-512 (f32: one vector a run, f64:
+// two), 16 on AVX2 (two and four): every vector register an accumulator.
 template <class A>
 constexpr int kRunGroup = std::is_same_v<A, float> ? 8 : 4;
 
@@ -493,7 +493,7 @@ class CpuBackend final : public Backend {
     // the 2026-11-27 AVX2 EPYC).
     constexpr int64_t kStripRows = 64, kStripWidth = 256;
     const bool rows = !kept.size.empty() && kept.inner_stride() == 1 && kept.inner_size() >= 8;
-    const bool strips = kStripVecBytes == 64 || std::min(R, kSumChunk) <= kStripRows ||
+    const bool strips = kSumVecBytes == 64 || std::min(R, kSumChunk) <= kStripRows ||
                         kept.inner_size() <= kStripWidth;
     const int64_t inner = rows ? kept.inner_size() : 1;
     const int64_t per_chunk = std::min(R, kSumChunk);
