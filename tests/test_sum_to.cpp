@@ -188,6 +188,9 @@ const std::vector<Case> kCases = {
     {{256, 3072}, {3072}},
     {{100, 1030}, {1030}},
     {{40, 2, 700}, {2, 700}},
+    // Chunks of over 512 rows of a narrow bias (AVX2: in blocks of 256 rows, the lanes kept in
+    // memory between blocks): a chunk of 1024 and one of 530 (blocks of 256, 256, 18 rows).
+    {{1554, 24}, {24}},
 };
 
 // One case: the engine at each thread count against the reference, bit for bit.
