@@ -530,10 +530,9 @@ class CpuBackend final : public Backend {
     // the 2026-11-27 AVX2 EPYC).
     constexpr int64_t kStripRows = 64, kStripWidth = 256;
     const bool rows = !kept.size.empty() && kept.inner_stride() == 1 && kept.inner_size() >= 8;
-    const bool strips = kSumVecBytes == 64 || std::min(R, kSumChunk) <= kStripRows ||
-                        kept.inner_size() <= kStripWidth;
     const int64_t inner = rows ? kept.inner_size() : 1;
     const int64_t per_chunk = std::min(R, kSumChunk);
+    const bool strips = kSumVecBytes == 64 || per_chunk <= kStripRows || inner <= kStripWidth;
     const int64_t threads = omp_get_max_threads();
     int64_t row_block = std::min<int64_t>(inner, 4096);
     // Fewer tasks than threads (one chunk of one row of outputs: a bias gradient over a small
