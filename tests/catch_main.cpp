@@ -1,3 +1,4 @@
-// Catch2's main, compiled once for all test files.
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+// Catch2's default main, for the test binaries without a main of their own.
+#include "catch_run.h"
+
+int main(int argc, char** argv) { return run_catch(argc, argv); }

@@ -1,9 +1,8 @@
 // main for the [cuda] tests: without a visible GPU (or in a build without CUDA) it says so and
 // exits 77, which CTest reports as "Skipped".
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <cstdio>
 
+#include "catch_run.h"
 #include "engine/backend.h"
 
 int main(int argc, char** argv) {
@@ -15,5 +14,5 @@ int main(int argc, char** argv) {
     std::printf("SKIPPED: no CUDA device visible; [cuda] tests not run\n");
     return 77;
   }
-  return Catch::Session().run(argc, argv);
+  return run_catch(argc, argv);
 }

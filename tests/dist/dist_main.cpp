@@ -5,14 +5,13 @@
 //                       through engine::fail_job with a message naming rank R
 //   --stall-on-rank R   rank R stops taking part (sleeps) while the others wait in a barrier:
 //                       the watchdog must end the job after ENGINE_COMM_TIMEOUT_S
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <thread>
 
+#include "catch_run.h"
 #include "engine/comm.h"
 #include "engine/error.h"
 
@@ -30,7 +29,7 @@ int main(int argc, char** argv) {
       comm.barrier();
       return 0;
     }
-    const int failed = Catch::Session().run(argc, argv);
+    const int failed = run_catch(argc, argv);
     return static_cast<int>(comm.all_reduce(double(failed), engine::ReduceOp::max));
   } catch (const std::exception& e) {
     return engine::fail_job("dist_tests", e.what(), 1);
