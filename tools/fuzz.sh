@@ -15,6 +15,7 @@
 #   FUZZ_TIMEOUT      seconds one input may take before it is a finding (default 10)
 #   FUZZ_RSS_MB       memory limit, also per allocation (default 2048)
 #   FUZZ_NO_BUILD=1   run what build-fuzz/bin holds without configuring and building
+#   FUZZ_JOBS=N       targets run at a time (default: the number of cores)
 # A finding (crash, sanitizer report, uncaught exception, timeout, out-of-memory, leak) leaves its
 # input as build-fuzz/findings/<target>/crash-* (or timeout-*, oom-*, leak-*), prints libFuzzer's
 # report from build-fuzz/logs/<target>.log, and makes the script exit non-zero after the others
@@ -63,13 +64,15 @@ fi
 export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:allocator_may_return_null=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
 
-failed=()
-printf '%-18s %12s %9s %7s %7s %8s  %s\n' target executions exec/s cov ft corpus findings
-for t in "${targets[@]}"; do
-  bin="$BUILD/bin/fuzz_$t"
-  [ -x "$bin" ] || { echo "fuzz: $bin is missing (build it, or drop FUZZ_NO_BUILD)" >&2; exit 1; }
-  corpus="$BUILD/corpus/$t" findings="$BUILD/findings/$t" log="$BUILD/logs/$t.log"
-  mkdir -p "$corpus" "$findings" "$(dirname "$log")"
+# One target: its row of the table (and the report's head after a finding) in $BUILD/logs/<t>.row;
+# "FINDING" in that file marks a failed target.
+run_target() {
+  local t="$1"
+  local bin="$BUILD/bin/fuzz_$t"
+  local corpus="$BUILD/corpus/$t" findings="$BUILD/findings/$t" log="$BUILD/logs/$t.log"
+  local row="$BUILD/logs/$t.row"
+  mkdir -p "$corpus" "$findings"
+  local before t0 rc secs execs rate last cov ft corp new result
   before=$(find "$findings" -type f | wc -l)
   t0=$(date +%s)
   rc=0
@@ -86,21 +89,47 @@ for t in "${targets[@]}"; do
   corp=$(sed -n 's/.* corp: \([0-9]*\/[0-9]*[a-zA-Z]*\).*/\1/p' <<<"$last")
   new=$(($(find "$findings" -type f | wc -l) - before))
   if [ "$rc" -ne 0 ] || [ "$new" -gt 0 ]; then
-    failed+=("$t")
     result="FINDING (exit $rc; $findings)"
   else
     result="none"
   fi
-  printf '%-18s %12s %9s %7s %7s %8s  %s (%d s)\n' "$t" "${execs:-?}" "${rate:-?}" "${cov:-?}" \
-    "${ft:-?}" "${corp:-?}" "$result" "$secs"
-  if [ "$result" != none ]; then
-    # The report's head (what failed, the top frames) and where the input went; the whole
-    # report is in the log.
-    echo "---- $log ----"
-    grep -m1 -B3 -A14 -E "ERROR: |runtime error|terminate called" "$log" || tail -20 "$log"
-    grep -E "^(artifact_prefix|SUMMARY)" "$log" || true
-    echo "----"
+  {
+    printf '%-18s %12s %9s %7s %7s %8s  %s (%d s)\n' "$t" "${execs:-?}" "${rate:-?}" "${cov:-?}" \
+      "${ft:-?}" "${corp:-?}" "$result" "$secs"
+    if [ "$result" != none ]; then
+      # The report's head (what failed, the top frames) and where the input went; the whole
+      # report is in the log.
+      echo "---- $log ----"
+      grep -m1 -B3 -A14 -E "ERROR: |runtime error|terminate called" "$log" || tail -20 "$log"
+      grep -E "^(artifact_prefix|SUMMARY)" "$log" || true
+      echo "----"
+    fi
+  } >"$row"
+}
+
+# The targets run FUZZ_JOBS at a time (default: one per core), each on its own core for its time.
+JOBS="${FUZZ_JOBS:-$(nproc)}"
+mkdir -p "$BUILD/logs"
+for t in "${targets[@]}"; do
+  [ -x "$BUILD/bin/fuzz_$t" ] || { echo "fuzz: $BUILD/bin/fuzz_$t is missing (build it, or drop FUZZ_NO_BUILD)" >&2; exit 1; }
+  rm -f "$BUILD/logs/$t.row"
+done
+for t in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+  run_target "$t" &
+done
+wait
+failed=()
+printf '%-18s %12s %9s %7s %7s %8s  %s\n' target executions exec/s cov ft corpus findings
+for t in "${targets[@]}"; do
+  row="$BUILD/logs/$t.row"
+  if [ ! -s "$row" ]; then
+    echo "fuzz: $t left no result (see $BUILD/logs/$t.log)" >&2
+    failed+=("$t")
+    continue
   fi
+  cat "$row"
+  grep -q "FINDING" "$row" && failed+=("$t")
 done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "fuzz: findings in ${failed[*]} ($what per target); inputs under $BUILD/findings/" >&2
