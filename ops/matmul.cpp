@@ -224,6 +224,15 @@ constexpr double kMinParallelWork = 32.0 * 32.0 * 32.0;
 // columns of C (below it, one thread: the tiny model's smallest products, (307 x 128) x (128 x
 // 128), take ~30 us).
 constexpr double kSplitWork = 64.0 * 64.0 * 64.0;
+// A product whose A is read transposed (op(A) = A^T, A stored k x m) with at least
+// kRowBlockFrom rows of C goes through the library in blocks of kRowBlock rows, in one thread or
+// shared out over the threads, so its bits do not depend on the thread count with oneDNN (whose
+// depend on the rows of the call) or OpenBLAS (Eigen rounds differently inside a parallel region)
+// and each block's slice of A^T stays in cache: the tied embeddings' gradient dE = dlogits^T H,
+// (30522 x 307) x (307 x 128), took 41-46 ms whole on one thread and 28.5-29 ms as halves on two of
+// the AVX2 EPYC; in blocks of 1024 rows, 34.5 and 17.6-18.0 ms (side harness, docs/benchmarks.md).
+constexpr int64_t kRowBlock = 1024;
+constexpr int64_t kRowBlockFrom = 4 * kRowBlock;
 // cblas takes int sizes; larger dims (never a model's) go through Eigen (whatever the library).
 constexpr int64_t kBlasMaxDim = 2147483647;
 
@@ -374,6 +383,22 @@ void gemm_typed(const GemmArgs& g) {
 
   const double work =
       static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+  if (g.batch == 1 && g.trans_a && g.m >= kRowBlockFrom) {
+    // Fixed blocks of rows (see kRowBlock), contiguous runs of them per thread; inside a parallel
+    // region (or on one thread) the calling thread runs them all, in the same blocks.
+    const int64_t blocks = (g.m + kRowBlock - 1) / kRowBlock;
+    const bool spread = omp_get_max_threads() > 1 && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (spread)
+    for (int64_t i = 0; i < blocks; ++i) {
+      const int64_t begin = i * kRowBlock;
+      GemmArgs s = g;
+      s.m = std::min(kRowBlock, g.m - begin);
+      s.a = pa + begin;  // op(A) = A^T: C's rows are A's columns
+      s.c = pc + begin * g.ldc;
+      gemm_typed<T, OA, OB>(s);  // fewer rows than kRowBlockFrom, and no split inside the region
+    }
+    return;
+  }
   if (g.batch == 1 && work >= kSplitWork && omp_get_max_threads() > 1 && !omp_in_parallel()) {
     // One product over the threads: each computes its own slice of C's rows (or of its columns
     // when C is wider than tall), with the library on one thread and the epilogue on its slice.
