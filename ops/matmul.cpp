@@ -226,11 +226,12 @@ constexpr double kMinParallelWork = 32.0 * 32.0 * 32.0;
 constexpr double kSplitWork = 64.0 * 64.0 * 64.0;
 // A product whose A is read transposed (op(A) = A^T, A stored k x m) with at least
 // kRowBlockFrom rows of C goes through the library in blocks of kRowBlock rows, in one thread or
-// shared out over the threads, so its bits do not depend on the thread count with oneDNN (whose
-// depend on the rows of the call) or OpenBLAS (Eigen rounds differently inside a parallel region)
-// and each block's slice of A^T stays in cache: the tied embeddings' gradient dE = dlogits^T H,
-// (30522 x 307) x (307 x 128), took 41-46 ms whole on one thread and 28.5-29 ms as halves on two of
-// the AVX2 EPYC; in blocks of 1024 rows, 34.5 and 17.6-18.0 ms (side harness, docs/benchmarks.md).
+// shared out over the threads, so each block's slice of A^T stays in cache and the bits do not
+// depend on the thread count with oneDNN (whose bits depend on the rows of the call) or OpenBLAS
+// (not with Eigen, which rounds differently inside a parallel region). The tied embeddings'
+// gradient dE = dlogits^T H, (30522 x 307) x (307 x 128), on the AVX2 EPYC (bench_ops, ms):
+// 2 threads 25.3-29.7 as halves -> 21.7-23.1 in these blocks; 1 thread 37.6-50.6 whole ->
+// 35.7-43.4 (docs/benchmarks.md).
 constexpr int64_t kRowBlock = 1024;
 constexpr int64_t kRowBlockFrom = 4 * kRowBlock;
 // cblas takes int sizes; larger dims (never a model's) go through Eigen (whatever the library).
