@@ -42,10 +42,13 @@ __global__ void unscale_check_partials(T* x, int64_t n, T factor, bool unscale, 
   }
 }
 
-// One block of kBlocks threads: stats = (sum of sums, sum of bad).
-__global__ void unscale_check_finish(const double* sums, const double* bad, double* stats) {
-  const double total = block_sum(sums[threadIdx.x]);
-  const double total_bad = block_sum(bad[threadIdx.x]);
+// One block of kBlocks threads over the first `blocks` partials (the rest count as 0, as the
+// partials of blocks with no elements would): stats = (sum of sums, sum of bad).
+__global__ void unscale_check_finish(const double* sums, const double* bad, int blocks,
+                                     double* stats) {
+  const bool mine = int(threadIdx.x) < blocks;
+  const double total = block_sum(mine ? sums[threadIdx.x] : 0.0);
+  const double total_bad = block_sum(mine ? bad[threadIdx.x] : 0.0);
   if (threadIdx.x == 0) {
     stats[0] = total;
     stats[1] = total_bad;
@@ -69,16 +72,21 @@ void unscale_check(const Tensor& x, double inv_scale, const Tensor& stats) {
   DeviceGuard guard(x.device().index);
   cudaStream_t stream = compute_stream(x.device().index);
   check_slab(x, "unscale_and_check_");
+  // A slab of n elements takes min(kBlocks, ceil(n / kThreads)) blocks: each element lands in
+  // the same block and thread as in a full grid (a grid-stride loop's first pass), and the blocks
+  // left out would have written 0 partials, so the bits are those of the full grid, which a
+  // small slab (a test's, a tiny model's) would launch mostly empty.
+  const int blocks = int(std::clamp<int64_t>((x.numel() + kThreads - 1) / kThreads, 1, kBlocks));
   Tensor partials = Tensor::empty({2, kBlocks}, DType::f64, x.device());
   double* sums = partials.data<double>();
   dispatch_floating(x.dtype(), "unscale_and_check_", [&]<class T>() {
     ENGINE_LAUNCH(unscale_check_partials<T>,
-                  (LaunchConfig{dim3(kBlocks), dim3(kThreads), 0, stream}),
+                  (LaunchConfig{dim3(blocks), dim3(kThreads), 0, stream}),
                   static_cast<T*>(x.raw_data()), x.numel(), static_cast<T>(inv_scale),
                   inv_scale != 1.0, sums, sums + kBlocks);
   });
   ENGINE_LAUNCH(unscale_check_finish, (LaunchConfig{dim3(1), dim3(kBlocks), 0, stream}), sums,
-                sums + kBlocks, stats.data<double>());
+                sums + kBlocks, blocks, stats.data<double>());
 }
 
 void scale(const Tensor& x, double factor) {
