@@ -120,7 +120,7 @@ class ElectraReference:
         return mlm_loss + self.rtd_weight * rtd_loss, mlm_loss, rtd_loss, logits, x, labels_out
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--app", required=True, help="path to pretrain_app")
@@ -141,7 +141,7 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--device", default="cpu")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     torch.set_num_threads(1)
     os.makedirs(args.workdir, exist_ok=True)

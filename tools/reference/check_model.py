@@ -152,7 +152,7 @@ def run(cmd):
     return p.stdout
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--app", required=True, help="path to pretrain_app")
     ap.add_argument("--preset", required=True)
@@ -179,7 +179,7 @@ def main():
     ap.add_argument("--sop", action="store_true",
                     help="objective mlm_sop: MLM + sentence-order prediction (the batch labelled)")
     ap.add_argument("--device", default="cpu", help="pretrain_app --device (cuda: the GPU, or the emulated one)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     torch.set_num_threads(1)
     os.makedirs(args.workdir, exist_ok=True)
