@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # libFuzzer over every parser of outside input (tests/fuzz/, docs/fuzzing.md): installs clang and
 # libFuzzer when missing, builds the targets into build-fuzz/ (clang, AddressSanitizer +
-# UndefinedBehaviorSanitizer, every report fatal; only the parser sources, not the ops or apps),
+# UndefinedBehaviorSanitizer, every report fatal, -O1 with line tables as libFuzzer's docs build
+# it; only the parser sources, not the ops or apps),
 # then runs each target from its seeds (tests/fuzz/seeds/<target>/, plus the corpus earlier runs
 # grew in build-fuzz/corpus/<target>/) with its dictionary, and prints per target: executions,
 # executions/s, coverage, corpus size and findings.
@@ -48,7 +49,7 @@ if [ "${FUZZ_NO_BUILD:-0}" != 1 ]; then
   install_packages fuzz "${PACKAGES[@]}"
   start=$(date +%s)
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
-    -DCMAKE_BUILD_TYPE=Release -DENGINE_FUZZ=ON -DENGINE_BUILD_TESTS=OFF -DENGINE_CUDA=OFF \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -gline-tables-only" -DENGINE_FUZZ=ON -DENGINE_BUILD_TESTS=OFF -DENGINE_CUDA=OFF \
     -DENGINE_MPI=OFF >/dev/null
   cmake --build "$BUILD" -j "$(nproc)" --target $(printf 'fuzz_%s ' "${targets[@]}")
   echo "fuzz: built ${#targets[@]} targets in $(($(date +%s) - start)) s"
