@@ -177,8 +177,9 @@ const std::vector<Case> kCases = {
     {{5, 3, 7, 11, 13}, {3, 1, 11, 1}},
     {{2, 2, 40000}, {2, 1, 40000}},
     {{40000, 2, 2}, {2, 1}},
-    // Many chunks, in each loop the layouts pick: a bias of few columns (in registers), of
-    // many (lanes in memory), a width that leaves a remainder after the vector strips, few rows.
+    // Many chunks, in each loop the layouts pick: a bias of few columns, of many (on AVX2 the
+    // lane walk's blocks of 16, 8, 4 and 1 vectors), a width that leaves a remainder after the
+    // vectors (lanes in memory), few rows (strips), a last chunk of a few rows.
     {{2500, 40}, {40}},
     {{2100, 300}, {300}},
     {{12, 100}, {100}},
@@ -188,8 +189,8 @@ const std::vector<Case> kCases = {
     {{256, 3072}, {3072}},
     {{100, 1030}, {1030}},
     {{40, 2, 700}, {2, 700}},
-    // Chunks of over 512 rows of a narrow bias (AVX2: in blocks of 256 rows, the lanes kept in
-    // memory between blocks): a chunk of 1024 and one of 530 (blocks of 256, 256, 18 rows).
+    // A narrow bias over a chunk of 1024 rows and one of 530 (AVX2: the lane walk one vector at
+    // a time).
     {{1554, 24}, {24}},
 };
 

@@ -205,17 +205,8 @@ inline L lane_tree(L* v) {
   return v[0];
 }
 
-// With one vector a lane (AVX2) a strip reads half of each row's cache line, and the next strip
-// the other half: over more than kStripRowBlock rows the lines of the first pass have left L1
-// before the second, and every line came from L2 twice (the tiny model's bias gradient, 1024
-// rows of 128: 0.8x of PyTorch's speed). So the rows go in blocks of kStripRowBlock (256 lines,
-// 16 KB), each block through every strip, the lanes kept in memory (`saved`, 16 vectors a strip)
-// between blocks. Each lane still adds its rows in order: the same bits.
-constexpr int64_t kStripRowBlock = 256;
-
 template <int U, class A>
-void strip_sums(const A* base, const int64_t* row, int64_t n, int64_t width, double* out,
-                A* saved) {
+void strip_sums(const A* base, const int64_t* row, int64_t n, int64_t width, double* out) {
   using V = SumVec<A>;
   constexpr int64_t kW = sizeof(V) / sizeof(A);
   constexpr int kS = kStripVecs;  // vectors a lane per step
@@ -224,48 +215,27 @@ void strip_sums(const A* base, const int64_t* row, int64_t n, int64_t width, dou
     std::memcpy(&x, base + row[i] + c, sizeof x);
     return x;
   };
-  const int64_t block = saved ? kStripRowBlock : n;
-  for (int64_t r0 = 0; r0 < n; r0 += block) {
-    const int64_t r1 = std::min(n, r0 + block);
-    for (int64_t c = 0; c + kS * kW <= width; c += kS * kW) {
-      V v[kS][kSumLanes];
-      A* keep = saved ? saved + c * kSumLanes : nullptr;  // this strip's lanes between blocks
-      int64_t i;
-      if (r0 == 0) {
+  for (int64_t c = 0; c + kS * kW <= width; c += kS * kW) {
+    V v[kS][kSumLanes];
 #pragma GCC unroll 16
-        for (int q = 0; q < U; ++q)
+    for (int q = 0; q < U; ++q)
 #pragma GCC unroll 2
-          for (int t = 0; t < kS; ++t) v[t][q] = at(q, c + t * kW) + A(0);
-        i = U;
-      } else {  // a later block (then U == 16)
+      for (int t = 0; t < kS; ++t) v[t][q] = at(q, c + t * kW) + A(0);
+    int64_t i = U;
+    for (; i + kSumLanes <= n; i += kSumLanes)
 #pragma GCC unroll 16
-        for (int q = 0; q < U; ++q)
+      for (int q = 0; q < kSumLanes; ++q)
 #pragma GCC unroll 2
-          for (int t = 0; t < kS; ++t) std::memcpy(&v[t][q], keep + (q * kS + t) * kW, sizeof(V));
-        i = r0;
-      }
-      for (; i + kSumLanes <= r1; i += kSumLanes)
+        for (int t = 0; t < kS; ++t) v[t][q] += at(i + q, c + t * kW);
 #pragma GCC unroll 16
-        for (int q = 0; q < kSumLanes; ++q)
+    for (int q = 0; q < U; ++q)
+      if (i + q < n)
 #pragma GCC unroll 2
-          for (int t = 0; t < kS; ++t) v[t][q] += at(i + q, c + t * kW);
-      if (r1 < n) {  // more blocks to come: r1 is a multiple of 16, no rows left over here
-#pragma GCC unroll 16
-        for (int q = 0; q < U; ++q)
+        for (int t = 0; t < kS; ++t) v[t][q] += at(i + q, c + t * kW);
 #pragma GCC unroll 2
-          for (int t = 0; t < kS; ++t) std::memcpy(keep + (q * kS + t) * kW, &v[t][q], sizeof(V));
-        continue;
-      }
-#pragma GCC unroll 16
-      for (int q = 0; q < U; ++q)
-        if (i + q < n)
-#pragma GCC unroll 2
-          for (int t = 0; t < kS; ++t) v[t][q] += at(i + q, c + t * kW);
-#pragma GCC unroll 2
-      for (int t = 0; t < kS; ++t) {
-        const V sum = lane_tree<U>(v[t]);
-        for (int64_t q = 0; q < kW; ++q) out[c + t * kW + q] = sum[q];
-      }
+    for (int t = 0; t < kS; ++t) {
+      const V sum = lane_tree<U>(v[t]);
+      for (int64_t q = 0; q < kW; ++q) out[c + t * kW + q] = sum[q];
     }
   }
 }
@@ -273,16 +243,9 @@ void strip_sums(const A* base, const int64_t* row, int64_t n, int64_t width, dou
 template <class T>
 int64_t strip_sums(const T* base, const int64_t* row, int64_t n, int64_t width, double* out) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    // Row blocks (see kStripRowBlock) where a strip is one vector and they pay: many rows of at
-    // most 512 outputs (their saved lanes, 16 x 512 x 4 bytes, stay in L1 / L2).
-    std::vector<T, Eigen::aligned_allocator<T>> fresh;
-    T* saved = kStripVecs == 1 && n > 2 * kStripRowBlock && width <= 512
-                   ? thread_scratch<T, 3>(kSumLanes * width, fresh)
-                   : nullptr;
     [&]<int... U>(std::integer_sequence<int, U...>) {
-      ((std::min<int64_t>(n, kSumLanes) == U + 1
-            ? strip_sums<U + 1>(base, row, n, width, out, saved)
-            : void()),
+      ((std::min<int64_t>(n, kSumLanes) == U + 1 ? strip_sums<U + 1>(base, row, n, width, out)
+                                                 : void()),
        ...);
     }
     (std::make_integer_sequence<int, kSumLanes>());
@@ -290,6 +253,76 @@ int64_t strip_sums(const T* base, const int64_t* row, int64_t n, int64_t width, 
     return width / kW * kW;
   }
   return 0;
+}
+
+// The rows case for f32 and f64 on AVX2 builds over more than kSumLanes rows, lane by lane: for
+// each block of kB outputs (kV vectors in registers, 16 on AVX2 = the whole register file, the
+// adds take the rows from memory), lane q walks rows q, q + 16, q + 32, ... of the chunk, each
+// row's kB outputs once, then the 16 lanes' vectors go through the tree. Every row segment is
+// read once and the lanes never leave the registers while they sum, where strips (one vector of
+// outputs down all the rows) read 32 bytes of every row per strip and lanes in memory load and
+// store the lanes on every row. Lane q adds its elements in the contract's order: the same bits.
+// (2026-11-27 EPYC, `bench_ops --quick`, 2 threads: the tiny model's bias gradient (2048, 128)
+// 0.032-0.035 ms in strips -> 0.016-0.021, (256, 768) 0.023-0.026 in lanes in memory ->
+// 0.013-0.015, (256, 3072) 0.075-0.080 -> 0.047-0.049; PyTorch 0.025-0.027, 0.018, 0.071-0.081.)
+template <int kV, class A>
+int64_t lane_walk_sums(const A* base, const int64_t* row, int64_t n, int64_t width, double* out) {
+  using V = SumVec<A>;
+  constexpr int64_t kW = sizeof(V) / sizeof(A), kB = kV * kW;
+  int64_t c = 0;
+  for (; c + kB <= width; c += kB) {
+    V lanes[kSumLanes][kV];
+    for (int q = 0; q < kSumLanes; ++q) {
+      V acc[kV];
+      const A* first = base + row[q] + c;
+#pragma GCC unroll 16
+      for (int t = 0; t < kV; ++t) {
+        std::memcpy(&acc[t], first + t * kW, sizeof(V));
+        acc[t] += A(0);  // a lane's first element is 0 + x
+      }
+      for (int64_t i = q + kSumLanes; i < n; i += kSumLanes) {
+        const A* p = base + row[i] + c;
+#pragma GCC unroll 16
+        for (int t = 0; t < kV; ++t) {
+          V x;
+          std::memcpy(&x, p + t * kW, sizeof(V));
+          acc[t] += x;
+        }
+      }
+#pragma GCC unroll 16
+      for (int t = 0; t < kV; ++t) lanes[q][t] = acc[t];
+    }
+    for (int t = 0; t < kV; ++t) {
+      V v[kSumLanes];
+      for (int q = 0; q < kSumLanes; ++q) v[q] = lanes[q][t];
+      const V sum = lane_tree<kSumLanes>(v);
+      for (int64_t e = 0; e < kW; ++e) out[c + t * kW + e] = sum[e];
+    }
+  }
+  return c;
+}
+
+// The lane walk over a chunk of n >= kSumLanes rows: blocks of 16 vectors, then 8, 4 and 1 for
+// the last outputs. Returns the outputs done (whole vectors); the caller does the rest. Without
+// AVX (a build for any x86-64: 16 SSE registers, a 32-byte vector takes two) blocks start at 8.
+#if defined(__AVX__)
+constexpr int kWalkVecs = 16;
+#else
+constexpr int kWalkVecs = 8;
+#endif
+template <class T>
+int64_t lane_walk_sums(const T* base, const int64_t* row, int64_t n, int64_t width, double* out) {
+  int64_t done = 0;
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    auto step = [&]<int kV>() {
+      done += lane_walk_sums<kV>(base + done, row, n, width - done, out + done);
+    };
+    if constexpr (kWalkVecs >= 16) step.template operator()<16>();
+    step.template operator()<8>();
+    step.template operator()<4>();
+    step.template operator()<1>();
+  }
+  return done;
 }
 #pragma GCC diagnostic pop
 
@@ -512,27 +545,28 @@ class CpuBackend final : public Backend {
     double* const part = direct ? nullptr : thread_scratch<double, 1>(chunks * K, fresh_part);
     // Rows: the source's innermost kept dim is contiguous, so each reduced index adds a row of
     // outputs at once (vectorised along the outputs); a task is a chunk times a block of one row.
-    // f32 and f64 run strip_sums (lanes in registers, down the chunk's rows); other types, and
-    // the last outputs of a row that is not a whole number of strips, read whole rows in order
-    // into lanes in memory. (Lanes in memory had been chosen for chunks of over 64 rows wider
-    // than 256 on an earlier CPU; on the 2026-11-26 VM strips were faster on the model's shapes,
-    // side harness, lower quartiles of alternating runs: the bias gradients (256, 3072) 52-54 ->
-    // 28 us, (4096, 3072) 1183-1239 -> 1044-1148 us, the MLM decoder's (614, 30522) 2.1 -> 1.65
-    // ms, (4096, 768) unchanged within the noise; (16384, 1040), whose last 16 columns go
-    // through lanes in memory, 1.56-1.59 -> 1.69-1.71 ms.) Blocks of 4096 outputs (1024
-    // measured ~5% slower on the batch-shared bias). Lanes: each output sums its elements along
-    // the source, in vector lanes when the innermost reduced dim is contiguous; a task is a run of
-    // chunks times a block of outputs.
-    // AVX2 builds (16 registers: one 32-byte vector a lane) keep the earlier rule: strips for
-    // chunks of at most 64 rows or rows of at most 256 outputs, lanes in memory for many wide
-    // rows, whose strips read 32 bytes of each of hundreds of rows 12 KB apart, a pattern the
-    // prefetchers do not follow ((256, 3072): 0.16-0.20 ms in strips against PyTorch's 0.08 on
-    // the 2026-11-27 AVX2 EPYC).
-    constexpr int64_t kStripRows = 64, kStripWidth = 256;
+    // f32 and f64 run strip_sums (lanes in registers, down the chunk's rows) or, on AVX2 builds
+    // over more than kStripRows rows, lane_walk_sums; other types, and the last outputs of a row
+    // that is not a whole number of vectors, read whole rows in order into lanes in memory.
+    // (Lanes in memory had been chosen for chunks of over 64 rows wider than 256 on an earlier
+    // CPU; on the 2026-11-26 AVX-512 VM strips were faster on the model's shapes, side harness,
+    // lower quartiles of alternating runs: the bias gradients (256, 3072) 52-54 -> 28 us, (4096,
+    // 3072) 1183-1239 -> 1044-1148 us, the MLM decoder's (614, 30522) 2.1 -> 1.65 ms, (4096, 768)
+    // unchanged within the noise; (16384, 1040), whose last 16 columns go through lanes in
+    // memory, 1.56-1.59 -> 1.69-1.71 ms.) Blocks of 4096 outputs (1024 measured ~5% slower on
+    // the batch-shared bias). Lanes: each output sums its elements along the source, in vector
+    // lanes when the innermost reduced dim is contiguous; a task is a run of chunks times a
+    // block of outputs.
+    // AVX2 builds (16 registers: one 32-byte vector a lane) walk lane by lane over more than
+    // kStripRows rows: strips read 32 bytes of each row per strip, hundreds of rows apart, a
+    // pattern the prefetchers do not follow ((256, 3072): 0.16-0.20 ms in strips against
+    // PyTorch's 0.08 on the 2026-11-27 AVX2 EPYC), and lanes in memory load and store every
+    // lane on every row (see lane_walk_sums). AVX-512 builds keep strips (not measured there).
+    constexpr int64_t kStripRows = 64;
+    constexpr bool kLaneWalk = kSumVecBytes == 32;
     const bool rows = !kept.size.empty() && kept.inner_stride() == 1 && kept.inner_size() >= 8;
     const int64_t inner = rows ? kept.inner_size() : 1;
     const int64_t per_chunk = std::min(R, kSumChunk);
-    const bool strips = kSumVecBytes == 64 || per_chunk <= kStripRows || inner <= kStripWidth;
     const int64_t threads = omp_get_max_threads();
     int64_t row_block = std::min<int64_t>(inner, 4096);
     // Fewer tasks than threads (one chunk of one row of outputs: a bias gradient over a small
@@ -585,8 +619,10 @@ class CpuBackend final : public Backend {
               int64_t row[kSumChunk];
               SumCursor r(reduced, i0);
               for (int64_t i = 0; i < i1 - i0; ++i, r.advance(1)) row[i] = r.off;
-              const int64_t done = strips ? strip_sums(base, row, i1 - i0, width, sums) : 0;
-              // The rest (the last outputs, or a dtype without strip_sums): the same order.
+              const int64_t done = kLaneWalk && i1 - i0 > kStripRows
+                                       ? lane_walk_sums(base, row, i1 - i0, width, sums)
+                                       : strip_sums(base, row, i1 - i0, width, sums);
+              // The rest (the last outputs, or a dtype without vector sums): the same order.
               base += done;
               sums += done;
               width -= done;
