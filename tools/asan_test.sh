@@ -3,9 +3,10 @@
 # after the real build's suite). build-asan/ is the whole project without the CUDA backend
 # (ENGINE_CUDA=OFF; the CUDA code is sanitised in build-emu-asan/, tools/emu_test.sh), compiled
 # -O1 -g1 (about half the compile time of -O2 -g, tests ~2x slower than Release; the test sources
-# themselves at -O0, a third of their -O1 compile time) with
+# and models/ and apps/, whose work is libengine's, at -O0: a third less compile time) with
 # -fsanitize=address,undefined and -fno-sanitize-recover=all. Every CTest of that build runs:
-# the unit and gradient checks, the PyTorch reference checks, the app tests (whose Python drivers
+# the unit and gradient checks, the PyTorch reference checks (on the subset of cases that has
+# every preset and option once; the Release suite runs all), the app tests (whose Python drivers
 # start the sanitised binaries) and the MPI tests under mpirun -np 2.
 #
 # A finding fails the run even inside a process whose failure a test expects (a bad-input test
@@ -34,7 +35,8 @@ FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-po
 WARN="-Wno-maybe-uninitialized -Wno-uninitialized"
 
 cmake -S "$ROOT" -B "$DIR" -G Ninja -DENGINE_CUDA=OFF -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" -DENGINE_TEST_CXX_FLAGS="-O0" -DCMAKE_CXX_FLAGS="$FLAGS $WARN" \
+  -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" -DENGINE_TEST_CXX_FLAGS="-O0" -DENGINE_APP_CXX_FLAGS="-O0" \
+  -DENGINE_REFERENCE_SUBSET=ON -DCMAKE_CXX_FLAGS="$FLAGS $WARN" \
   -DCMAKE_EXE_LINKER_FLAGS="$FLAGS" -DCMAKE_SHARED_LINKER_FLAGS="$FLAGS" >/dev/null
 cmake --build "$DIR" -j "$JOBS"
 
