@@ -13,7 +13,6 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
-#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -195,7 +194,7 @@ const std::vector<Case> kCases = {
 };
 
 // One case: the engine at each thread count against the reference, bit for bit.
-void check_case(const Case& c, DType dtype, Layout layout, std::initializer_list<int> threads,
+void check_case(const Case& c, DType dtype, Layout layout, const std::vector<int>& threads,
                 uint64_t seed) {
   if (layout != Layout::contiguous && c.from.empty()) return;
   Tensor src = make_source(c.from, dtype, layout, seed);
@@ -212,6 +211,15 @@ void check_case(const Case& c, DType dtype, Layout layout, std::initializer_list
 
 }  // namespace
 
+// 3 and 7 threads split dims unevenly (more threads than cores is fine for a test). Under
+// AddressSanitizer (tools/asan_test.sh, which looks for bad accesses, not for bits: the Release
+// suite has all four) one thread and the most uneven split, 7 (it was the 47-s case there).
+#if defined(__SANITIZE_ADDRESS__)
+const std::vector<int> kThreadCounts = {1, 7};
+#else
+const std::vector<int> kThreadCounts = {1, 2, 3, 7};
+#endif
+
 TEST_CASE("sum_to equals the chunked-lanes reference bit for bit", "[sum_to]") {
   const int max_threads = omp_get_max_threads();
   uint64_t seed = 1;
@@ -219,8 +227,7 @@ TEST_CASE("sum_to equals the chunked-lanes reference bit for bit", "[sum_to]") {
     for (const Case& c : kCases) {
       for (Layout layout :
            {Layout::contiguous, Layout::transposed, Layout::stepped, Layout::broadcast}) {
-        // 3 and 7 threads split dims unevenly (more threads than cores is fine for a test).
-        check_case(c, dtype, layout, {1, 2, 3, 7}, seed++);
+        check_case(c, dtype, layout, kThreadCounts, seed++);
       }
     }
   }
