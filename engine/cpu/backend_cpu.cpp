@@ -255,16 +255,17 @@ int64_t strip_sums(const T* base, const int64_t* row, int64_t n, int64_t width, 
   return 0;
 }
 
-// The rows case for f32 and f64 on AVX2 builds over more than kSumLanes rows, lane by lane: for
-// each block of kB outputs (kV vectors in registers, 16 on AVX2 = the whole register file, the
-// adds take the rows from memory), lane q walks rows q, q + 16, q + 32, ... of the chunk, each
-// row's kB outputs once, then the 16 lanes' vectors go through the tree. Every row segment is
-// read once and the lanes never leave the registers while they sum, where strips (one vector of
-// outputs down all the rows) read 32 bytes of every row per strip and lanes in memory load and
-// store the lanes on every row. Lane q adds its elements in the contract's order: the same bits.
-// (2026-11-27 EPYC, `bench_ops --quick`, 2 threads: the tiny model's bias gradient (2048, 128)
-// 0.032-0.035 ms in strips -> 0.016-0.021, (256, 768) 0.023-0.026 in lanes in memory ->
-// 0.013-0.015, (256, 3072) 0.075-0.080 -> 0.047-0.049; PyTorch 0.025-0.027, 0.018, 0.071-0.081.)
+// The rows case for f32 and f64 on AVX2 builds (over chunks of more than kStripRows rows; n >= 16
+// here), lane by lane: for each block of kB outputs (kV vectors in registers, 16 on AVX2 = the
+// whole register file, the adds take the rows from memory), lane q walks rows q, q + 16, q + 32,
+// ... of the chunk, each row's kB outputs once, then the 16 lanes' vectors go through the tree.
+// Every row segment is read once and the lanes never leave the registers while they sum, where
+// strips (one vector of outputs down all the rows) read 32 bytes of every row per strip and lanes
+// in memory load and store the lanes on every row. Lane q adds its elements in the contract's
+// order: the same bits. (2026-11-27 EPYC, `bench_ops --quick`, 2 threads: the tiny model's bias
+// gradient (2048, 128) 0.032-0.035 ms in strips -> 0.016-0.021, (256, 768) 0.023-0.026 in lanes in
+// memory -> 0.013-0.015, (256, 3072) 0.075-0.080 -> 0.047-0.049; PyTorch 0.025-0.027, 0.018,
+// 0.071-0.081.)
 template <int kV, class A>
 int64_t lane_walk_sums(const A* base, const int64_t* row, int64_t n, int64_t width, double* out) {
   using V = SumVec<A>;
