@@ -6,10 +6,10 @@
 # and models/ and apps/, whose work is libengine's, at -O0: a third less compile time) with
 # -fsanitize=address,undefined and -fno-sanitize-recover=all; the test sources themselves under
 # ASan only (UBSan's null and alignment checks on every access at -O0 took a test source 15 ->
-# 25 s to compile; UBSan checks the libraries and apps the tests drive). Every CTest of that build runs:
-# the unit and gradient checks, the PyTorch reference checks (on the subset of cases that has
-# every preset and option once; the Release suite runs all), the app tests (whose Python drivers
-# start the sanitised binaries) and the MPI tests under mpirun -np 2.
+# 25 s to compile; UBSan checks the libraries and apps the tests drive). Every CTest of that
+# build runs: the unit and gradient checks, the PyTorch reference checks (on the subset of cases
+# that has every preset and option once; the Release suite runs all), the app tests (whose Python
+# drivers start the sanitised binaries) and the MPI tests under mpirun -np 2.
 #
 # A finding fails the run even inside a process whose failure a test expects (a bad-input test
 # passes on any non-zero exit): every AddressSanitizer / LeakSanitizer report goes to

@@ -57,7 +57,7 @@ for v in "${variants[@]}"; do
     asan)
       # libengine's C++ sources (the CPU backend, the host side of the ops) without ASan: they
       # are sanitised in build-asan/ (tools/asan_test.sh); here it looks for the kernels' and the
-      # emulator's bad accesses (252 -> ~125 s of compile CPU).
+      # emulator's bad accesses (252 -> 149 s of compile CPU).
       configure_and_build "$ROOT/build-emu-asan" "-O1 -g1" "-O0" "-fno-sanitize=address" \
         "-fsanitize=address -fno-omit-frame-pointer" "${SAN_TARGETS[@]}"
       ASAN_OPTIONS="detect_leaks=0" \

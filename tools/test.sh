@@ -29,7 +29,7 @@ stage() {  # name, command...: runs the command, records its time
 # Without a GPU the nvcc build's device code is a compile check: it is compiled for one
 # architecture, sm_80 (Ampere, the oldest the project builds for; the sources have no
 # per-architecture paths, so what compiles there compiles for sm_90), not the default 80;90:
-# elementwise.cu 31 -> 19 s, the build's .cu files 213 -> ~130 s of compile CPU. With a GPU
+# elementwise.cu 31 -> 19 s, the build's .cu files 213 -> 169 s of compile CPU. With a GPU
 # (nvidia-smi lists one) the default stands; CMAKE_ARGS can set it either way.
 CUDA_ARCH_ARG="-DCMAKE_CUDA_ARCHITECTURES=80"
 if nvidia-smi -L >/dev/null 2>&1; then CUDA_ARCH_ARG=""; fi
