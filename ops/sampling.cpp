@@ -33,9 +33,12 @@ void sample_categorical(const Tensor& logits, double temperature, PhiloxState s,
       const PhiloxState chunk{s.seed, s.offset + static_cast<uint64_t>(i0 * c / 4)};
       engine::cpu::philox::for_each_words(
           rows * c, chunk, [&](int64_t base, const uint32_t* words, int64_t count) {
+            // Locals (dropout.cpp says why): a store to score must not look like it aliases t.
+            const float tl = t;
+            const T* xb = x + base;
+            float* sb = score.data() + base;
             for (int64_t k = 0; k < count; ++k)
-              score[size_t(base + k)] =
-                  static_cast<float>(x[base + k]) / t + gumbel_from_word(words[k]);
+              sb[k] = static_cast<float>(xb[k]) / tl + gumbel_from_word(words[k]);
           });
 #pragma omp parallel for if (rows * c > ::engine::cpu::kParallelMinElems)
       for (int64_t i = 0; i < rows; ++i) {
