@@ -122,8 +122,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
           continue;
         }
         const T w = reduction == Reduction::none ? g[i] : shared;
-        engine::cpu::exp_shifted(xi, l[i], gi, c);  // softmax
-        for (int64_t j = 0; j < c; ++j) gi[j] *= w;
+        engine::cpu::exp_shifted_scaled(xi, l[i], w, gi, c);  // softmax * w
         gi[ti] -= w;
       }
     });

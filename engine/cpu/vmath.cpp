@@ -46,6 +46,19 @@ double exp_shifted<double>(const double* x, double shift, double* y, int64_t n) 
 }
 
 template <>
+void exp_shifted_scaled<float>(const float* x, float shift, float scale, float* y, int64_t n) {
+  Eigen::Map<const ArrayF> a(x, n);
+  Eigen::Map<ArrayF> b(y, n);
+  b = (a - shift).exp();
+  constexpr float kMin = std::numeric_limits<float>::min();  // the flush of exp_shifted
+  for (int64_t j = 0; j < n; ++j) y[j] = (y[j] < kMin ? 0.0f : y[j]) * scale;
+}
+template <>
+void exp_shifted_scaled<double>(const double* x, double shift, double scale, double* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = std::exp(x[j] - shift) * scale;
+}
+
+template <>
 double sum_exp_shifted<float>(const float* x, float shift, int64_t n) {
   // Blocks of 1024 summed in f32 by SIMD lanes, the blocks in double.
   double s = 0;
