@@ -56,6 +56,32 @@ Tensor add_grads(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+// Offers node n, for its next backward() call, the .grad of each leaf input that can take the
+// gradient in place (see Node::grad_sink).
+void offer_grad_sinks(Node& n) {
+  n.grad_sinks.clear();
+  for (size_t j = 0; j < n.next.size(); ++j) {
+    const std::shared_ptr<TensorImpl>& leaf = n.next[j].leaf;
+    if (!leaf) continue;
+    const Tensor& acc = leaf->autograd.grad;
+    const TensorMeta& m = n.inputs[j];
+    if (!acc.defined() || !acc.is_contiguous() || acc.shape() != m.shape ||
+        acc.dtype() != m.dtype || acc.device() != m.device)
+      continue;
+    if (n.grad_sinks.empty()) n.grad_sinks.resize(n.next.size());
+    n.grad_sinks[j] = acc;
+  }
+}
+
+// Clears the offer when backward() returns or throws.
+struct SinkScope {
+  Node& n;
+  explicit SinkScope(Node& node) : n(node) { offer_grad_sinks(n); }
+  ~SinkScope() { n.grad_sinks.clear(); }
+  SinkScope(const SinkScope&) = delete;
+  SinkScope& operator=(const SinkScope&) = delete;
+};
+
 }  // namespace
 
 bool GradMode::is_enabled() { return t_grad_enabled; }
@@ -165,7 +191,11 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     if (node->released) freed(node.get());
     std::vector<Tensor> grad_outputs = std::move(it->second);
     pending.erase(it);
-    std::vector<Tensor> grad_inputs = node->backward(grad_outputs);
+    std::vector<Tensor> grad_inputs;
+    {
+      SinkScope sinks(*node);
+      grad_inputs = node->backward(grad_outputs);
+    }
     ENGINE_CHECK(grad_inputs.size() == node->next.size(), "[backward] node '", node->name(),
                  "' returned ", grad_inputs.size(), " gradients for ", node->next.size(),
                  " inputs");

@@ -55,17 +55,31 @@ class Node {
   virtual ~Node() = default;
   virtual const char* name() const = 0;
   // grad_outputs[i] is the gradient of output i, undefined if none reached it. Returns one entry
-  // per input: the gradient, or an undefined Tensor where needs_input_grad(i) is false.
+  // per input: the gradient, or an undefined Tensor where needs_input_grad(i) is false or where
+  // backward() added the gradient into grad_sink(i) itself.
   virtual std::vector<Tensor> backward(const std::vector<Tensor>& grad_outputs) = 0;
   // Drops saved tensors once a backward without retain_graph has used them.
   virtual void release_saved() {}
 
   bool needs_input_grad(size_t i) const { return i < next.size() && next[i].valid(); }
 
+  // Where backward() may add input i's gradient itself, or nullptr. For the duration of one
+  // backward() call, run_backward offers the .grad of each leaf input that already holds one
+  // (contiguous, of the input's shape, dtype and device; a leaf on two inputs gets it on both, and
+  // each add lands): a node may add its gradient into it in place (a GEMM with beta 1, a
+  // scatter-add) and return an undefined gradient for i, instead of a new tensor the engine would
+  // add with a second pass over memory. `dtype` is the gradient's: a sink only for the leaf's.
+  const Tensor* grad_sink(size_t i, DType dtype) const {
+    return i < grad_sinks.size() && grad_sinks[i].defined() && grad_sinks[i].dtype() == dtype
+               ? &grad_sinks[i]
+               : nullptr;
+  }
+
   uint64_t sequence_nr = 0;
   std::vector<Edge> next;          // one per input
   std::vector<TensorMeta> inputs;  // shapes the returned gradients must have
   std::vector<TensorMeta> outputs;
+  std::vector<Tensor> grad_sinks;  // set by run_backward around backward(); see grad_sink
   bool released = false;
 };
 

@@ -166,11 +166,16 @@ struct MatmulNode : Node {
     if (needs_input_grad(1)) {
       if (b_is_2d()) {
         // dB = sum over every row of the batch of A^T dC: one (K, B*M) @ (B*M, N) GEMM over
-        // the folded rows instead of B products and a reduction.
+        // the folded rows instead of B products and a reduction; added straight into B's .grad
+        // when the engine offers it (beta 1).
         Tensor a2 = rows_of(a);  // (B*M, K)
         Tensor g2 = rows_of(g);  // (B*M, N)
-        gb = Tensor::empty(inputs[1].shape, g.dtype(), g.device());
-        gemm(a2, true, g2, false, gb);
+        if (const Tensor* sink = grad_sink(1, g.dtype())) {
+          gemm(a2, true, g2, false, *sink, 1.0, 1.0);
+        } else {
+          gb = Tensor::empty(inputs[1].shape, g.dtype(), g.device());
+          gemm(a2, true, g2, false, gb);
+        }
       } else {
         gb = sum_to_shape(matmul_raw(a.transpose(-1, -2), g), inputs[1].shape);
       }
@@ -196,8 +201,15 @@ struct LinearNode : Node {
            make_view(gx, {g2.size(0), weight.size(1)}, {weight.size(1), 1}, 0));
     }
     if (needs_input_grad(1)) {
-      gw = Tensor::empty(inputs[1].shape, dt, dev);  // (out, in) = dY^T X over all rows
-      gemm(g2, true, rows_of(x), false, gw);
+      // (out, in) = dY^T X over all rows; added straight into the weight's .grad (beta 1) when the
+      // engine offers it: the tied embeddings' 15.6 MB dE of the tiny model then costs no second
+      // pass to add it.
+      if (const Tensor* sink = grad_sink(1, dt)) {
+        gemm(g2, true, rows_of(x), false, *sink, 1.0, 1.0);
+      } else {
+        gw = Tensor::empty(inputs[1].shape, dt, dev);
+        gemm(g2, true, rows_of(x), false, gw);
+      }
     }
     if (needs_input_grad(2)) {
       gbias = sum_to_shape(g2, inputs[2].shape);  // (out): column sums of dY

@@ -190,3 +190,92 @@ TEST_CASE("the leaf hook reports each leaf once, when its gradient is complete",
   engine::sum(engine::linear(x, w, b)).backward();
   CHECK(order.empty());
 }
+
+namespace {
+// Records what run_backward offered it, and passes the gradient through (or adds it into the
+// sink itself when told to).
+struct SinkProbe : Node {
+  bool offered = false, use_sink = false;
+  DType ask = DType::f64;
+  const char* name() const override { return "sink_probe"; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    const Tensor* sink = grad_sink(0, ask);
+    offered = sink != nullptr;
+    if (sink && use_sink) {
+      sink->add_(grads[0]);
+      return {Tensor()};
+    }
+    return {grads[0]};
+  }
+};
+Tensor probe(const Tensor& x, const std::shared_ptr<SinkProbe>& node) {
+  Tensor out = x.detach().clone();
+  record(node, {x}, {out});
+  return out;
+}
+}  // namespace
+
+TEST_CASE("backward offers a leaf's held .grad as a sink only when it can take the gradient",
+          "[autograd]") {
+  Tensor x = Tensor::from_vector<double>({1, 2, 3, 4}, {2, 2}).set_requires_grad();
+  const Tensor g = Tensor::from_vector<double>({1, 10, 100, 1000}, {2, 2});
+  auto run = [&](bool use_sink, DType ask = DType::f64) {
+    auto n = std::make_shared<SinkProbe>();
+    n->use_sink = use_sink;
+    n->ask = ask;
+    probe(x, n).backward(g);
+    return n->offered;
+  };
+  REQUIRE_FALSE(run(true));  // no .grad yet: the engine keeps a copy of the returned gradient
+  REQUIRE(vals(x.grad()) == std::vector<double>{1, 10, 100, 1000});
+  REQUIRE(run(true));  // now held and contiguous: added in place, nothing returned
+  REQUIRE(vals(x.grad()) == std::vector<double>{2, 20, 200, 2000});
+  REQUIRE(run(false));  // a node may ignore the offer and return its gradient as before
+  REQUIRE(vals(x.grad()) == std::vector<double>{3, 30, 300, 3000});
+  REQUIRE_FALSE(run(true, DType::f32));  // a gradient of another dtype gets no sink
+  REQUIRE(vals(x.grad()) == std::vector<double>{4, 40, 400, 4000});
+  // A held gradient that is a transposed view: not contiguous, no sink (the engine adds).
+  x.set_grad(Tensor::zeros({2, 2}, DType::f64).transpose(0, 1));
+  REQUIRE_FALSE(run(true));
+  REQUIRE(vals(x.grad()) == std::vector<double>{1, 10, 100, 1000});
+}
+
+TEST_CASE("linear, matmul and embedding add into a held .grad in place, exactly", "[autograd]") {
+  // Integers in f64: every sum is exact, so in-place and out-of-place results are equal.
+  auto ints = [](const Shape& s, int seed) {
+    std::vector<double> v(static_cast<size_t>(shape_numel(s)));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = double((int(i) * 7 + seed) % 11 - 5);
+    return Tensor::from_vector(v, s);
+  };
+  const Tensor h = ints({4, 3}, 1), p = ints({2, 4, 3}, 2), dy_lin = ints({4, 5}, 3),
+               dy_emb = ints({3, 3}, 4), dy_mm = ints({2, 4, 5}, 5);
+  const Tensor idx = Tensor::from_vector(std::vector<int64_t>{1, 4, 1}, {3});
+  const Tensor held = ints({5, 3}, 6), held_q = ints({3, 5}, 7);
+  // References: each use on a leaf of its own, nothing held (no sink anywhere).
+  auto leaf = [](const Tensor& t) { return t.clone().set_requires_grad(); };
+  Tensor e_lin = leaf(ints({5, 3}, 8)), e_emb = leaf(e_lin.detach());
+  linear(h, e_lin).backward(dy_lin);
+  embedding(e_emb, idx).backward(dy_emb);
+  Tensor q_ref = leaf(ints({3, 5}, 9));
+  matmul(p, q_ref).backward(dy_mm);
+  // The tied table: both uses in one graph, with a gradient already held (a second micro-batch,
+  // or the flat slab of FlatParameters).
+  Tensor e = leaf(e_lin.detach());
+  e.set_grad(held.clone());
+  linear(h, e).backward(dy_lin);
+  REQUIRE(vals(e.grad()) == vals(held + e_lin.grad()));
+  embedding(e, idx).backward(dy_emb);
+  REQUIRE(vals(e.grad()) == vals(held + e_lin.grad() + e_emb.grad()));
+  Tensor q = leaf(q_ref.detach());
+  q.set_grad(held_q.clone());
+  matmul(p, q).backward(dy_mm);  // 2-D b: one GEMM over the folded rows, beta 1
+  REQUIRE(vals(q.grad()) == vals(held_q + q_ref.grad()));
+  // The same leaf on both inputs of one node: the weight's gradient in place, x's returned.
+  Tensor w_ref_x = leaf(ints({3, 3}, 10)), w_ref_w = leaf(w_ref_x.detach());
+  const Tensor dy_w = ints({3, 3}, 11);
+  linear(w_ref_x, w_ref_w).backward(dy_w);
+  Tensor w = leaf(w_ref_x.detach());
+  w.set_grad(ints({3, 3}, 12));
+  linear(w, w).backward(dy_w);
+  REQUIRE(vals(w.grad()) == vals(ints({3, 3}, 12) + w_ref_x.grad() + w_ref_w.grad()));
+}

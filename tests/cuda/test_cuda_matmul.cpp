@@ -153,3 +153,40 @@ TEST_CASE("matmul and linear forward and backward on the device match the CPU", 
   require_close(pg.grad(), p.grad(), 0, 0, 1e-5);
   require_close(qg.grad(), q.grad(), 0, 0, 1e-5);
 }
+
+TEST_CASE("a held .grad takes linear's, matmul's and embedding's gradients in place on the device",
+          "[cuda]") {
+  // A tied table used by an embedding and a linear layer, and a 2-D matmul operand, each with a
+  // gradient already held (as in FlatParameters' slab): backward adds into it in place (the GEMM
+  // with beta 1, the scatter-add into the held rows) on both devices.
+  Generator g(26);
+  Tensor e = Tensor::randn({9, 17}, g), held_e = Tensor::randn({9, 17}, g);
+  Tensor q = Tensor::randn({17, 5}, g), held_q = Tensor::randn({17, 5}, g);
+  Tensor h = Tensor::randn({6, 17}, g), p = Tensor::randn({2, 3, 17}, g);
+  Tensor idx = Tensor::from_vector(std::vector<int64_t>{3, 0, 3, 8, 1}, {5});
+  Tensor dy_lin = Tensor::randn({6, 9}, g), dy_emb = Tensor::randn({5, 17}, g),
+         dy_mm = Tensor::randn({2, 3, 5}, g);
+  auto run = [&](Device dev) {
+    Tensor ed = e.to(dev).set_requires_grad(), qd = q.to(dev).set_requires_grad();
+    ed.set_grad(held_e.to(dev));
+    qd.set_grad(held_q.to(dev));
+    const Tensor grad_before = ed.grad();
+    linear(h.to(dev), ed).backward(dy_lin.to(dev));
+    embedding(ed, idx.to(dev)).backward(dy_emb.to(dev));
+    matmul(p.to(dev), qd).backward(dy_mm.to(dev));
+    REQUIRE(ed.grad().shares_storage(grad_before));  // the held buffer, not a new one
+    return std::pair{ed.grad(), qd.grad()};
+  };
+  auto [e_cpu, q_cpu] = run(Device::cpu());
+  auto [e_gpu, q_gpu] = run(kGpu);
+  require_close(e_gpu, e_cpu, 0, 0, 1e-5);
+  require_close(q_gpu, q_cpu, 0, 0, 1e-5);
+  // Against the sums formed out of place: fresh leaves, one use each.
+  Tensor e1 = e.clone().set_requires_grad(), e2 = e.clone().set_requires_grad(),
+         q1 = q.clone().set_requires_grad();
+  linear(h, e1).backward(dy_lin);
+  embedding(e2, idx).backward(dy_emb);
+  matmul(p, q1).backward(dy_mm);
+  require_close(e_cpu, held_e + e1.grad() + e2.grad(), 0, 0, 1e-5);
+  require_close(q_cpu, held_q + q1.grad(), 0, 0, 1e-5);
+}
