@@ -167,9 +167,9 @@ TEST_CASE("a held .grad takes linear's, matmul's and embedding's gradients in pl
   Tensor dy_lin = Tensor::randn({6, 9}, g), dy_emb = Tensor::randn({5, 17}, g),
          dy_mm = Tensor::randn({2, 3, 5}, g);
   auto run = [&](Device dev) {
-    Tensor ed = e.to(dev).set_requires_grad(), qd = q.to(dev).set_requires_grad();
-    ed.set_grad(held_e.to(dev));
-    qd.set_grad(held_q.to(dev));
+    Tensor ed = e.clone().to(dev).set_requires_grad(), qd = q.clone().to(dev).set_requires_grad();
+    ed.set_grad(held_e.clone().to(dev));  // a copy: backward adds into it
+    qd.set_grad(held_q.clone().to(dev));
     const Tensor grad_before = ed.grad();
     linear(h.to(dev), ed).backward(dy_lin.to(dev));
     embedding(ed, idx.to(dev)).backward(dy_emb.to(dev));
