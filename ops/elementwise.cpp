@@ -193,18 +193,18 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
     const T* pb = b.data<T>();
     T* po = out.data<T>();
     auto run = [&](auto f) {
-      engine::cpu::strided_for<3>(out.shape(), {&out.strides(), &a.strides(), &b.strides()},
-                                  [&](const int64_t* off, int64_t n, const int64_t* st) {
-                                    T* o = po + off[0];
-                                    const T* x = pa + off[1];
-                                    const T* y = pb + off[2];
-                                    if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
-                                      for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
-                                    } else {
-                                      for (int64_t i = 0; i < n; ++i)
-                                        o[i * st[0]] = f(x[i * st[1]], y[i * st[2]]);
-                                    }
-                                  });
+      engine::cpu::strided_for_parallel<3>(
+          out.shape(), {&out.strides(), &a.strides(), &b.strides()},
+          ::engine::cpu::kParallelMinElems, [&](const int64_t* off, int64_t n, const int64_t* st) {
+            T* o = po + off[0];
+            const T* x = pa + off[1];
+            const T* y = pb + off[2];
+            if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
+              for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+            } else {
+              for (int64_t i = 0; i < n; ++i) o[i * st[0]] = f(x[i * st[1]], y[i * st[2]]);
+            }
+          });
     };
     switch (op) {
       case BinaryOp::add:
@@ -228,11 +228,11 @@ void affine(const Tensor& x, double alpha, double beta, const Tensor& out) {
     const T* px = x.data<T>();
     T* po = out.data<T>();
     const T a = static_cast<T>(alpha), b = static_cast<T>(beta);
-    engine::cpu::strided_for<2>(out.shape(), {&out.strides(), &x.strides()},
-                                [&](const int64_t* off, int64_t n, const int64_t* st) {
-                                  for (int64_t i = 0; i < n; ++i)
-                                    po[off[0] + i * st[0]] = a * px[off[1] + i * st[1]] + b;
-                                });
+    engine::cpu::strided_for_parallel<2>(
+        out.shape(), {&out.strides(), &x.strides()}, ::engine::cpu::kParallelMinElems,
+        [&](const int64_t* off, int64_t n, const int64_t* st) {
+          for (int64_t i = 0; i < n; ++i) po[off[0] + i * st[0]] = a * px[off[1] + i * st[1]] + b;
+        });
   });
 }
 

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <vector>
 
+#include "engine/cpu/parallel.h"
+#include "engine/cpu/strided.h"
 #include "gradcheck.h"
 #include "ops/ops.h"
 
@@ -27,6 +29,138 @@ TEST_CASE("binary ops broadcast like NumPy", "[elementwise]") {
   // Transposed (strided) operands.
   Tensor at = a.transpose(0, 1);  // (3, 2)
   REQUIRE((at + at).to_vector<double>() == std::vector<double>{2, 8, 4, 10, 6, 12});
+}
+
+// strided_for_parallel shares a strided walk out over the threads: every element of operand 0 is
+// handed to exactly one call, at the offsets the one-thread walk gives it, and a destination that
+// repeats an element (a zero stride) stays on one thread.
+TEST_CASE("strided_for_parallel visits every element once, split over the threads",
+          "[elementwise][threads]") {
+  const int max_threads = omp_get_max_threads();
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> dst, src;
+    bool one_thread;  // the walk must stay on one thread
+  };
+  const std::vector<Case> cases = {
+      {{40, 33, 50}, {1, 40 * 50, 40}, {33 * 50, 50, 1}, false},  // a permuted copy: many runs
+      {{40000}, {2}, {1}, false},                                 // one strided run
+      {{3, 20000}, {20000, 1}, {1, 3}, false},                    // fewer runs than threads
+      {{300, 200}, {0, 1}, {200, 1}, true},                       // operand 0 repeats rows
+      {{100, 50}, {50, 1}, {1, 100}, true},                       // below the threshold
+  };
+  for (const Case& c : cases) {
+    int64_t numel = 1, span = 1;
+    for (size_t d = 0; d < c.shape.size(); ++d) {
+      numel *= c.shape[d];
+      span += (c.shape[d] - 1) * c.dst[d];
+    }
+    for (int t : {1, 2, 3, 7}) {
+      omp_set_num_threads(t);
+      INFO(numel << " elements, " << t << " threads");
+      std::vector<int> visits(span, 0), thread_of(span, -1);
+      std::vector<int64_t> src_of(span, -1);
+      std::vector<int> threads_seen(8, 0);
+      engine::cpu::strided_for_parallel<2>(
+          c.shape, {&c.dst, &c.src}, engine::cpu::kParallelMinElems,
+          [&](const int64_t* off, int64_t n, const int64_t* step) {
+            const int th = omp_get_thread_num();
+#pragma omp atomic
+            threads_seen[th] += 1;
+            for (int64_t i = 0; i < n; ++i) {
+              const int64_t d = off[0] + i * step[0];
+#pragma omp atomic
+              visits[d] += 1;
+              thread_of[d] = th;  // a race only where the test fails anyway (a second visit)
+              src_of[d] = off[1] + i * step[1];
+            }
+          });
+      int64_t visited = 0;
+      for (int v : visits) visited += v;
+      CHECK(visited == numel);
+      int busy = 0;
+      for (int v : threads_seen) busy += v > 0;
+      if (c.one_thread || t == 1) {
+        CHECK(busy == 1);
+      } else {
+        CHECK(busy == t);
+      }
+      if (c.one_thread) continue;
+      // Each element once, and paired with the source element the index math gives.
+      bool once = true, paired = true;
+      std::vector<int64_t> idx(c.shape.size(), 0);
+      for (int64_t e = 0; e < numel; ++e) {
+        int64_t d = 0, s = 0;
+        for (size_t k = 0; k < c.shape.size(); ++k) {
+          d += idx[k] * c.dst[k];
+          s += idx[k] * c.src[k];
+        }
+        once &= visits[d] == 1;
+        paired &= src_of[d] == s;
+        for (int64_t k = int64_t(c.shape.size()) - 1; k >= 0; --k)
+          if (++idx[k] < c.shape[k])
+            break;
+          else
+            idx[k] = 0;
+      }
+      CHECK(once);
+      CHECK(paired);
+    }
+  }
+  omp_set_num_threads(max_threads);
+}
+
+// The kernels on that walk (a strided copy, fill_, add_, the binary ops, affine) at several thread
+// counts against values from the index math.
+TEST_CASE("strided copies and element-wise ops over many elements, at any thread count",
+          "[elementwise][threads]") {
+  const int max_threads = omp_get_max_threads();
+  const int64_t A = 40, B = 33, C = 50;  // 66,000 elements: above the parallel threshold
+  Tensor x = Tensor::arange(A * B * C, DType::f64).reshape({A, B, C});
+  Tensor row = Tensor::arange(A, DType::f64);  // broadcast along the permuted inner dim
+  for (int t : {1, 2, 3, 7}) {
+    omp_set_num_threads(t);
+    INFO(t << " threads");
+    Tensor p = x.permute({2, 0, 1});  // (C, A, B), strided
+    const std::vector<double> pc = p.contiguous().to_vector<double>();
+    const std::vector<double> sum = (p + row.reshape({1, A, 1})).to_vector<double>();
+    const std::vector<double> aff = affine(p, 2.0, -1.0).to_vector<double>();
+    Tensor y = Tensor::zeros({A, B, C}, DType::f64);
+    Tensor yp = y.permute({2, 0, 1});
+    yp.fill_(3.0);
+    yp.add_(p, 0.5);  // y[a][b][c] = 3 + 0.5 x[a][b][c], written through the permuted view
+    Tensor f = Tensor::empty({C, A, B}, DType::f32);
+    f.copy_(p);  // f64 -> f32 through the strided walk
+    const std::vector<double> yv = y.to_vector<double>();
+    const std::vector<float> fv = f.to_vector<float>();
+    bool ok_copy = true, ok_sum = true, ok_aff = true, ok_add = true, ok_cast = true;
+    for (int64_t c = 0, e = 0; c < C; ++c)
+      for (int64_t a = 0; a < A; ++a)
+        for (int64_t b = 0; b < B; ++b, ++e) {
+          const double v = double((a * B + b) * C + c);
+          ok_copy &= pc[e] == v;
+          ok_sum &= sum[e] == v + double(a);
+          ok_aff &= aff[e] == 2.0 * v - 1.0;
+          ok_cast &= fv[e] == float(v);
+        }
+    for (int64_t e = 0; e < A * B * C; ++e) ok_add &= yv[e] == 3.0 + 0.5 * double(e);
+    CHECK(ok_copy);
+    CHECK(ok_sum);
+    CHECK(ok_aff);
+    CHECK(ok_add);
+    CHECK(ok_cast);
+    // A strided copy onto an overlapping view of the same storage keeps the one-thread order:
+    // each element of z's even slots takes the one two before it, already overwritten, so all
+    // become z[0]. Split over threads, the second thread's first read would come too early.
+    const int64_t n = 2 * 40000;
+    Tensor z = Tensor::arange(n, DType::f64);
+    z.slice(0, 2, n, 2).copy_(z.slice(0, 0, n - 2, 2));
+    const std::vector<double> zv = z.to_vector<double>();
+    bool smeared = true;
+    for (int64_t e = 0; e < n; e += 2) smeared &= zv[e] == 0.0;
+    CHECK(smeared);
+  }
+  omp_set_num_threads(max_threads);
 }
 
 TEST_CASE("gelu (erf form) and tanh values", "[elementwise]") {

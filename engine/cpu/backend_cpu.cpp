@@ -458,17 +458,19 @@ class CpuBackend final : public Backend {
       }
       return;
     }
+    // Operands in one storage (a view copied onto an overlapping one) keep the one-thread order.
+    const int64_t min_parallel = dst.shares_storage(src) ? INT64_MAX : kParallelMinElems;
     dispatch_any(src.dtype(), [&]<class S>() {
       dispatch_any(dst.dtype(), [&]<class D>() {
         const S* s = static_cast<const S*>(src.raw_data());
         D* d = static_cast<D*>(dst.raw_data());
-        strided_for<2>(dst.shape(), {&dst.strides(), &src.strides()},
-                       [&](const int64_t* off, int64_t n, const int64_t* step) {
-                         D* dp = d + off[0];
-                         const S* sp = s + off[1];
-                         for (int64_t i = 0; i < n; ++i)
-                           dp[i * step[0]] = store<D>(load(sp[i * step[1]]));
-                       });
+        strided_for_parallel<2>(dst.shape(), {&dst.strides(), &src.strides()}, min_parallel,
+                                [&](const int64_t* off, int64_t n, const int64_t* step) {
+                                  D* dp = d + off[0];
+                                  const S* sp = s + off[1];
+                                  for (int64_t i = 0; i < n; ++i)
+                                    dp[i * step[0]] = store<D>(load(sp[i * step[1]]));
+                                });
       });
     });
   }
@@ -483,10 +485,10 @@ class CpuBackend final : public Backend {
         for (int64_t i = 0; i < n; ++i) d[i] = v;
         return;
       }
-      strided_for<1>(dst.shape(), {&dst.strides()},
-                     [&](const int64_t* off, int64_t n, const int64_t* step) {
-                       for (int64_t i = 0; i < n; ++i) d[off[0] + i * step[0]] = v;
-                     });
+      strided_for_parallel<1>(dst.shape(), {&dst.strides()}, kParallelMinElems,
+                              [&](const int64_t* off, int64_t n, const int64_t* step) {
+                                for (int64_t i = 0; i < n; ++i) d[off[0] + i * step[0]] = v;
+                              });
     });
   }
 
@@ -503,14 +505,15 @@ class CpuBackend final : public Backend {
         for (int64_t i = 0; i < n; ++i) d[i] = store<T>(load(d[i]) + a * load(s[i]));
         return;
       }
-      strided_for<2>(dst.shape(), {&dst.strides(), &src.strides()},
-                     [&](const int64_t* off, int64_t n, const int64_t* step) {
-                       T* dp = d + off[0];
-                       const T* sp = s + off[1];
-                       for (int64_t i = 0; i < n; ++i)
-                         dp[i * step[0]] =
-                             store<T>(load(dp[i * step[0]]) + a * load(sp[i * step[1]]));
-                     });
+      const int64_t min_parallel = dst.shares_storage(src) ? INT64_MAX : kParallelMinElems;
+      strided_for_parallel<2>(dst.shape(), {&dst.strides(), &src.strides()}, min_parallel,
+                              [&](const int64_t* off, int64_t n, const int64_t* step) {
+                                T* dp = d + off[0];
+                                const T* sp = s + off[1];
+                                for (int64_t i = 0; i < n; ++i)
+                                  dp[i * step[0]] =
+                                      store<T>(load(dp[i * step[0]]) + a * load(sp[i * step[1]]));
+                              });
     });
   }
 
