@@ -484,6 +484,17 @@ void run(bool quick) {
       },
       3 * lbytes, "GB/s");
 
+  // The heads' split of a (B, T, D) activation, as contiguous() of its (B, H, T, D/H) view:
+  // a strided copy (read and written once).
+  Tensor heads_view = x.detach().view({B, T, H, D / H}).permute({0, 2, 1, 3});
+  bench(
+      "permute_copy (B,T,H,64)->(B,H,T,64)",
+      [&] {
+        NoGrad ng;
+        heads_view.contiguous();
+      },
+      2.0 * heads_view.numel() * 4 * 1e-9, "GB/s");
+
   Tensor s = Tensor::randn({B, H, T, T}, g);
   bench(
       "softmax_fwd (B,H,T,T)",

@@ -1,5 +1,7 @@
 // index_select / embedding: forward against naive loops, scatter-add gradients (repeated
 // indices), finite-difference checks and the error messages.
+#include <omp.h>
+
 #include <catch2/catch.hpp>
 
 #include "gradcheck.h"
@@ -114,6 +116,33 @@ TEST_CASE("embedding backward is deterministic for many repeated ids", "[embeddi
       if (ids[i] == 0) s += gv[i * 700 + c];
     REQUIRE(a[c] == Approx(s).margin(1e-4));
   }
+}
+
+// The backward's threads split the features in whole cache lines (one block each), and every
+// element's sum runs over the ids in order: the bits of a float sum in that order at any thread
+// count, for a feature dim under one block (the tiny model's 128) and over several (BERT's 768).
+TEST_CASE("embedding backward sums each element in id order at any thread count",
+          "[embedding][threads]") {
+  const int max_threads = omp_get_max_threads();
+  for (int64_t d : {128, 200, 768}) {
+    const int64_t m = 600, v = 50;
+    std::vector<int64_t> ids(m);
+    for (int64_t i = 0; i < m; ++i) ids[i] = (i * 13 + i / 7) % v;
+    Generator gen(static_cast<uint64_t>(d));
+    Tensor g = Tensor::randn({m, d}, gen);
+    const std::vector<float> gv = g.to_vector<float>();
+    std::vector<float> want(v * d, 0.0f);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t c = 0; c < d; ++c) want[ids[i] * d + c] += gv[i * d + c];
+    for (int t : {1, 2, 3, 7}) {
+      omp_set_num_threads(t);
+      INFO("d " << d << ", " << t << " threads");
+      Tensor w = Tensor::zeros({v, d}, DType::f32).set_requires_grad();
+      embedding(w, Tensor::from_vector(ids, {m})).backward(g);
+      CHECK(w.grad().to_vector<float>() == want);
+    }
+  }
+  omp_set_num_threads(max_threads);
 }
 
 TEST_CASE("embedding and index_select errors name the op and the bad id", "[embedding]") {

@@ -48,6 +48,7 @@ def torch_cases(torch, quick):
     pos = torch.randn(1, H, T, T, generator=g, requires_grad=True)
     lw, lb = torch.ones(D, requires_grad=True), torch.zeros(D, requires_grad=True)
     s = torch.randn(B, H, T, T, generator=g)
+    heads_view = x.detach().view(B, T, H, D // H).permute(0, 2, 1, 3)
     big = torch.randn(rows, FF, generator=g, requires_grad=True)
     b3072 = (torch.randn(FF, generator=g) * 0.02).requires_grad_()
     n = max(1, rows * 15 // 100)
@@ -94,6 +95,7 @@ def torch_cases(torch, quick):
         "attention_fwd_bwd": fwd_bwd(attn),
         "layer_norm_fwd": fwd(lambda: F.layer_norm(x, (D,), lw, lb, 1e-12)),
         "layer_norm_fwd_bwd": fwd_bwd(lambda: F.layer_norm(x, (D,), lw, lb, 1e-12)),
+        "permute_copy": fwd(lambda: heads_view.contiguous()),
         "softmax_fwd": fwd(lambda: torch.softmax(s, -1)),
         "gelu_fwd_bwd": fwd_bwd(lambda: F.gelu(big)),
         "dropout_fwd_bwd": fwd_bwd(lambda: F.dropout(big, 0.1, training=True)),
