@@ -9,6 +9,16 @@ namespace engine::cpu {
 namespace {
 using ArrayF = Eigen::Array<float, Eigen::Dynamic, 1>;
 constexpr float kNegInfF = -std::numeric_limits<float>::infinity();
+
+// y = exp(x - shift) by Eigen's SIMD exp (Eigen's select() is not SIMD, so no select around it).
+// Eigen clamps exp's argument near -88, so exp(-inf) (a masked logit) comes out ~4e-39 instead of
+// 0: callers flush every result below FLT_MIN with flushed() in their own pass over y, which gives
+// exact zeros for masked entries and changes a true exp(x < -87) by less than 1e-38 next to a row
+// sum >= 1.
+void eigen_exp_shifted(const float* x, float shift, float* y, int64_t n) {
+  Eigen::Map<ArrayF>(y, n) = (Eigen::Map<const ArrayF>(x, n) - shift).exp();
+}
+inline float flushed(float v) { return v < std::numeric_limits<float>::min() ? 0.0f : v; }
 }  // namespace
 
 template <>
@@ -25,15 +35,9 @@ double row_max<double>(const double* x, int64_t n) {
 
 template <>
 float exp_shifted<float>(const float* x, float shift, float* y, int64_t n) {
-  Eigen::Map<const ArrayF> a(x, n);
-  Eigen::Map<ArrayF> b(y, n);
-  b = (a - shift).exp();  // SIMD (Eigen's select() is not, so no select around it)
-  // Eigen clamps exp's argument near -88, so exp(-inf) (a masked logit) comes out ~4e-39 instead
-  // of 0. Flush everything below FLT_MIN: exact zeros for masked entries, and a change of less
-  // than 1e-38 for a true exp(x < -87) next to a row sum >= 1.
-  constexpr float kMin = std::numeric_limits<float>::min();
-  for (int64_t j = 0; j < n; ++j) y[j] = y[j] < kMin ? 0.0f : y[j];
-  return b.sum();
+  eigen_exp_shifted(x, shift, y, n);
+  for (int64_t j = 0; j < n; ++j) y[j] = flushed(y[j]);
+  return Eigen::Map<const ArrayF>(y, n).sum();
 }
 template <>
 double exp_shifted<double>(const double* x, double shift, double* y, int64_t n) {
@@ -47,11 +51,8 @@ double exp_shifted<double>(const double* x, double shift, double* y, int64_t n) 
 
 template <>
 void exp_shifted_scaled<float>(const float* x, float shift, float scale, float* y, int64_t n) {
-  Eigen::Map<const ArrayF> a(x, n);
-  Eigen::Map<ArrayF> b(y, n);
-  b = (a - shift).exp();
-  constexpr float kMin = std::numeric_limits<float>::min();  // the flush of exp_shifted
-  for (int64_t j = 0; j < n; ++j) y[j] = (y[j] < kMin ? 0.0f : y[j]) * scale;
+  eigen_exp_shifted(x, shift, y, n);
+  for (int64_t j = 0; j < n; ++j) y[j] = flushed(y[j]) * scale;
 }
 template <>
 void exp_shifted_scaled<double>(const double* x, double shift, double scale, double* y, int64_t n) {
