@@ -81,21 +81,6 @@ void walk_runs(const std::vector<int64_t>& sizes, const std::vector<std::array<i
 }  // namespace detail
 
 template <int N, class F>
-void strided_for(const Shape& shape, std::array<const std::vector<int64_t>*, N> strides, F&& f) {
-  std::vector<int64_t> sizes;
-  std::vector<std::array<int64_t, N>> st;
-  if (!detail::merge_dims<N>(shape, strides, sizes, st)) return;
-  if (sizes.empty()) {
-    const int64_t off[N] = {}, step[N] = {};
-    f(off, int64_t{1}, step);
-    return;
-  }
-  int64_t runs = 1;
-  for (size_t d = 0; d + 1 < sizes.size(); ++d) runs *= sizes[d];
-  detail::walk_runs<N>(sizes, st, 0, runs, 0, sizes.back(), f);
-}
-
-template <int N, class F>
 void strided_for_parallel(const Shape& shape, std::array<const std::vector<int64_t>*, N> strides,
                           int64_t min_parallel, F&& f) {
   std::vector<int64_t> sizes;
@@ -126,6 +111,12 @@ void strided_for_parallel(const Shape& shape, std::array<const std::vector<int64
     else
       detail::walk_runs<N>(sizes, st, 0, runs, inner * t / nt, inner * (t + 1) / nt, f);
   }
+}
+
+// The walk on the calling thread alone.
+template <int N, class F>
+void strided_for(const Shape& shape, std::array<const std::vector<int64_t>*, N> strides, F&& f) {
+  strided_for_parallel<N>(shape, strides, INT64_MAX, f);
 }
 
 }  // namespace engine::cpu
