@@ -1,14 +1,13 @@
 // Strided iteration for CPU kernels: walks a shape with the strides of N operands, merging dims
-// that are contiguous for every operand, and hands the innermost run to a callback:
+// that are contiguous for every operand, and hands each innermost run to a callback:
 //
-//   strided_for<2>(shape, {&dst_strides, &src_strides},
-//                  [&](const int64_t* off, int64_t n, const int64_t* step) { ... });
+//   strided_for_parallel<2>(shape, {&dst_strides, &src_strides}, min_parallel,
+//                           [&](const int64_t* off, int64_t n, const int64_t* step) { ... });
 //
 // off[k] is operand k's element offset of the run's first element, step[k] its inner stride.
-//
-// strided_for_parallel is the same walk shared out over the OpenMP threads (each thread a
-// contiguous range of the runs, or of every run's elements when there are fewer runs than
-// threads) once the shape has more than min_parallel elements. For element-wise kernels whose
+// The walk is shared out over the OpenMP threads (each thread a contiguous range of the runs, or
+// of every run's elements when there are fewer runs than threads) once the shape has more than
+// min_parallel elements (INT64_MAX: the calling thread alone). For element-wise kernels whose
 // operand 0 is written: it stays on one thread when operand 0 repeats an element (a zero stride),
 // so no element is written by two threads.
 #pragma once
@@ -111,12 +110,6 @@ void strided_for_parallel(const Shape& shape, std::array<const std::vector<int64
     else
       detail::walk_runs<N>(sizes, st, 0, runs, inner * t / nt, inner * (t + 1) / nt, f);
   }
-}
-
-// The walk on the calling thread alone.
-template <int N, class F>
-void strided_for(const Shape& shape, std::array<const std::vector<int64_t>*, N> strides, F&& f) {
-  strided_for_parallel<N>(shape, strides, INT64_MAX, f);
 }
 
 }  // namespace engine::cpu
