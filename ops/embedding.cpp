@@ -106,8 +106,13 @@ void gather_rows(const Tensor& table, const Tensor& index, const Tensor& out) {
     const I* idx = index.data<I>();
     const char* src = static_cast<const char*>(table.raw_data());
     char* dst = static_cast<char*>(out.raw_data());
-    // A row copy is dtype-agnostic, so gathers work for every dtype (bf16 tables included).
-#pragma omp parallel for if (static_cast <size_t>(m) * row_bytes > (1u << 20))
+    // A row copy is dtype-agnostic, so gathers work for every dtype (bf16 tables included). Over
+    // the threads from kParallelMinElems f32s' worth of bytes, as the memory-bound loops (the
+    // tiny model's (2048 x 128) f32 lookups, 1 MB, ran on one thread under a 1 MB threshold).
+    const bool parallel = m * static_cast<int64_t>(row_bytes) >=
+                              ::engine::cpu::kParallelMinElems * int64_t{sizeof(float)} &&
+                          !omp_in_parallel();
+#pragma omp parallel for if (parallel)
     for (int64_t i = 0; i < m; ++i)
       std::memcpy(dst + i * row_bytes, src + static_cast<int64_t>(idx[i]) * row_bytes, row_bytes);
   });

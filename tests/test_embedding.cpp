@@ -2,6 +2,8 @@
 // indices), finite-difference checks and the error messages.
 #include <omp.h>
 
+#include <algorithm>
+
 #include <catch2/catch.hpp>
 
 #include "gradcheck.h"
@@ -118,11 +120,15 @@ TEST_CASE("embedding backward is deterministic for many repeated ids", "[embeddi
   }
 }
 
-// The backward's threads split the features in whole cache lines (one block each), and every
-// element's sum runs over the ids in order: the bits of a float sum in that order at any thread
-// count, for a feature dim under one block (the tiny model's 128) and over several (BERT's 768).
-TEST_CASE("embedding backward sums each element in id order at any thread count",
-          "[embedding][threads]") {
+// The forward's row copies go over the threads from 128 KB on (600 rows of 128-768 floats: 300
+// KB-1.8 MB); the backward's threads split the features in whole cache lines (one block each),
+// and every element's sum runs over the ids in order: the bits of a float sum in that order at
+// any thread count, for a feature dim under one block (the tiny model's 128) and over several
+// (BERT's 768).
+TEST_CASE(
+    "embedding gathers rows, and its backward sums each element in id order, at any thread "
+    "count",
+    "[embedding][threads]") {
   const int max_threads = omp_get_max_threads();
   for (int64_t d : {128, 200, 768}) {
     const int64_t m = 600, v = 50;
@@ -137,8 +143,16 @@ TEST_CASE("embedding backward sums each element in id order at any thread count"
     for (int t : {1, 2, 3, 7}) {
       omp_set_num_threads(t);
       INFO("d " << d << ", " << t << " threads");
-      Tensor w = Tensor::zeros({v, d}, DType::f32).set_requires_grad();
-      embedding(w, Tensor::from_vector(ids, {m})).backward(g);
+      Tensor w = Tensor::randn({v, d}, gen).set_requires_grad();
+      const std::vector<float> wv = w.to_vector<float>();
+      Tensor out = embedding(w, Tensor::from_vector(ids, {m}));
+      const std::vector<float> ov = out.to_vector<float>();
+      bool rows_ok = true;
+      for (int64_t i = 0; i < m; ++i)
+        rows_ok = rows_ok &&
+                  std::equal(ov.begin() + i * d, ov.begin() + (i + 1) * d, wv.begin() + ids[i] * d);
+      CHECK(rows_ok);
+      out.backward(g);
       CHECK(w.grad().to_vector<float>() == want);
     }
   }

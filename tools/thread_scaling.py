@@ -226,6 +226,10 @@ def main():
               f"{sum(r[4] for r in rest):7.2f}  ({len(rest)} more regions)")
 
     s1, sn = summary[1], summary[N]
+    pairs = [(a[0], b[0]) for a, b in zip(runs[1], runs[N]) if a[0] and b[0]]
+    if len(pairs) > 1:
+        print(f"\nrounds' speed-ups ({N} threads over 1, each round's own pair): "
+              + " ".join(f"{a / b:.2f}x" for a, b in pairs))
     if s1["step"] and sn["step"]:
         no_wait = sn["step"] - sn["wait"] / N
         all_threads = no_wait - sn["outside"] * (1 - 1 / N) - sn["fewer"] * (1 - 1 / N)
