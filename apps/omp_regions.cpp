@@ -15,12 +15,12 @@
 // offsets to symbols.
 #include <dlfcn.h>
 
+#include <pthread.h>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <mutex>
-#include <pthread.h>
 #include <unordered_map>
 
 namespace {
@@ -161,13 +161,13 @@ void GOMP_parallel(Body fn, void* data, unsigned num_threads, unsigned flags) {
   record(fn, data, [&](Body b, void* d) { next(b, d, num_threads, flags); });
 }
 
-#define OMP_REGIONS_LOOP(name)                                                                   \
-  void name(Body fn, void* data, unsigned num_threads, long start, long end, long incr,         \
-            long chunk, unsigned flags) {                                                        \
-    static auto next = real<void (*)(Body, void*, unsigned, long, long, long, long, unsigned)>( \
-        #name);                                                                                  \
-    record(fn, data,                                                                             \
-           [&](Body b, void* d) { next(b, d, num_threads, start, end, incr, chunk, flags); });   \
+#define OMP_REGIONS_LOOP(name)                                                                 \
+  void name(Body fn, void* data, unsigned num_threads, long start, long end, long incr,        \
+            long chunk, unsigned flags) {                                                      \
+    static auto next =                                                                         \
+        real<void (*)(Body, void*, unsigned, long, long, long, long, unsigned)>(#name);        \
+    record(fn, data,                                                                           \
+           [&](Body b, void* d) { next(b, d, num_threads, start, end, incr, chunk, flags); }); \
   }
 OMP_REGIONS_LOOP(GOMP_parallel_loop_static)
 OMP_REGIONS_LOOP(GOMP_parallel_loop_dynamic)
