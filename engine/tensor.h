@@ -83,7 +83,10 @@ class Tensor {
   // out-of-range bounds are clamped, step >= 1).
   Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
   Tensor select(int64_t dim, int64_t index) const;  // removes dim
-  Tensor expand(const Shape& shape) const;          // -1 keeps a dim; stride-0 broadcast view
+  // Every select(dim, i) at once, as views; one backward node writes their gradients into one
+  // tensor (in this tensor's layout when it is a permuted whole tensor).
+  std::vector<Tensor> unbind(int64_t dim) const;
+  Tensor expand(const Shape& shape) const;  // -1 keeps a dim; stride-0 broadcast view
   Tensor unsqueeze(int64_t dim) const;
   Tensor squeeze(int64_t dim) const;
   Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;

@@ -99,6 +99,55 @@ struct SliceNode : Node {
   }
 };
 
+// A tensor of `shape` laid out as `strides` when those are a permutation of a contiguous
+// layout (a permuted view of a whole tensor), else a contiguous one: a gradient in its input's
+// layout, so the permute that made the input hands back a contiguous tensor to the view before it.
+Tensor empty_in_layout(const Shape& shape, const std::vector<int64_t>& strides, DType dtype,
+                       Device device) {
+  const size_t n = shape.size();
+  std::vector<int64_t> order(n);  // the dims from the outermost stride to the innermost
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return strides[a] > strides[b]; });
+  int64_t expect = 1;
+  for (size_t j = n; j-- > 0;) {
+    const int64_t d = order[j];
+    if (shape[d] != 1 && strides[d] != expect) return Tensor::empty(shape, dtype, device);
+    expect *= shape[d];
+  }
+  Shape ordered(n);
+  std::vector<int64_t> inverse(n);
+  for (size_t j = 0; j < n; ++j) {
+    ordered[j] = shape[order[j]];
+    inverse[order[j]] = static_cast<int64_t>(j);
+  }
+  return Tensor::empty(ordered, dtype, device).permute(inverse);
+}
+
+// unbind: every index along `dim` as one output of one node, so the backward writes the
+// gradients into one tensor once (slices would each make a zero tensor of the input's size, copy
+// their part in, and then be summed: BERT's q, k, v split moved ~7x the bytes).
+struct UnbindNode : Node {
+  int64_t dim = 0;
+  std::vector<int64_t> in_strides;
+  const char* name() const override { return "unbind"; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& g) override {
+    const TensorMeta& m = inputs[0];
+    const Tensor* any = nullptr;
+    bool all = true;
+    for (const Tensor& gi : g) {
+      if (gi.defined() && !any) any = &gi;
+      all = all && gi.defined();
+    }
+    if (!any) return {Tensor()};
+    Tensor out = empty_in_layout(m.shape, in_strides, any->dtype(), m.device);
+    if (!all) out.fill_(0.0);
+    for (size_t i = 0; i < g.size(); ++i)
+      if (g[i].defined()) out.select(dim, static_cast<int64_t>(i)).copy_(g[i]);
+    return {out};
+  }
+};
+
 struct ExpandNode : Node {
   const char* name() const override { return "expand"; }
   std::vector<Tensor> backward(const std::vector<Tensor>& g) override {
@@ -213,6 +262,27 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
                " of ", describe(*this));
   if (index < 0) index += n;
   return slice(d, index, index + 1).squeeze(d);
+}
+
+std::vector<Tensor> Tensor::unbind(int64_t d) const {
+  d = wrap_dim(d, dim(), "unbind");
+  const int64_t n = shape()[d];
+  Shape shape = this->shape();
+  std::vector<int64_t> st = strides();
+  const int64_t step = st[d];
+  shape.erase(shape.begin() + d);
+  st.erase(st.begin() + d);
+  std::vector<Tensor> outs;
+  outs.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    outs.push_back(make_view(*this, shape, st, storage_offset() + i * step));
+  if (needs_grad(*this) && n > 0) {
+    auto node = std::make_shared<UnbindNode>();
+    node->dim = d;
+    node->in_strides = strides();
+    record(node, {*this}, outs);
+  }
+  return outs;
 }
 
 Tensor Tensor::expand(const Shape& target) const {

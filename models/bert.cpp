@@ -353,10 +353,11 @@ BertLayer::BertLayer(const BertConfig& c, Generator& gen)
 
 BertLayer::Projected BertLayer::project(const Tensor& x, const AttentionTerms& terms) const {
   const int64_t b = x.size(0), t = x.size(1), h = config_.num_heads, dh = config_.head_size();
-  // (B, T, 3d) -> (3, B, H, T, d_h): views, no copies.
-  Tensor qkv5 = qkv.forward(x).view({b, t, 3, h, dh}).permute({2, 0, 3, 1, 4});
-  Projected pr{qkv5.select(0, 0), qkv5.select(0, 1), qkv5.select(0, 2),
-               1.0 / std::sqrt(double(dh))};
+  // (B, T, 3d) -> 3 x (B, H, T, d_h): views, no copies; their gradients go back into one
+  // (B, T, 3d) tensor (unbind).
+  std::vector<Tensor> qkv3 =
+      qkv.forward(x).view({b, t, 3, h, dh}).permute({2, 0, 3, 1, 4}).unbind(0);
+  Projected pr{qkv3[0], qkv3[1], qkv3[2], 1.0 / std::sqrt(double(dh))};
   const PositionConfig& p = config_.position;
   if (p.attention == AttentionPosition::untied) pr.scale = 1.0 / std::sqrt(2.0 * double(dh));
   if (p.attention == AttentionPosition::decomposed) {

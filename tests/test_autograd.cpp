@@ -150,6 +150,14 @@ TEST_CASE("gradients through views match finite differences", "[autograd][gradch
   check("expand", [&](const std::vector<Tensor>& in) {
     return in[0].slice(1, 0, 1).expand({2, 3, 5, 7}) * w;
   });
+  check("unbind, every part used", [&](const std::vector<Tensor>& in) {
+    std::vector<Tensor> parts = in[0].permute({1, 0, 2}).unbind(0);  // 5 x (3, 7)
+    return parts[0] * parts[4] + parts[2] * w.select(1, 1) + parts[1] + parts[3];
+  });
+  check("unbind, some parts unused", [&](const std::vector<Tensor>& in) {
+    std::vector<Tensor> parts = in[0].unbind(2);  // 7 x (3, 5)
+    return parts[6] * parts[1] * w.select(2, 0);
+  });
   check("unsqueeze/squeeze/flatten",
         [&](const std::vector<Tensor>& in) { return in[0].unsqueeze(0).squeeze(0).flatten(1); });
   check("to(f32) and back",
@@ -278,4 +286,60 @@ TEST_CASE("linear, matmul and embedding add into a held .grad in place, exactly"
   w.set_grad(ints({3, 3}, 12));
   linear(w, w).backward(dy_w);
   REQUIRE(vals(w.grad()) == vals(ints({3, 3}, 12) + w_ref_x.grad() + w_ref_w.grad()));
+}
+
+// unbind's views are select(d, i); one node writes their gradients into one tensor, in the
+// input's layout when the input is a permuted whole tensor (BERT's q, k, v split of a (B, T, 3,
+// H, d_h) projection permuted to (3, B, H, T, d_h)), so the permute's backward hands a contiguous
+// gradient to the view before it; parts that got no gradient are zeros.
+TEST_CASE("unbind: views of select, one gradient in the input's layout", "[autograd]") {
+  Tensor base = rand_input({2, 4, 3, 2, 5}, 7);  // (B, T, 3, H, d_h)
+  Tensor x = base.permute({2, 0, 3, 1, 4});      // (3, B, H, T, d_h)
+  std::vector<Tensor> parts = x.unbind(0);
+  REQUIRE(parts.size() == 3);
+  for (int64_t i = 0; i < 3; ++i) {
+    REQUIRE(parts[i].shape() == Shape{2, 2, 4, 5});
+    REQUIRE(parts[i].storage_offset() == x.select(0, i).storage_offset());
+    REQUIRE(parts[i].strides() == x.select(0, i).strides());
+    REQUIRE(vals(parts[i].contiguous()) == vals(x.select(0, i).contiguous()));
+  }
+  Tensor g0 = rand_input({2, 2, 4, 5}, 8, false), g2 = rand_input({2, 2, 4, 5}, 9, false);
+  Tensor loss = sum(parts[0] * g0) + sum(parts[2] * g2);  // parts[1] unused
+  bool saw_unbind = false;
+  auto find = [&](auto&& self, const std::shared_ptr<Node>& n) -> void {
+    if (!n) return;
+    if (std::string(n->name()) == "unbind") {
+      saw_unbind = true;
+      return;
+    }
+    for (const Edge& e : n->next) self(self, e.node);
+  };
+  find(find, loss.grad_fn());
+  REQUIRE(saw_unbind);
+  loss.backward();
+  Tensor gx = base.grad().permute({2, 0, 3, 1, 4});
+  REQUIRE(vals(gx.select(0, 0).contiguous()) == vals(g0));
+  REQUIRE(vals(gx.select(0, 1).contiguous()) == std::vector<double>(80, 0.0));
+  REQUIRE(vals(gx.select(0, 2).contiguous()) == vals(g2));
+
+  // The gradient that reaches the permute is in x's layout: the permute's backward is contiguous.
+  Tensor y = base.detach().set_requires_grad().permute({2, 0, 3, 1, 4});
+  std::vector<Tensor> q = y.unbind(0);
+  std::shared_ptr<Node> unbind_node = q[0].grad_fn();
+  REQUIRE(unbind_node);
+  REQUIRE(std::string(unbind_node->name()) == "unbind");
+  REQUIRE(q[1].grad_fn() == unbind_node);
+  std::vector<Tensor> got =
+      unbind_node->backward({rand_input({2, 2, 4, 5}, 10, false), Tensor(), Tensor()});
+  REQUIRE(got.size() == 1);
+  REQUIRE(got[0].strides() == y.strides());
+  REQUIRE(got[0].permute({1, 3, 0, 2, 4}).is_contiguous());
+  // A layout that is not a permuted whole tensor (a slice) gets a contiguous gradient.
+  Tensor z = base.detach().set_requires_grad().slice(1, 1, 3);
+  std::vector<Tensor> r = z.unbind(1);
+  std::vector<Tensor> gz =
+      r[0].grad_fn()->backward({rand_input({2, 3, 2, 5}, 11, false), Tensor()});
+  REQUIRE(gz[0].is_contiguous());
+  REQUIRE(x.unbind(-5).size() == 3);
+  REQUIRE_THROWS_WITH(x.unbind(5), Contains("[unbind]"));
 }
