@@ -76,11 +76,11 @@ def per_step(args, env, threads, w):
     each a timed step's worth (the set-up's and the warm-up step's regions skipped)."""
     out = w(f"regions.{threads}.txt")
     _, (warm, _, _, _) = run_once(args, env, threads, 1, 0, w, out)
-    step_ms, (_, span, outside, reg) = run_once(args, env, threads, args.steps + 1, warm, w, out)
+    step_ms, (_, _, outside, reg) = run_once(args, env, threads, args.steps + 1, warm, w, out)
     n = args.steps
-    diff = {key: (c / n, wall * 1e3 / n, team * 1e3 / n, busy * 1e3 / n)
+    each = {key: (c / n, wall * 1e3 / n, team * 1e3 / n, busy * 1e3 / n)
             for key, (c, wall, team, busy) in reg.items()}
-    return step_ms, outside * 1e3 / n, diff
+    return step_ms, outside * 1e3 / n, each
 
 
 class Symbols:
@@ -214,16 +214,16 @@ def main():
         calls = med([v[0] for v in (b or a)])
         w1, wn = med([v[1] for v in a]), med([v[1] for v in b])
         wait = med([v[2] - v[3] for v in b])
-        rows.append((w1 - wn, calls, w1, wn, wait, short(key)))
-    rows.sort(key=lambda r: -r[2])
+        rows.append((calls, w1, wn, wait, short(key)))
+    rows.sort(key=lambda r: -r[1])
     print(f"\n{'calls':>6} {'1T ms':>8} {f'{N}T ms':>8} {'x':>6} {'wait':>7}  function the region is in")
-    for _, calls, w1, wn, wait, name in rows[:args.top]:
+    for calls, w1, wn, wait, name in rows[:args.top]:
         x = f"{w1 / wn:6.2f}" if wn > 0 else "     -"
         print(f"{calls:6.0f} {w1:8.2f} {wn:8.2f} {x} {wait:7.2f}  {name}")
     rest = rows[args.top:]
     if rest:
-        print(f"{'':6} {sum(r[2] for r in rest):8.2f} {sum(r[3] for r in rest):8.2f} {'':6} "
-              f"{sum(r[4] for r in rest):7.2f}  ({len(rest)} more regions)")
+        print(f"{'':6} {sum(r[1] for r in rest):8.2f} {sum(r[2] for r in rest):8.2f} {'':6} "
+              f"{sum(r[3] for r in rest):7.2f}  ({len(rest)} more regions)")
 
     s1, sn = summary[1], summary[N]
     pairs = [(a[0], b[0]) for a, b in zip(runs[1], runs[N]) if a[0] and b[0]]
