@@ -488,6 +488,41 @@ TEST_CASE("gemm epilogues add a bias per column and apply GELU's tanh form", "[m
                       Catch::Contains("an epilogue needs a row-major c"));
 }
 
+TEST_CASE("a wide product's epilogue in column chunks matches the whole", "[matmul]") {
+  // (33 x 24) @ (24 x 12000): C is 1.5 MB in f32 and A 3 KB, so the library multiplies it in
+  // chunks of columns, each finished by the epilogue (ops/matmul.cpp, kEpilogueChunkBytes), also
+  // when split over the threads. Every column's bias differs: a chunk reading another's bias, or
+  // B's columns from the wrong offset, is off by far more than the tolerance.
+  const int64_t m = 33, k = 24, n = 12000;
+  Generator g(7);
+  Tensor a = Tensor::randn({m, k}, g);
+  Tensor bias = Tensor::randn({n}, g);
+  auto gelu_tanh = [](double x) {
+    return 0.5 * x * (1 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+  };
+  for (const bool trans_b : {false, true}) {
+    Tensor b = trans_b ? Tensor::randn({n, k}, g) : Tensor::randn({k, n}, g);
+    const std::vector<float> av = a.to_vector<float>(), bv = b.to_vector<float>(),
+                             biasv = bias.to_vector<float>();
+    for (GemmEpilogue e : {GemmEpilogue::bias, GemmEpilogue::bias_gelu_tanh}) {
+      Tensor c = Tensor::full({m, n}, 7.0);
+      gemm(a, false, b, trans_b, c, 1.0, 0.0, e, bias);
+      const std::vector<float> got = c.to_vector<float>();
+      int64_t bad = 0;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double want = biasv[j];
+          for (int64_t p = 0; p < k; ++p)
+            want += double(av[i * k + p]) * double(trans_b ? bv[j * k + p] : bv[p * n + j]);
+          if (e == GemmEpilogue::bias_gelu_tanh) want = gelu_tanh(want);
+          if (std::abs(got[i * n + j] - want) > 1e-4 * (1 + std::abs(want))) ++bad;
+        }
+      INFO("trans_b " << trans_b << ", epilogue " << int(e));
+      CHECK(bad == 0);
+    }
+  }
+}
+
 TEST_CASE("the CPU GEMM library is the one ENGINE_CPU_GEMM names", "[matmul]") {
   // ctest runs the [matmul] cases with ENGINE_CPU_GEMM=openblas and =eigen too: those runs must
   // really multiply through that library.
