@@ -11,6 +11,8 @@
 #include <cmath>
 #include <exception>
 
+#include <omp.h>
+
 #include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
@@ -79,8 +81,14 @@ struct AttentionNode : Node {
     const bool by_entry = by_batch_entry(dev, b, h, tq, tk);
     const bool want_dv = needs_input_grad(2);
     const bool want_ds = needs_input_grad(0) || needs_input_grad(1) || needs_input_grad(3);
-    Tensor pd = probs;  // the probabilities the forward multiplied V with
-    if (p > 0 && want_dv) pd = Tensor::empty(probs.shape(), dt, dev);
+    // The probabilities the forward multiplied V with. With dropout they are made again; by
+    // batch entry they live only while their entry is worked on: one (H, Tq, Tk) set per thread,
+    // written and read back in the core's cache, not a (B*H, Tq, Tk) tensor through memory.
+    Tensor pd = probs;
+    const bool pd_per_thread = by_entry && p > 0 && want_dv;
+    if (p > 0 && want_dv)
+      pd = Tensor::empty(pd_per_thread ? Shape{omp_get_max_threads() * h, tq, tk} : probs.shape(),
+                         dt, dev);
     Tensor dq, dk, dv_, dbias, ds;
     if (want_dv) dv_ = Tensor::empty({bh, tk, dv}, dt, dev);
     if (want_ds) ds = Tensor::empty({bh, tq, tk}, dt, dev);
@@ -91,7 +99,8 @@ struct AttentionNode : Node {
       const PhiloxState st = entry_state(state, b0, h * tq * tk);
       const Tensor probs_c = rows(probs), dout_c = rows(dout);
       if (want_dv) {
-        const Tensor pd_c = rows(pd);
+        const int64_t t = pd_per_thread ? omp_get_thread_num() : 0;
+        const Tensor pd_c = pd_per_thread ? pd.slice(0, t * h, (t + 1) * h) : rows(pd);
         if (p > 0) dropout_kernel(dev, probs_c, pd_c, p, st);
         gemm(pd_c, true, dout_c, false, rows(dv_));
       }
