@@ -13,6 +13,9 @@ import subprocess
 _OLD_CORES = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Katmai", "Northwood",
               "Banias", "Sandybridge"}
 
+# OpenBLAS's core types with AVX-512 kernels (lower case; OPENBLAS_CORETYPE is case-blind).
+_AVX512_CORES = {"skylakex", "cooperlake", "sapphirerapids"}
+
 _PROBE = ("import ctypes\n"
           "lib = ctypes.CDLL('libblas.so.3')\n"
           "lib.openblas_get_corename.restype = ctypes.c_char_p\n"
@@ -45,7 +48,15 @@ def fair_env(env=None):
     what was detected and chosen. A user's own OPENBLAS_CORETYPE is kept."""
     env = dict(os.environ if env is None else env)
     if env.get("OPENBLAS_CORETYPE"):
-        return env, f"OpenBLAS core: {env['OPENBLAS_CORETYPE']} (OPENBLAS_CORETYPE, set by the user)"
+        user = env["OPENBLAS_CORETYPE"]
+        note = f"OpenBLAS core: {user} (OPENBLAS_CORETYPE, set by the user)"
+        if "avx512f" in _cpu_flags() and user.lower() not in _AVX512_CORES:
+            # A machine image may set it (one of this project's VMs had OPENBLAS_CORETYPE=Haswell
+            # in every shell on an AVX-512 CPU: PyTorch's tiny step 11.1k against 12.1k tokens/s).
+            note += (" -- WARNING: this CPU has AVX-512 and that core's kernels do not use it: "
+                     "the PyTorch peer runs slower than it could; unset OPENBLAS_CORETYPE for a "
+                     "fair comparison")
+        return env, note
     core = corename(env)
     if core is None:
         return env, "OpenBLAS core: (libblas.so.3 is not OpenBLAS)"

@@ -2,7 +2,8 @@
 """tools/openblas_core.py, the benchmarks' fair-OpenBLAS setting (standard library only): with
 OpenBLAS's answer and the CPU's flags stubbed, an SSE3 fallback on an AVX-512 CPU gets
 OPENBLAS_CORETYPE=SkylakeX (Haswell on AVX2), a core OpenBLAS knows is left alone, a user's own
-setting is kept, a libblas.so.3 that is not OpenBLAS is said so; the real probe runs without an
+setting is kept (with a warning when it leaves an AVX-512 CPU on older kernels), a libblas.so.3
+that is not OpenBLAS is said so; the real probe runs without an
 error on this machine.
 
 usage: check_openblas_core.py
@@ -37,6 +38,14 @@ check("OPENBLAS_CORETYPE" not in env, "a CPU without AVX2 keeps OpenBLAS's choic
 env, note = fair("Prescott", {"avx512f"}, {"OPENBLAS_CORETYPE": "Zen"})
 check(env.get("OPENBLAS_CORETYPE") == "Zen" and "set by the user" in note,
       "the user's own OPENBLAS_CORETYPE is kept", f"{env} {note}")
+env, note = fair("Cooperlake", {"avx2", "avx512f"}, {"OPENBLAS_CORETYPE": "Haswell"})
+check(env.get("OPENBLAS_CORETYPE") == "Haswell" and "WARNING" in note and "AVX-512" in note,
+      "a user's AVX2 core on an AVX-512 CPU is kept, with a warning", f"{env} {note}")
+env, note = fair("Cooperlake", {"avx2", "avx512f"}, {"OPENBLAS_CORETYPE": "SKYLAKEX"})
+check(env.get("OPENBLAS_CORETYPE") == "SKYLAKEX" and "WARNING" not in note,
+      "a user's AVX-512 core (any case) has no warning", f"{env} {note}")
+env, note = fair("Haswell", {"avx2"}, {"OPENBLAS_CORETYPE": "Haswell"})
+check("WARNING" not in note, "no warning on a CPU without AVX-512", f"{env} {note}")
 env, note = fair(None, {"avx512f"})
 check("OPENBLAS_CORETYPE" not in env and "not OpenBLAS" in note,
       "a libblas.so.3 that is not OpenBLAS is said so", note)
