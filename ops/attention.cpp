@@ -34,7 +34,9 @@ bool by_batch_entry(Device dev, int64_t b, int64_t h, int64_t tq, int64_t tk) {
 }
 
 // Runs body(b0, nb) over batch entries [b0, b0 + nb): every entry on its own (in parallel) or
-// the whole batch in one call; an exception from a thread is rethrown here.
+// the whole batch in one call; an exception from a thread is rethrown here. By entry, the body
+// may use per-thread buffers indexed by omp_get_thread_num() (< omp_get_max_threads() at the
+// call); the whole batch runs on the calling thread.
 template <class F>
 void over_batch_entries(bool by_entry, int64_t b, F&& body) {
   if (!by_entry) {

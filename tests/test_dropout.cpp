@@ -43,7 +43,8 @@ TEST_CASE("dropout_mask follows philox_word(state, i) element by element", "[dro
 TEST_CASE("dropout_mask's vectorised Philox equals philox_word across the 2^32 counter carry",
           "[dropout]") {
   // Counters from 2^32 - 40 on: the carry into the counter's high word happens inside a group of
-  // 16 blocks; a 64-bit seed; a size that ends mid-group; and a parallel-sized one.
+  // 64 blocks (engine/cpu/philox.h, in its third 16-block vector on AVX-512); a 64-bit seed; a
+  // size that ends mid-group; and a parallel-sized one.
   for (int64_t n : {int64_t(333), int64_t(70001)}) {
     const PhiloxState s{0x0123456789ABCDEFull, (uint64_t(1) << 32) - 40};
     const double p = 0.45;
