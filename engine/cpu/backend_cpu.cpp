@@ -395,6 +395,8 @@ inline A halving_tree(const A* lanes) {
 // add's latency (4 cycles a vector) rather than by the loads (2 a cycle).
 // Not inlined: inlined into sum_to's task loop, it made GCC 12 compile the rows cases' loops there
 // worse (AVX2 EPYC: the (256, 3072) bias gradient 0.072 -> 0.094 ms).
+template <class A>
+constexpr int64_t kRunPrefetch = 2048 / sizeof(A);  // 2 KB ahead
 template <int N, class A>
 __attribute__((noinline)) void run_sums(const A* const* p, int64_t n, A* out) {
   using V = SumVec<A>;
@@ -407,13 +409,20 @@ __attribute__((noinline)) void run_sums(const A* const* p, int64_t n, A* out) {
   int64_t m = 0;
   for (; m + kSumLanes <= n; m += kSumLanes)
 #pragma GCC unroll 8
-    for (int r = 0; r < N; ++r)
+    for (int r = 0; r < N; ++r) {
+      // The runs are chunks of 4 KB (f32), a page each, and the hardware's stream prefetch does
+      // not cross pages: each run starts cold. A software prefetch kRunPrefetch elements ahead,
+      // within the run, every 4 cache lines: the full sum and the transposed bias gradient of
+      // (4096 x 768) f32 on 2 threads 0.073-0.075 -> 0.064-0.065 ms (L3-resident, the AVX-512
+      // EPYC; 1 thread: the full sum 0.145 -> 0.124, the transposed bias unchanged).
+      if (m % 64 == 0 && m + kRunPrefetch<A> < n) __builtin_prefetch(p[r] + m + kRunPrefetch<A>);
 #pragma GCC unroll 2
       for (int t = 0; t < kN; ++t) {
         V x;
         std::memcpy(&x, p[r] + m + t * kW, sizeof x);
         acc[r][t] += x;
       }
+    }
   for (int r = 0; r < N; ++r) {
     alignas(64) A lanes[kSumLanes];
     std::memcpy(lanes, acc[r], sizeof lanes);
