@@ -133,6 +133,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of both sides")
     ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "..", "build", "bin", "bench_ops"))
     a = ap.parse_args()
+    if a.threads is None or a.threads < 1 or a.rounds < 1:
+        ap.error(f"--threads and --rounds: expected 1 or more, got {a.threads} and {a.rounds}")
     if not os.path.exists(a.bin):
         sys.exit(f"bench_cpu: {a.bin} not found; build first (tools/setup.sh)")
     # PyTorch loads OpenBLAS in this process, which reads OPENBLAS_CORETYPE as it loads: when

@@ -160,6 +160,9 @@ def main():
     if args.worker:
         return torch_worker(args)
 
+    for name in ("threads", "rounds", "tiny_steps", "base_steps", "base_batch"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')}: expected 1 or more, got {getattr(args, name)}")
     models = [m for m in args.models.split(",") if m]
     for m in models:
         if m not in MODELS:
