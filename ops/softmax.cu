@@ -44,16 +44,32 @@ LaunchConfig rows_config(int64_t rows, int64_t n, const Tensor& t) {
                       compute_stream(t.device().index)};
 }
 
-// Nonzero keeps; 16-bit floats are tested on their bits (+-0 masks), as on the CPU.
-template <class M>
-__device__ inline bool kept(M v) {
-  if constexpr (std::is_same_v<M, __nv_bfloat16> || std::is_same_v<M, __half>) {
-    uint16_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    return (bits & 0x7FFFu) != 0;
-  } else {
-    return v != M(0);
+// The key mask, any dtype, read through its bytes: nonzero keeps; floats are tested without their
+// sign bit (+-0 masks), as on the CPU.
+struct MaskRef {
+  const unsigned char* p = nullptr;
+  int size = 0;        // bytes per element
+  uint64_t bits = 0;   // the bits that decide (all but a float's sign)
+  __device__ bool kept(int64_t i) const {
+    uint64_t v = 0;
+    switch (size) {
+      case 1: v = p[i]; break;
+      case 2: v = reinterpret_cast<const uint16_t*>(p)[i]; break;
+      case 4: v = reinterpret_cast<const uint32_t*>(p)[i]; break;
+      default: v = reinterpret_cast<const uint64_t*>(p)[i]; break;
+    }
+    return (v & bits) != 0;
   }
+};
+
+MaskRef mask_ref(const Tensor& mask) {
+  MaskRef m;
+  if (!mask.defined()) return m;
+  m.p = static_cast<const unsigned char*>(mask.raw_data());
+  m.size = static_cast<int>(dtype_size(mask.dtype()));
+  const uint64_t all = m.size == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * m.size)) - 1;
+  m.bits = is_floating(mask.dtype()) ? all >> 1 : all;  // drop the sign bit of a float
+  return m;
 }
 
 // Dropout on the probabilities (the attention form): element i of the Philox stream is the flat
@@ -64,27 +80,199 @@ struct RowDropout {
   double keep_scale = 1;  // 1 / (1 - p)
 };
 
-// M = bool: no mask (never read). z = scale * x + bias, the product rounded on its own (in f32
-// for bf16 / f16 x), as the CPU's separate scaling pass rounds it; dropped (when non-null) =
-// dropout(y).
-template <class T, class M>
-__global__ void softmax_forward_rows(const T* x, const T* bias, const M* mask, T* y, int64_t n,
-                                     StridedIndexer<2> lead, int64_t bias_step, int64_t mask_step,
-                                     Acc<T> scale, T* dropped, RowDropout drop) {
+// The rows of a (..., n) tensor, with the bias's and the mask's offsets per row.
+struct RowLayout {
+  int64_t rows = 0, n = 0;
+  StridedIndexer<2> lead;  // row -> bias, mask offsets
+  int64_t bias_step = 0, mask_step = 0;
+};
+
+// ---- a warp per row (n <= 32 E): the row in registers, E elements a lane ---------------------
+// Lane l holds groups g = l + 32 k (k < E / 4) of four consecutive elements 4g .. 4g + 3: a
+// warp reads 4 x 32 consecutive elements at a time, and with n % 4 == 0 a group is one Philox
+// block of the dropout stream (one draw for four elements) and one 4-element vector load.
+
+template <class T>
+struct Vec4Access {
+  // 4 elements from p[j .. j + 3], j < n: one vector load when `vec`, else element by element.
+  __device__ static void load(const T* p, int64_t j, int64_t n, bool vec, Acc<T> (&v)[4]) {
+    if (vec) {
+      const Vec<T, 4> x = *reinterpret_cast<const Vec<T, 4>*>(p + j);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) v[q] = to_acc(x.v[q]);
+      return;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) v[q] = j + q < n ? to_acc(p[j + q]) : Acc<T>(0);
+  }
+  __device__ static void store(T* p, int64_t j, int64_t n, bool vec, const T (&v)[4]) {
+    if (vec) {
+      Vec<T, 4> x;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) x.v[q] = v[q];
+      *reinterpret_cast<Vec<T, 4>*>(p + j) = x;
+      return;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (j + q < n) p[j + q] = v[q];
+  }
+};
+
+// The keep bits of elements i0 .. i0 + 3 of the dropout stream (one Philox block when i0 is a
+// multiple of 4).
+__device__ inline void keep4(const RowDropout& d, uint64_t i0, bool keep[4]) {
+  if (i0 % 4 == 0) {
+    uint32_t w[4];
+    philox_block(d.state.seed, d.state.offset + i0 / 4, w);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) keep[q] = dropout_keep(w[q], d.threshold);
+    return;
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) keep[q] = dropout_keep(philox_word(d.state, i0 + q), d.threshold);
+}
+
+constexpr int kRowsPerBlock = 4;  // warps (rows) per block of the warp kernels
+
+// z = scale * x + bias (the product rounded on its own, in f32 for bf16 / f16 x, as the CPU's
+// separate scaling pass rounds it), -inf where the mask drops; y = softmax(z); dropped (when
+// non-null) = dropout(y).
+template <class T, int E>
+__global__ void softmax_forward_warp(const T* x, const T* bias, MaskRef mask, T* y, RowLayout L,
+                                     Acc<T> scale, T* dropped, RowDropout drop, bool vec) {
   using V = Acc<T>;
-  const int64_t r = blockIdx.x;
+  constexpr int G = E / 4;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / kWarpSize;
+  if (r >= L.rows) return;  // the whole warp
+  const int64_t n = L.n;
   int64_t off[2];
-  lead.offsets(r, off);
+  L.lead.offsets(r, off);
   const T* xr = x + r * n;
   const T* br = bias ? bias + off[0] : nullptr;
-  const M* mr = mask ? mask + off[1] : nullptr;
+  const V neg_inf = -INFINITY;
+  V z[G][4];
+  V mx = neg_inf;
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
+    if (j0 >= n) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) z[k][q] = neg_inf;
+      continue;
+    }
+    Vec4Access<T>::load(xr, j0, n, vec, z[k]);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int64_t j = j0 + q;
+      if (j >= n || (mask.p && !mask.kept(off[1] + j * L.mask_step))) {
+        z[k][q] = neg_inf;
+        continue;
+      }
+      if (scale != V(1)) z[k][q] = dmath::mul_rn(scale, z[k][q]);
+      if (br) z[k][q] += to_acc(br[j * L.bias_step]);
+      mx = max_nan(mx, z[k][q]);
+    }
+  }
+  mx = warp_max(mx);
+  V sum = 0;
+  if (mx != neg_inf) {
+#pragma unroll
+    for (int k = 0; k < G; ++k)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        z[k][q] = dmath::exp(z[k][q] - mx);  // exp(-inf) = 0 for dropped and padding
+        sum += z[k][q];
+      }
+  }
+  sum = warp_sum(sum);
+  // Nothing kept: zeros, not exp(-inf - -inf) = NaN.
+  const V inv = mx == neg_inf ? V(0) : V(1) / sum;
+  const V keep_scale = static_cast<V>(drop.keep_scale);
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
+    if (j0 >= n) continue;
+    T out[4], dout[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) out[q] = from_acc<T>(mx == neg_inf ? V(0) : z[k][q] * inv);
+    Vec4Access<T>::store(y + r * n, j0, n, vec, out);
+    if (dropped) {
+      bool keep[4];
+      keep4(drop, static_cast<uint64_t>(r * n + j0), keep);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        dout[q] = keep[q] ? from_acc<T>(to_acc(out[q]) * keep_scale) : from_acc<T>(V(0));
+      Vec4Access<T>::store(dropped + r * n, j0, n, vec, dout);
+    }
+  }
+}
+
+// dx = y * (g - sum(g * y)) with g = dy, or g = dropout(dy) (rounded to T, as the CPU's separate
+// dropout pass stores it) when `dropout` is set. dx may be dy (in place).
+template <class T, int E>
+__global__ void softmax_backward_warp(const T* y, const T* dy, T* dx, int64_t rows, int64_t n,
+                                      bool dropout, RowDropout drop, bool vec) {
+  using V = Acc<T>;
+  constexpr int G = E / 4;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / kWarpSize;
+  if (r >= rows) return;
+  const V keep_scale = static_cast<V>(drop.keep_scale);
+  V yv[G][4], g[G][4];
+  V dot = 0;
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
+    if (j0 >= n) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) yv[k][q] = g[k][q] = V(0);
+      continue;
+    }
+    Vec4Access<T>::load(y + r * n, j0, n, vec, yv[k]);
+    Vec4Access<T>::load(dy + r * n, j0, n, vec, g[k]);
+    if (dropout) {
+      bool keep[4];
+      keep4(drop, static_cast<uint64_t>(r * n + j0), keep);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        g[k][q] = keep[q] ? to_acc(from_acc<T>(g[k][q] * keep_scale)) : V(0);
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) dot += g[k][q] * yv[k][q];
+  }
+  dot = warp_sum(dot);
+  // Masked positions have y = 0, hence dx = 0 there without looking at the mask.
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
+    if (j0 >= n) continue;
+    T out[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) out[q] = from_acc<T>(yv[k][q] * (g[k][q] - dot));
+    Vec4Access<T>::store(dx + r * n, j0, n, vec, out);
+  }
+}
+
+// ---- a block per row (n > 1024): the block strides over the row ------------------------------
+
+template <class T>
+__global__ void softmax_forward_rows(const T* x, const T* bias, MaskRef mask, T* y, RowLayout L,
+                                     Acc<T> scale, T* dropped, RowDropout drop) {
+  using V = Acc<T>;
+  const int64_t r = blockIdx.x, n = L.n;
+  int64_t off[2];
+  L.lead.offsets(r, off);
+  const T* xr = x + r * n;
+  const T* br = bias ? bias + off[0] : nullptr;
   T* yr = y + r * n;
   const V neg_inf = -INFINITY;
   auto logit = [&](int64_t j) -> V {
-    if (mr && !kept(mr[j * mask_step])) return neg_inf;
+    if (mask.p && !mask.kept(off[1] + j * L.mask_step)) return neg_inf;
     V z = to_acc(xr[j]);
     if (scale != V(1)) z = dmath::mul_rn(scale, z);
-    if (br) z += to_acc(br[j * bias_step]);
+    if (br) z += to_acc(br[j * L.bias_step]);
     return z;
   };
   V mx = neg_inf;
@@ -113,8 +301,6 @@ __global__ void softmax_forward_rows(const T* x, const T* bias, const M* mask, T
   }
 }
 
-// dx = y * (g - sum(g * y)) with g = dy, or g = dropout(dy) (rounded to T, as the CPU's separate
-// dropout pass stores it) when `dropout` is set.
 template <class T>
 __global__ void softmax_backward_rows(const T* y, const T* dy, T* dx, int64_t n, bool dropout,
                                       RowDropout drop) {
@@ -134,9 +320,29 @@ __global__ void softmax_backward_rows(const T* y, const T* dy, T* dx, int64_t n,
   V dot = 0;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) dot += grad(j) * to_acc(yr[j]);
   dot = block_sum(dot);
-  // Masked positions have y = 0, hence dx = 0 there without looking at the mask.
+  // The reads of row r happen before its writes only in a thread's own elements: in place is safe.
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
     orow[j] = from_acc<T>(to_acc(yr[j]) * (grad(j) - dot));
+}
+
+// The warp kernels' elements per lane for a row of n (0: too long, a block per row).
+int warp_elems(int64_t n) {
+  for (int e : {4, 8, 16, 32})
+    if (n <= int64_t(kWarpSize) * e) return e;
+  return 0;
+}
+
+LaunchConfig warp_rows_config(int64_t rows, const Tensor& t) {
+  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  ENGINE_CHECK(blocks < (int64_t(1) << 31), "[softmax] ", rows, " rows exceed the grid");
+  return LaunchConfig{dim3(static_cast<unsigned>(blocks)), dim3(kRowsPerBlock * kWarpSize), 0,
+                      compute_stream(t.device().index)};
+}
+
+// 4-element vectors: rows of a multiple of 4 elements from a 4-element-aligned base.
+template <class T>
+bool vec4(const void* p, int64_t n) {
+  return n % 4 == 0 && reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
 }
 
 template <class T>
@@ -185,39 +391,46 @@ RowDropout row_dropout(double p, PhiloxState state) {
 // softmax(scale * x + bias, mask) -> y, and dropout(y) -> dropped when it is defined.
 void launch_softmax_forward(const Tensor& x, double scale, const Tensor& bias, const Tensor& mask,
                             const Tensor& y, const Tensor& dropped, RowDropout drop) {
-  int64_t n = 0;
-  const int64_t rows = row_count(x, n);
-  if (rows == 0) return;
+  RowLayout L;
+  L.rows = row_count(x, L.n);
+  if (L.rows == 0) return;
   DeviceGuard guard(x.device().index);
   // The leading dims of x's shape with the bias's and the mask's strides over them.
   const Shape& shape = x.shape();
   const Shape lead_shape(shape.begin(), shape.end() - 1);
   std::vector<int64_t> bias_lead(lead_shape.size(), 0), mask_lead(lead_shape.size(), 0);
-  int64_t bias_step = 0, mask_step = 0;
   if (bias.defined()) {
     bias_lead.assign(bias.strides().begin(), bias.strides().end() - 1);
-    bias_step = bias.strides().back();
+    L.bias_step = bias.strides().back();
   }
   if (mask.defined()) {
     mask_lead.assign(mask.strides().begin(), mask.strides().end() - 1);
-    mask_step = mask.strides().back();
+    L.mask_step = mask.strides().back();
   }
   const std::vector<int64_t>* st[2] = {&bias_lead, &mask_lead};
-  const StridedIndexer<2> lead = make_indexer<2>(lead_shape, st);
-  const LaunchConfig cfg = rows_config(rows, n, x);
+  L.lead = make_indexer<2>(lead_shape, st);
+  const MaskRef m = mask_ref(mask);
+  const int e = warp_elems(L.n);
   dispatch_floating(x.dtype(), "softmax", [&]<class T>() {
     const Acc<T> s = static_cast<Acc<T>>(scale);
-    if (!mask.defined()) {
-      ENGINE_LAUNCH((softmax_forward_rows<T, bool>), cfg, dptr<const T>(x), dptr<const T>(bias),
-                    static_cast<const bool*>(nullptr), dptr<T>(y), n, lead, bias_step, mask_step, s,
-                    dptr<T>(dropped), drop);
+    if (e == 0) {
+      ENGINE_LAUNCH(softmax_forward_rows<T>, rows_config(L.rows, L.n, x), dptr<const T>(x),
+                    dptr<const T>(bias), m, dptr<T>(y), L, s, dptr<T>(dropped), drop);
       return;
     }
-    dispatch_all(mask.dtype(), [&]<class M>() {
-      ENGINE_LAUNCH((softmax_forward_rows<T, M>), cfg, dptr<const T>(x), dptr<const T>(bias),
-                    dptr<const M>(mask), dptr<T>(y), n, lead, bias_step, mask_step, s,
-                    dptr<T>(dropped), drop);
-    });
+    const bool v = vec4<T>(x.raw_data(), L.n) && vec4<T>(y.raw_data(), L.n) &&
+                   (!dropped.defined() || vec4<T>(dropped.raw_data(), L.n));
+    const LaunchConfig cfg = warp_rows_config(L.rows, x);
+    auto run = [&]<int E>() {
+      ENGINE_LAUNCH((softmax_forward_warp<T, E>), cfg, dptr<const T>(x), dptr<const T>(bias), m,
+                    dptr<T>(y), L, s, dptr<T>(dropped), drop, v);
+    };
+    switch (e) {
+      case 4: return run.template operator()<4>();
+      case 8: return run.template operator()<8>();
+      case 16: return run.template operator()<16>();
+      default: return run.template operator()<32>();
+    }
   });
 }
 
@@ -227,9 +440,26 @@ void launch_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx
   const int64_t rows = row_count(y, n);
   if (rows == 0) return;
   DeviceGuard guard(y.device().index);
+  const int e = warp_elems(n);
   dispatch_floating(y.dtype(), "softmax_backward", [&]<class T>() {
-    ENGINE_LAUNCH(softmax_backward_rows<T>, rows_config(rows, n, y), dptr<const T>(y),
-                  dptr<const T>(dy), dptr<T>(dx), n, dropout, drop);
+    if (e == 0) {
+      ENGINE_LAUNCH(softmax_backward_rows<T>, rows_config(rows, n, y), dptr<const T>(y),
+                    dptr<const T>(dy), dptr<T>(dx), n, dropout, drop);
+      return;
+    }
+    const bool v =
+        vec4<T>(y.raw_data(), n) && vec4<T>(dy.raw_data(), n) && vec4<T>(dx.raw_data(), n);
+    const LaunchConfig cfg = warp_rows_config(rows, y);
+    auto run = [&]<int E>() {
+      ENGINE_LAUNCH((softmax_backward_warp<T, E>), cfg, dptr<const T>(y), dptr<const T>(dy),
+                    dptr<T>(dx), rows, n, dropout, drop, v);
+    };
+    switch (e) {
+      case 4: return run.template operator()<4>();
+      case 8: return run.template operator()<8>();
+      case 16: return run.template operator()<16>();
+      default: return run.template operator()<32>();
+    }
   });
 }
 

@@ -1,6 +1,7 @@
 // The CUDA backend: device memory (the caching allocator, allocator.h), host<->device transfers
-// on the device's compute stream, and the core's layout primitives as grid-stride kernels over
-// strided indexers.
+// on the device's compute stream, and the core's layout primitives: contiguous operands through
+// launch_elementwise's 16-byte vectors, strided ones through collapsed indexers (16-byte units
+// where the innermost dim allows), and sum_to through reductions that fill the GPU (below).
 #include <atomic>
 #include <mutex>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "engine/cuda/context.h"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/launch.h"
+#include "engine/cuda/reduce.cuh"
 #include "engine/cuda/strided.cuh"
 #include "engine/work_log.h"
 
@@ -23,6 +25,8 @@ LaunchConfig grid_for(int64_t n, const Tensor& t) {
                       compute_stream(t.device().index)};
 }
 
+// ---- layout kernels (strided operands: StridedIndexer, 32-bit division below 2^31 elements) ---
+
 template <class S, class D>
 __global__ void copy_kernel(const S* src, D* dst, StridedIndexer<2> ix, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -30,6 +34,17 @@ __global__ void copy_kernel(const S* src, D* dst, StridedIndexer<2> ix, int64_t 
     int64_t off[2];
     ix.offsets(i, off);
     dst[off[0]] = from_acc<D>(to_acc(src[off[1]]));
+  }
+}
+
+// The same copy in 16-byte units: the innermost dim is contiguous in both operands and every
+// offset is a multiple of 16 bytes (the heads' split and merge, (B, T, H, d) <-> (B, H, T, d)).
+__global__ void copy_vec16_kernel(const uint4* src, uint4* dst, StridedIndexer<2> ix, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t off[2];
+    ix.offsets(i, off);
+    dst[off[0]] = src[off[1]];
   }
 }
 
@@ -54,38 +69,140 @@ __global__ void add_kernel(T* dst, const T* src, double alpha, StridedIndexer<2>
   }
 }
 
-// One thread per output element sums the source elements that broadcast onto it: the source is
-// viewed as (out, reduced) through an indexer over [kept dims..., reduced dims...]. The order is
-// the CPU backend's contract (engine/cpu/backend_cpu.cpp, kSumLanes), so both give the same bits:
-// chunks of 1024 reduced elements, 16 interleaved lanes per chunk in float for f32/bf16/f16 and
-// double otherwise, the fixed tree over the lanes, chunk sums added in double.
-template <class T>
-__global__ void sum_to_kernel(const T* src, T* dst, StridedIndexer<1> kept,
-                              StridedIndexer<1> reduced, int64_t n_out, int64_t n_red) {
-  using Acc = decltype(to_acc(src[0]));
-  using A = std::conditional_t<std::is_same_v<Acc, float>, float, double>;
-  constexpr int kLanes = 16;
-  constexpr int64_t kChunk = 1024;
-  for (int64_t o = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; o < n_out;
-       o += int64_t(gridDim.x) * blockDim.x) {
-    int64_t base[1];
-    kept.offsets(o, base);
-    double total = 0;
-    for (int64_t c0 = 0; c0 < n_red; c0 += kChunk) {
-      A lane[kLanes];
-      for (int q = 0; q < kLanes; ++q) lane[q] = A(0);
-      const int64_t c1 = n_red < c0 + kChunk ? n_red : c0 + kChunk;
-      for (int64_t r = c0; r < c1; ++r) {
-        int64_t off[1];
-        reduced.offsets(r, off);
-        lane[r % kLanes] += static_cast<A>(to_acc(src[base[0] + off[0]]));
-      }
-      for (int w = kLanes / 2; w >= 1; w /= 2)
-        for (int j = 0; j < w; ++j) lane[j] += lane[j + w];
-      total += static_cast<double>(lane[0]);
-    }
-    dst[o] = from_acc<T>(total);
+// Contiguous operands: launch_elementwise's 16-byte vectors.
+struct ConvertOp {
+  template <class V>
+  __device__ V operator()(V x) const {
+    return x;
   }
+};
+template <class V>
+struct ConstOp {
+  V v;
+  __device__ V operator()() const { return v; }
+};
+template <class V>
+struct AddScaledOp {
+  V alpha;
+  __device__ V operator()(V d, V s) const { return d + alpha * s; }
+};
+
+// ---- sum_to ----------------------------------------------------------------------------------
+// The source's layout, collapsed, is one of:
+//   columns: the innermost dim (stride 1) is kept: out[o][w] = sum_r src[red(r) + outer(o) + w]
+//            (bias gradients (R, C) -> (C), batch sums (B, H, T, T) -> (1, H, T, T)): column_sums
+//            (reduce.cuh), 16-byte loads along w;
+//   rows:    the innermost dim (stride 1) is reduced: out[o] = sum over (r, l) of
+//            src[kept(o) + red(r) + l] (full sums, (H, T, T) -> (H, 1, 1), (B, H, T, T) ->
+//            (1, H, 1, 1)): blocks of 256 threads over (output, chunk of the reduced run), 16-byte
+//            loads along l, block_sum, the chunks' sums added per output in chunk order;
+// (a layout with no stride-1 dim is made contiguous first). Sums in f32 for f32 / bf16 / f16,
+// f64 for f64 and the integer types; the same bits on every run.
+
+template <class T>
+using SumAccOf = std::conditional_t<std::is_same_v<Acc<T>, float>, float, double>;
+
+// Up to 16 bytes per load, at most 8 elements (the accumulators live in registers).
+template <class T>
+constexpr int sum_vec() {
+  return 16 / sizeof(T) > 8 ? 8 : static_cast<int>(16 / sizeof(T));
+}
+
+template <class T, int V>
+struct SumToColumns {
+  using Acc = SumAccOf<T>;
+  const T* src;
+  T* dst;
+  StridedIndexer<1> red, outer;  // reduced dims; kept dims outside the contiguous one
+  FastDiv width;                 // the contiguous kept dim's size
+  bool outer_narrow;
+  __device__ void load(int64_t r, int64_t c, Acc (&v)[1][V]) const {
+    int64_t ro[1], oo[1];
+    red.offsets(r, ro);
+    int64_t o, w;
+    if (outer_narrow) {
+      o = width.div(static_cast<uint32_t>(c));
+      w = c - o * width.divisor;
+    } else {
+      o = c / width.divisor;
+      w = c - o * width.divisor;
+    }
+    outer.offsets(o, oo);
+    const T* p = src + ro[0] + oo[0] + w;
+    if constexpr (V > 1) {
+      const Vec<T, V> x = *reinterpret_cast<const Vec<T, V>*>(p);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[0][j] = static_cast<Acc>(to_acc(x.v[j]));
+    } else {
+      v[0][0] = static_cast<Acc>(to_acc(*p));
+    }
+  }
+  __device__ void store(int, int64_t c, const Acc (&s)[V]) const {
+#pragma unroll
+    for (int j = 0; j < V; ++j) dst[c + j] = from_acc<T>(s[j]);
+  }
+  __device__ void store_one(int, int64_t c, Acc s) const { dst[c] = from_acc<T>(s); }
+};
+
+template <class T, int V>
+__global__ void sum_rows_kernel(const T* src, StridedIndexer<1> kept, StridedIndexer<1> red_outer,
+                                int64_t run_vecs, int64_t n_vec, int64_t chunks,
+                                SumAccOf<T>* part, T* dst) {
+  using A = SumAccOf<T>;
+  const int64_t o = blockIdx.x, chunk = blockIdx.y;
+  const int64_t q0 = n_vec * chunk / chunks, q1 = n_vec * (chunk + 1) / chunks;
+  int64_t base[1];
+  kept.offsets(o, base);
+  const FastDiv rd(static_cast<uint32_t>(run_vecs < (int64_t{1} << 31) ? run_vecs : 1));
+  const bool narrow = n_vec < (int64_t{1} << 31);
+  A acc = A(0);
+  for (int64_t q = q0 + threadIdx.x; q < q1; q += blockDim.x) {
+    int64_t ro, l;
+    if (narrow) {
+      ro = rd.div(static_cast<uint32_t>(q));
+      l = q - ro * run_vecs;
+    } else {
+      ro = q / run_vecs;
+      l = q - ro * run_vecs;
+    }
+    int64_t roff[1];
+    red_outer.offsets(ro, roff);
+    const T* p = src + base[0] + roff[0] + l * V;
+    if constexpr (V > 1) {
+      const Vec<T, V> x = *reinterpret_cast<const Vec<T, V>*>(p);
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc += static_cast<A>(to_acc(x.v[j]));
+    } else {
+      acc += static_cast<A>(to_acc(*p));
+    }
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x != 0) return;
+  if (part)
+    part[chunk * gridDim.x + o] = acc;
+  else
+    dst[o] = from_acc<T>(acc);
+}
+
+// The chunks' sums of sum_rows_kernel, per output in chunk order.
+template <class T>
+struct PartColumns {
+  using Acc = SumAccOf<T>;
+  const Acc* part;
+  int64_t cols;
+  T* dst;
+  __device__ void load(int64_t r, int64_t c, Acc (&v)[1][1]) const { v[0][0] = part[r * cols + c]; }
+  __device__ void store(int, int64_t c, const Acc (&s)[1]) const { dst[c] = from_acc<T>(s[0]); }
+  __device__ void store_one(int, int64_t c, Acc s) const { dst[c] = from_acc<T>(s); }
+};
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Every stride in `st` (but the innermost, which is 1) a multiple of v.
+bool strides_multiple_of(const std::vector<int64_t>& st, size_t skip_last, int64_t v) {
+  for (size_t d = 0; d + skip_last < st.size(); ++d)
+    if (st[d] % v) return false;
+  return true;
 }
 
 class CudaBackend final : public Backend {
@@ -118,14 +235,40 @@ class CudaBackend final : public Backend {
     WorkScope scope("copy", cost);
     int64_t n = dst.numel();
     if (!n) return;
+    const int device = dst.device().index;
+    const cudaStream_t stream = compute_stream(device);
     if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
       ENGINE_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(),
-                                        cudaMemcpyDeviceToDevice,
-                                        compute_stream(dst.device().index)));
+                                        cudaMemcpyDeviceToDevice, stream));
       return;
     }
-    const std::vector<int64_t>* sts[2] = {&dst.strides(), &src.strides()};
-    auto ix = make_indexer<2>(dst.shape(), sts);
+    if (src.is_contiguous() && dst.is_contiguous()) {  // a dtype conversion
+      dispatch_all(src.dtype(), [&]<class S>() {
+        dispatch_all(dst.dtype(), [&]<class D>() {
+          launch_elementwise("copy_convert", n, stream, ConvertOp{}, dptr<D>(dst),
+                             static_cast<const S*>(dptr<S>(src)));
+        });
+      });
+      return;
+    }
+    const Collapsed c = collapse_layout(dst.shape(), {&dst.strides(), &src.strides()});
+    const size_t elem = dtype_size(dst.dtype());
+    const int64_t v = 16 / static_cast<int64_t>(elem);
+    // 16-byte units: one dtype, the innermost dim contiguous in both, every offset a multiple.
+    if (src.dtype() == dst.dtype() && v > 1 && c.strides[0].back() == 1 &&
+        c.strides[1].back() == 1 && c.sizes.back() % v == 0 &&
+        strides_multiple_of(c.strides[0], 1, v) && strides_multiple_of(c.strides[1], 1, v) &&
+        aligned16(src.raw_data()) && aligned16(dst.raw_data())) {
+      Collapsed cv = c;
+      cv.sizes.back() /= v;
+      for (auto& st : cv.strides)
+        for (size_t d = 0; d + 1 < st.size(); ++d) st[d] /= v;
+      const int64_t nv = n / v;
+      ENGINE_LAUNCH(copy_vec16_kernel, grid_for(nv, dst), static_cast<const uint4*>(src.raw_data()),
+                    static_cast<uint4*>(dst.raw_data()), make_indexer<2>(cv), nv);
+      return;
+    }
+    const auto ix = make_indexer<2>(c);
     dispatch_all(src.dtype(), [&]<class S>() {
       dispatch_all(dst.dtype(), [&]<class D>() {
         ENGINE_LAUNCH((copy_kernel<S, D>), grid_for(n, dst), static_cast<const S*>(src.raw_data()),
@@ -142,11 +285,16 @@ class CudaBackend final : public Backend {
     WorkScope scope("fill", cost);
     int64_t n = dst.numel();
     if (!n) return;
-    const std::vector<int64_t>* sts[1] = {&dst.strides()};
-    auto ix = make_indexer<1>(dst.shape(), sts);
+    const cudaStream_t stream = compute_stream(dst.device().index);
     dispatch_all(dst.dtype(), [&]<class T>() {
       const T v = from_acc<T>(value);
-      ENGINE_LAUNCH(fill_kernel<T>, grid_for(n, dst), static_cast<T*>(dst.raw_data()), v, ix, n);
+      if (dst.is_contiguous()) {
+        launch_elementwise("fill", n, stream, ConstOp<Acc<T>>{to_acc(v)}, dptr<T>(dst));
+        return;
+      }
+      const std::vector<int64_t>* sts[1] = {&dst.strides()};
+      ENGINE_LAUNCH(fill_kernel<T>, grid_for(n, dst), static_cast<T*>(dst.raw_data()), v,
+                    make_indexer<1>(dst.shape(), sts), n);
     });
   }
 
@@ -160,11 +308,18 @@ class CudaBackend final : public Backend {
     WorkScope scope("add_", cost);
     int64_t n = dst.numel();
     if (!n) return;
-    const std::vector<int64_t>* sts[2] = {&dst.strides(), &src.strides()};
-    auto ix = make_indexer<2>(dst.shape(), sts);
+    const cudaStream_t stream = compute_stream(dst.device().index);
     dispatch_all(dst.dtype(), [&]<class T>() {
+      if (dst.is_contiguous() && src.is_contiguous()) {
+        launch_elementwise("add_", n, stream, AddScaledOp<Acc<T>>{static_cast<Acc<T>>(alpha)},
+                           dptr<T>(dst), static_cast<const T*>(dptr<T>(dst)),
+                           static_cast<const T*>(dptr<T>(src)));
+        return;
+      }
+      const std::vector<int64_t>* sts[2] = {&dst.strides(), &src.strides()};
       ENGINE_LAUNCH(add_kernel<T>, grid_for(n, dst), static_cast<T*>(dst.raw_data()),
-                    static_cast<const T*>(src.raw_data()), alpha, ix, n);
+                    static_cast<const T*>(src.raw_data()), alpha, make_indexer<2>(dst.shape(), sts),
+                    n);
     });
   }
 
@@ -177,26 +332,108 @@ class CudaBackend final : public Backend {
     WorkScope scope("sum_to", cost);
     ENGINE_CHECK(is_broadcastable_to(dst.shape(), src.shape()), "[sum_to] ", describe(dst),
                  " is not broadcastable to ", describe(src));
-    int64_t n_out = dst.numel();
+    ENGINE_CHECK(dst.is_contiguous() && dst.dtype() == src.dtype(), "[sum_to] expects a contiguous ",
+                 dtype_name(src.dtype()), " destination, got ", describe(dst));
+    const int64_t n_out = dst.numel();
     if (!n_out) return;
-    // Split src's dims into kept (size matches dst) and reduced (dst has 1 or lacks the dim).
-    const Shape& ss = src.shape();
-    size_t lead = ss.size() - dst.shape().size();
-    Shape kept_shape, red_shape;
-    std::vector<int64_t> kept_st, red_st;
-    for (size_t d = 0; d < ss.size(); ++d) {
-      bool reduced = d < lead || (dst.shape()[d - lead] == 1 && ss[d] != 1);
-      (reduced ? red_shape : kept_shape).push_back(ss[d]);
-      (reduced ? red_st : kept_st).push_back(src.strides()[d]);
+    if (src.numel() == 0) {
+      fill(dst, 0.0);
+      return;
     }
-    const std::vector<int64_t>* ks[1] = {&kept_st};
-    const std::vector<int64_t>* rs[1] = {&red_st};
-    auto kept = make_indexer<1>(kept_shape, ks);
-    auto red = make_indexer<1>(red_shape, rs);
-    int64_t n_red = shape_numel(red_shape);
+    // Each src dim is kept (dst's size matches) or reduced. dst's contiguous strides stand in for
+    // the kept dims and 0 for the reduced ones, so that collapsing merges only dims of one kind.
+    const Shape& ss = src.shape();
+    const size_t lead = ss.size() - dst.shape().size();
+    std::vector<int64_t> dstx(ss.size(), 0);
+    for (size_t d = lead; d < ss.size(); ++d)
+      if (!(dst.shape()[d - lead] == 1 && ss[d] != 1)) dstx[d] = dst.strides()[d - lead];
+    const Collapsed c = collapse_layout(ss, {&src.strides(), &dstx});
+    if (c.sizes.empty()) {  // one element
+      copy(src.reshape(dst.shape()), dst);
+      return;
+    }
+    if (c.strides[0].back() != 1) {  // no contiguous innermost dim: reduce a contiguous copy
+      sum_to(src.contiguous(), dst);
+      return;
+    }
+    // The collapsed dims by kind (the innermost last in each list).
+    Collapsed kept, red;
+    kept.strides.resize(1);
+    red.strides.resize(1);
+    for (size_t d = 0; d < c.sizes.size(); ++d) {
+      Collapsed& to = c.strides[1][d] != 0 ? kept : red;
+      to.sizes.push_back(c.sizes[d]);
+      to.strides[0].push_back(c.strides[0][d]);
+    }
+    if (red.sizes.empty()) {  // only size-1 dims are reduced: the values themselves
+      copy(src.reshape(dst.shape()), dst);
+      return;
+    }
+    const int device = dst.device().index;
+    DeviceGuard guard(device);
+    const bool innermost_kept = c.strides[1].back() != 0;
     dispatch_all(src.dtype(), [&]<class T>() {
-      ENGINE_LAUNCH(sum_to_kernel<T>, grid_for(n_out, dst), static_cast<const T*>(src.raw_data()),
-                    static_cast<T*>(dst.raw_data()), kept, red, n_out, n_red);
+      constexpr int kV = sum_vec<T>();
+      if (innermost_kept) {
+        // columns: the contiguous kept dim is `width`; the other kept dims index its groups.
+        const int64_t width = kept.sizes.back();
+        Collapsed outer = kept;
+        outer.sizes.pop_back();
+        outer.strides[0].pop_back();
+        const bool vec = kV > 1 && width % kV == 0 && aligned16(src.raw_data()) &&
+                         strides_multiple_of(outer.strides[0], 0, kV) &&
+                         strides_multiple_of(red.strides[0], 0, kV);
+        auto run = [&]<int V>() {
+          const SumToColumns<T, V> f{dptr<const T>(src),       dptr<T>(dst),
+                                     make_indexer<1>(red),     make_indexer<1>(outer),
+                                     FastDiv(static_cast<uint32_t>(width)),
+                                     n_out < (int64_t{1} << 31)};
+          column_sums<V, 1>("sum_to_columns", red.numel(), n_out, f, device);
+        };
+        ENGINE_CHECK(width < (int64_t{1} << 31), "[sum_to] a contiguous dim of ", width,
+                     " elements exceeds the kernel's 32-bit width");
+        if (vec)
+          run.template operator()<kV>();
+        else
+          run.template operator()<1>();
+        return;
+      }
+      // rows: the contiguous reduced run is `run`; the other reduced dims index the runs.
+      const int64_t run = red.sizes.back();
+      Collapsed red_outer = red;
+      red_outer.sizes.pop_back();
+      red_outer.strides[0].pop_back();
+      const int64_t n_red = red.numel();
+      const bool vec = kV > 1 && run % kV == 0 && aligned16(src.raw_data()) &&
+                       strides_multiple_of(kept.strides[0], 0, kV) &&
+                       strides_multiple_of(red_outer.strides[0], 0, kV);
+      ENGINE_CHECK(n_out < (int64_t{1} << 31), "[sum_to] ", n_out, " outputs exceed the grid");
+      auto launch = [&]<int V>() {
+        using A = SumAccOf<T>;
+        const int64_t n_vec = n_red / V;
+        int64_t chunks = (kReduceTargetBlocks + n_out - 1) / n_out;
+        const int64_t most = (n_vec + kReduceThreads * 8 - 1) / (kReduceThreads * 8);
+        if (chunks > most) chunks = most;
+        if (chunks < 1) chunks = 1;
+        if (chunks > 65535) chunks = 65535;
+        const LaunchConfig cfg{dim3(static_cast<unsigned>(n_out), static_cast<unsigned>(chunks)),
+                               dim3(kReduceThreads), 0, compute_stream(device)};
+        Tensor part = chunks > 1 ? Tensor::empty({chunks * n_out},
+                                                 sizeof(A) == 8 ? DType::f64 : DType::f32,
+                                                 dst.device())
+                                 : Tensor();
+        A* p = chunks > 1 ? static_cast<A*>(part.raw_data()) : nullptr;
+        ENGINE_LAUNCH((sum_rows_kernel<T, V>), cfg, dptr<const T>(src), make_indexer<1>(kept),
+                      make_indexer<1>(red_outer), run / V, n_vec, chunks, p, dptr<T>(dst));
+        if (chunks > 1)
+          column_sums<1, 1>("sum_to_chunks", chunks, n_out,
+                            PartColumns<T>{static_cast<const A*>(p), n_out, dptr<T>(dst)}, device,
+                            false);
+      };
+      if (vec)
+        launch.template operator()<kV>();
+      else
+        launch.template operator()<1>();
     });
   }
 

@@ -65,11 +65,16 @@ TEST_CASE("attention on the device matches the CPU with bias, key mask and dropo
 TEST_CASE("the fused attention softmax equals the CPU's scale, softmax and dropout passes",
           "[cuda]") {
   Generator g(52);
+  // Rows of 37 (a warp per row, element by element, a Philox block split across rows), 64 (4-
+  // element vectors, one Philox block per four), 4 and 1100 (a block per row).
+  for (const int64_t n : {int64_t{37}, int64_t{64}, int64_t{4}, int64_t{1100}})
   for (DType dt : {DType::f32, DType::f64}) {
-    INFO(dtype_name(dt));
-    Tensor x = Tensor::randn({2, 3, 5, 37}, g, 0, 2, dt);
-    Tensor bias = Tensor::randn({1, 3, 5, 37}, g, 0, 1, dt);
-    Tensor mask = Tensor::from_vector(std::vector<int64_t>(74, 1), {2, 1, 1, 37});
+    INFO(dtype_name(dt) << " rows of " << n);
+    Tensor x = Tensor::randn({2, 3, 5, n}, g, 0, 2, dt);
+    Tensor bias = Tensor::randn({1, 3, 5, n}, g, 0, 1, dt);
+    std::vector<int64_t> keep(size_t(2 * n), 1);
+    keep[1] = 0;  // one masked key in the first sequence
+    Tensor mask = Tensor::from_vector(keep, {2, 1, 1, n});
     const PhiloxState st{77, 3};
     Tensor probs = Tensor::empty(x.shape(), dt), dropped = Tensor::empty(x.shape(), dt);
     attention_softmax_raw(x, 0.125, bias, mask, 0.3, st, probs, dropped);

@@ -2,7 +2,11 @@
 // strided copies, fill, accumulate, sum over broadcast dims, allocator counters.
 #include <catch2/catch.hpp>
 
+#include <functional>
+#include <string>
+
 #include "ops/ops.h"
+#include "tests/cuda/cuda_test_support.h"
 
 using namespace engine;
 
@@ -46,6 +50,113 @@ TEST_CASE("strided views, fill, add_ and sum_to agree with the CPU", "[cuda]") {
     backend(DeviceType::CUDA).sum_to(d, b);
     std::vector<float> av = a.to_vector<float>(), bv = b.to_vector<float>();
     for (size_t i = 0; i < av.size(); ++i) REQUIRE(bv[i] == Approx(av[i]).epsilon(1e-6));
+  }
+}
+
+namespace {
+// sum_to of view(base) to `to` on both backends (the same view of the same values): the GPU's
+// result within f32 tolerance of the CPU's (its order differs), its reruns bit for bit the same.
+void check_sum_to(const Tensor& base, const std::function<Tensor(const Tensor&)>& view,
+                  const Shape& to, const std::string& what) {
+  const DType dt = base.dtype();
+  const DType ct = dt == DType::bf16 || dt == DType::f16 ? DType::f32 : dt;
+  const Tensor src = view(base.to(ct)), dev = view(base.to(kGpu));
+  INFO(what << ": " << describe(dev) << " -> " << shape_str(to));
+  Tensor a = Tensor::empty(to, ct);
+  backend(DeviceType::CPU).sum_to(src, a);
+  Tensor b = Tensor::empty(to, dt, kGpu), b2 = Tensor::empty(to, dt, kGpu);
+  backend(DeviceType::CUDA).sum_to(dev, b);
+  backend(DeviceType::CUDA).sum_to(dev, b2);
+  const double rel = ct == dt ? (dt == DType::f64 ? 1e-12 : 1e-5) : 1e-2;
+  if (is_floating(dt)) {
+    testing::require_close(b, a, rel, rel, rel);
+  } else {
+    REQUIRE(b.to(Device::cpu()).to_vector<double>() == a.to_vector<double>());
+  }
+  testing::require_equal(b2, b);  // deterministic
+}
+void check_sum_to(const Tensor& src, const Shape& to, const std::string& what) {
+  check_sum_to(src, [](const Tensor& t) { return t; }, to, what);
+}
+}  // namespace
+
+TEST_CASE("sum_to: every reduction shape of the model, fast paths and fallbacks", "[cuda]") {
+  Generator g(41);
+  auto rnd = [&](const Shape& s, DType dt = DType::f32) { return Tensor::randn(s, g).to(dt); };
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64}) {
+    const std::string d(dtype_name(dt));
+    // bias gradients: rows reduced, the contiguous dim kept (16-byte loads; odd widths scalar;
+    // many rows: several chunks and the second pass)
+    check_sum_to(rnd({4, 7, 768}, dt), {768}, d + " bias");
+    check_sum_to(rnd({3000, 40}, dt), {40}, d + " bias, many rows");
+    check_sum_to(rnd({257, 13}, dt), {13}, d + " bias, odd width");
+    check_sum_to(rnd({5, 3, 16}, dt), {3, 16}, d + " leading dim");
+    // the positional bias's gradient over the batch: (B, H, T, T) -> (1, H, T, T)
+    check_sum_to(rnd({3, 2, 12, 12}, dt), {1, 2, 12, 12}, d + " batch");
+    // [CLS] reset thetas: (H, T, T) -> (H, 1, 1); full sums, long and short
+    check_sum_to(rnd({3, 40, 40}, dt), {3, 1, 1}, d + " per head");
+    check_sum_to(rnd({70001}, dt), {}, d + " full, long");
+    check_sum_to(rnd({5}, dt), {1}, d + " full, short");
+    check_sum_to(rnd({2, 3, 8, 8}, dt), {1, 3, 1, 1}, d + " outer and inner reduced");
+    check_sum_to(rnd({4, 6, 5}, dt), {4, 1, 5}, d + " middle dim");
+    check_sum_to(rnd({4, 6, 8}, dt), {6, 1}, d + " kept dim between reduced ones");
+    // no contiguous innermost dim, misaligned views, nothing reduced, one element
+    check_sum_to(rnd({16, 24}, dt), [](const Tensor& t) { return t.transpose(0, 1); }, {24, 1},
+                 d + " transposed, rows");
+    check_sum_to(rnd({16, 24}, dt), [](const Tensor& t) { return t.transpose(0, 1); }, {16},
+                 d + " transposed, columns");
+    check_sum_to(rnd({9, 33}, dt), [](const Tensor& t) { return t.slice(1, 1, 33); }, {32},
+                 d + " misaligned columns");
+    check_sum_to(rnd({9, 33}, dt), [](const Tensor& t) { return t.slice(1, 1, 33); }, {9, 1},
+                 d + " misaligned rows");
+    check_sum_to(rnd({1, 6, 1}, dt), {6, 1}, d + " size-1 dims only");
+    check_sum_to(rnd({1, 1}, dt), {1}, d + " one element");
+  }
+  check_sum_to(Tensor::randn({50, 30}, g).to(DType::i32), {30}, "i32 columns");
+  check_sum_to(Tensor::randn({50, 30}, g).to(DType::i64), {50, 1}, "i64 rows");
+  // Empty: the sum over no elements is 0.
+  Tensor e = Tensor::empty({0, 4}, DType::f32, kGpu), out = Tensor::full({4}, 7.0, DType::f32, kGpu);
+  backend(DeviceType::CUDA).sum_to(e, out);
+  REQUIRE(out.to(Device::cpu()).to_vector<float>() == std::vector<float>(4, 0.f));
+}
+
+TEST_CASE("layout kernels: 16-byte strided copies, conversions, fills, adds against the CPU",
+          "[cuda]") {
+  Generator g(43);
+  for (DType dt : {DType::f32, DType::bf16, DType::f64, DType::i32, DType::u8}) {
+    INFO(dtype_name(dt));
+    Tensor x = Tensor::randn({3, 5, 4, 16}, g, 0, 4).to(dt);
+    Tensor d = x.to(kGpu);
+    // the heads' split: innermost contiguous both sides, 16-byte units
+    testing::require_equal(d.permute({0, 2, 1, 3}).contiguous(),
+                           x.permute({0, 2, 1, 3}).contiguous());
+    // innermost not contiguous in the source: element by element
+    testing::require_equal(d.permute({3, 1, 0, 2}).contiguous(),
+                           x.permute({3, 1, 0, 2}).contiguous());
+    // a misaligned slice: element by element
+    testing::require_equal(d.slice(3, 1, 9).contiguous(), x.slice(3, 1, 9).contiguous());
+    // contiguous conversions, both ways
+    for (DType to : {DType::f32, DType::bf16, DType::f16, DType::f64, DType::i64}) {
+      INFO("to " << dtype_name(to));
+      testing::require_equal(d.to(to), x.to(to));
+      testing::require_equal(d.slice(1, 1, 4).to(to), x.slice(1, 1, 4).to(to));
+    }
+    // fill and add_, contiguous and strided
+    Tensor xc = x.clone(), dc = d.clone();
+    xc.slice(2, 1, 3).fill_(2.0);
+    dc.slice(2, 1, 3).fill_(2.0);
+    testing::require_equal(dc, xc);
+    xc.fill_(-3.0);
+    dc.fill_(-3.0);
+    testing::require_equal(dc, xc);
+  }
+  for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{4096 + 3}}) {
+    Tensor a = Tensor::randn({n}, g), b = Tensor::randn({n}, g);
+    Tensor da = a.to(kGpu);
+    a.add_(b, -0.75);
+    da.add_(b.to(kGpu), -0.75);
+    // alpha * b + a: one rounding or two (an FMA where both compilers contract alike)
+    testing::require_close(da, a, 1e-6, 1e-7);
   }
 }
 

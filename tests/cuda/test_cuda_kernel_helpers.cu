@@ -9,6 +9,7 @@
 
 #include "engine/cuda/context.h"
 #include "engine/cuda/kernels.cuh"
+#include "engine/cuda/strided.cuh"
 #include "ops/ops.h"
 
 using namespace engine;
@@ -150,3 +151,21 @@ TEST_CASE("launch_elementwise: aligned, misaligned, ragged tails, bf16", "[cuda]
     }
   }
 }
+
+TEST_CASE("FastDiv divides exactly below 2^31", "[cuda]") {
+  uint64_t x = 88172645463325252ull;
+  auto next = [&] {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return x;
+  };
+  for (uint32_t d : {1u, 2u, 3u, 7u, 12u, 64u, 100u, 768u, 4095u, 65536u, 1000003u, 2147483647u}) {
+    const FastDiv f(d);
+    for (uint32_t n : {0u, 1u, d - 1, d, d + 1, 2147483647u, 2147483646u})
+      if (n < 2147483648u) REQUIRE(f.div(n) == n / d);
+    for (int i = 0; i < 20000; ++i) {
+      const uint32_t n = static_cast<uint32_t>(next() & 0x7fffffffu);
+      REQUIRE(f.div(n) == n / d);
+    }
+  }
+}
+
