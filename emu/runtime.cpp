@@ -395,6 +395,12 @@ cudaError_t cudaFreeHost(void* ptr) {
   std::free(ptr);
   return cudaSuccess;
 }
+// Mapped (zero-copy) host memory: kernels run on the host, so the device address is the host's.
+cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned int flags) {
+  if (!dev || !host || flags != 0) return fail(cudaErrorInvalidValue);
+  *dev = host;
+  return cudaSuccess;
+}
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
   EMU_LOCK;

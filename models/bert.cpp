@@ -135,8 +135,10 @@ PositionEncoding::Constants PositionEncoding::build_constants(int64_t t, engine:
   auto upload_f32 = [&](const std::vector<float>& v, const Shape& shape) {
     return Tensor::from_vector<float>(v, shape).to(dev);
   };
-  if (p.relative == RelativePosition::t5_bias)
+  if (p.relative == RelativePosition::t5_bias) {
     k.relative_index = Tensor::from_vector<int64_t>(relative_buckets(t), {t, t}).to(dev);
+    k.relative_keys = engine::sorted_index_keys(k.relative_index, p.relative_bias_rows());
+  }
   if (p.cls_reset != ClsReset::none) {
     // reset_theta: row 0 (from [CLS], including itself) = theta1, column 0 below it = theta2.
     std::vector<float> keep(size_t(t * t), 1.f), row0(size_t(t * t), 0.f), col0(size_t(t * t), 0.f);
@@ -187,6 +189,9 @@ const PositionEncoding::Constants& PositionEncoding::constants(int64_t t,
     Constants k = longest_;
     k.length = t;
     k.relative_index = lead(longest_.relative_index, 2);
+    if (k.relative_index.defined())
+      k.relative_keys =
+          engine::sorted_index_keys(k.relative_index, config_.position.relative_bias_rows());
     k.keep = lead(longest_.keep, 2);
     k.row0 = lead(longest_.row0, 2);
     k.col0 = lead(longest_.col0, 2);
@@ -292,7 +297,7 @@ AttentionTerms PositionEncoding::attention_terms(int64_t t, engine::Device devic
   AttentionTerms out;
   Tensor relative;  // (H, T, T)
   if (p.relative == RelativePosition::t5_bias)
-    relative = engine::embedding(relative_table, k.relative_index)
+    relative = engine::embedding(relative_table, k.relative_index, k.relative_keys)
                    .permute({2, 0, 1});  // (T, T, H) -> (H, T, T)
   if (p.attention == AttentionPosition::untied) {
     Tensor pk;

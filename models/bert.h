@@ -104,6 +104,7 @@ class PositionEncoding : public engine::Module {
     int64_t length = 0;
     engine::Device device;
     Tensor relative_index;              // (T, T) i64: relative_buckets(T)
+    Tensor relative_keys;               // its inverted index (sorted_index_keys), for the backward
     Tensor keep, row0, col0;            // (T, T) f32 masks of TUPE's [CLS] reset
     Tensor shaw_index;                  // (T, T) i64: clip(j - i, -c, c) + c
     Tensor positions;                   // (T) f32: 0 .. T-1

@@ -6,13 +6,15 @@
 // rows not ignored, in a fixed order (the same result on every run), and writes count and the
 // sum or mean. No (N, C) softmax is ever stored. Backward: one block per row writes
 // (exp(x - lse) - onehot) * w, reading the weight from grad_out and count on the device, so no
-// value comes back to the host. A target outside [0, C) that is not ignore_index traps.
+// value comes back to the host. A target outside [0, C) that is not ignore_index is reported
+// (device_error.cuh: raised at the next host read) and its row contributes nothing.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 
 #include "engine/cuda/context.h"
+#include "engine/cuda/device_error.cuh"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/launch.h"
 #include "engine/dispatch.h"
@@ -30,7 +32,8 @@ int row_threads(int64_t c) {
 
 template <class T, class I>
 __global__ void cross_entropy_rows(const T* logits, const I* targets, int64_t c,
-                                   int64_t ignore_index, Acc<T>* lse, Acc<T>* row_loss, T* out) {
+                                   int64_t ignore_index, Acc<T>* lse, Acc<T>* row_loss, T* out,
+                                   DeviceIndexError* err) {
   using V = Acc<T>;
   const int64_t i = blockIdx.x;
   const T* x = logits + i * c;
@@ -46,8 +49,10 @@ __global__ void cross_entropy_rows(const T* logits, const I* targets, int64_t c,
   const int64_t t = static_cast<int64_t>(targets[i]);
   V loss = 0;
   if (t != ignore_index) {
-    if (t < 0 || t >= c) __trap();
-    loss = l - to_acc(x[t]);
+    if (t < 0 || t >= c)
+      report_bad_index(err, IndexCheck::class_target, i, t, c);  // the row's loss stays 0
+    else
+      loss = l - to_acc(x[t]);
   }
   row_loss[i] = loss;
   if (out) out[i] = from_acc<T>(loss);  // Reduction::none
@@ -78,17 +83,18 @@ template <class T, class I>
 __global__ void cross_entropy_backward_rows(const T* logits, const I* targets, const Acc<T>* lse,
                                             const int64_t* count, const T* grad_out,
                                             int64_t ignore_index, int reduction, int64_t c,
-                                            T* grad) {
+                                            T* grad, DeviceIndexError* err) {
   using V = Acc<T>;
   const int64_t i = blockIdx.x;
   const T* x = logits + i * c;
   T* g = grad + i * c;
   const int64_t t = static_cast<int64_t>(targets[i]);
-  if (t == ignore_index) {
+  if (t == ignore_index || t < 0 || t >= c) {  // a bad target: reported, its gradient 0
+    if (t != ignore_index && threadIdx.x == 0)
+      report_bad_index(err, IndexCheck::class_target, i, t, c);
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) g[j] = from_acc<T>(V(0));
     return;
   }
-  if (t < 0 || t >= c) __trap();
   V w = 0;  // the CPU's weight: grad_out[i], grad_out[0], or grad_out[0] / count in T
   if (reduction == static_cast<int>(Reduction::none)) {
     w = to_acc(grad_out[i]);
@@ -121,7 +127,8 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
         const LaunchConfig rows{dim3(static_cast<unsigned>(n)), dim3(row_threads(c)), 0, stream};
         ENGINE_LAUNCH((cross_entropy_rows<T, I>), rows, dptr<const T>(logits),
                       dptr<const I>(targets), c, ignore_index, dptr<V>(lse), dptr<V>(row_loss),
-                      reduction == Reduction::none ? dptr<T>(out) : nullptr);
+                      reduction == Reduction::none ? dptr<T>(out) : nullptr,
+                      device_index_error(dev.index));
       }
       const LaunchConfig one{dim3(1), dim3(1024), 0, stream};
       ENGINE_LAUNCH((cross_entropy_total<T, I>), one, dptr<const V>(row_loss),
@@ -147,7 +154,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
       ENGINE_LAUNCH((cross_entropy_backward_rows<T, I>), rows, dptr<const T>(logits),
                     dptr<const I>(targets), dptr<const V>(lse), dptr<const int64_t>(count),
                     dptr<const T>(grad_out), ignore_index, static_cast<int>(reduction), c,
-                    dptr<T>(grad_logits));
+                    dptr<T>(grad_logits), device_index_error(dev.index));
     });
   });
 }

@@ -1,6 +1,7 @@
 // CUDA kernels of the elementwise ops (see elementwise.h): add/sub/mul/div over broadcast views,
-// affine, GELU / tanh / sin / cos forward and backward, and GELU of x + bias (bias_gelu) with its
-// bias gradient summed in the backward's pass, in f32, f64, bf16 and f16.
+// affine, GELU / tanh / sin / cos forward and backward, and GELU of x + bias (bias_gelu, 16-byte
+// vectors) with its bias gradient summed in the backward's pass (column_sums: dx written where dy
+// is read), in f32, f64, bf16 and f16.
 //
 // The math is the CPU kernels' (elementwise.cpp), written as the same expressions in the same
 // order: f32 and f64 compute in their own type, bf16 and f16 in f32 (to_acc) and are rounded once
@@ -21,6 +22,7 @@
 #include "engine/cuda/context.h"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/launch.h"
+#include "engine/cuda/reduce.cuh"
 #include "engine/cuda/strided.cuh"
 #include "engine/error.h"
 #include "ops/elementwise.h"
@@ -149,41 +151,62 @@ void check_operands(const char* op, std::initializer_list<const Tensor*> ts, con
 
 // ---- bias_gelu --------------------------------------------------------------------------------
 
-constexpr int kColumnThreads = 256;
-
-// y[r][j] = gelu(x[r][j] + bias[j]): one thread per column j (a warp reads 32 consecutive
-// elements of a row), rows strided over grid.y. x + bias is rounded to the compute type V first,
-// as the CPU stores it.
-template <class T>
-__global__ void bias_gelu_rows(const T* x, const T* bias, T* y, int64_t rows, int64_t n) {
-  using V = Acc<T>;
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j >= n) return;
-  const V b = to_acc(bias[j]);
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
-    y[r * n + j] = from_acc<T>(GeluOp<V>{}(to_acc(x[r * n + j]) + b));
-}
-
-// dx = dy * gelu'(x + bias) for chunk blockIdx.y of the rows (the CPU's chunks: rows * k / chunks
-// onwards), and when `part` is given the chunk's sum of dx per column, in row order in V (the
-// CPU's order and type), stored as double.
-template <class T>
-__global__ void bias_gelu_backward_chunks(const T* x, const T* bias, const T* dy, T* dx,
-                                          double* part, int64_t rows, int64_t n, int64_t chunks) {
-  using V = Acc<T>;
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  const int64_t k = blockIdx.y;
-  if (j >= n) return;
-  const int64_t r0 = rows * k / chunks, r1 = rows * (k + 1) / chunks;
-  const V b = to_acc(bias[j]);
-  V acc = 0;
-  for (int64_t r = r0; r < r1; ++r) {
-    const V d = GeluBackwardOp<V>{}(to_acc(x[r * n + j]) + b, to_acc(dy[r * n + j]));
-    dx[r * n + j] = from_acc<T>(d);
-    acc += d;
+// y[r][j] = gelu(x[r][j] + bias[j]) over the flat (rows, n) elements in vectors of V (n % V == 0,
+// every pointer aligned when V > 1): a grid-stride loop, the column from a 32-bit FastDiv below
+// 2^31 elements. x + bias is rounded to the compute type first, as the CPU stores it.
+template <class T, int V>
+__global__ void bias_gelu_vec(const T* x, const T* bias, T* y, int64_t n_vec, int64_t n,
+                              FastDiv cols_vec) {
+  using A = Acc<T>;
+  const int64_t vecs_per_row = n / V;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_vec;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = n_vec < (int64_t{1} << 31) ? cols_vec.div(static_cast<uint32_t>(i))
+                                                 : i / vecs_per_row;
+    const int64_t c = (i - r * vecs_per_row) * V;
+    const Vec<T, V> xv = reinterpret_cast<const Vec<T, V>*>(x)[i];
+    const Vec<T, V> bv = *reinterpret_cast<const Vec<T, V>*>(bias + c);
+    Vec<T, V> out;
+#pragma unroll
+    for (int q = 0; q < V; ++q) out.v[q] = from_acc<T>(GeluOp<A>{}(to_acc(xv.v[q]) + to_acc(bv.v[q])));
+    reinterpret_cast<Vec<T, V>*>(y)[i] = out;
   }
-  if (part) part[k * n + j] = static_cast<double>(acc);
 }
+
+// The backward as column sums (reduce.cuh): each element's dx = dy * gelu'(x + bias) written
+// where it is read, and summed per column for the bias gradient (when gbias is set).
+template <class T, int V>
+struct BiasGeluBackward {
+  using Acc = std::conditional_t<std::is_same_v<::engine::cuda::Acc<T>, double>, double, float>;
+  const T* x;
+  const T* bias;
+  const T* dy;
+  T* dx;
+  T* gbias;  // may be null
+  int64_t n;
+  __device__ void load(int64_t r, int64_t c, Acc (&v)[1][V]) const {
+    using A = ::engine::cuda::Acc<T>;
+    const Vec<T, V> xv = *reinterpret_cast<const Vec<T, V>*>(x + r * n + c);
+    const Vec<T, V> gv = *reinterpret_cast<const Vec<T, V>*>(dy + r * n + c);
+    const Vec<T, V> bv = *reinterpret_cast<const Vec<T, V>*>(bias + c);
+    Vec<T, V> out;
+#pragma unroll
+    for (int q = 0; q < V; ++q) {
+      const A d = GeluBackwardOp<A>{}(to_acc(xv.v[q]) + to_acc(bv.v[q]), to_acc(gv.v[q]));
+      out.v[q] = from_acc<T>(d);
+      v[0][q] = static_cast<Acc>(d);
+    }
+    *reinterpret_cast<Vec<T, V>*>(dx + r * n + c) = out;
+  }
+  __device__ void store(int, int64_t c, const Acc (&s)[V]) const {
+    if (gbias)
+#pragma unroll
+      for (int q = 0; q < V; ++q) gbias[c + q] = from_acc<T>(s[q]);
+  }
+  __device__ void store_one(int, int64_t c, Acc s) const {
+    if (gbias) gbias[c] = from_acc<T>(s);
+  }
+};
 
 // ---- kernels registered with the op's tables --------------------------------------------------
 
@@ -299,6 +322,14 @@ void unary_backward(UnaryOp op, const Tensor& saved, const Tensor& gy, const Ten
   });
 }
 
+// Whether every pointer is 16-byte aligned and rows of n split into whole vectors of V.
+bool vec_ok(int64_t n, int v, std::initializer_list<const Tensor*> ts) {
+  if (v <= 1 || n % v) return false;
+  for (const Tensor* t : ts)
+    if (t->defined() && reinterpret_cast<uintptr_t>(t->raw_data()) % 16 != 0) return false;
+  return true;
+}
+
 // x, y (rows, n) and bias (n), contiguous, one dtype.
 void bias_gelu(const Tensor& x, const Tensor& bias, const Tensor& y) {
   check_operands("bias_gelu", {&x}, y);
@@ -306,12 +337,19 @@ void bias_gelu(const Tensor& x, const Tensor& bias, const Tensor& y) {
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
   if (rows == 0) return;
   DeviceGuard guard(x.device().index);
-  const LaunchConfig cfg{dim3(static_cast<unsigned>(grid_blocks(n, kColumnThreads)),
-                              static_cast<unsigned>(rows < 65535 ? rows : 65535)),
-                         dim3(kColumnThreads), 0, compute_stream(x.device().index)};
+  const cudaStream_t stream = compute_stream(x.device().index);
   dispatch_floating(x.dtype(), "bias_gelu", [&]<class T>() {
-    ENGINE_LAUNCH(bias_gelu_rows<T>, cfg, static_cast<const T*>(x.raw_data()),
-                  static_cast<const T*>(bias.raw_data()), static_cast<T*>(y.raw_data()), rows, n);
+    constexpr int kV = 16 / sizeof(T);
+    auto run = [&]<int V>() {
+      const int64_t n_vec = rows * n / V;
+      const FastDiv cols(static_cast<uint32_t>(n / V < (int64_t{1} << 31) ? n / V : 1));
+      ENGINE_LAUNCH((bias_gelu_vec<T, V>), grid_for(n_vec, stream), dptr<const T>(x),
+                    dptr<const T>(bias), dptr<T>(y), n_vec, n, cols);
+    };
+    if (vec_ok(n, kV, {&x, &bias, &y}))
+      run.template operator()<kV>();
+    else
+      run.template operator()<1>();
   });
 }
 
@@ -327,22 +365,17 @@ void bias_gelu_backward(const Tensor& x, const Tensor& bias, const Tensor& gy, c
   }
   const int index = x.device().index;
   DeviceGuard guard(index);
-  const cudaStream_t stream = compute_stream(index);
-  const int64_t chunks = rows < kBiasGeluChunks ? rows : kBiasGeluChunks;
-  Tensor part = want_b ? Tensor::empty({chunks, n}, DType::f64, x.device()) : Tensor();
-  const unsigned col_blocks = static_cast<unsigned>(grid_blocks(n, kColumnThreads));
   dispatch_floating(x.dtype(), "bias_gelu_backward", [&]<class T>() {
-    ENGINE_LAUNCH(bias_gelu_backward_chunks<T>,
-                  (LaunchConfig{dim3(col_blocks, static_cast<unsigned>(chunks)),
-                                dim3(kColumnThreads), 0, stream}),
-                  static_cast<const T*>(x.raw_data()), static_cast<const T*>(bias.raw_data()),
-                  static_cast<const T*>(gy.raw_data()), static_cast<T*>(gx.raw_data()),
-                  want_b ? part.data<double>() : nullptr, rows, n, chunks);
-    if (want_b)
-      ENGINE_LAUNCH(sum_chunks_in_order<T>,
-                    (LaunchConfig{dim3(col_blocks), dim3(kColumnThreads), 0, stream}),
-                    static_cast<const double*>(part.data<double>()),
-                    static_cast<T*>(gbias.raw_data()), n, chunks);
+    constexpr int kV = reduce_vec<T>();
+    auto run = [&]<int V>() {
+      const BiasGeluBackward<T, V> f{dptr<const T>(x),  dptr<const T>(bias), dptr<const T>(gy),
+                                     dptr<T>(gx),       dptr<T>(gbias),      n};
+      column_sums<V, 1>("bias_gelu_backward", rows, n, f, index);
+    };
+    if (vec_ok(n, kV, {&x, &bias, &gy, &gx}))
+      run.template operator()<kV>();
+    else
+      run.template operator()<1>();
   });
 }
 

@@ -54,7 +54,8 @@ void check_index_tensor(const Tensor& x, const Tensor& index, const char* op, co
 
 struct GatherRowsNode : Node {
   const char* op = "gather_rows";
-  Tensor index;  // (M) contiguous, detached: the only thing the scatter-add needs
+  Tensor index;     // (M) contiguous, detached: the only thing the scatter-add needs
+  Tensor inverted;  // its sorted_index_keys when the caller made them once, else undefined
   const char* name() const override { return op; }
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
     const TensorMeta& m = inputs[0];
@@ -66,17 +67,17 @@ struct GatherRowsNode : Node {
     Tensor gx = sink ? Tensor() : Tensor::zeros(m.shape, grads[0].dtype(), m.device);
     if (n > 0 && d > 0) {
       Tensor g = grads[0].contiguous().view({index.numel(), d});  // (M, D)
-      scatter_add_rows_kernel(m.device, g, index, (sink ? *sink : gx).view({n, d}));
+      scatter_add_rows_kernel(m.device, g, index, inverted, (sink ? *sink : gx).view({n, d}));
     }
     return {gx};
   }
-  void release_saved() override { index = Tensor(); }
+  void release_saved() override { index = inverted = Tensor(); }
 };
 
 // Shared body: x (N, ...) viewed as (N, D), a flattened index (M) -> out of `out_shape`
 // (M * D elements), recorded when x requires grad.
 Tensor gather_rows(const Tensor& x, const Tensor& index, const Shape& out_shape, const char* op,
-                   const char* what) {
+                   const char* what, const Tensor& inverted = Tensor()) {
   const int64_t n = x.shape()[0];
   const int64_t d = shape_numel(Shape(x.shape().begin() + 1, x.shape().end()));
   Tensor idx = index.detach().contiguous().reshape({index.numel()});  // (M)
@@ -89,6 +90,14 @@ Tensor gather_rows(const Tensor& x, const Tensor& index, const Shape& out_shape,
     auto node = std::make_shared<GatherRowsNode>();
     node->op = op;
     node->index = idx;
+    if (inverted.defined()) {
+      ENGINE_CHECK(inverted.dtype() == DType::i64 && inverted.numel() == idx.numel() &&
+                       inverted.device() == idx.device(),
+                   "[", op, "] the inverted index ", describe(inverted),
+                   " does not match the index ", describe(index),
+                   " (expected sorted_index_keys of it: i64, one key per id, on its device)");
+      node->inverted = inverted;
+    }
     record(node, {x}, {out});
   }
   return out;
@@ -118,7 +127,8 @@ void gather_rows(const Tensor& table, const Tensor& index, const Tensor& out) {
   });
 }
 
-void scatter_add_rows(const Tensor& grad_out, const Tensor& index, const Tensor& grad_table) {
+void scatter_add_rows(const Tensor& grad_out, const Tensor& index, const Tensor& /*inverted*/,
+                      const Tensor& grad_table) {
   const int64_t m = grad_out.shape()[0], d = grad_out.shape()[1];
   if (m == 0 || d == 0) return;
   dispatch_floating(grad_table.dtype(), "scatter_add_rows", [&]<class T>() {
@@ -148,10 +158,21 @@ void scatter_add_rows(const Tensor& grad_out, const Tensor& index, const Tensor&
   });
 }
 
+void sort_index_keys(const Tensor& index, int64_t rows, const Tensor& keys) {
+  dispatch_index(index.dtype(), "sort_index_keys", [&]<class I>() {
+    const I* idx = index.data<I>();
+    int64_t* out = keys.data<int64_t>();
+    const int64_t m = index.numel();
+    for (int64_t i = 0; i < m; ++i) out[i] = (static_cast<int64_t>(idx[i]) << 32) | i;
+    std::sort(out, out + m);
+  });
+}
+
 }  // namespace cpu
 
 ENGINE_REGISTER_KERNEL(gather_rows_kernel, DeviceType::CPU, cpu::gather_rows);
 ENGINE_REGISTER_KERNEL(scatter_add_rows_kernel, DeviceType::CPU, cpu::scatter_add_rows);
+ENGINE_REGISTER_KERNEL(sort_index_keys_kernel, DeviceType::CPU, cpu::sort_index_keys);
 
 }  // namespace
 
@@ -164,12 +185,25 @@ Tensor index_select(const Tensor& x, const Tensor& index) {
   return gather_rows(x, index, out_shape, "index_select", "index");
 }
 
-Tensor embedding(const Tensor& weight, const Tensor& ids) {
+Tensor embedding(const Tensor& weight, const Tensor& ids, const Tensor& inverted) {
   check_index_tensor(weight, ids, "embedding", "id");
   ENGINE_CHECK(weight.dim() == 2, "[embedding] weight must be (V, D), got ", describe(weight));
   Shape out_shape = ids.shape();
   out_shape.push_back(weight.shape()[1]);  // (*ids.shape, D)
-  return gather_rows(weight, ids, out_shape, "embedding", "id");
+  return gather_rows(weight, ids, out_shape, "embedding", "id", inverted);
+}
+
+Tensor sorted_index_keys(const Tensor& index, int64_t rows) {
+  ENGINE_CHECK(index.defined() && (index.dtype() == DType::i32 || index.dtype() == DType::i64),
+               "[sorted_index_keys] expects an i32 or i64 index, got ", describe(index));
+  ENGINE_CHECK(index.numel() < (int64_t{1} << 32) && rows < (int64_t{1} << 31),
+               "[sorted_index_keys] ", index.numel(), " ids into ", rows,
+               " rows exceed the keys' 32-bit halves");
+  Tensor idx = index.detach().contiguous().reshape({index.numel()});
+  check_in_range(idx, index.shape(), rows, "sorted_index_keys", "id");
+  Tensor keys = Tensor::empty({idx.numel()}, DType::i64, idx.device());
+  if (idx.numel() > 0) sort_index_keys_kernel(idx.device(), idx, rows, keys);
+  return keys;
 }
 
 }  // namespace engine

@@ -1,23 +1,37 @@
 // CUDA kernels of index_select / embedding (see embedding.h).
 //
-// gather_rows: one thread per output element, a copy in the storage type (any dtype). An index
-// outside [0, N) traps (the launch faults, the error is sticky) instead of reading elsewhere:
-// device ids are never read back on the host to be checked.
+// gather_rows: a grid-stride copy of 16-byte units (rows whose bytes are a multiple of 16 and
+// aligned), else element by element; any dtype. An index outside [0, N) is never read with: its
+// row is zeros and the index is reported (device_error.cuh: raised at the next host read).
 //
-// scatter_add_rows, deterministic without atomics: thread (c, part) owns column c of the table
-// rows r with r % parts == part and walks the whole index in order, adding row i's element
-// into row index[i] when that row is its own. Every element's sum is therefore formed in index
-// order, as on the CPU (same f32 / f64 bits), whatever the grid, and no two threads write one
-// element. `parts` spreads a narrow table over enough threads; each thread rereads the (M)
-// index, which is small next to the M x D values. bf16 / f16 gradients add in f32 and round
-// after each addition (the stored value is the running sum).
+// scatter_add_rows, deterministic and without atomics, from the inverted index (the M keys
+// (id << 32) | position in increasing order: each table row's positions as one run):
+//   1. sort_index_keys (once per call, or once for an index that never changes: the relative
+//      position maps): tiles of 2048 keys sorted in shared memory by a bitonic network, then
+//      merge passes that place each key by a binary search in its partner run (the keys are
+//      unique, so every element's rank is exact and the result does not depend on the order).
+//   2. a segmented sum in levels: the sorted keys are cut into pieces of 64; thread (piece,
+//      16-byte column slice) sums each run of one row's keys inside its piece (the gradient rows
+//      gathered from their positions). A run that holds its row's first and last key is the
+//      whole sum: added into the table. Otherwise it is a part: the piece's first run (if its row
+//      began earlier) and last run (if its row goes on) become the two entries of the piece at
+//      the next level, with the flags "holds the first / the last". Each level has 2 entries per
+//      piece of the level below; one piece holds everything at the last level. BERT's [MASK]
+//      token (~12% of a batch's ids) or a 2-row segment table are summed by many threads, not a
+//      chain of thousands of additions in one.
+// Sums in f32 (f64 for f64), in a fixed order: the same bits on every run. A row whose keys fit
+// in one piece is summed in index order like the CPU; longer runs as pieces in order (within
+// float tolerance of the CPU, not bit for bit).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "engine/cuda/context.h"
+#include "engine/cuda/device_error.cuh"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/launch.h"
+#include "engine/cuda/reduce.cuh"
+#include "engine/cuda/strided.cuh"
 #include "engine/dispatch.h"
 #include "engine/error.h"
 #include "ops/embedding.h"
@@ -25,31 +39,41 @@
 namespace engine::cuda {
 namespace {
 
+// ---- gather ------------------------------------------------------------------------------------
+
 template <class T, class I>
 __global__ void gather_rows_elems(const T* table, const I* index, T* out, int64_t m, int64_t d,
-                                  int64_t rows) {
+                                  int64_t rows, DeviceIndexError* err) {
   const int64_t n = m * d;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += stride) {
     const int64_t i = e / d, c = e - i * d;
     const int64_t r = static_cast<int64_t>(index[i]);
-    if (r < 0 || r >= rows) __trap();
+    if (r < 0 || r >= rows) {
+      if (c == 0) report_bad_index(err, IndexCheck::embedding_id, i, r, rows);
+      out[e] = T();
+      continue;
+    }
     out[e] = table[r * d + c];
   }
 }
 
-template <class T, class I>
-__global__ void scatter_add_rows_cols(const T* grad_out, const I* index, T* grad_table, int64_t m,
-                                      int64_t d, int64_t rows, int parts) {
-  const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  const int part = blockIdx.y;
-  if (c >= d) return;
-  for (int64_t i = 0; i < m; ++i) {
+// Rows of dv 16-byte units.
+template <class I>
+__global__ void gather_rows_vec16(const uint4* table, const I* index, uint4* out, int64_t m,
+                                  int64_t dv, int64_t rows, FastDiv units, DeviceIndexError* err) {
+  const int64_t n = m * dv;
+  const bool narrow = n < (int64_t{1} << 31);
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += stride) {
+    const int64_t i = narrow ? units.div(static_cast<uint32_t>(e)) : e / dv, c = e - i * dv;
     const int64_t r = static_cast<int64_t>(index[i]);
-    if (r < 0 || r >= rows) __trap();
-    if (r % parts != part) continue;
-    T& dst = grad_table[r * d + c];
-    dst = from_acc<T>(to_acc(dst) + to_acc(grad_out[i * d + c]));
+    if (r < 0 || r >= rows) {
+      if (c == 0) report_bad_index(err, IndexCheck::embedding_id, i, r, rows);
+      out[e] = uint4{0, 0, 0, 0};
+      continue;
+    }
+    out[e] = table[r * dv + c];
   }
 }
 
@@ -57,33 +81,279 @@ void gather_rows(const Tensor& table, const Tensor& index, const Tensor& out) {
   const int64_t m = out.shape()[0], d = out.shape()[1], rows = table.shape()[0];
   if (m == 0 || d == 0) return;
   DeviceGuard guard(out.device().index);
-  const int threads = kElementwiseThreads;
-  const LaunchConfig cfg{dim3(grid_blocks(m * d, threads)), dim3(threads), 0,
-                         compute_stream(out.device().index)};
-  cuda::dispatch_all(table.dtype(), [&]<class T>() {
-    dispatch_index(index.dtype(), "gather_rows", [&]<class I>() {
-      ENGINE_LAUNCH((gather_rows_elems<T, I>), cfg, dptr<const T>(table), dptr<const I>(index),
-                    dptr<T>(out), m, d, rows);
+  const cudaStream_t stream = compute_stream(out.device().index);
+  const int64_t row_bytes = d * static_cast<int64_t>(dtype_size(table.dtype()));
+  DeviceIndexError* err = device_index_error(out.device().index);
+  auto cfg = [&](int64_t n) {
+    return LaunchConfig{dim3(grid_blocks(n, kElementwiseThreads)), dim3(kElementwiseThreads), 0,
+                        stream};
+  };
+  dispatch_index(index.dtype(), "gather_rows", [&]<class I>() {
+    if (row_bytes % 16 == 0 && aligned16(table.raw_data()) && aligned16(out.raw_data())) {
+      const int64_t dv = row_bytes / 16;
+      ENGINE_LAUNCH((gather_rows_vec16<I>), cfg(m * dv), static_cast<const uint4*>(table.raw_data()),
+                    dptr<const I>(index), static_cast<uint4*>(out.raw_data()), m, dv, rows,
+                    FastDiv(static_cast<uint32_t>(dv < (int64_t{1} << 31) ? dv : 1)), err);
+      return;
+    }
+    cuda::dispatch_all(table.dtype(), [&]<class T>() {
+      ENGINE_LAUNCH((gather_rows_elems<T, I>), cfg(m * d), dptr<const T>(table),
+                    dptr<const I>(index), dptr<T>(out), m, d, rows, err);
     });
   });
 }
 
-void scatter_add_rows(const Tensor& grad_out, const Tensor& index, const Tensor& grad_table) {
+// ---- the inverted index: sorted keys -----------------------------------------------------------
+
+constexpr int kSortTile = 2048;
+constexpr int kSortThreads = 1024;
+constexpr uint64_t kNoKey = ~uint64_t{0};
+
+// Keys of tile blockIdx.x (kSortTile ids) made and sorted in shared memory (bitonic network). A
+// bad id is reported and keyed as row `rows`, which the scatter skips.
+template <class I>
+__global__ void sort_key_tiles(const I* index, int64_t m, int64_t rows, uint64_t* keys,
+                               DeviceIndexError* err) {
+  __shared__ uint64_t sh[kSortTile];
+  const int64_t base = blockIdx.x * int64_t(kSortTile);
+  for (int i = threadIdx.x; i < kSortTile; i += blockDim.x) {
+    const int64_t e = base + i;
+    uint64_t key = kNoKey;
+    if (e < m) {
+      int64_t id = static_cast<int64_t>(index[e]);
+      if (id < 0 || id >= rows) {
+        report_bad_index(err, IndexCheck::embedding_id, e, id, rows);
+        id = rows;
+      }
+      key = (static_cast<uint64_t>(id) << 32) | static_cast<uint64_t>(e);
+    }
+    sh[i] = key;
+  }
+  __syncthreads();
+  for (int k = 2; k <= kSortTile; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < kSortTile; i += blockDim.x) {
+        const int partner = i ^ j;
+        if (partner > i) {
+          const uint64_t a = sh[i], b = sh[partner];
+          const bool ascending = (i & k) == 0;
+          if ((a > b) == ascending) {
+            sh[i] = b;
+            sh[partner] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int i = threadIdx.x; i < kSortTile; i += blockDim.x)
+    if (base + i < m) keys[base + i] = sh[i];
+}
+
+// Merges sorted runs of `width` pairwise: a key's place is its rank in its own run plus the
+// number of smaller keys in the partner run (the keys are unique).
+__global__ void merge_key_runs(const uint64_t* src, uint64_t* dst, int64_t m, int64_t width) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < m; i += stride) {
+    const int64_t s = i / (2 * width) * (2 * width);
+    const int64_t mid = s + width < m ? s + width : m, end = s + 2 * width < m ? s + 2 * width : m;
+    const uint64_t key = src[i];
+    int64_t lo, hi, own;
+    if (i < mid) {
+      lo = mid, hi = end, own = i - s;
+    } else {
+      lo = s, hi = mid, own = i - mid;
+    }
+    int64_t a = lo, b = hi;
+    while (a < b) {
+      const int64_t h = a + (b - a) / 2;
+      if (src[h] < key)
+        a = h + 1;
+      else
+        b = h;
+    }
+    dst[s + own + (a - lo)] = key;
+  }
+}
+
+void sort_index_keys(const Tensor& index, int64_t rows, const Tensor& keys) {
+  const int64_t m = index.numel();
+  if (m == 0) return;
+  const int device = index.device().index;
+  DeviceGuard guard(device);
+  const cudaStream_t stream = compute_stream(device);
+  const int64_t tiles = (m + kSortTile - 1) / kSortTile;
+  int passes = 0;
+  for (int64_t w = kSortTile; w < m; w *= 2) ++passes;
+  // Ping-pong so that the last pass writes `keys`.
+  Tensor scratch = passes > 0 ? Tensor::empty({m}, DType::i64, index.device()) : Tensor();
+  uint64_t* out = static_cast<uint64_t*>(keys.raw_data());
+  uint64_t* other = passes > 0 ? static_cast<uint64_t*>(scratch.raw_data()) : nullptr;
+  uint64_t* cur = passes % 2 ? other : out;
+  uint64_t* next = passes % 2 ? out : other;
+  dispatch_index(index.dtype(), "sort_index_keys", [&]<class I>() {
+    ENGINE_LAUNCH(sort_key_tiles<I>,
+                  (LaunchConfig{dim3(static_cast<unsigned>(tiles)), dim3(kSortThreads), 0, stream}),
+                  dptr<const I>(index), m, rows, cur, device_index_error(device));
+  });
+  const LaunchConfig cfg{dim3(grid_blocks(m, kElementwiseThreads)), dim3(kElementwiseThreads), 0,
+                         stream};
+  for (int64_t w = kSortTile; w < m; w *= 2) {
+    ENGINE_LAUNCH(merge_key_runs, cfg, static_cast<const uint64_t*>(cur), next, m, w);
+    uint64_t* t = cur;
+    cur = next;
+    next = t;
+  }
+}
+
+// ---- the scatter: a segmented sum in levels ----------------------------------------------------
+
+constexpr int kPiece = 64;  // keys (entries) a thread sums at each level
+constexpr uint8_t kHoldsFirst = 1, kHoldsLast = 2;
+
+template <class T>
+using ScatterAcc = std::conditional_t<std::is_same_v<Acc<T>, double>, double, float>;
+
+// One level. Level 0 (keys set): entry k is gradient row (keys[k] & 0xffffffff) of table row
+// keys[k] >> 32; its flags come from its neighbours. Later levels: entry k is (ids[k] (-1: none),
+// flags[k], vals[k]). Writes the complete sums into `table` and, when next_ids is set, the two
+// part entries of each piece.
+template <class T, int V>
+__global__ void scatter_level(const uint64_t* keys, const T* grad, const int32_t* ids,
+                              const uint8_t* flags, const ScatterAcc<T>* vals, int64_t n,
+                              int64_t d, int64_t rows, T* table, int32_t* next_ids,
+                              uint8_t* next_flags, ScatterAcc<T>* next_vals) {
+  using A = ScatterAcc<T>;
+  const int64_t p = blockIdx.x * int64_t(blockDim.y) + threadIdx.y;
+  const int64_t c = (blockIdx.y * int64_t(blockDim.x) + threadIdx.x) * V;
+  const int64_t b = p * kPiece;
+  if (b >= n) return;
+  const int64_t e = b + kPiece < n ? b + kPiece : n;
+  const bool active = c < d;
+  const bool writer = threadIdx.x == 0 && blockIdx.y == 0;  // writes the piece's entry ids
+  int32_t cur = -1;
+  uint8_t held = 0;
+  A acc[V];
+  int32_t head_id = -1, tail_id = -1;
+  uint8_t head_flags = 0;
+  auto flush = [&]() {
+    if (cur < 0) return;
+    if (held == (kHoldsFirst | kHoldsLast)) {  // the whole sum
+      if (active) {
+        T* row = table + static_cast<int64_t>(cur) * d + c;
+#pragma unroll
+        for (int j = 0; j < V; ++j) row[j] = from_acc<T>(static_cast<A>(to_acc(row[j])) + acc[j]);
+      }
+      return;
+    }
+    // A part: the piece's first run (its row began earlier) or its last (its row goes on).
+    const int64_t slot = (held & kHoldsFirst) ? 2 * p + 1 : 2 * p;
+    if (held & kHoldsFirst)
+      tail_id = cur;
+    else
+      head_id = cur, head_flags = held;
+    if (active)
+#pragma unroll
+      for (int j = 0; j < V; ++j) next_vals[slot * d + c + j] = acc[j];
+  };
+  for (int64_t k = b; k < e; ++k) {
+    int32_t id;
+    uint8_t f;
+    if (keys) {
+      id = static_cast<int32_t>(keys[k] >> 32);
+      if (id >= rows) continue;  // a bad id (reported by the sort), keyed past the table
+      f = 0;
+      if (k == 0 || static_cast<int32_t>(keys[k - 1] >> 32) != id) f |= kHoldsFirst;
+      if (k == n - 1 || static_cast<int32_t>(keys[k + 1] >> 32) != id) f |= kHoldsLast;
+    } else {
+      id = ids[k];
+      if (id < 0) continue;
+      f = flags[k];
+    }
+    if (id != cur) {
+      flush();
+      cur = id;
+      held = 0;
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[j] = A(0);
+    }
+    held |= f;
+    if (!active) continue;
+    if (keys) {
+      const int64_t pos = static_cast<int64_t>(keys[k] & 0xffffffffu);
+      const T* g = grad + pos * d + c;
+      if constexpr (V > 1) {
+        const Vec<T, V> x = *reinterpret_cast<const Vec<T, V>*>(g);
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] += static_cast<A>(to_acc(x.v[j]));
+      } else {
+        acc[0] += static_cast<A>(to_acc(*g));
+      }
+    } else {
+      const A* v = vals + k * d + c;
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[j] += v[j];
+    }
+  }
+  flush();
+  if (writer && next_ids) {
+    next_ids[2 * p] = head_id;
+    next_flags[2 * p] = head_flags;
+    next_ids[2 * p + 1] = tail_id;
+    next_flags[2 * p + 1] = kHoldsFirst;
+  }
+}
+
+void scatter_add_rows(const Tensor& grad_out, const Tensor& index, const Tensor& inverted,
+                      const Tensor& grad_table) {
   const int64_t m = grad_out.shape()[0], d = grad_out.shape()[1], rows = grad_table.shape()[0];
   if (m == 0 || d == 0 || rows == 0) return;
-  DeviceGuard guard(grad_table.device().index);
-  const int threads = static_cast<int>(d < 128 ? (d + kWarpSize - 1) / kWarpSize * kWarpSize : 128);
-  const int64_t col_blocks = (d + threads - 1) / threads;
-  // About 32K threads in all, never more parts than rows.
-  int64_t parts = (32768 + col_blocks * threads - 1) / (col_blocks * threads);
-  parts = parts < 1 ? 1 : (parts > rows ? rows : (parts > 1024 ? 1024 : parts));
-  const LaunchConfig cfg{dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(parts)),
-                         dim3(threads), 0, compute_stream(grad_table.device().index)};
+  const int device = grad_table.device().index;
+  DeviceGuard guard(device);
+  const cudaStream_t stream = compute_stream(device);
+  const Tensor keys = inverted.defined() ? inverted : sorted_index_keys(index, rows);
+  ENGINE_CHECK(keys.numel() == m && keys.dtype() == DType::i64, "[scatter_add_rows] the inverted ",
+               "index ", describe(keys), " does not have one i64 key per id (", m, ")");
   cuda::dispatch_floating(grad_table.dtype(), "scatter_add_rows", [&]<class T>() {
-    dispatch_index(index.dtype(), "scatter_add_rows", [&]<class I>() {
-      ENGINE_LAUNCH((scatter_add_rows_cols<T, I>), cfg, dptr<const T>(grad_out),
-                    dptr<const I>(index), dptr<T>(grad_table), m, d, rows, static_cast<int>(parts));
-    });
+    using A = ScatterAcc<T>;
+    constexpr int kV = reduce_vec<T>();
+    auto run = [&]<int V>() {
+      const int bx = [&] {
+        int x = 1;
+        while (x < kWarpSize && x < d / V) x *= 2;
+        return x;
+      }();
+      const int by = kReduceThreads / bx;
+      const unsigned col_blocks = static_cast<unsigned>((d / V + bx - 1) / bx);
+      int64_t n = m;
+      Tensor ids, flags, vals;  // the current level's entries (undefined at level 0)
+      for (int level = 0;; ++level) {
+        const int64_t pieces = (n + kPiece - 1) / kPiece;
+        const bool last = pieces == 1;
+        Tensor nids, nflags, nvals;
+        if (!last) {
+          nids = Tensor::empty({2 * pieces}, DType::i32, grad_table.device());
+          nflags = Tensor::empty({2 * pieces}, DType::u8, grad_table.device());
+          nvals = Tensor::empty({2 * pieces * d}, sizeof(A) == 8 ? DType::f64 : DType::f32,
+                                grad_table.device());
+        }
+        const LaunchConfig cfg{dim3(static_cast<unsigned>((pieces + by - 1) / by), col_blocks),
+                               dim3(bx, by), 0, stream};
+        ENGINE_LAUNCH((scatter_level<T, V>), cfg,
+                      level == 0 ? static_cast<const uint64_t*>(keys.raw_data()) : nullptr,
+                      dptr<const T>(grad_out), dptr<const int32_t>(ids), dptr<const uint8_t>(flags),
+                      static_cast<const A*>(vals.defined() ? vals.raw_data() : nullptr), n, d,
+                      rows, dptr<T>(grad_table), dptr<int32_t>(nids), dptr<uint8_t>(nflags),
+                      static_cast<A*>(nvals.defined() ? nvals.raw_data() : nullptr));
+        if (last) break;
+        ids = nids, flags = nflags, vals = nvals;
+        n = 2 * pieces;
+      }
+    };
+    if (d % kV == 0 && aligned16(grad_out.raw_data()) && aligned16(grad_table.raw_data()))
+      run.template operator()<kV>();
+    else
+      run.template operator()<1>();
   });
 }
 
@@ -91,5 +361,6 @@ void scatter_add_rows(const Tensor& grad_out, const Tensor& index, const Tensor&
 
 ENGINE_REGISTER_KERNEL(gather_rows_kernel, DeviceType::CUDA, gather_rows);
 ENGINE_REGISTER_KERNEL(scatter_add_rows_kernel, DeviceType::CUDA, scatter_add_rows);
+ENGINE_REGISTER_KERNEL(sort_index_keys_kernel, DeviceType::CUDA, sort_index_keys);
 
 }  // namespace engine::cuda

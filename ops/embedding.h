@@ -11,7 +11,17 @@ namespace engine {
 Tensor index_select(const Tensor& x, const Tensor& index);
 
 // weight (V, D) and i32/i64 ids of any shape -> (*ids.shape, D). Same kernels as index_select.
-Tensor embedding(const Tensor& weight, const Tensor& ids);
+// `inverted` (optional): sorted_index_keys(ids, V) made once for ids that do not change (the
+// relative position maps: cached with the model's position constants), so the backward does not
+// invert the index again on every call.
+Tensor embedding(const Tensor& weight, const Tensor& ids, const Tensor& inverted = Tensor());
+
+// The inverted index of an i32 / i64 index (any shape, M elements, values in [0, rows)), on its
+// device: the M keys (id << 32) | position in increasing order, as an i64 (M) tensor, i.e. the
+// positions of every row's ids, rows in order and each row's positions in order. What the
+// device scatter of the backward works from (a GPU sums each row's gradient from its run of
+// keys instead of scanning the whole index); M < 2^32 and rows < 2^31.
+Tensor sorted_index_keys(const Tensor& index, int64_t rows);
 
 // ---- kernels (one table per launch; backends register implementations) ----------------------
 
@@ -21,8 +31,16 @@ Tensor embedding(const Tensor& weight, const Tensor& ids);
 inline Kernel<void(const Tensor& table, const Tensor& index, const Tensor& out)> gather_rows_kernel{
     "gather_rows"};
 // grad_table (N, D) += grad_out (M, D) row i into row index[i]; repeats accumulate. All
-// contiguous, floating. Deterministic: each element's sum is formed in index order.
-inline Kernel<void(const Tensor& grad_out, const Tensor& index, const Tensor& grad_table)>
+// contiguous, floating. Deterministic (the same bits on every run). `inverted`: the index's
+// sorted_index_keys when the caller has them, else undefined (a backend that needs them makes
+// them). The CPU forms each element's sum in index order and ignores `inverted`; the GPU sums
+// each row's run of keys in pieces and the pieces in order (docs/cuda.md).
+inline Kernel<void(const Tensor& grad_out, const Tensor& index, const Tensor& inverted,
+                   const Tensor& grad_table)>
     scatter_add_rows_kernel{"scatter_add_rows"};
+// keys (M) i64 = sorted_index_keys(index, rows); index contiguous. A device kernel must not
+// produce keys from an out-of-range id (trap rather than sort it).
+inline Kernel<void(const Tensor& index, int64_t rows, const Tensor& keys)> sort_index_keys_kernel{
+    "sort_index_keys"};
 
 }  // namespace engine

@@ -1,15 +1,15 @@
 // CUDA kernels of layer_norm (see layer_norm.h).
 //
-// Forward: one block per row; mean and variance in one pass with the shared Welford reduction
-// (block_welford; f64 rows in two passes of block_sum), statistics in f32 (f64 for f64) and saved
-// for the backward; y rounded once.
-// Backward, two kernels:
-//   - per row (one block): dxhat = dy * weight, the row means of dxhat and dxhat * xhat through
-//     block_sum, dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat));
-//   - per column: dweight = sum over rows of dy xhat and dbias = sum of dy, as the CPU does it:
-//     rows split into at most 64 chunks fixed by the row count, each chunk summed in row order in
-//     double by one thread per column, then the chunks in order. The result does not depend on
-//     the launch (reruns give the same bits) and follows the CPU's summation order.
+// Forward: rows of up to 1024 a warp each (four rows a block), the row in registers, 4-element
+// vectors, mean and variance with the warp's Welford merge (f64: two passes of warp_sum); longer
+// rows a block each (block_welford). Statistics in f32 (f64 for f64), saved for the backward; y
+// rounded once.
+// Backward:
+//   - dx per row (a warp, or a block above 1024): dxhat = dy * weight, the row means of dxhat and
+//     dxhat * xhat, dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat));
+//   - dweight = sum over rows of dy xhat and dbias = sum of dy through column_sums (reduce.cuh):
+//     16-byte loads, enough blocks to fill the GPU, a fixed order (reruns give the same bits; not
+//     the CPU's order).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -17,21 +17,138 @@
 #include "engine/cuda/context.h"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/launch.h"
+#include "engine/cuda/reduce.cuh"
 #include "engine/error.h"
 #include "ops/layer_norm.h"
 
 namespace engine::cuda {
 namespace {
 
-constexpr int64_t kMaxChunks = 64;  // as the CPU kernel
-constexpr int kColumnThreads = 256;
+constexpr int kRowsPerBlock = 4;  // warps (rows) per block of the warp kernels
 
 int row_threads(int64_t c) {
   const int64_t warps = (c + kWarpSize - 1) / kWarpSize;
   return static_cast<int>(kWarpSize * (warps < 8 ? warps : 8));
 }
 
+// ---- a warp per row ------------------------------------------------------------------------
+
 // S: the statistics type (layer_norm_stats_dtype: float, or double for f64).
+template <class T, class S, int E>
+__global__ void layer_norm_forward_warp(const T* x, const T* weight, const T* bias, S eps, T* y,
+                                        S* mean, S* rstd, int64_t rows, int64_t c, bool vec) {
+  constexpr int G = E / 4;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / kWarpSize;
+  if (r >= rows) return;  // the whole warp
+  const T* xr = x + r * c;
+  Acc<T> v[G][4];
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
+    if (j0 < c) {
+      load4(xr, j0, c, vec, v[k]);
+    } else {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) v[k][q] = Acc<T>(0);
+    }
+  }
+  S mu, var;
+  if constexpr (std::is_same_v<S, double>) {
+    // f64: two passes (mean, then squared deviations), as the CPU does.
+    double s = 0;
+#pragma unroll
+    for (int k = 0; k < G; ++k)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) s += v[k][q];  // padding is 0
+    mu = warp_sum(s) / static_cast<double>(c);
+    double sq = 0;
+#pragma unroll
+    for (int k = 0; k < G; ++k)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        if (4 * (lane + int64_t(kWarpSize) * k) + q < c) sq += (v[k][q] - mu) * (v[k][q] - mu);
+    var = warp_sum(sq) / static_cast<double>(c);
+  } else {
+    WelfordStat w;
+#pragma unroll
+    for (int k = 0; k < G; ++k)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        if (4 * (lane + int64_t(kWarpSize) * k) + q < c) welford_add(w, v[k][q]);
+    w = warp_welford(w);  // lane-symmetric: every lane the same bits
+    mu = w.mean;
+    var = w.m2 / w.count;
+  }
+  const S rs = S(1) / dmath::sqrt(var + eps);
+  if (lane == 0) {
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
+    if (j0 >= c) continue;
+    Acc<T> wv[4], bv[4];
+    if (weight) load4(weight, j0, c, vec, wv);
+    if (bias) load4(bias, j0, c, vec, bv);
+    T out[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      S h = (static_cast<S>(v[k][q]) - mu) * rs;
+      if (weight) h *= static_cast<S>(wv[q]);
+      if (bias) h += static_cast<S>(bv[q]);
+      out[q] = from_acc<T>(h);
+    }
+    store4(y + r * c, j0, c, vec, out);
+  }
+}
+
+template <class T, class S, int E>
+__global__ void layer_norm_backward_warp(const T* x, const T* weight, const S* mean, const S* rstd,
+                                         const T* dy, T* dx, int64_t rows, int64_t c, bool vec) {
+  constexpr int G = E / 4;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / kWarpSize;
+  if (r >= rows) return;
+  const S mu = mean[r], rs = rstd[r];
+  S d[G][4], xh[G][4];  // dxhat and xhat
+  S sum_g = 0, sum_gx = 0;
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
+    Acc<T> xv[4] = {}, gv[4] = {}, wv[4] = {};
+    if (j0 < c) {
+      load4(x + r * c, j0, c, vec, xv);
+      load4(dy + r * c, j0, c, vec, gv);
+      if (weight) load4(weight, j0, c, vec, wv);
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      // dxhat = dy * weight, rounded before it is used (the CPU stores it first; fused into the
+      // subtraction below, a one-element row would get a nonzero dx). Padding: dy = 0, d = 0.
+      const S g = static_cast<S>(gv[q]);
+      d[k][q] = weight ? dmath::mul_rn(g, static_cast<S>(wv[q])) : g;
+      xh[k][q] = (static_cast<S>(xv[q]) - mu) * rs;
+      sum_g += d[k][q];
+      sum_gx += d[k][q] * xh[k][q];
+    }
+  }
+  const S mean_g = warp_sum(sum_g) / static_cast<S>(c);
+  const S mean_gx = warp_sum(sum_gx) / static_cast<S>(c);
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
+    if (j0 >= c) continue;
+    T out[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) out[q] = from_acc<T>(rs * (d[k][q] - mean_g - xh[k][q] * mean_gx));
+    store4(dx + r * c, j0, c, vec, out);
+  }
+}
+
+// ---- a block per row (rows over 1024) --------------------------------------------------------
+
 template <class T, class S>
 __global__ void layer_norm_forward_rows(const T* x, const T* weight, const T* bias, S eps, T* y,
                                         S* mean, S* rstd, int64_t c) {
@@ -40,7 +157,6 @@ __global__ void layer_norm_forward_rows(const T* x, const T* weight, const T* bi
   T* yr = y + r * c;
   S mu, var;
   if constexpr (std::is_same_v<S, double>) {
-    // f64: two passes over the block sums (mean, then squared deviations), as the CPU does.
     double s = 0;
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += xr[j];
     mu = block_sum(s) / static_cast<double>(c);
@@ -48,8 +164,6 @@ __global__ void layer_norm_forward_rows(const T* x, const T* weight, const T* bi
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) q += (xr[j] - mu) * (xr[j] - mu);
     var = block_sum(q) / static_cast<double>(c);
   } else {
-    // One pass: Welford per thread, merged across the block (lane-symmetric: every thread gets
-    // the same bits).
     WelfordStat w;
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) welford_add(w, to_acc(xr[j]));
     w = block_welford(w);
@@ -77,8 +191,6 @@ __global__ void layer_norm_backward_rows(const T* x, const T* weight, const S* m
   const T* gr = dy + r * c;
   T* dr = dx + r * c;
   const S mu = mean[r], rs = rstd[r];
-  // dxhat = dy * weight, rounded before it is used (the CPU stores it first; fused into the
-  // subtraction below, a one-element row would get a nonzero dx).
   auto dxhat = [&](int64_t j) -> S {
     const S g = static_cast<S>(to_acc(gr[j]));
     return weight ? dmath::mul_rn(g, static_cast<S>(to_acc(weight[j]))) : g;
@@ -97,29 +209,59 @@ __global__ void layer_norm_backward_rows(const T* x, const T* weight, const S* m
   }
 }
 
-// part_w / part_b [chunk][column]: each thread sums one column over one chunk of rows, in order.
-template <class T, class S>
-__global__ void layer_norm_param_partials(const T* x, const S* mean, const S* rstd, const T* dy,
-                                          double* part_w, double* part_b, int64_t rows, int64_t c,
-                                          int64_t chunks) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  const int64_t k = blockIdx.y;
-  if (j >= c) return;
-  const int64_t r0 = rows * k / chunks, r1 = rows * (k + 1) / chunks;
-  double acc_w = 0, acc_b = 0;
-  for (int64_t r = r0; r < r1; ++r) {
-    const S g = static_cast<S>(to_acc(dy[r * c + j]));
-    if (part_w)
-      acc_w +=
-          static_cast<double>(g * ((static_cast<S>(to_acc(x[r * c + j])) - mean[r]) * rstd[r]));
-    acc_b += static_cast<double>(g);
+// ---- dweight, dbias: column sums ---------------------------------------------------------------
+
+template <class T, class S, int V>
+struct LayerNormParams {
+  using Acc = S;
+  const T* x;
+  const T* dy;
+  const S* mean;
+  const S* rstd;
+  T* dweight;  // may be null
+  T* dbias;    // may be null
+  int64_t c;
+  __device__ void load(int64_t r, int64_t col, S (&v)[2][V]) const {
+    const S m = mean[r], rs = rstd[r];
+    const Vec<T, V> xv = *reinterpret_cast<const Vec<T, V>*>(x + r * c + col);
+    const Vec<T, V> gv = *reinterpret_cast<const Vec<T, V>*>(dy + r * c + col);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const S g = static_cast<S>(to_acc(gv.v[j]));
+      v[0][j] = g * ((static_cast<S>(to_acc(xv.v[j])) - m) * rs);
+      v[1][j] = g;
+    }
   }
-  if (part_w) part_w[k * c + j] = acc_w;
-  if (part_b) part_b[k * c + j] = acc_b;
-}
+  __device__ void store(int k, int64_t col, const S (&s)[V]) const {
+    T* out = k == 0 ? dweight : dbias;
+    if (out)
+#pragma unroll
+      for (int j = 0; j < V; ++j) out[col + j] = from_acc<T>(s[j]);
+  }
+  __device__ void store_one(int k, int64_t col, S s) const {
+    T* out = k == 0 ? dweight : dbias;
+    if (out) out[col] = from_acc<T>(s);
+  }
+};
 
 template <class T>
 using Stats = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+LaunchConfig warp_rows(int64_t rows, int device) {
+  return LaunchConfig{dim3(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock)),
+                      dim3(kRowsPerBlock * kWarpSize), 0, compute_stream(device)};
+}
+
+// One dispatch over the warp kernels' elements per lane.
+template <class F>
+void with_elems(int e, F&& f) {
+  switch (e) {
+    case 4: return f.template operator()<4>();
+    case 8: return f.template operator()<8>();
+    case 16: return f.template operator()<16>();
+    default: return f.template operator()<32>();
+  }
+}
 
 void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                         const Tensor& y, const Tensor& mean, const Tensor& rstd) {
@@ -127,16 +269,27 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
   const int64_t rows = c == 0 ? 0 : x.numel() / c;
   if (rows == 0) return;
   ENGINE_CHECK(rows < (int64_t(1) << 31), "[layer_norm] ", rows, " rows exceed one grid dimension");
-  DeviceGuard guard(x.device().index);
-  const LaunchConfig cfg{dim3(static_cast<unsigned>(rows)), dim3(row_threads(c)), 0,
-                         compute_stream(x.device().index)};
+  const int device = x.device().index;
+  DeviceGuard guard(device);
+  const int e = warp_row_elems(c);
   dispatch_floating(x.dtype(), "layer_norm", [&]<class T>() {
     using S = Stats<T>;
-    ENGINE_LAUNCH((layer_norm_forward_rows<T, S>), cfg, static_cast<const T*>(x.raw_data()),
-                  weight.defined() ? static_cast<const T*>(weight.raw_data()) : nullptr,
-                  bias.defined() ? static_cast<const T*>(bias.raw_data()) : nullptr,
-                  static_cast<S>(eps), static_cast<T*>(y.raw_data()), mean.data<S>(),
-                  rstd.data<S>(), c);
+    if (e == 0) {
+      const LaunchConfig cfg{dim3(static_cast<unsigned>(rows)), dim3(row_threads(c)), 0,
+                             compute_stream(device)};
+      ENGINE_LAUNCH((layer_norm_forward_rows<T, S>), cfg, dptr<const T>(x), dptr<const T>(weight),
+                    dptr<const T>(bias), static_cast<S>(eps), dptr<T>(y), mean.data<S>(),
+                    rstd.data<S>(), c);
+      return;
+    }
+    const bool vec = vec4_rows<T>(x.raw_data(), c) && vec4_rows<T>(y.raw_data(), c) &&
+                     (!weight.defined() || vec4_rows<T>(weight.raw_data(), c)) &&
+                     (!bias.defined() || vec4_rows<T>(bias.raw_data(), c));
+    with_elems(e, [&]<int E>() {
+      ENGINE_LAUNCH((layer_norm_forward_warp<T, S, E>), warp_rows(rows, device), dptr<const T>(x),
+                    dptr<const T>(weight), dptr<const T>(bias), static_cast<S>(eps), dptr<T>(y),
+                    mean.data<S>(), rstd.data<S>(), rows, c, vec);
+    });
   });
 }
 
@@ -145,9 +298,8 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
                          const Tensor& dweight, const Tensor& dbias) {
   const int64_t c = x.shape().back();
   const int64_t rows = c == 0 ? 0 : x.numel() / c;
-  const int index = x.device().index;
-  DeviceGuard guard(index);
-  const cudaStream_t stream = compute_stream(index);
+  const int device = x.device().index;
+  DeviceGuard guard(device);
   const bool want_w = dweight.defined(), want_b = dbias.defined();
   if (rows == 0) {  // sums over no rows
     if (want_w) dweight.fill_(0.0);
@@ -156,33 +308,39 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
   }
   ENGINE_CHECK(rows < (int64_t(1) << 31), "[layer_norm_backward] ", rows,
                " rows exceed one grid dimension");
-  const int64_t chunks = rows < kMaxChunks ? rows : kMaxChunks;
-  Tensor part = want_w || want_b ? Tensor::empty({2, chunks, c}, DType::f64, x.device()) : Tensor();
+  const int e = warp_row_elems(c);
   dispatch_floating(x.dtype(), "layer_norm_backward", [&]<class T>() {
     using S = Stats<T>;
-    const T* px = static_cast<const T*>(x.raw_data());
-    const T* pg = static_cast<const T*>(dy.raw_data());
-    if (dx.defined())
-      ENGINE_LAUNCH(
-          (layer_norm_backward_rows<T, S>),
-          (LaunchConfig{dim3(static_cast<unsigned>(rows)), dim3(row_threads(c)), 0, stream}), px,
-          weight.defined() ? static_cast<const T*>(weight.raw_data()) : nullptr, mean.data<S>(),
-          rstd.data<S>(), pg, static_cast<T*>(dx.raw_data()), c);
+    if (dx.defined()) {
+      if (e == 0) {
+        const LaunchConfig cfg{dim3(static_cast<unsigned>(rows)), dim3(row_threads(c)), 0,
+                               compute_stream(device)};
+        ENGINE_LAUNCH((layer_norm_backward_rows<T, S>), cfg, dptr<const T>(x),
+                      dptr<const T>(weight), mean.data<S>(), rstd.data<S>(), dptr<const T>(dy),
+                      dptr<T>(dx), c);
+      } else {
+        const bool vec = vec4_rows<T>(x.raw_data(), c) && vec4_rows<T>(dy.raw_data(), c) &&
+                         vec4_rows<T>(dx.raw_data(), c) &&
+                         (!weight.defined() || vec4_rows<T>(weight.raw_data(), c));
+        with_elems(e, [&]<int E>() {
+          ENGINE_LAUNCH((layer_norm_backward_warp<T, S, E>), warp_rows(rows, device),
+                        dptr<const T>(x), dptr<const T>(weight), mean.data<S>(), rstd.data<S>(),
+                        dptr<const T>(dy), dptr<T>(dx), rows, c, vec);
+        });
+      }
+    }
     if (!want_w && !want_b) return;
-    double* pw = want_w ? part.data<double>() : nullptr;
-    double* pb = want_b ? part.data<double>() + chunks * c : nullptr;
-    const unsigned col_blocks = static_cast<unsigned>(grid_blocks(c, kColumnThreads));
-    ENGINE_LAUNCH((layer_norm_param_partials<T, S>),
-                  (LaunchConfig{dim3(col_blocks, static_cast<unsigned>(chunks)),
-                                dim3(kColumnThreads), 0, stream}),
-                  px, mean.data<S>(), rstd.data<S>(), pg, pw, pb, rows, c, chunks);
-    const LaunchConfig fin{dim3(col_blocks), dim3(kColumnThreads), 0, stream};
-    if (want_w)
-      ENGINE_LAUNCH(sum_chunks_in_order<T>, fin, static_cast<const double*>(pw),
-                    static_cast<T*>(dweight.raw_data()), c, chunks);
-    if (want_b)
-      ENGINE_LAUNCH(sum_chunks_in_order<T>, fin, static_cast<const double*>(pb),
-                    static_cast<T*>(dbias.raw_data()), c, chunks);
+    constexpr int kV = reduce_vec<T>();
+    const bool vec = c % kV == 0 && aligned16(x.raw_data()) && aligned16(dy.raw_data());
+    auto sums = [&]<int V>() {
+      const LayerNormParams<T, S, V> f{dptr<const T>(x), dptr<const T>(dy), mean.data<S>(),
+                                       rstd.data<S>(), dptr<T>(dweight), dptr<T>(dbias), c};
+      column_sums<V, 2>("layer_norm_params", rows, c, f, device);
+    };
+    if (vec)
+      sums.template operator()<kV>();
+    else
+      sums.template operator()<1>();
   });
 }
 

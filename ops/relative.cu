@@ -9,12 +9,14 @@
 // the CPU (the same f32 bits), and buckets no key names are 0. The inversion costs O(Tq (Tk+R))
 // once per call, small next to the L Tq Tk values.
 //
-// An index value outside [0, R) traps (the launch faults) before anything reads with it.
+// An index value outside [0, R) is never read with: it is reported (device_error.cuh: raised at
+// the next host read), gathered as 0 and left out of the scatter's buckets.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "engine/cuda/context.h"
+#include "engine/cuda/device_error.cuh"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/launch.h"
 #include "engine/error.h"
@@ -25,13 +27,17 @@ namespace {
 
 template <class T>
 __global__ void relative_gather_elems(const T* x, const int64_t* index, T* out, int64_t rows,
-                                      int64_t tq, int64_t tk, int64_t r) {
+                                      int64_t tq, int64_t tk, int64_t r, DeviceIndexError* err) {
   const int64_t n = rows * tk;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n; e += stride) {
     const int64_t row = e / tk, j = e - row * tk;
     const int64_t b = index[(row % tq) * tk + j];
-    if (b < 0 || b >= r) __trap();
+    if (b < 0 || b >= r) {
+      report_bad_index(err, IndexCheck::relative_bucket, (row % tq) * tk + j, b, r);
+      out[e] = T();
+      continue;
+    }
     out[e] = x[row * r + b];
   }
 }
@@ -39,7 +45,8 @@ __global__ void relative_gather_elems(const T* x, const int64_t* index, T* out, 
 // offsets (Tq, R + 1): bucket b of row i holds keys[i * tk + offsets[i][b] .. offsets[i][b+1]);
 // cursor (Tq, R) is scratch.
 __global__ void relative_invert_index(const int64_t* index, int64_t tq, int64_t tk, int64_t r,
-                                      int32_t* offsets, int32_t* cursor, int32_t* keys) {
+                                      int32_t* offsets, int32_t* cursor, int32_t* keys,
+                                      DeviceIndexError* err) {
   const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (i >= tq) return;
   const int64_t* ir = index + i * tk;
@@ -48,14 +55,18 @@ __global__ void relative_invert_index(const int64_t* index, int64_t tq, int64_t 
   for (int64_t b = 0; b <= r; ++b) off[b] = 0;
   for (int64_t j = 0; j < tk; ++j) {
     const int64_t b = ir[j];
-    if (b < 0 || b >= r) __trap();
+    if (b < 0 || b >= r) {  // reported, and left out of every bucket
+      report_bad_index(err, IndexCheck::relative_bucket, i * tk + j, b, r);
+      continue;
+    }
     ++off[b + 1];
   }
   for (int64_t b = 0; b < r; ++b) {
     off[b + 1] += off[b];
     cur[b] = off[b];
   }
-  for (int64_t j = 0; j < tk; ++j) keys[i * tk + cur[ir[j]]++] = static_cast<int32_t>(j);
+  for (int64_t j = 0; j < tk; ++j)
+    if (ir[j] >= 0 && ir[j] < r) keys[i * tk + cur[ir[j]]++] = static_cast<int32_t>(j);
 }
 
 template <class T>
@@ -87,7 +98,8 @@ void relative_gather(const Tensor& x, const Tensor& index, const Tensor& out) {
   DeviceGuard guard(x.device().index);
   dispatch_all(x.dtype(), [&]<class T>() {
     ENGINE_LAUNCH(relative_gather_elems<T>, flat_config(rows * tk, x), dptr<const T>(x),
-                  dptr<const int64_t>(index), dptr<T>(out), rows, tq, tk, r);
+                  dptr<const int64_t>(index), dptr<T>(out), rows, tq, tk, r,
+                  device_index_error(x.device().index));
   });
 }
 
@@ -107,7 +119,8 @@ void relative_scatter(const Tensor& y, const Tensor& index, const Tensor& out) {
   const LaunchConfig invert{dim3(static_cast<unsigned>((tq + threads - 1) / threads)),
                             dim3(threads), 0, compute_stream(dev.index)};
   ENGINE_LAUNCH(relative_invert_index, invert, dptr<const int64_t>(index), tq, tk, r,
-                dptr<int32_t>(offsets), dptr<int32_t>(cursor), dptr<int32_t>(keys));
+                dptr<int32_t>(offsets), dptr<int32_t>(cursor), dptr<int32_t>(keys),
+                device_index_error(dev.index));
   dispatch_floating(y.dtype(), "relative_scatter", [&]<class T>() {
     ENGINE_LAUNCH(relative_scatter_elems<T>, flat_config(rows * r, y), dptr<const T>(y),
                   dptr<const int32_t>(offsets), dptr<const int32_t>(keys), dptr<T>(out), rows, tq,

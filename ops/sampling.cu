@@ -5,13 +5,14 @@
 // combines (score, column) pairs preferring the higher score and, on a tie, the lower column:
 // the CPU's "first argmax", so both draw the same classes. replace_tokens: one pass copying the
 // ids and writing the labels of tokens (0) and padding (-100), then one writing the values and
-// their replaced bits at the positions (a position out of range traps).
+// their replaced bits at the positions (a position out of range is reported, device_error.cuh).
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 
 #include "engine/cuda/context.h"
+#include "engine/cuda/device_error.cuh"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/launch.h"
 #include "engine/dispatch.h"
@@ -69,11 +70,15 @@ __global__ void copy_ids(int64_t n, const int64_t* ids, const int64_t* mask, int
 }
 
 __global__ void write_values(int64_t m, int64_t n, const int64_t* positions, const int64_t* values,
-                             const int64_t* original, int64_t* out_ids, int64_t* out_labels) {
+                             const int64_t* original, int64_t* out_ids, int64_t* out_labels,
+                             DeviceIndexError* err) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < m; k += stride) {
     const int64_t p = positions[k];
-    if (p < 0 || p >= n) __trap();
+    if (p < 0 || p >= n) {
+      report_bad_index(err, IndexCheck::write_position, k, p, n);
+      continue;
+    }
     out_ids[p] = values[k];
     out_labels[p] = values[k] != original[k];
   }
@@ -111,7 +116,7 @@ void replace_tokens(const Tensor& ids, const Tensor& mask, const Tensor& positio
   const LaunchConfig some{dim3(grid_blocks(m, threads)), dim3(threads), 0, stream};
   ENGINE_LAUNCH(write_values, some, m, n, dptr<const int64_t>(positions),
                 dptr<const int64_t>(values), dptr<const int64_t>(original), dptr<int64_t>(out_ids),
-                dptr<int64_t>(out_labels));
+                dptr<int64_t>(out_labels), device_index_error(dev.index));
 }
 
 }  // namespace

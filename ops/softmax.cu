@@ -92,33 +92,6 @@ struct RowLayout {
 // warp reads 4 x 32 consecutive elements at a time, and with n % 4 == 0 a group is one Philox
 // block of the dropout stream (one draw for four elements) and one 4-element vector load.
 
-template <class T>
-struct Vec4Access {
-  // 4 elements from p[j .. j + 3], j < n: one vector load when `vec`, else element by element.
-  __device__ static void load(const T* p, int64_t j, int64_t n, bool vec, Acc<T> (&v)[4]) {
-    if (vec) {
-      const Vec<T, 4> x = *reinterpret_cast<const Vec<T, 4>*>(p + j);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) v[q] = to_acc(x.v[q]);
-      return;
-    }
-#pragma unroll
-    for (int q = 0; q < 4; ++q) v[q] = j + q < n ? to_acc(p[j + q]) : Acc<T>(0);
-  }
-  __device__ static void store(T* p, int64_t j, int64_t n, bool vec, const T (&v)[4]) {
-    if (vec) {
-      Vec<T, 4> x;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) x.v[q] = v[q];
-      *reinterpret_cast<Vec<T, 4>*>(p + j) = x;
-      return;
-    }
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-      if (j + q < n) p[j + q] = v[q];
-  }
-};
-
 // The keep bits of elements i0 .. i0 + 3 of the dropout stream (one Philox block when i0 is a
 // multiple of 4).
 __device__ inline void keep4(const RowDropout& d, uint64_t i0, bool keep[4]) {
@@ -162,7 +135,7 @@ __global__ void softmax_forward_warp(const T* x, const T* bias, MaskRef mask, T*
       for (int q = 0; q < 4; ++q) z[k][q] = neg_inf;
       continue;
     }
-    Vec4Access<T>::load(xr, j0, n, vec, z[k]);
+    load4(xr, j0, n, vec, z[k]);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int64_t j = j0 + q;
@@ -197,14 +170,14 @@ __global__ void softmax_forward_warp(const T* x, const T* bias, MaskRef mask, T*
     T out[4], dout[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) out[q] = from_acc<T>(mx == neg_inf ? V(0) : z[k][q] * inv);
-    Vec4Access<T>::store(y + r * n, j0, n, vec, out);
+    store4(y + r * n, j0, n, vec, out);
     if (dropped) {
       bool keep[4];
       keep4(drop, static_cast<uint64_t>(r * n + j0), keep);
 #pragma unroll
       for (int q = 0; q < 4; ++q)
         dout[q] = keep[q] ? from_acc<T>(to_acc(out[q]) * keep_scale) : from_acc<T>(V(0));
-      Vec4Access<T>::store(dropped + r * n, j0, n, vec, dout);
+      store4(dropped + r * n, j0, n, vec, dout);
     }
   }
 }
@@ -230,8 +203,8 @@ __global__ void softmax_backward_warp(const T* y, const T* dy, T* dx, int64_t ro
       for (int q = 0; q < 4; ++q) yv[k][q] = g[k][q] = V(0);
       continue;
     }
-    Vec4Access<T>::load(y + r * n, j0, n, vec, yv[k]);
-    Vec4Access<T>::load(dy + r * n, j0, n, vec, g[k]);
+    load4(y + r * n, j0, n, vec, yv[k]);
+    load4(dy + r * n, j0, n, vec, g[k]);
     if (dropout) {
       bool keep[4];
       keep4(drop, static_cast<uint64_t>(r * n + j0), keep);
@@ -251,7 +224,7 @@ __global__ void softmax_backward_warp(const T* y, const T* dy, T* dx, int64_t ro
     T out[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) out[q] = from_acc<T>(yv[k][q] * (g[k][q] - dot));
-    Vec4Access<T>::store(dx + r * n, j0, n, vec, out);
+    store4(dx + r * n, j0, n, vec, out);
   }
 }
 
@@ -325,24 +298,11 @@ __global__ void softmax_backward_rows(const T* y, const T* dy, T* dx, int64_t n,
     orow[j] = from_acc<T>(to_acc(yr[j]) * (grad(j) - dot));
 }
 
-// The warp kernels' elements per lane for a row of n (0: too long, a block per row).
-int warp_elems(int64_t n) {
-  for (int e : {4, 8, 16, 32})
-    if (n <= int64_t(kWarpSize) * e) return e;
-  return 0;
-}
-
 LaunchConfig warp_rows_config(int64_t rows, const Tensor& t) {
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   ENGINE_CHECK(blocks < (int64_t(1) << 31), "[softmax] ", rows, " rows exceed the grid");
   return LaunchConfig{dim3(static_cast<unsigned>(blocks)), dim3(kRowsPerBlock * kWarpSize), 0,
                       compute_stream(t.device().index)};
-}
-
-// 4-element vectors: rows of a multiple of 4 elements from a 4-element-aligned base.
-template <class T>
-bool vec4(const void* p, int64_t n) {
-  return n % 4 == 0 && reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
 }
 
 template <class T>
@@ -410,7 +370,7 @@ void launch_softmax_forward(const Tensor& x, double scale, const Tensor& bias, c
   const std::vector<int64_t>* st[2] = {&bias_lead, &mask_lead};
   L.lead = make_indexer<2>(lead_shape, st);
   const MaskRef m = mask_ref(mask);
-  const int e = warp_elems(L.n);
+  const int e = warp_row_elems(L.n);
   dispatch_floating(x.dtype(), "softmax", [&]<class T>() {
     const Acc<T> s = static_cast<Acc<T>>(scale);
     if (e == 0) {
@@ -418,8 +378,8 @@ void launch_softmax_forward(const Tensor& x, double scale, const Tensor& bias, c
                     dptr<const T>(bias), m, dptr<T>(y), L, s, dptr<T>(dropped), drop);
       return;
     }
-    const bool v = vec4<T>(x.raw_data(), L.n) && vec4<T>(y.raw_data(), L.n) &&
-                   (!dropped.defined() || vec4<T>(dropped.raw_data(), L.n));
+    const bool v = vec4_rows<T>(x.raw_data(), L.n) && vec4_rows<T>(y.raw_data(), L.n) &&
+                   (!dropped.defined() || vec4_rows<T>(dropped.raw_data(), L.n));
     const LaunchConfig cfg = warp_rows_config(L.rows, x);
     auto run = [&]<int E>() {
       ENGINE_LAUNCH((softmax_forward_warp<T, E>), cfg, dptr<const T>(x), dptr<const T>(bias), m,
@@ -440,7 +400,7 @@ void launch_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx
   const int64_t rows = row_count(y, n);
   if (rows == 0) return;
   DeviceGuard guard(y.device().index);
-  const int e = warp_elems(n);
+  const int e = warp_row_elems(n);
   dispatch_floating(y.dtype(), "softmax_backward", [&]<class T>() {
     if (e == 0) {
       ENGINE_LAUNCH(softmax_backward_rows<T>, rows_config(rows, n, y), dptr<const T>(y),
@@ -448,7 +408,7 @@ void launch_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx
       return;
     }
     const bool v =
-        vec4<T>(y.raw_data(), n) && vec4<T>(dy.raw_data(), n) && vec4<T>(dx.raw_data(), n);
+        vec4_rows<T>(y.raw_data(), n) && vec4_rows<T>(dy.raw_data(), n) && vec4_rows<T>(dx.raw_data(), n);
     const LaunchConfig cfg = warp_rows_config(rows, y);
     auto run = [&]<int E>() {
       ENGINE_LAUNCH((softmax_backward_warp<T, E>), cfg, dptr<const T>(y), dptr<const T>(dy),

@@ -10,6 +10,7 @@
 #include "engine/cuda/allocator.h"
 #include "engine/cuda/check.h"
 #include "engine/cuda/context.h"
+#include "engine/cuda/device_error.cuh"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/launch.h"
 #include "engine/cuda/reduce.cuh"
@@ -102,12 +103,6 @@ struct AddScaledOp {
 template <class T>
 using SumAccOf = std::conditional_t<std::is_same_v<Acc<T>, float>, float, double>;
 
-// Up to 16 bytes per load, at most 8 elements (the accumulators live in registers).
-template <class T>
-constexpr int sum_vec() {
-  return 16 / sizeof(T) > 8 ? 8 : static_cast<int>(16 / sizeof(T));
-}
-
 template <class T, int V>
 struct SumToColumns {
   using Acc = SumAccOf<T>;
@@ -196,8 +191,6 @@ struct PartColumns {
   __device__ void store_one(int, int64_t c, Acc s) const { dst[c] = from_acc<T>(s); }
 };
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // Every stride in `st` (but the innermost, which is 1) a multiple of v.
 bool strides_multiple_of(const std::vector<int64_t>& st, size_t skip_last, int64_t v) {
   for (size_t d = 0; d + skip_last < st.size(); ++d)
@@ -224,6 +217,7 @@ class CudaBackend final : public Backend {
   void synchronize(int index) override {
     ENGINE_CUDA_CHECK(cudaSetDevice(index));
     ENGINE_CUDA_CHECK(cudaDeviceSynchronize());
+    raise_device_index_error(index);
   }
 
   void copy(const Tensor& src, const Tensor& dst) override {
@@ -373,7 +367,7 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(device);
     const bool innermost_kept = c.strides[1].back() != 0;
     dispatch_all(src.dtype(), [&]<class T>() {
-      constexpr int kV = sum_vec<T>();
+      constexpr int kV = reduce_vec<T>();
       if (innermost_kept) {
         // columns: the contiguous kept dim is `width`; the other kept dims index its groups.
         const int64_t width = kept.sizes.back();
@@ -449,6 +443,7 @@ class CudaBackend final : public Backend {
     cudaStream_t s = compute_stream(index);
     ENGINE_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s));
     ENGINE_CUDA_CHECK(cudaStreamSynchronize(s));
+    raise_device_index_error(index);  // a bad index met by the work this read waited for
   }
 };
 

@@ -2,11 +2,13 @@
 #include "engine/cuda/context.h"
 
 #include <atomic>
+#include <new>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "engine/cuda/check.h"
+#include "engine/cuda/device_error.cuh"
 #include "engine/cuda/work_counts.h"
 #include "engine/error.h"
 #include "engine/work_log.h"
@@ -40,7 +42,67 @@ std::vector<std::unique_ptr<DeviceContext>> g_contexts;
 std::mutex g_event_mu;
 std::vector<cudaEvent_t> g_free_events;
 
+// Per device: the mapped host record of the first bad index (device_error.cuh) and its device
+// address.
+std::mutex g_error_mu;
+std::vector<std::pair<DeviceIndexError*, DeviceIndexError*>> g_index_errors;
+
 }  // namespace
+
+DeviceIndexError* device_index_error(int device) {
+  std::lock_guard<std::mutex> lock(g_error_mu);
+  if (g_index_errors.size() <= static_cast<size_t>(device))
+    g_index_errors.resize(static_cast<size_t>(device) + 1, {nullptr, nullptr});
+  auto& e = g_index_errors[static_cast<size_t>(device)];
+  if (!e.first) {
+    DeviceGuard guard(device);
+    void* host = nullptr;
+    ENGINE_CUDA_CHECK(cudaHostAlloc(&host, sizeof(DeviceIndexError), cudaHostAllocMapped));
+    void* dev = nullptr;
+    ENGINE_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
+    e.first = new (host) DeviceIndexError();
+    e.second = static_cast<DeviceIndexError*>(dev);
+  }
+  return e.second;
+}
+
+void raise_device_index_error(int device) {
+  DeviceIndexError* e = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_error_mu);
+    if (static_cast<size_t>(device) < g_index_errors.size())
+      e = g_index_errors[static_cast<size_t>(device)].first;
+  }
+  if (!e) return;
+  const int32_t check = reinterpret_cast<volatile int32_t*>(&e->check)[0];
+  if (check == 0) return;
+  const DeviceIndexError r = *e;
+  *e = DeviceIndexError();
+  const char* where = "";
+  switch (static_cast<IndexCheck>(check)) {
+    case IndexCheck::embedding_id:
+      ENGINE_FAIL("[embedding] id ", r.value, " at position ", r.position,
+                  " of the (flattened) ids is out of range for a table of ", r.bound,
+                  " rows (expected 0 <= id < ", r.bound, "; found on cuda:", device,
+                  " by the embedding / index_select kernel)");
+    case IndexCheck::relative_bucket:
+      ENGINE_FAIL("[relative_gather] bucket ", r.value, " at position ", r.position,
+                  " of the (flattened) relative index is out of range for ", r.bound,
+                  " buckets (expected 0 <= bucket < ", r.bound, "; found on cuda:", device, ")");
+    case IndexCheck::class_target:
+      ENGINE_FAIL("[cross_entropy] target ", r.value, " of row ", r.position,
+                  " is out of range for ", r.bound, " classes (expected 0 <= target < ", r.bound,
+                  " or the ignore index; found on cuda:", device, ")");
+    case IndexCheck::write_position:
+      ENGINE_FAIL("[sampling] position ", r.value, " at ", r.position,
+                  " is out of range for ", r.bound, " elements (expected 0 <= position < ",
+                  r.bound, "; found on cuda:", device, ")");
+    default:
+      where = "an unknown kernel";
+  }
+  ENGINE_FAIL("[cuda] a bad index (", r.value, " at ", r.position, ", bound ", r.bound,
+              ") was recorded by ", where, " on cuda:", device);
+}
 
 DeviceGuard::DeviceGuard(int device) {
   ENGINE_CUDA_CHECK(cudaGetDevice(&previous_));

@@ -227,19 +227,49 @@ void launch_elementwise(const char* name, int64_t n, cudaStream_t stream, Op op,
   }
 }
 
-// ---- column sums over row chunks -------------------------------------------------------------
-
-// out[j] = the sum over k = 0 .. chunks-1, in that order, from 0 in double, of part[k * n + j],
-// rounded to T: the last step of a column sum whose chunks of rows wrote their sums into `part`
-// (layer_norm's weight and bias gradients, bias_gelu's bias), in the CPU's order
-// (engine/cpu/chunk_sums.h). One thread per column.
+// ---- rows in registers, four elements at a time ---------------------------------------------
+// Kernels that hold a row in registers (a warp per row: softmax, layer_norm) give lane l the
+// groups g = l + 32 k of four consecutive elements 4g .. 4g + 3, so a warp reads 4 x 32
+// consecutive elements at a time. load4 / store4 move one group: one 4-element vector when
+// `vec` (row length a multiple of 4, 4-element-aligned base), else element by element with
+// j + q >= n left out (loaded as 0).
 template <class T>
-__global__ void sum_chunks_in_order(const double* part, T* out, int64_t n, int64_t chunks) {
-  const int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (j >= n) return;
-  double s = 0;
-  for (int64_t k = 0; k < chunks; ++k) s += part[k * n + j];
-  out[j] = from_acc<T>(s);
+__device__ inline void load4(const T* p, int64_t j, int64_t n, bool vec, Acc<T> (&v)[4]) {
+  if (vec) {
+    const Vec<T, 4> x = *reinterpret_cast<const Vec<T, 4>*>(p + j);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) v[q] = to_acc(x.v[q]);
+    return;
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) v[q] = j + q < n ? to_acc(p[j + q]) : Acc<T>(0);
+}
+
+template <class T>
+__device__ inline void store4(T* p, int64_t j, int64_t n, bool vec, const T (&v)[4]) {
+  if (vec) {
+    Vec<T, 4> x;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) x.v[q] = v[q];
+    *reinterpret_cast<Vec<T, 4>*>(p + j) = x;
+    return;
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    if (j + q < n) p[j + q] = v[q];
+}
+
+// Whether rows of n elements starting at p can move as 4-element vectors.
+template <class T>
+inline bool vec4_rows(const void* p, int64_t n) {
+  return n % 4 == 0 && reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
+}
+
+// The elements per lane (a multiple of 4) of a warp holding a row of n, or 0 above 32 x 32.
+inline int warp_row_elems(int64_t n) {
+  for (int e : {4, 8, 16, 32})
+    if (n <= int64_t(kWarpSize) * e) return e;
+  return 0;
 }
 
 // ---- warp and block reductions ----------------------------------------------------------------

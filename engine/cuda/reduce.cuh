@@ -34,6 +34,15 @@ inline constexpr int kReduceThreads = 256;
 inline constexpr int kReduceTargetBlocks = 1024;
 inline constexpr int64_t kReduceMinRowsPerThread = 16;
 
+// The vector width of a reduction's loads: up to 16 bytes, at most 8 elements (the accumulators
+// live in registers).
+template <class T>
+constexpr int reduce_vec() {
+  return 16 / sizeof(T) > 8 ? 8 : static_cast<int>(16 / sizeof(T));
+}
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 namespace detail {
 
 template <int V, int K, class F>

@@ -312,15 +312,16 @@ TEST_CASE("gelu, tanh, sin, cos match the CPU forward and backward in every dtyp
 }
 
 TEST_CASE("bias_gelu matches the CPU forward and backward in every dtype", "[cuda]") {
-  // Rows of one, widths around a warp and a block, more rows than the 64 chunks of the bias
-  // gradient, a transposed (strided) x.
+  // Rows of one, widths around a warp and a block, 16-byte vectors (widths a multiple of 8) or
+  // not, enough rows for several chunks of the bias gradient, a transposed (strided) x.
   struct Case {
     Shape x;
     Layout layout;
   };
   const Case cases[] = {{{1, 1}, Layout::plain},       {{3, 33}, Layout::plain},
                         {{70, 300}, Layout::plain},    {{2, 3, 257}, Layout::plain},
-                        {{33, 7}, Layout::transposed}, {{0, 5}, Layout::plain}};
+                        {{33, 7}, Layout::transposed}, {{0, 5}, Layout::plain},
+                        {{900, 64}, Layout::plain}};
   uint64_t seed = 900;
   for (DType dt : kDtypes)
     for (const Case& c : cases) {
@@ -336,14 +337,14 @@ TEST_CASE("bias_gelu matches the CPU forward and backward in every dtype", "[cud
       Input cb = make_input(vb, Layout::plain, ct, Device::cpu());
       Input db = make_input(vb, Layout::plain, dt, kGpu);
       Tensor cy = bias_gelu(cx.view, cb.view), dy = bias_gelu(dx.view, db.view);
-      // f64 in emulation: the same formulas over the same libm, the bias gradient's chunks summed
-      // in the same order -- bit for bit.
+      // f64 in emulation: the same formulas over the same libm -- bit for bit (the bias
+      // gradient's column sums add in the GPU's order: within the tolerance).
       const bool exact = dt == DType::f64 && kEmulated;
       expect_close(dy, cy, dt, exact, what + " forward");
       cy.backward(vw.to(ct));
       dy.backward(vw.to(dt).to(kGpu));
       expect_close(dx.leaf.grad(), cx.leaf.grad(), dt, exact, what + " grad x");
-      expect_close(db.leaf.grad(), cb.leaf.grad(), dt, exact, what + " grad bias");
+      expect_close(db.leaf.grad(), cb.leaf.grad(), dt, false, what + " grad bias");
     }
 }
 

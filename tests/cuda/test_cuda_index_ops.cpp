@@ -1,8 +1,9 @@
 // [cuda] dropout, index_select / embedding, relative_gather / relative_scatter, cross_entropy and
 // the AdamW step on the device against the CPU backend, forward and backward. Where the kernels
 // are specified to compute the same operations in the same order the check is bit for bit
-// (dropout masks, row gathers, index-order scatter sums, the AdamW step); cross_entropy within
-// 1e-5 relative. Awkward shapes: sizes not a multiple of 4 (a partial Philox block), of the
+// (dropout masks, row gathers, the inverted index, the AdamW step); the embedding scatter within
+// f32 rounding (long runs of one row are summed in pieces) and the same bits on every run;
+// cross_entropy within 1e-5 relative. Awkward shapes: sizes not a multiple of 4 (a partial Philox block), of the
 // warp or of the vector width, rows longer than a block, one row, empty batches.
 #include <catch2/catch.hpp>
 
@@ -67,22 +68,58 @@ TEST_CASE("index_select and embedding on the device equal the CPU, with a determ
           "[cuda]") {
   Generator g(43);
   for (DType it : {DType::i32, DType::i64}) {
-    for (auto [n, d, m] :
-         {std::array<int64_t, 3>{1, 1, 1}, {5, 33, 17}, {3, 700, 300}, {50, 8, 0}, {7, 1, 1000}}) {
+    // One row; rows wider than a block; none; a 7-row table read 1000 times (runs of ~140 keys:
+    // summed in pieces over two levels); 9000 ids (four sort tiles and two merge passes) over
+    // 2 rows (runs of 4500: three levels) and over 3000 rows; widths not a multiple of the vector.
+    for (auto [n, d, m] : {std::array<int64_t, 3>{1, 1, 1}, {5, 33, 17}, {3, 700, 300},
+                           {50, 8, 0}, {7, 1, 1000}, {2, 16, 9000}, {3000, 12, 9000}, {40, 5, 70}}) {
       INFO(dtype_name(it) << " table (" << n << ", " << d << "), " << m << " ids");
       std::vector<int64_t> ids(static_cast<size_t>(m));
       for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7 + i / 3) % n);
       Tensor idx = Tensor::from_vector(ids, {m}).to(it);
       Tensor w = Tensor::randn({n, d}, g).set_requires_grad();
-      Tensor wg = w.detach().to(kGpu).set_requires_grad();
-      Tensor y = embedding(w, idx), yg = embedding(wg, idx.to(kGpu));
-      require_equal(yg, y);
+      Tensor y = embedding(w, idx);
       Tensor dy = Tensor::randn(y.shape(), g);
       y.backward(dy);
-      yg.backward(dy.to(kGpu));
-      require_equal(wg.grad(), w.grad());  // sums in index order on both devices
+      // The inverted index: the CPU's sorted keys exactly.
+      require_equal(sorted_index_keys(idx.to(kGpu), n), sorted_index_keys(idx, n));
+      std::vector<float> first;
+      for (int run = 0; run < 3; ++run) {
+        // Run 2 hands the backward its inverted index (a constant index's cached keys).
+        Tensor wg = w.detach().to(kGpu).set_requires_grad();
+        Tensor inv = run == 2 ? sorted_index_keys(idx.to(kGpu), n) : Tensor();
+        Tensor yg = embedding(wg, idx.to(kGpu), inv);
+        require_equal(yg, y);
+        yg.backward(dy.to(kGpu));
+        // Runs of up to 64 keys in index order as on the CPU; longer ones in pieces: within f32
+        // rounding of the CPU's sums, and the same bits on every run.
+        require_close(wg.grad(), w.grad(), 1e-5, 1e-6, 1e-6);
+        const std::vector<float> got = wg.grad().to(Device::cpu()).to_vector<float>();
+        if (run == 0) first = got;
+        REQUIRE(got == first);
+      }
     }
   }
+  // bf16 / f16 / f64 gradients: sums in f32 (f64), rounded once into the table.
+  for (DType dt : {DType::bf16, DType::f16, DType::f64}) {
+    INFO(dtype_name(dt));
+    std::vector<int64_t> ids(3000);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i % 11 == 0 ? 3 : i % 5);
+    Tensor idx = Tensor::from_vector(ids, {3000});
+    Tensor w = Tensor::randn({6, 24}, g).to(dt);
+    Tensor dy = Tensor::randn({3000, 24}, g).to(dt);
+    Tensor want = Tensor::zeros({6, 24}, dt == DType::f64 ? DType::f64 : DType::f32);
+    scatter_add_rows_kernel(Device::cpu(), dy.to(want.dtype()), idx, Tensor(), want);
+    Tensor got = Tensor::zeros({6, 24}, dt, kGpu);
+    scatter_add_rows_kernel(kGpu, dy.to(kGpu), idx.to(kGpu), Tensor(), got);
+    const double rel = dt == DType::f64 ? 1e-12 : (dt == DType::bf16 ? 1e-2 : 2e-3);
+    require_close(got, want, rel, rel, rel);
+  }
+  // A mismatched inverted index is refused naming the op.
+  Tensor w = Tensor::randn({4, 3}, g).to(kGpu).set_requires_grad();
+  Tensor ix = Tensor::from_vector(std::vector<int64_t>{1, 2}, {2}).to(kGpu);
+  REQUIRE_THROWS_WITH(embedding(w, ix, Tensor::zeros({3}, DType::i64, kGpu)),
+                      Catch::Contains("[embedding] the inverted index"));
   // index_select over a 3-D tensor, and a bf16 table (a row copy in any dtype).
   Tensor x = Tensor::randn({6, 3, 5}, g);
   Tensor idx = Tensor::from_vector(std::vector<int64_t>{5, 0, 0, 2}, {4});
