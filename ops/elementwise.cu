@@ -8,7 +8,8 @@
 // at the store (from_acc). Where an expression has a product followed by a sum (affine, the
 // backward formulas) both compilers may fuse them into an FMA: nvcc does by default, and so does
 // g++ for the CPU build (C++ mode contracts by default; -march=native has FMA); the emulation
-// build compiles these expressions with the CPU's flags, so it contracts them as the CPU does.
+// build compiles device code to contract as nvcc does (-ffp-contract=fast -mfma
+// -fexpensive-optimizations, emu/CMakeLists.txt; checked by a test in test_cuda_kernel_helpers).
 // add / sub / mul / div are bit-identical to the CPU, and affine is when both fuse (the default
 // ENGINE_NATIVE build on FMA hardware; a CPU built without FMA differs by an ulp). The
 // transcendental functions (erf, tanh, sin, cos, exp) are the CUDA math library's; the CPU's f32

@@ -141,14 +141,13 @@ struct SumToColumns {
 
 template <class T, int V>
 __global__ void sum_rows_kernel(const T* src, StridedIndexer<1> kept, StridedIndexer<1> red_outer,
-                                int64_t run_vecs, int64_t n_vec, int64_t chunks,
+                                int64_t run_vecs, FastDiv rd, int64_t n_vec, int64_t chunks,
                                 SumAccOf<T>* part, T* dst) {
   using A = SumAccOf<T>;
   const int64_t o = blockIdx.x, chunk = blockIdx.y;
   const int64_t q0 = n_vec * chunk / chunks, q1 = n_vec * (chunk + 1) / chunks;
   int64_t base[1];
   kept.offsets(o, base);
-  const FastDiv rd(static_cast<uint32_t>(run_vecs < (int64_t{1} << 31) ? run_vecs : 1));
   const bool narrow = n_vec < (int64_t{1} << 31);
   A acc = A(0);
   for (int64_t q = q0 + threadIdx.x; q < q1; q += blockDim.x) {
@@ -418,7 +417,9 @@ class CudaBackend final : public Backend {
                                  : Tensor();
         A* p = chunks > 1 ? static_cast<A*>(part.raw_data()) : nullptr;
         ENGINE_LAUNCH((sum_rows_kernel<T, V>), cfg, dptr<const T>(src), make_indexer<1>(kept),
-                      make_indexer<1>(red_outer), run / V, n_vec, chunks, p, dptr<T>(dst));
+                      make_indexer<1>(red_outer), run / V,
+                      FastDiv(static_cast<uint32_t>(run / V < (int64_t{1} << 31) ? run / V : 1)),
+                      n_vec, chunks, p, dptr<T>(dst));
         if (chunks > 1)
           column_sums<1, 1>("sum_to_chunks", chunks, n_out,
                             PartColumns<T>{static_cast<const A*>(p), n_out, dptr<T>(dst)}, device,

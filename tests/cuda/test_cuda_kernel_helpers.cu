@@ -131,7 +131,9 @@ TEST_CASE("launch_elementwise: aligned, misaligned, ragged tails, bf16", "[cuda]
       std::vector<float> y = dy.to_vector<float>(), av = a.to_vector<float>(),
                          bv = b.to_vector<float>();
       for (int64_t i = 0; i < offset; ++i) REQUIRE(y[i] == 0.f);  // not written
-      for (int64_t i = offset; i < n + offset; ++i) REQUIRE(y[i] == av[i] * bv[i] + 0.25f);
+      // a * b + 0.25 in device code is one FMA (nvcc contracts it; the emulation build too).
+      for (int64_t i = offset; i < n + offset; ++i)
+        REQUIRE(y[i] == std::fma(av[i], bv[i], 0.25f));
       // bf16 operands: computed in f32, rounded once.
       Tensor ha = a.to(DType::bf16), hb = b.to(DType::bf16);
       Tensor da16 = ha.to(kGpu), db16 = hb.to(kGpu);
@@ -144,12 +146,39 @@ TEST_CASE("launch_elementwise: aligned, misaligned, ragged tails, bf16", "[cuda]
                          a16 = ha.to(DType::f32).to_vector<float>(),
                          b16 = hb.to(DType::f32).to_vector<float>();
       std::vector<float> want(n + offset, 0.f);
-      for (int64_t i = offset; i < n + offset; ++i) want[i] = a16[i] * b16[i] + 0.25f;
+      for (int64_t i = offset; i < n + offset; ++i) want[i] = std::fma(a16[i], b16[i], 0.25f);
       std::vector<float> want16 =
           Tensor::from_vector(want, {n + offset}).to(DType::bf16).to(DType::f32).to_vector<float>();
       for (int64_t i = 0; i < n + offset; ++i) REQUIRE(y16[i] == want16[i]);
     }
   }
+}
+
+namespace {
+// y[0] = a * b + c and y[1] = mul_rn(a, b) + c, as written in device code.
+template <class T>
+__global__ void contract_probe(const T* in, T* y) {
+  y[0] = in[0] * in[1] + in[2];
+  y[1] = dmath::mul_rn(in[0], in[1]) + in[2];
+}
+}  // namespace
+
+TEST_CASE("a * b + c in device code is one FMA, as nvcc contracts it; mul_rn is not", "[cuda]") {
+  // (1 + e)(1 + e) - (1 + 2e) is e^2 with one rounding and 0 when the product rounds first.
+  auto run = [](auto one) {
+    using T = decltype(one);
+    const T e = std::ldexp(T(1), std::is_same_v<T, double> ? -27 : -13);
+    Tensor in = Tensor::from_vector(std::vector<T>{1 + e, 1 + e, -(1 + 2 * e)}, {3}).to(kGpu);
+    Tensor y = Tensor::zeros({2}, std::is_same_v<T, double> ? DType::f64 : DType::f32, kGpu);
+    ENGINE_LAUNCH(contract_probe<T>, (LaunchConfig{dim3(1), dim3(1), 0, compute_stream(0)}),
+                  static_cast<const T*>(in.template data<T>()), y.template data<T>());
+    const std::vector<T> got = y.to(Device::cpu()).template to_vector<T>();
+    INFO(sizeof(T) * 8 << "-bit: a * b + c = " << got[0] << ", mul_rn(a, b) + c = " << got[1]);
+    REQUIRE(got[0] == e * e);  // contracted, like nvcc's -fmad=true
+    REQUIRE(got[1] == T(0));   // the product rounded on its own
+  };
+  run(1.0f);
+  run(1.0);
 }
 
 TEST_CASE("FastDiv divides exactly below 2^31", "[cuda]") {
