@@ -9,7 +9,8 @@
 // does not implement with CUBLAS_STATUS_NOT_SUPPORTED and a message on stderr (never a silent
 // wrong answer), and otherwise enqueues the product on the stream: D = epilogue(alpha op(A) op(B)
 // + beta C), column-major, strided batches, f32 / bf16 / f16 inputs with f32 accumulation (f64
-// with f64), epilogues DEFAULT, BIAS, GELU, GELU_BIAS (GELU in cuBLASLt's tanh form).
+// with f64; bf16 / f16 A and B may have f32 C and D), epilogues DEFAULT, BIAS, GELU, GELU_BIAS
+// (GELU in cuBLASLt's tanh form).
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -236,9 +237,16 @@ bool parse(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLay
       !read_layout(lc, "C", p.c, why) || !read_layout(ld, "D", p.d, why))
     return false;
   const cudaDataType_t t = p.a.type;
-  if (p.b.type != t || p.c.type != t || p.d.type != t) {
+  // One type, or 16-bit A and B with an f32 C and D (f32 accumulation stored in f32).
+  const bool f32_out = (t == CUDA_R_16BF || t == CUDA_R_16F) && p.c.type == CUDA_R_32F;
+  if (p.b.type != t || p.c.type != p.d.type || (p.c.type != t && !f32_out)) {
     why = std::string("mixed matrix types: A ") + type_name(p.a.type) + ", B " +
-          type_name(p.b.type) + ", C " + type_name(p.c.type) + ", D " + type_name(p.d.type);
+          type_name(p.b.type) + ", C " + type_name(p.c.type) + ", D " + type_name(p.d.type) +
+          " (the shim takes one type, or 16-bit A and B with f32 C and D)";
+    return false;
+  }
+  if (f32_out && (p.bias || p.act != Act::none)) {
+    why = "an epilogue with 16-bit A and B and an f32 C";
     return false;
   }
   p.f64 = t == CUDA_R_64F;
@@ -333,13 +341,13 @@ size_t span_bytes(const Layout& l) {
 template <class S>
 void compute(const Problem& p, S alpha, S beta, const void* A, const void* B, const void* C,
              void* D) {
-  const auto t = p.a.type;
-  auto load = [&](const void* base, size_t i) -> S {
+  auto load_as = [&](const void* base, cudaDataType_t t, size_t i) -> S {
     if constexpr (std::is_same_v<S, double>)
       return static_cast<const double*>(base)[i];
     else
       return ld(base, t, i);
   };
+  auto load = [&](const void* base, size_t i) -> S { return load_as(base, p.a.type, i); };
   std::vector<S> opa(p.m * p.k), opb(p.n * p.k);  // op(A) rows, op(B) columns, contiguous in k
   for (int64_t bi = 0; bi < p.a.batch; ++bi) {
     const size_t oa = bi * p.a.stride, ob = bi * p.b.stride, oc = bi * p.c.stride,
@@ -357,14 +365,14 @@ void compute(const Problem& p, S alpha, S beta, const void* A, const void* B, co
         const S* cb = &opb[j * p.k];
         for (uint64_t l = 0; l < p.k; ++l) acc += ra[l] * cb[l];
         S v = alpha * acc;
-        if (beta != 0) v += beta * load(C, oc + i + j * p.c.ld);
+        if (beta != 0) v += beta * load_as(C, p.c.type, oc + i + j * p.c.ld);
         if (p.bias) v += load(p.bias_ptr, i);  // one per row of D
         if (p.act == Act::gelu_tanh) v = gelu_tanh(v);
         const size_t di = od + i + j * p.d.ld;
         if constexpr (std::is_same_v<S, double>)
           static_cast<double*>(D)[di] = v;
         else
-          st(D, t, di, v);
+          st(D, p.d.type, di, v);
       }
     }
   }

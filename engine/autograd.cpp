@@ -2,6 +2,7 @@
 #include "engine/autograd.h"
 
 #include <algorithm>
+#include <cstring>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -31,53 +32,95 @@ struct Tape {
 thread_local Tape t_tape;
 thread_local LeafGradReadyHook t_leaf_hook;
 
-// For the leaf hook: how many edges into each leaf the nodes reachable from `root` hold.
-std::unordered_map<const TensorImpl*, int> count_leaf_edges(Node* root) {
-  std::unordered_map<const TensorImpl*, int> counts;
+// Over the nodes reachable from `root`: how many edges into each leaf they hold (for the leaf
+// hook) and into each node (its consumers: a cast with one consumer can lend its leaf's .grad).
+struct GraphCounts {
+  std::unordered_map<const TensorImpl*, int> leaf_edges;
+  std::unordered_map<const Node*, int> consumers;
+};
+GraphCounts count_edges(Node* root) {
+  GraphCounts c;
   std::unordered_set<Node*> seen{root};
   std::vector<Node*> stack{root};
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     for (const Edge& e : n->next) {
-      if (e.leaf) ++counts[e.leaf.get()];
+      if (e.leaf) ++c.leaf_edges[e.leaf.get()];
+      if (e.node) ++c.consumers[e.node.get()];
       if (e.node && seen.insert(e.node.get()).second) stack.push_back(e.node.get());
     }
   }
-  return counts;
+  return c;
 }
 
 TensorMeta meta_of(const Tensor& t) { return {t.shape(), t.dtype(), t.device()}; }
 
-// Sum of two gradients for the same tensor; out of place so no pending buffer is aliased.
-Tensor add_grads(const Tensor& a, const Tensor& b) {
+// Sum of two gradients for the same tensor. In place into `a` when nothing else can see its
+// values (its TensorImpl and its storage are held by the pending slot alone, contiguous): one
+// pass instead of a copy and a pass (a residual stream's gradient is summed so twice a layer).
+// Otherwise out of place, so no buffer a node still holds is changed. Same bits either way.
+Tensor add_grads(Tensor& a, const Tensor& b) {
+  if (a.impl_ptr().use_count() == 1 && a.storage().use_count() == 1 && a.is_contiguous() &&
+      b.dtype() == a.dtype()) {
+    a.add_(b);
+    return std::move(a);
+  }
   Tensor out = a.clone();
   out.add_(b);
   return out;
 }
 
+// The leaf behind input j of n when that input is a 16-bit cast (autocast's Tensor::to on the
+// same device) of an f32 leaf and the cast has no other consumer: its .grad may take n's
+// gradient in f32 directly (Node::grad_sink_f32), and the cast then never runs.
+const std::shared_ptr<TensorImpl>* cast_leaf(const Node& n, size_t j,
+                                             const std::unordered_map<const Node*, int>& consumers) {
+  const std::shared_ptr<Node>& c = n.next[j].node;
+  if (!c || std::strcmp(c->name(), "to") != 0 || c->next.size() != 1 || !c->next[0].leaf)
+    return nullptr;
+  const TensorMeta& out = n.inputs[j];
+  const TensorMeta& in = c->inputs[0];
+  if ((out.dtype != DType::bf16 && out.dtype != DType::f16) || in.dtype != DType::f32 ||
+      in.device != out.device || in.shape != out.shape)
+    return nullptr;
+  auto it = consumers.find(c.get());
+  return it != consumers.end() && it->second == 1 ? &c->next[0].leaf : nullptr;
+}
+
 // Offers node n, for its next backward() call, the .grad of each leaf input that can take the
-// gradient in place (see Node::grad_sink).
-void offer_grad_sinks(Node& n) {
+// gradient in place, and of each f32 leaf behind a 16-bit cast (see Node::grad_sink).
+void offer_grad_sinks(Node& n, const std::unordered_map<const Node*, int>& consumers) {
   n.grad_sinks.clear();
+  n.f32_sinks.clear();
+  auto usable = [](const Tensor& acc, const TensorMeta& m, DType dtype) {
+    return acc.defined() && acc.is_contiguous() && acc.shape() == m.shape &&
+           acc.dtype() == dtype && acc.device() == m.device;
+  };
   for (size_t j = 0; j < n.next.size(); ++j) {
-    const std::shared_ptr<TensorImpl>& leaf = n.next[j].leaf;
-    if (!leaf) continue;
-    const Tensor& acc = leaf->autograd.grad;
     const TensorMeta& m = n.inputs[j];
-    if (!acc.defined() || !acc.is_contiguous() || acc.shape() != m.shape ||
-        acc.dtype() != m.dtype || acc.device() != m.device)
-      continue;
-    if (n.grad_sinks.empty()) n.grad_sinks.resize(n.next.size());
-    n.grad_sinks[j] = acc;
+    if (const std::shared_ptr<TensorImpl>& leaf = n.next[j].leaf) {
+      if (!usable(leaf->autograd.grad, m, m.dtype)) continue;
+      if (n.grad_sinks.empty()) n.grad_sinks.resize(n.next.size());
+      n.grad_sinks[j] = leaf->autograd.grad;
+    } else if (const std::shared_ptr<TensorImpl>* leaf = cast_leaf(n, j, consumers)) {
+      if (!usable((*leaf)->autograd.grad, m, DType::f32)) continue;
+      if (n.f32_sinks.empty()) n.f32_sinks.resize(n.next.size());
+      n.f32_sinks[j] = (*leaf)->autograd.grad;
+    }
   }
 }
 
 // Clears the offer when backward() returns or throws.
 struct SinkScope {
   Node& n;
-  explicit SinkScope(Node& node) : n(node) { offer_grad_sinks(n); }
-  ~SinkScope() { n.grad_sinks.clear(); }
+  SinkScope(Node& node, const std::unordered_map<const Node*, int>& consumers) : n(node) {
+    offer_grad_sinks(n, consumers);
+  }
+  ~SinkScope() {
+    n.grad_sinks.clear();
+    n.f32_sinks.clear();
+  }
   SinkScope(const SinkScope&) = delete;
   SinkScope& operator=(const SinkScope&) = delete;
 };
@@ -178,8 +221,16 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   pending[root_node].resize(root_node->outputs.size());
   pending[root_node][rm.output_slot] = seed;
   const uint64_t root_seq = root_node->sequence_nr;
-  std::unordered_map<const TensorImpl*, int> leaf_edges;
-  if (t_leaf_hook) leaf_edges = count_leaf_edges(root_node);
+  GraphCounts counts = count_edges(root_node);
+  std::unordered_map<const TensorImpl*, int>& leaf_edges = counts.leaf_edges;
+  // A leaf's edge is done: the hook fires when its last one is.
+  auto leaf_edge_done = [&](const std::shared_ptr<TensorImpl>& leaf) {
+    auto c = leaf_edges.find(leaf.get());
+    if (c != leaf_edges.end() && --c->second == 0) {
+      leaf_edges.erase(c);
+      t_leaf_hook(leaf.get());
+    }
+  };
 
   std::vector<std::shared_ptr<Node>> ran;
   auto& entries = t_tape.entries;
@@ -192,9 +243,15 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     std::vector<Tensor> grad_outputs = std::move(it->second);
     pending.erase(it);
     std::vector<Tensor> grad_inputs;
+    std::vector<bool> through_cast;  // input j's gradient went into the leaf behind its cast
     {
-      SinkScope sinks(*node);
+      SinkScope sinks(*node, counts.consumers);
       grad_inputs = node->backward(grad_outputs);
+      for (size_t j = 0; j < node->f32_sinks.size() && j < grad_inputs.size(); ++j)
+        if (node->f32_sinks[j].defined() && !grad_inputs[j].defined()) {
+          if (through_cast.empty()) through_cast.resize(grad_inputs.size());
+          through_cast[j] = true;
+        }
     }
     ENGINE_CHECK(grad_inputs.size() == node->next.size(), "[backward] node '", node->name(),
                  "' returned ", grad_inputs.size(), " gradients for ", node->next.size(),
@@ -222,13 +279,11 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
       }
     }
     if (t_leaf_hook) {
-      for (const Edge& e : node->next) {
-        if (!e.leaf) continue;
-        auto c = leaf_edges.find(e.leaf.get());
-        if (c != leaf_edges.end() && --c->second == 0) {
-          leaf_edges.erase(c);
-          t_leaf_hook(e.leaf.get());
-        }
+      for (size_t j = 0; j < node->next.size(); ++j) {
+        const Edge& e = node->next[j];
+        if (e.leaf) leaf_edge_done(e.leaf);
+        // The cast whose only consumer wrote through it will not run: its leaf edge is done.
+        if (j < through_cast.size() && through_cast[j]) leaf_edge_done(e.node->next[0].leaf);
       }
     }
     if (!retain_graph) ran.push_back(node);

@@ -74,12 +74,21 @@ class Node {
                ? &grad_sinks[i]
                : nullptr;
   }
+  // For a bf16 / f16 input i that is autocast's cast of an f32 leaf (Tensor::to on the same
+  // device) used by this node alone: the leaf's f32 .grad, where backward() may add the
+  // gradient in f32 itself (a 16-bit GEMM storing f32 with beta 1) and return an undefined
+  // gradient for i; the cast then never runs (no 16-bit gradient, no conversion, no separate
+  // add into the slab). nullptr otherwise.
+  const Tensor* grad_sink_f32(size_t i) const {
+    return i < f32_sinks.size() && f32_sinks[i].defined() ? &f32_sinks[i] : nullptr;
+  }
 
   uint64_t sequence_nr = 0;
   std::vector<Edge> next;          // one per input
   std::vector<TensorMeta> inputs;  // shapes the returned gradients must have
   std::vector<TensorMeta> outputs;
   std::vector<Tensor> grad_sinks;  // set by run_backward around backward(); see grad_sink
+  std::vector<Tensor> f32_sinks;   // likewise; see grad_sink_f32
   bool released = false;
 };
 

@@ -68,6 +68,10 @@ PhiloxState entry_state(PhiloxState s, int64_t b0, int64_t per_entry) {
 struct AttentionNode : Node {
   Tensor q, k, v;  // (B*H, T, D), contiguous
   Tensor probs;    // (B*H, Tq, Tk): softmax output before dropout
+  // (B*H, Tq, Tk): the dropped probabilities, kept on a device (not the CPU, which makes them
+  // again per batch entry in its cache): the backward multiplies dO by them and reads its mask
+  // from them -- no dropout pass and no Philox draw again.
+  Tensor dropped;
   Shape out_shape, probs_shape4;
   double scale = 1.0, p = 0.0;
   PhiloxState state;
@@ -86,9 +90,10 @@ struct AttentionNode : Node {
     // The probabilities the forward multiplied V with. With dropout they are made again; by
     // batch entry they live only while their entry is worked on: one (H, Tq, Tk) set per thread,
     // written and read back in the core's cache, not a (B*H, Tq, Tk) tensor through memory.
-    Tensor pd = probs;
-    const bool pd_per_thread = by_entry && p > 0 && want_dv;
-    if (p > 0 && want_dv)
+    Tensor pd = dropped.defined() ? dropped : probs;
+    const bool pd_per_thread = by_entry && p > 0 && want_dv && !dropped.defined();
+    const bool remake = p > 0 && want_dv && !dropped.defined();
+    if (remake)
       pd = Tensor::empty(pd_per_thread ? Shape{omp_get_max_threads() * h, tq, tk} : probs.shape(),
                          dt, dev);
     Tensor dq, dk, dv_, dbias, ds;
@@ -103,13 +108,14 @@ struct AttentionNode : Node {
       if (want_dv) {
         const int64_t t = pd_per_thread ? omp_get_thread_num() : 0;
         const Tensor pd_c = pd_per_thread ? pd.slice(0, t * h, (t + 1) * h) : rows(pd);
-        if (p > 0) dropout_kernel(dev, probs_c, pd_c, p, st);
+        if (remake) dropout_kernel(dev, probs_c, pd_c, p, st);
         gemm(pd_c, true, dout_c, false, rows(dv_));
       }
       if (want_ds) {
         const Tensor ds_c = rows(ds);
         gemm(dout_c, false, rows(v), true, ds_c);                    // dP_d
-        attention_softmax_backward_raw(probs_c, ds_c, p, st, ds_c);  // dS, in place
+        attention_softmax_backward_raw(probs_c, ds_c, p, st, ds_c,
+                                       dropped.defined() ? rows(dropped) : Tensor());  // dS
         if (dq.defined()) gemm(ds_c, false, rows(k), false, rows(dq), scale);
         if (dk.defined()) gemm(ds_c, true, rows(q), false, rows(dk), scale);
       }
@@ -121,7 +127,7 @@ struct AttentionNode : Node {
     };
     return {shape4(dq, tq, d), shape4(dk, tk, d), shape4(dv_, tk, dv), dbias, Tensor()};
   }
-  void release_saved() override { q = k = v = probs = Tensor(); }
+  void release_saved() override { q = k = v = probs = dropped = Tensor(); }
 };
 
 }  // namespace
@@ -214,6 +220,7 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
     n->k = k3;
     n->v = v3;
     n->probs = probs;
+    if (p > 0 && !dev.is_cpu()) n->dropped = mixed;
     n->out_shape = out.shape();
     n->probs_shape4 = probs_shape4;
     n->scale = scale;

@@ -152,6 +152,13 @@ Tensor matmul_raw(const Tensor& x, const Tensor& y) {
 
 // ---- autograd --------------------------------------------------------------------------------
 
+// The f32 .grad behind input i's autocast cast (Node::grad_sink_f32) when the 16-bit gradient g
+// can be added into it by the GEMM: on a device whose GEMM stores a 16-bit product in f32 (CUDA).
+const Tensor* f32_grad_sink(const Node& node, size_t i, const Tensor& g) {
+  if (g.device().is_cpu() || (g.dtype() != DType::bf16 && g.dtype() != DType::f16)) return nullptr;
+  return node.grad_sink_f32(i);
+}
+
 struct MatmulNode : Node {
   Tensor a;  // (..., M, K), saved when b needs a gradient
   Tensor b;  // (..., K, N), saved when a needs a gradient
@@ -172,6 +179,8 @@ struct MatmulNode : Node {
         Tensor g2 = rows_of(g);  // (B*M, N)
         if (const Tensor* sink = grad_sink(1, g.dtype())) {
           gemm(a2, true, g2, false, *sink, 1.0, 1.0);
+        } else if (const Tensor* f32 = f32_grad_sink(*this, 1, g)) {
+          gemm(a2, true, g2, false, *f32, 1.0, 1.0);  // 16-bit product added in f32
         } else {
           gb = Tensor::empty(inputs[1].shape, g.dtype(), g.device());
           gemm(a2, true, g2, false, gb);
@@ -206,6 +215,8 @@ struct LinearNode : Node {
       // pass to add it.
       if (const Tensor* sink = grad_sink(1, dt)) {
         gemm(g2, true, rows_of(x), false, *sink, 1.0, 1.0);
+      } else if (const Tensor* f32 = f32_grad_sink(*this, 1, g2)) {
+        gemm(g2, true, rows_of(x), false, *f32, 1.0, 1.0);  // 16-bit product added in f32
       } else {
         gw = Tensor::empty(inputs[1].shape, dt, dev);
         gemm(g2, true, rows_of(x), false, gw);
@@ -548,6 +559,8 @@ void gemm_typed(const GemmArgs& g) {
 
 void gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+  ENGINE_CHECK(!g.c_f32, "[gemm] CPU kernels compute in f32 or f64, got ", dtype_name(g.dtype),
+               " operands for an f32 result");
   ENGINE_ASSERT(g.lda >= 1 && g.ldb >= 1 && g.ldc >= g.n && (g.batch == 1 || g.stride_c != 0));
   dispatch_floating(g.dtype, "gemm", [&]<class T>() {
     constexpr int R = Eigen::RowMajor, C = Eigen::ColMajor;
@@ -603,8 +616,13 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
   ENGINE_CHECK(a.device() == c.device() && b.device() == c.device(),
                "[gemm] tensors are on different devices: a ", describe(a), ", b ", describe(b),
                ", c ", describe(c));
-  ENGINE_CHECK(a.dtype() == c.dtype() && b.dtype() == c.dtype(), "[gemm] dtype mismatch: a ",
-               describe(a), ", b ", describe(b), ", c ", describe(c));
+  // One dtype, or 16-bit a and b accumulated into an f32 c (a gradient added straight into an
+  // f32 master's .grad; the CUDA GEMM only).
+  const bool c_f32 = c.dtype() == DType::f32 && a.dtype() != DType::f32 &&
+                     (a.dtype() == DType::bf16 || a.dtype() == DType::f16);
+  ENGINE_CHECK(a.dtype() == b.dtype() && (a.dtype() == c.dtype() || c_f32),
+               "[gemm] dtype mismatch: a ", describe(a), ", b ", describe(b), ", c ", describe(c),
+               " (one dtype, or bf16 / f16 a and b with an f32 c)");
   ENGINE_CHECK(is_floating(c.dtype()), "[gemm] expects floating tensors, got c ", describe(c));
   for (const Tensor* t : {&a, &b, &c})
     ENGINE_CHECK(t->dim() == 2 || t->dim() == 3,
@@ -639,6 +657,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
   check_layout(lc, c, "c");
 
   const bool with_bias = epilogue == GemmEpilogue::bias || epilogue == GemmEpilogue::bias_gelu_tanh;
+  ENGINE_CHECK(!c_f32 || epilogue == GemmEpilogue::none,
+               "[gemm] an epilogue with 16-bit a and b into an f32 c is not supported");
   if (with_bias) {
     ENGINE_CHECK(bias.defined() && bias.dim() == 1 && bias.size(0) == n && bias.is_contiguous() &&
                      bias.dtype() == c.dtype() && bias.device() == c.device(),
@@ -662,7 +682,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
   g.batch = batch;
   g.alpha = alpha;
   g.beta = beta;
-  g.dtype = c.dtype();
+  g.dtype = a.dtype();
+  g.c_f32 = c_f32;
   g.device = c.device();
   g.c = c.raw_data();
   g.ldc = lc.ld;
@@ -683,17 +704,17 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
 }
 
 void add_work_cost(WorkCost& cost, const GemmArgs& g) {
-  const double e = double(dtype_size(g.dtype));
+  const double e = double(dtype_size(g.dtype)), ec = g.c_f32 ? 4.0 : e;
   const double ba = g.stride_a == 0 ? 1 : double(g.batch),
                bb = g.stride_b == 0 ? 1 : double(g.batch);
-  cost.bytes += e * (ba * double(g.m * g.k) + bb * double(g.k * g.n) +
-                     double(g.batch) * double(g.m * g.n) * (g.beta != 0.0 ? 2 : 1) +
-                     (g.bias ? double(g.n) : 0.0));
+  cost.bytes += e * (ba * double(g.m * g.k) + bb * double(g.k * g.n) + (g.bias ? double(g.n) : 0.0)) +
+                ec * double(g.batch) * double(g.m * g.n) * (g.beta != 0.0 ? 2 : 1);
   cost.flops += 2.0 * double(g.batch) * double(g.m) * double(g.n) * double(g.k);
   if (!cost.shape.empty()) cost.shape += " ";
   cost.shape += "m" + std::to_string(g.m) + " n" + std::to_string(g.n) + " k" +
                 std::to_string(g.k) + " batch" + std::to_string(g.batch) + " " +
-                std::string(dtype_name(g.dtype)) + (g.trans_a ? " Ta" : "") +
+                std::string(dtype_name(g.dtype)) + (g.c_f32 ? " c_f32" : "") +
+                (g.trans_a ? " Ta" : "") +
                 (g.trans_b ? " Tb" : "") + (g.beta != 0.0 ? " beta" : "");
 }
 
@@ -754,21 +775,13 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in
   Tensor y = Tensor::empty(out_shape, x.dtype(), x.device());    // (..., out)
   Tensor x2 = rows_of(x.detach());                               // (R, in)
   Tensor y2 = make_view(y, {x2.size(0), out_f}, {out_f, 1}, 0);  // (R, out)
-  double beta = 0.0;
-  if (bias.defined() && y.device().is_cpu()) {
-    // CPU: the bias added by the GEMM's epilogue (one vectorised pass over y); filling y with the
-    // broadcast bias first and accumulating onto it cost a strided copy plus reading y back.
+  if (bias.defined()) {
+    // The bias added by the GEMM's epilogue (CPU: one vectorised pass over y; CUDA: cuBLASLt's
+    // BIAS epilogue, in the kernel that stores y): no broadcast copy of the bias into y first.
     gemm(x2, false, gemm_ready(weight.detach()), true, y2, 1.0, 0.0, GemmEpilogue::bias,
          bias.detach().contiguous());
   } else {
-    if (bias.defined()) {
-      // Start from the bias broadcast over the rows and let the GEMM accumulate onto it (beta 1):
-      // the bias add costs no extra pass over y.
-      backend_for(y).copy(
-          make_view(bias, {x2.size(0), out_f}, {0, bias.stride(0)}, bias.storage_offset()), y2);
-      beta = 1.0;
-    }
-    gemm(x2, false, gemm_ready(weight.detach()), true, y2, 1.0, beta);
+    gemm(x2, false, gemm_ready(weight.detach()), true, y2);
   }
   if (needs_grad(x, weight, bias)) {
     auto n = std::make_shared<LinearNode>();

@@ -5,6 +5,8 @@
 // column-major bias of C^T runs along its rows, i.e. one value per row-major column: linear's bias.
 //
 // Inputs f32 / bf16 / f16 accumulate in f32 (CUBLAS_COMPUTE_32F, f32 alpha / beta); f64 in f64.
+// bf16 / f16 inputs may store into an f32 C (GemmArgs::c_f32: a gradient added into the f32
+// master's .grad with beta 1, no 16-bit copy of it and no separate add).
 // The descriptors are built per call (a few microseconds of host time, against a kernel that
 // moves at least the operands) and the algorithm is cuBLASLt's first heuristic choice for them.
 #include <cublasLt.h>
@@ -106,6 +108,8 @@ void gemm(const GemmArgs& g) {
   DeviceContext& ctx = cublaslt(device);
   const cudaStream_t stream = ctx.compute;
   const size_t elem = dtype_size(g.dtype);
+  ENGINE_CHECK(!g.c_f32 || g.dtype == DType::bf16 || g.dtype == DType::f16,
+               "[gemm] an f32 result takes bf16 or f16 operands, got ", dtype_name(g.dtype));
 
   Descriptors d;
   ENGINE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, t.compute, t.scale));
@@ -134,7 +138,8 @@ void gemm(const GemmArgs& g) {
                   : layout(t.data, g.n, g.k, g.ldb, g.batch, g.stride_b);
   d.b = g.trans_a ? layout(t.data, g.m, g.k, g.lda, g.batch, g.stride_a)
                   : layout(t.data, g.k, g.m, g.lda, g.batch, g.stride_a);
-  d.c = layout(t.data, g.n, g.m, g.ldc, g.batch, g.stride_c);
+  // C (and D, the same matrix) in f32 for a 16-bit product accumulated into an f32 tensor.
+  d.c = layout(g.c_f32 ? CUDA_R_32F : t.data, g.n, g.m, g.ldc, g.batch, g.stride_c);
 
   ENGINE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
   ENGINE_CUBLAS_CHECK(

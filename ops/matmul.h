@@ -32,7 +32,8 @@ enum class GemmEpilogue : uint8_t { none, bias, gelu_tanh, bias_gelu_tanh };
 // or 3-D (batch, rows, cols); a 2-D operand or a 3-D one with batch 1 is shared by every batch
 // item of c. Each operand needs stride 1 in its last dim (row-major) or its second-last dim (a
 // transposed view) and a single batch stride; c must not alias a or b. With beta == 0, c is
-// not read (it may hold garbage). With a bias epilogue, `bias` is a contiguous (n) tensor of c's
+// not read (it may hold garbage). a, b and c share a dtype, except that bf16 / f16 a and b may
+// write an f32 c (on CUDA, without an epilogue: f32 accumulation stored in f32). With a bias epilogue, `bias` is a contiguous (n) tensor of c's
 // dtype and device, and c must be row-major. Throws "[gemm] ..." for anything else.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           double alpha = 1.0, double beta = 0.0, GemmEpilogue epilogue = GemmEpilogue::none,
@@ -62,7 +63,10 @@ struct GemmArgs {
   // every row of C (one per column), used by the bias epilogues only.
   GemmEpilogue epilogue = GemmEpilogue::none;
   const void* bias = nullptr;
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;  // A's and B's (and C's unless c_f32)
+  // C is f32 while A and B are bf16 / f16: a 16-bit product accumulated in f32 into an f32
+  // tensor (beta 1: a gradient added into an f32 master's .grad). No epilogue. CUDA only.
+  bool c_f32 = false;
   // Which device the pointers live on: a CUDA implementation picks its handle and stream by it
   // (the table itself dispatches on the device type only).
   Device device = Device::cpu();

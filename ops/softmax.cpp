@@ -241,7 +241,7 @@ void attention_softmax_forward(const Tensor& x, double scale, const Tensor& bias
 }
 
 void attention_softmax_backward(const Tensor& probs, const Tensor& dpd, double p, PhiloxState state,
-                                const Tensor& ds) {
+                                const Tensor& ds, const Tensor& /*dropped*/) {
   if (p > 0) {
     dropout_kernel(Device::cpu(), dpd, ds, p, state);
     softmax_backward(probs, ds, ds);
@@ -289,7 +289,7 @@ void attention_softmax_raw(const Tensor& x, double scale, const Tensor& bias, co
 }
 
 void attention_softmax_backward_raw(const Tensor& probs, const Tensor& dpd, double p,
-                                    PhiloxState state, const Tensor& ds) {
+                                    PhiloxState state, const Tensor& ds, const Tensor& dropped) {
   ENGINE_CHECK(probs.defined() && probs.is_contiguous(),
                "[attention_softmax_backward] probs must be contiguous");
   ENGINE_CHECK(dpd.defined() && dpd.shape() == probs.shape() && dpd.dtype() == probs.dtype() &&
@@ -298,7 +298,13 @@ void attention_softmax_backward_raw(const Tensor& probs, const Tensor& dpd, doub
                dpd.defined() ? describe(dpd) : std::string("undefined"), " does not match probs ",
                describe(probs));
   check_out(probs, ds, "attention_softmax_backward", "ds");
-  attention_softmax_backward_kernel(probs.device(), probs, dpd.detach().contiguous(), p, state, ds);
+  if (dropped.defined())
+    ENGINE_CHECK(dropped.is_contiguous() && dropped.shape() == probs.shape() &&
+                     dropped.dtype() == probs.dtype() && dropped.device() == probs.device(),
+                 "[attention_softmax_backward] dropped ", describe(dropped),
+                 " does not match probs ", describe(probs));
+  attention_softmax_backward_kernel(probs.device(), probs, dpd.detach().contiguous(), p, state, ds,
+                                    p > 0 ? dropped : Tensor());
 }
 
 void softmax_backward_raw(const Tensor& y, const Tensor& dy, const Tensor& dx) {

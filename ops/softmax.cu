@@ -184,9 +184,11 @@ __global__ void softmax_forward_warp(const T* x, const T* bias, MaskRef mask, T*
 
 // dx = y * (g - sum(g * y)) with g = dy, or g = dropout(dy) (rounded to T, as the CPU's separate
 // dropout pass stores it) when `dropout` is set. dx may be dy (in place).
+// kept (optional): the forward's dropped probabilities; the keep bit is kept != 0 then (exact
+// where y > 0, and y == 0 adds nothing), no Philox draw.
 template <class T, int E>
 __global__ void softmax_backward_warp(const T* y, const T* dy, T* dx, int64_t rows, int64_t n,
-                                      bool dropout, RowDropout drop, bool vec) {
+                                      bool dropout, RowDropout drop, const T* kept, bool vec) {
   using V = Acc<T>;
   constexpr int G = E / 4;
   const int lane = threadIdx.x % kWarpSize;
@@ -207,7 +209,14 @@ __global__ void softmax_backward_warp(const T* y, const T* dy, T* dx, int64_t ro
     load4(dy + r * n, j0, n, vec, g[k]);
     if (dropout) {
       bool keep[4];
-      keep4(drop, static_cast<uint64_t>(r * n + j0), keep);
+      if (kept) {
+        V kv[4];
+        load4(kept + r * n, j0, n, vec, kv);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) keep[q] = kv[q] != V(0);
+      } else {
+        keep4(drop, static_cast<uint64_t>(r * n + j0), keep);
+      }
 #pragma unroll
       for (int q = 0; q < 4; ++q)
         g[k][q] = keep[q] ? to_acc(from_acc<T>(g[k][q] * keep_scale)) : V(0);
@@ -276,7 +285,7 @@ __global__ void softmax_forward_rows(const T* x, const T* bias, MaskRef mask, T*
 
 template <class T>
 __global__ void softmax_backward_rows(const T* y, const T* dy, T* dx, int64_t n, bool dropout,
-                                      RowDropout drop) {
+                                      RowDropout drop, const T* kept) {
   using V = Acc<T>;
   const int64_t r = blockIdx.x;
   const T* yr = y + r * n;
@@ -286,7 +295,9 @@ __global__ void softmax_backward_rows(const T* y, const T* dy, T* dx, int64_t n,
   auto grad = [&](int64_t j) -> V {
     if (!dropout) return to_acc(gr[j]);
     const uint64_t i = static_cast<uint64_t>(r * n + j);
-    return dropout_keep(philox_word(drop.state, i), drop.threshold)
+    const bool keep = kept ? to_acc(kept[i]) != V(0)
+                           : dropout_keep(philox_word(drop.state, i), drop.threshold);
+    return keep
                ? to_acc(from_acc<T>(to_acc(gr[j]) * keep_scale))
                : V(0);
   };
@@ -395,7 +406,7 @@ void launch_softmax_forward(const Tensor& x, double scale, const Tensor& bias, c
 }
 
 void launch_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx, bool dropout,
-                             RowDropout drop) {
+                             RowDropout drop, const Tensor& kept = Tensor()) {
   int64_t n = 0;
   const int64_t rows = row_count(y, n);
   if (rows == 0) return;
@@ -404,15 +415,16 @@ void launch_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx
   dispatch_floating(y.dtype(), "softmax_backward", [&]<class T>() {
     if (e == 0) {
       ENGINE_LAUNCH(softmax_backward_rows<T>, rows_config(rows, n, y), dptr<const T>(y),
-                    dptr<const T>(dy), dptr<T>(dx), n, dropout, drop);
+                    dptr<const T>(dy), dptr<T>(dx), n, dropout, drop, dptr<const T>(kept));
       return;
     }
-    const bool v =
-        vec4_rows<T>(y.raw_data(), n) && vec4_rows<T>(dy.raw_data(), n) && vec4_rows<T>(dx.raw_data(), n);
+    const bool v = vec4_rows<T>(y.raw_data(), n) && vec4_rows<T>(dy.raw_data(), n) &&
+                   vec4_rows<T>(dx.raw_data(), n) &&
+                   (!kept.defined() || vec4_rows<T>(kept.raw_data(), n));
     const LaunchConfig cfg = warp_rows_config(rows, y);
     auto run = [&]<int E>() {
       ENGINE_LAUNCH((softmax_backward_warp<T, E>), cfg, dptr<const T>(y), dptr<const T>(dy),
-                    dptr<T>(dx), rows, n, dropout, drop, v);
+                    dptr<T>(dx), rows, n, dropout, drop, dptr<const T>(kept), v);
     };
     switch (e) {
       case 4: return run.template operator()<4>();
@@ -438,8 +450,8 @@ void attention_softmax_forward(const Tensor& x, double scale, const Tensor& bias
 }
 
 void attention_softmax_backward(const Tensor& probs, const Tensor& dpd, double p, PhiloxState state,
-                                const Tensor& ds) {
-  launch_softmax_backward(probs, dpd, ds, p > 0, row_dropout(p, state));
+                                const Tensor& ds, const Tensor& dropped) {
+  launch_softmax_backward(probs, dpd, ds, p > 0, row_dropout(p, state), dropped);
 }
 
 void log_softmax_forward(const Tensor& x, const Tensor& y) {

@@ -38,11 +38,15 @@ void softmax_backward_raw(const Tensor& y, const Tensor& dy, const Tensor& dx);
 // Arguments as for softmax_forward_raw; probs (and dropped) contiguous of x's shape; probs may
 // be x. The backward takes dpd, the gradient with respect to dropped (or probs when p == 0):
 //   ds = probs * (dP - sum(dP * probs)) with dP = dropout(dpd, p, state) (dpd itself at p = 0);
-// ds may be dpd (in place).
+// ds may be dpd (in place). `dropped`: the forward's dropped probabilities when the caller kept
+// them, else undefined. A backend may take the mask from them instead of drawing it again: an
+// element with probs > 0 was kept iff its dropped value is nonzero (scaled up, never to 0), and
+// one with probs == 0 adds nothing either way -- the same dS bit for bit.
 void attention_softmax_raw(const Tensor& x, double scale, const Tensor& bias, const Tensor& mask,
                            double p, PhiloxState state, const Tensor& probs, const Tensor& dropped);
 void attention_softmax_backward_raw(const Tensor& probs, const Tensor& dpd, double p,
-                                    PhiloxState state, const Tensor& ds);
+                                    PhiloxState state, const Tensor& ds,
+                                    const Tensor& dropped = Tensor());
 
 // ---- kernels (one table per launch; backends register implementations) ----------------------
 // y = softmax(x + bias) over the last dim with masked positions set to 0 and rows without a kept
@@ -67,9 +71,10 @@ inline Kernel<void(const Tensor& x, double scale, const Tensor& bias, const Tens
                    PhiloxState state, const Tensor& probs, const Tensor& dropped)>
     attention_softmax_forward_kernel{"attention_softmax"};
 // ds = probs * (dP - sum(dP * probs)), dP = dropout(dpd) when p > 0; all contiguous; ds may
-// alias dpd.
+// alias dpd. dropped: the forward's dropped probabilities or undefined (see
+// attention_softmax_backward_raw; the CPU draws the mask again either way).
 inline Kernel<void(const Tensor& probs, const Tensor& dpd, double p, PhiloxState state,
-                   const Tensor& ds)>
+                   const Tensor& ds, const Tensor& dropped)>
     attention_softmax_backward_kernel{"attention_softmax_backward"};
 
 }  // namespace engine

@@ -94,6 +94,11 @@ TEST_CASE("the fused attention softmax equals the CPU's scale, softmax and dropo
     Tensor dsg = dpd.to(kGpu);
     attention_softmax_backward_raw(pg, dsg, 0.3, st, dsg);
     require_close(dsg, ds, rel, 1e-7, rel);
+    // The mask read from the forward's dropped probabilities (what the attention op keeps on a
+    // device) instead of drawn again: the same bits.
+    Tensor dsk = dpd.to(kGpu);
+    attention_softmax_backward_raw(pg, dsk, 0.3, st, dsk, dg);
+    require_equal(dsk, dsg);
   }
   // p = 0 and scale 1: exactly the plain softmax kernel.
   Tensor x = Tensor::randn({4, 9}, g);
