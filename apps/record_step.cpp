@@ -7,6 +7,7 @@
 // In the emulation build, run it with EMU_DRY_RUN=1: the work is walked through (queued, ordered,
 // recorded) without being executed, so BERT-Large at s = 512 takes seconds and no device memory
 // is touched. On a GPU it records a real step.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,7 +34,7 @@ const char* kUsage = R"(usage: record_step --config CFG --batch-size B --seq-len
 
 Records the device work of one training step of the config's model (forward, backward,
 gradient statistics, clipping, AdamW) on cuda:0 as CSV: index, op, kernel launches, library
-GEMMs, minimum bytes, FLOPs, shapes. In build-emu/, run with EMU_DRY_RUN=1 (nothing executes;
+GEMMs, minimum bytes, FLOPs, shapes, and each launch as kernel:blocks:threads. In build-emu/, run with EMU_DRY_RUN=1 (nothing executes;
 the record is exact, the values are not). tools/perf_model.py turns the CSV into predicted times.
 --version prints the version and git commit; -h, --help this text.
 )";
@@ -132,13 +133,21 @@ int run(const Args& a) {
 
   std::ofstream out(a.out);
   ENGINE_CHECK(out, "[record_step] cannot write ", a.out);
-  out << "index,op,launches,gemms,bytes,flops,shape\n";
+  out << "index,op,launches,gemms,bytes,flops,shape,kernels\n";
   double bytes = 0, flops = 0;
   int64_t launches = 0, gemms = 0;
   for (size_t i = 0; i < records.size(); ++i) {
     const engine::WorkRecord& r = records[i];
     out << i << ',' << r.op << ',' << r.launches << ',' << r.gemms << ',' << r.bytes << ','
-        << r.flops << ",\"" << r.shape << "\"\n";
+        << r.flops << ",\"" << r.shape << "\",\"";
+    // name:blocks:threads per launch (the kernel's template arguments dropped)
+    for (size_t k = 0; k < r.kernels.size(); ++k) {
+      const engine::LaunchRecord& l = r.kernels[k];
+      std::string name = l.kernel.substr(0, l.kernel.find('<'));
+      name.erase(std::remove(name.begin(), name.end(), '('), name.end());
+      out << (k ? ";" : "") << name << ':' << l.blocks << ':' << l.threads;
+    }
+    out << "\"\n";
     bytes += r.bytes, flops += r.flops, launches += r.launches, gemms += r.gemms;
   }
   std::printf(

@@ -58,7 +58,7 @@ WorkScope::~WorkScope() {
   if (counted_) --t_depth;
 }
 
-void note_work_launch(const char* kernel, bool gemm) {
+void note_work_launch(const char* kernel, bool gemm, int64_t blocks, int64_t threads) {
   if (!work_recording()) return;
   std::lock_guard<std::mutex> lock(g_mutex);
   if (t_depth == 0 || t_current >= g_records.size()) {
@@ -69,6 +69,7 @@ void note_work_launch(const char* kernel, bool gemm) {
   }
   WorkRecord& r = g_records[t_current];
   (gemm ? r.gemms : r.launches) += 1;
+  r.kernels.push_back({kernel, blocks, threads});
 }
 
 }  // namespace engine

@@ -19,6 +19,13 @@ namespace engine {
 
 class Tensor;
 
+// One kernel launch (or library GEMM) of a record: what the performance model times.
+struct LaunchRecord {
+  std::string kernel;   // the launched kernel ("sum_to_columns", ...; "cublasLtMatmul")
+  int64_t blocks = 0;   // grid size, all dims (0 for a library GEMM)
+  int64_t threads = 0;  // threads per block, all dims
+};
+
 struct WorkRecord {
   std::string op;        // the kernel table's name ("gemm", "layer_norm", "copy", ...)
   std::string shape;     // the tensor arguments: "(8, 128, 768) bf16 (768) f32 ..."
@@ -26,6 +33,7 @@ struct WorkRecord {
   double flops = 0;      // arithmetic (GEMMs)
   int64_t launches = 0;  // kernels launched while the op ran
   int64_t gemms = 0;     // library GEMMs (cuBLASLt) while the op ran
+  std::vector<LaunchRecord> kernels;  // each launch and GEMM, in order
 };
 
 bool work_recording();
@@ -56,7 +64,7 @@ class WorkScope {
 };
 
 // Called by the CUDA layer for each kernel launch / library GEMM: counted in the open record
-// (a launch outside any scope gets a record of its own, named after the kernel).
-void note_work_launch(const char* kernel, bool gemm);
+// (a launch outside any scope gets a record of its own, named after the kernel), with its shape.
+void note_work_launch(const char* kernel, bool gemm, int64_t blocks, int64_t threads);
 
 }  // namespace engine

@@ -1,4 +1,5 @@
-// CUDA kernels of the gradient-slab ops (see gradients.h). The statistics are reduced in two
+// CUDA kernels of the gradient-slab ops (see gradients.h), in 16-byte vectors. The statistics are
+// reduced in two
 // fixed-shape passes (a grid of kBlocks blocks writes one partial per block, one block adds the
 // partials), both with block_sum's fixed shuffle order, so a rerun gives the same bits whatever
 // the GPU.
@@ -19,21 +20,32 @@ namespace {
 constexpr int kThreads = 256;  // whole warps (block_sum)
 constexpr int kBlocks = 1024;  // partials; also the threads of the final pass
 
+// Each thread takes 16-byte vectors i, i + stride, ... (V elements each, V = 16 / sizeof(T); the
+// slab's base is aligned) and the tail of n % V elements goes to the first threads, one each.
 template <class T>
-__global__ void unscale_check_partials(T* x, int64_t n, T factor, bool unscale, double* sums,
+__global__ void unscale_check_vec(T* x, int64_t n, T factor, bool unscale, double* sums,
                                        double* bad) {
+  constexpr int V = 16 / sizeof(T);
   double acc = 0, nonfinite = 0;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    T v = x[i];
+  auto one = [&](T& slot) {
+    T v = slot;
     if (unscale) {
       v = v * factor;
-      x[i] = v;
+      slot = v;
     }
     const double d = static_cast<double>(v);
     acc += d * d;
     nonfinite += isfinite(d) ? 0.0 : 1.0;
+  };
+  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = first; i < n / V; i += stride) {
+    Vec<T, V> v = reinterpret_cast<Vec<T, V>*>(x)[i];
+#pragma unroll
+    for (int j = 0; j < V; ++j) one(v.v[j]);
+    if (unscale) reinterpret_cast<Vec<T, V>*>(x)[i] = v;
   }
+  if (first < n % V) one(x[n / V * V + first]);
   acc = block_sum(acc);
   nonfinite = block_sum(nonfinite);
   if (threadIdx.x == 0) {
@@ -76,11 +88,14 @@ void unscale_check(const Tensor& x, double inv_scale, const Tensor& stats) {
   // the same block and thread as in a full grid (a grid-stride loop's first pass), and the blocks
   // left out would have written 0 partials, so the bits are those of the full grid, which a
   // small slab (a test's, a tiny model's) would launch mostly empty.
-  const int blocks = int(std::clamp<int64_t>((x.numel() + kThreads - 1) / kThreads, 1, kBlocks));
+  ENGINE_CHECK(reinterpret_cast<uintptr_t>(x.raw_data()) % 16 == 0,
+               "[unscale_and_check_] the gradient slab must be 16-byte aligned");
+  const int64_t vecs = x.numel() / (16 / static_cast<int64_t>(dtype_size(x.dtype())));
+  const int blocks = int(std::clamp<int64_t>((vecs + kThreads - 1) / kThreads, 1, kBlocks));
   Tensor partials = Tensor::empty({2, kBlocks}, DType::f64, x.device());
   double* sums = partials.data<double>();
   dispatch_floating(x.dtype(), "unscale_and_check_", [&]<class T>() {
-    ENGINE_LAUNCH(unscale_check_partials<T>,
+    ENGINE_LAUNCH(unscale_check_vec<T>,
                   (LaunchConfig{dim3(blocks), dim3(kThreads), 0, stream}),
                   static_cast<T*>(x.raw_data()), x.numel(), static_cast<T>(inv_scale),
                   inv_scale != 1.0, sums, sums + kBlocks);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # record_step + perf_model.py on a small config (CTest record_step_dry_run, EMU_DRY_RUN=1): the
-# recorded GEMM FLOPs match the textbook count within 5% (the positional terms are the rest), and
-# the model script turns the record into its tables.
+# recorded GEMM FLOPs match the textbook count within 5% (the positional terms are the rest), every
+# op's launches are recorded with their shapes, the model script turns the record into its tables,
+# and the calibrated model still reproduces the H200 measurement of 5d401cc (perf_model.py --check:
+# the step within 25%, every op family of 1% of a step or more within 40%).
 # usage: perf_model_check.sh RECORD_STEP CONFIG WORKDIR
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,4 +16,13 @@ if ! awk -v r="$ratio" 'BEGIN { exit !(r >= 0.99 && r <= 1.05) }'; then
   echo "FAIL: recorded / analytic FLOPs = '$ratio' (expected 0.99 .. 1.05)"
   exit 1
 fi
+# every launch recorded as name:blocks:threads (the model times launches)
+/usr/bin/python3 - "$work/step.csv" <<'PY'
+import csv, sys
+bad = [r["index"] for r in csv.DictReader(open(sys.argv[1]))
+       if len([k for k in r["kernels"].split(";") if k.count(":") == 2]) != int(r["launches"]) + int(r["gemms"])]
+if bad:
+    sys.exit(f"FAIL: ops {bad[:5]} do not list one kernel:blocks:threads per launch")
+PY
 /usr/bin/python3 "$ROOT/tools/perf_model.py" "$work/step.csv" --batch 4 --label check
+/usr/bin/python3 "$ROOT/tools/perf_model.py" --check

@@ -18,13 +18,13 @@ namespace {
 std::atomic<int64_t> g_kernel_launches{0}, g_gemms{0};
 }  // namespace
 
-void count_kernel_launch(const char* name) {
+void count_kernel_launch(const char* name, int64_t blocks, int64_t threads) {
   g_kernel_launches.fetch_add(1, std::memory_order_relaxed);
-  note_work_launch(name, false);
+  note_work_launch(name, false, blocks, threads);
 }
 void count_gemm() {
   g_gemms.fetch_add(1, std::memory_order_relaxed);
-  note_work_launch("cublasLtMatmul", true);
+  note_work_launch("cublasLtMatmul", true, 0, 0);
 }
 WorkCounts work_counts() {
   return {g_kernel_launches.load(std::memory_order_relaxed),

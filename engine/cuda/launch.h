@@ -34,7 +34,8 @@ template <class... Params, class... Args>
 void launch_kernel(const char* name, void (*kernel)(Params...), const LaunchConfig& cfg,
                    Args&&... args) {
   static_assert(sizeof...(Params) == sizeof...(Args), "kernel launched with the wrong arity");
-  count_kernel_launch(name);
+  count_kernel_launch(name, int64_t{cfg.grid.x} * cfg.grid.y * cfg.grid.z,
+                      int64_t{cfg.block.x} * cfg.block.y * cfg.block.z);
 #if defined(ENGINE_CUDA_EMULATION)
   std::tuple<std::decay_t<Params>...> packed(std::forward<Args>(args)...);
   const int err = ::emu::launch(name, reinterpret_cast<const void*>(kernel),

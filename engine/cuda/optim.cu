@@ -1,5 +1,5 @@
 // The CUDA kernel of the AdamW step (engine/optim.h): one fused elementwise pass over the flat
-// parameter slab (param, grad, exp_avg, exp_avg_sq f32 and the u8 decay mask: 17 bytes read and
+// parameter slab in 16-byte vectors (param, grad, exp_avg, exp_avg_sq f32 and the u8 decay mask: 17 bytes read and
 // 12 written per element, nothing else). Every f32 operation rounds on its own in the CPU
 // kernel's (PyTorch's) order: products go through mul_rn, which nvcc never contracts into an FMA,
 // and sqrt and division are IEEE-rounded (nvcc's defaults, -prec-sqrt / -prec-div), so CPU and
@@ -20,19 +20,40 @@ struct AdamWFloats {
   float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size;
 };
 
-__global__ void adamw_elems(float* p, const float* g, float* m, float* v, const uint8_t* mask,
+// One element: every operation rounded on its own (see the top of the file).
+__device__ inline void adamw_one(float& p, float g, float& m, float& v, uint8_t decay,
+                                 const AdamWFloats& s) {
+  const float pi = dmath::mul_rn(p, decay != 0 ? s.decay : 1.0f);
+  const float mi = dmath::mul_rn(m, s.beta1) + dmath::mul_rn(s.one_minus_beta1, g);
+  const float vi =
+      dmath::mul_rn(v, s.beta2) + dmath::mul_rn(dmath::mul_rn(s.one_minus_beta2, g), g);
+  const float denom = dmath::sqrt(vi) / s.bc2_sqrt + s.eps;
+  m = mi;
+  v = vi;
+  p = pi + dmath::mul_rn(s.neg_step_size, mi) / denom;
+}
+
+// Four elements a thread: 16-byte loads and stores of p, g, m, v and 4 bytes of the mask (the
+// slabs are aligned); the n % 4 tail one element a thread.
+__global__ void adamw_vec4(float* p, const float* g, float* m, float* v, const uint8_t* mask,
                             int64_t n, AdamWFloats s) {
+  const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += stride) {
-    const float gi = g[i];
-    const float pi = dmath::mul_rn(p[i], mask[i] != 0 ? s.decay : 1.0f);
-    const float mi = dmath::mul_rn(m[i], s.beta1) + dmath::mul_rn(s.one_minus_beta1, gi);
-    const float vi =
-        dmath::mul_rn(v[i], s.beta2) + dmath::mul_rn(dmath::mul_rn(s.one_minus_beta2, gi), gi);
-    const float denom = dmath::sqrt(vi) / s.bc2_sqrt + s.eps;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi + dmath::mul_rn(s.neg_step_size, mi) / denom;
+  for (int64_t i = first; i < n / 4; i += stride) {
+    Vec<float, 4> pv = reinterpret_cast<Vec<float, 4>*>(p)[i];
+    const Vec<float, 4> gv = reinterpret_cast<const Vec<float, 4>*>(g)[i];
+    Vec<float, 4> mv = reinterpret_cast<Vec<float, 4>*>(m)[i];
+    Vec<float, 4> vv = reinterpret_cast<Vec<float, 4>*>(v)[i];
+    const Vec<uint8_t, 4> dv = reinterpret_cast<const Vec<uint8_t, 4>*>(mask)[i];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) adamw_one(pv.v[j], gv.v[j], mv.v[j], vv.v[j], dv.v[j], s);
+    reinterpret_cast<Vec<float, 4>*>(p)[i] = pv;
+    reinterpret_cast<Vec<float, 4>*>(m)[i] = mv;
+    reinterpret_cast<Vec<float, 4>*>(v)[i] = vv;
+  }
+  if (first < n % 4) {
+    const int64_t i = n / 4 * 4 + first;
+    adamw_one(p[i], g[i], m[i], v[i], mask[i], s);
   }
 }
 
@@ -47,10 +68,13 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
       static_cast<float>(1.0 - s.beta1),  static_cast<float>(s.beta2),
       static_cast<float>(1.0 - s.beta2),  static_cast<float>(s.bias_correction2_sqrt),
       static_cast<float>(s.eps),          static_cast<float>(-s.step_size)};
+  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask})
+    ENGINE_CHECK(reinterpret_cast<uintptr_t>(t->raw_data()) % 16 == 0,
+                 "[adamw] the CUDA kernel needs 16-byte aligned slabs, got ", describe(*t));
   const int threads = kElementwiseThreads;
-  const LaunchConfig cfg{dim3(grid_blocks(n, threads)), dim3(threads), 0,
+  const LaunchConfig cfg{dim3(grid_blocks(n / 4 > 0 ? n / 4 : 1, threads)), dim3(threads), 0,
                          compute_stream(param.device().index)};
-  ENGINE_LAUNCH(adamw_elems, cfg, dptr<float>(param), dptr<const float>(grad), dptr<float>(exp_avg),
+  ENGINE_LAUNCH(adamw_vec4, cfg, dptr<float>(param), dptr<const float>(grad), dptr<float>(exp_avg),
                 dptr<float>(exp_avg_sq), dptr<const uint8_t>(decay_mask), n, f);
 }
 

@@ -153,8 +153,8 @@ void column_sums(const char* name, int64_t rows, int64_t cols, const F& f, int d
   const int bx2 = detail::pow2_at_least(cols, kWarpSize), by2 = kReduceThreads / bx2;
   const LaunchConfig cfg2{dim3(static_cast<unsigned>((cols + bx2 - 1) / bx2)), dim3(bx2, by2), 0,
                           stream};
-  launch_kernel(name, detail::column_sums_kernel<1, K, detail::ChunkSums<K, F>>, cfg2, g, chunks,
-                cols, int64_t{1}, static_cast<Acc*>(nullptr));
+  launch_kernel("column_sums_chunks", detail::column_sums_kernel<1, K, detail::ChunkSums<K, F>>,
+                cfg2, g, chunks, cols, int64_t{1}, static_cast<Acc*>(nullptr));
 }
 
 }  // namespace engine::cuda

@@ -14,7 +14,8 @@ struct WorkCounts {
 };
 WorkCounts work_counts();
 
-void count_kernel_launch(const char* name);  // called by launch_kernel
-void count_gemm();                           // called by the GEMM kernel (ops/matmul.cu)
+// Called by launch_kernel: the kernel's name, its blocks and threads per block (all dims).
+void count_kernel_launch(const char* name, int64_t blocks, int64_t threads);
+void count_gemm();  // called by the GEMM kernel (ops/matmul.cu)
 
 }  // namespace engine::cuda
