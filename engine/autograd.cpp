@@ -74,8 +74,8 @@ Tensor add_grads(Tensor& a, const Tensor& b) {
 // The leaf behind input j of n when that input is a 16-bit cast (autocast's Tensor::to on the
 // same device) of an f32 leaf and the cast has no other consumer: its .grad may take n's
 // gradient in f32 directly (Node::grad_sink_f32), and the cast then never runs.
-const std::shared_ptr<TensorImpl>* cast_leaf(const Node& n, size_t j,
-                                             const std::unordered_map<const Node*, int>& consumers) {
+template <class Counts>
+const std::shared_ptr<TensorImpl>* cast_leaf(const Node& n, size_t j, Counts& counts) {
   const std::shared_ptr<Node>& c = n.next[j].node;
   if (!c || std::strcmp(c->name(), "to") != 0 || c->next.size() != 1 || !c->next[0].leaf)
     return nullptr;
@@ -84,13 +84,15 @@ const std::shared_ptr<TensorImpl>* cast_leaf(const Node& n, size_t j,
   if ((out.dtype != DType::bf16 && out.dtype != DType::f16) || in.dtype != DType::f32 ||
       in.device != out.device || in.shape != out.shape)
     return nullptr;
+  const auto& consumers = counts().consumers;
   auto it = consumers.find(c.get());
   return it != consumers.end() && it->second == 1 ? &c->next[0].leaf : nullptr;
 }
 
 // Offers node n, for its next backward() call, the .grad of each leaf input that can take the
 // gradient in place, and of each f32 leaf behind a 16-bit cast (see Node::grad_sink).
-void offer_grad_sinks(Node& n, const std::unordered_map<const Node*, int>& consumers) {
+template <class Counts>
+void offer_grad_sinks(Node& n, Counts& counts) {
   n.grad_sinks.clear();
   n.f32_sinks.clear();
   auto usable = [](const Tensor& acc, const TensorMeta& m, DType dtype) {
@@ -103,7 +105,7 @@ void offer_grad_sinks(Node& n, const std::unordered_map<const Node*, int>& consu
       if (!usable(leaf->autograd.grad, m, m.dtype)) continue;
       if (n.grad_sinks.empty()) n.grad_sinks.resize(n.next.size());
       n.grad_sinks[j] = leaf->autograd.grad;
-    } else if (const std::shared_ptr<TensorImpl>* leaf = cast_leaf(n, j, consumers)) {
+    } else if (const std::shared_ptr<TensorImpl>* leaf = cast_leaf(n, j, counts)) {
       if (!usable((*leaf)->autograd.grad, m, DType::f32)) continue;
       if (n.f32_sinks.empty()) n.f32_sinks.resize(n.next.size());
       n.f32_sinks[j] = (*leaf)->autograd.grad;
@@ -114,8 +116,9 @@ void offer_grad_sinks(Node& n, const std::unordered_map<const Node*, int>& consu
 // Clears the offer when backward() returns or throws.
 struct SinkScope {
   Node& n;
-  SinkScope(Node& node, const std::unordered_map<const Node*, int>& consumers) : n(node) {
-    offer_grad_sinks(n, consumers);
+  template <class Counts>
+  SinkScope(Node& node, Counts& counts) : n(node) {
+    offer_grad_sinks(n, counts);
   }
   ~SinkScope() {
     n.grad_sinks.clear();
@@ -221,7 +224,15 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   pending[root_node].resize(root_node->outputs.size());
   pending[root_node][rm.output_slot] = seed;
   const uint64_t root_seq = root_node->sequence_nr;
-  GraphCounts counts = count_edges(root_node);
+  // The graph's edge counts, taken when the leaf hook or a cast's f32 sink first needs them (a
+  // walk over the graph; a CPU step never needs it without a hook).
+  GraphCounts counts;
+  bool counted = false;
+  auto graph_counts = [&]() -> GraphCounts& {
+    if (!counted) counts = count_edges(root_node), counted = true;
+    return counts;
+  };
+  if (t_leaf_hook) graph_counts();
   std::unordered_map<const TensorImpl*, int>& leaf_edges = counts.leaf_edges;
   // A leaf's edge is done: the hook fires when its last one is.
   auto leaf_edge_done = [&](const std::shared_ptr<TensorImpl>& leaf) {
@@ -245,7 +256,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     std::vector<Tensor> grad_inputs;
     std::vector<bool> through_cast;  // input j's gradient went into the leaf behind its cast
     {
-      SinkScope sinks(*node, counts.consumers);
+      SinkScope sinks(*node, graph_counts);
       grad_inputs = node->backward(grad_outputs);
       for (size_t j = 0; j < node->f32_sinks.size() && j < grad_inputs.size(); ++j)
         if (node->f32_sinks[j].defined() && !grad_inputs[j].defined()) {

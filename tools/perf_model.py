@@ -23,6 +23,7 @@ usage:
   perf_model.py STEP.csv --batch B [--label NAME] [--top N] [--mode step|cold]
   perf_model.py --calibrate      refit tools/perf_data/h200_fit.json from the measured commit
   perf_model.py --check          the measured commit: model against measurement, per family
+  perf_model.py --import-ncu NCU.csv OUT.csv.xz   one step of an ncu run for tools/perf_data
 """
 import argparse
 import collections
@@ -194,6 +195,27 @@ def read_record(path):
     for r in rows:
         r["launch_list"] = parse_kernels(r.get("kernels", ""))
     return rows
+
+
+def read_ncu_raw(path):
+    """ncu's own CSV (--metrics gpu__time_duration.sum --csv; .xz or plain) -> the kernels in
+    launch order as read_ncu gives them: names without "void", "engine::" and arguments."""
+    text = open_text(path).read()
+    rows = list(csv.reader([l for l in text.splitlines() if l.startswith('"')]))
+    hdr, data = rows[0], rows[1:]
+    ik, iv, iu = hdr.index("Kernel Name"), hdr.index("Metric Value"), hdr.index("Metric Unit")
+    ig, ib = hdr.index("Grid Size"), hdr.index("Block Size")
+    unit = {"ns": 1, "nsecond": 1, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6}
+
+    def dims(s):
+        return math.prod(int(x) for x in s.strip("()").split(","))
+
+    out = []
+    for x in data:
+        name = x[ik].replace("void ", "").replace("engine::<unnamed>::", "").replace("engine::", "")
+        out.append({"kernel": re.sub(r"\(.*", "", name), "blocks": dims(x[ig]), "threads": dims(x[ib]),
+                    "ns": float(x[iv].replace(",", "")) * unit.get(x[iu], 1)})
+    return out
 
 
 def read_ncu(path):
@@ -481,7 +503,20 @@ def main():
     ap.add_argument("--mode", choices=("step", "cold"), default="step")
     ap.add_argument("--calibrate", action="store_true")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--import-ncu", nargs=2, metavar=("NCU_CSV", "OUT_CSV_XZ"),
+                    help="the last step of an ncu run (from its last gradient-slab fill) in the "
+                         "compact form of tools/perf_data")
     a = ap.parse_args()
+    if a.import_ncu:
+        raw = read_ncu_raw(a.import_ncu[0])
+        starts = [i for i, k in enumerate(raw) if k["kernel"].startswith("fill") and k["blocks"] > 100000]
+        if not starts:
+            sys.exit(f"perf_model: {a.import_ncu[0]}: no gradient-slab fill marks a step's start")
+        with lzma.open(a.import_ncu[1], "wt") as o:
+            o.write("kernel,blocks,threads,ns\n")
+            for k in raw[starts[-1]:]:
+                o.write(f'"{k["kernel"]}",{k["blocks"]},{k["threads"]},{k["ns"]:.0f}\n')
+        return
     if a.calibrate:
         fit, runs = fit_model()
         json.dump(fit, open(FIT, "w"), indent=1, sort_keys=True)

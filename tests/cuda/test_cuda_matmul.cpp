@@ -7,9 +7,12 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "cuda_test_support.h"
+#include "engine/autocast.h"
+#include "engine/work_log.h"
 #include "ops/ops.h"
 
 using namespace engine;
@@ -123,6 +126,80 @@ TEST_CASE("gemm with bf16 and f16 inputs accumulates in f32", "[cuda]") {
       require_close(cg, cf.to(dt), 0, 0, dt == DType::bf16 ? 1.0 / 128 : 1.0 / 1024);
       REQUIRE(cg.dtype() == dt);
     }
+  }
+}
+
+TEST_CASE("gemm: bf16 and f16 operands added in f32 into an f32 c (beta 1)", "[cuda]") {
+  Generator g(27);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    INFO(dtype_name(dt));
+    // dW = dY^T X, the weight-gradient shape, added onto what c holds.
+    Pair dy = pair({40, 33}, g, dt), x = pair({40, 17}, g, dt);
+    const Tensor held = Tensor::randn({33, 17}, g);
+    Tensor c = held.to(kGpu);
+    gemm(dy.gpu, true, x.gpu, false, c, 1.0, 1.0);
+    REQUIRE(c.dtype() == DType::f32);
+    Tensor want = held.clone();
+    gemm(dy.cpu.to(DType::f32), true, x.cpu.to(DType::f32), false, want, 1.0, 1.0);
+    require_close(c, want, 1e-6, 1e-6, 1e-6);  // f32 accumulation, no 16-bit rounding of dW
+  }
+  // The CPU GEMM takes one dtype; an epilogue with an f32 c is refused.
+  Tensor a16 = Tensor::ones({2, 3}).to(DType::bf16), b16 = Tensor::ones({3, 4}).to(DType::bf16);
+  Tensor c32 = Tensor::zeros({2, 4});
+  REQUIRE_THROWS_WITH(gemm(a16, false, b16, false, c32), Catch::Contains("[gemm] CPU kernels"));
+  REQUIRE_THROWS_WITH(gemm(a16.to(kGpu), false, b16.to(kGpu), false, c32.to(kGpu), 1.0, 0.0,
+                           GemmEpilogue::bias, Tensor::zeros({4}, DType::f32, kGpu)),
+                      Catch::Contains("an epilogue with 16-bit a and b into an f32 c"));
+}
+
+TEST_CASE("under bf16 autocast a weight's gradient goes into its f32 .grad by the GEMM itself",
+          "[cuda]") {
+  // A held f32 .grad (FlatParameters' slab) behind autocast's bf16 cast of the weight: linear's
+  // and matmul's backward add dW in f32 straight into it (GemmArgs::c_f32) -- no bf16 dW, no
+  // conversion, no add_ -- and the result matches the CPU's f32 gradient within bf16 inputs'
+  // rounding. A cast used twice (two consumers) goes the usual way (bf16 sum, conversion, add).
+  Generator g(28);
+  const Tensor x = Tensor::randn({6, 17}, g), w = Tensor::randn({9, 17}, g);
+  const Tensor p = Tensor::randn({2, 3, 17}, g), q = Tensor::randn({17, 5}, g);
+  const Tensor dy = Tensor::randn({6, 9}, g), dm = Tensor::randn({2, 3, 5}, g);
+  for (int uses : {1, 2}) {
+    INFO(uses << " use(s) of the weight");
+    Tensor wd = w.to(kGpu).set_requires_grad(), qd = q.to(kGpu).set_requires_grad();
+    wd.set_grad(Tensor::zeros({9, 17}, DType::f32, kGpu));
+    qd.set_grad(Tensor::zeros({17, 5}, DType::f32, kGpu));
+    const Tensor held = wd.grad();
+    Tensor loss;
+    {
+      Autocast ac(DType::bf16);
+      // Two uses of one cast (the cast has two consumers) vs one use per cast.
+      const Tensor wb = uses == 2 ? wd.to(DType::bf16) : wd;
+      Tensor y = linear(x.to(kGpu), wb);
+      if (uses == 2) y = y + linear(x.to(kGpu), wb);
+      loss = engine::sum(y.to(DType::f32) * dy.to(kGpu)) +
+             engine::sum(matmul(p.to(kGpu), qd).to(DType::f32) * dm.to(kGpu));
+    }
+    start_work_recording();
+    loss.backward();
+    const std::vector<WorkRecord> work = stop_work_recording();
+    REQUIRE(wd.grad().shares_storage(held));
+    // The GEMMs that stored f32 (k 6 for dW, k 6 for dQ: the folded rows), and the adds into a
+    // weight's slab: none with one use; the second use's cast adds its bf16 sum the usual way.
+    int c_f32 = 0, slab_adds = 0;
+    for (const WorkRecord& r : work) {
+      if (r.op == "gemm" && r.shape.find(" c_f32") != std::string::npos) ++c_f32;
+      if (r.op == "add_" && r.shape.rfind("(9, 17) f32", 0) == 0) ++slab_adds;
+    }
+    CHECK(c_f32 == (uses == 1 ? 2 : 1));
+    CHECK(slab_adds == (uses == 1 ? 0 : 1));
+    // Against the CPU in f32 on the bf16-rounded operands.
+    Tensor wc = w.to(DType::bf16).to(DType::f32).set_requires_grad();
+    Tensor qc = q.to(DType::bf16).to(DType::f32).set_requires_grad();
+    Tensor xc = x.to(DType::bf16).to(DType::f32), pc = p.to(DType::bf16).to(DType::f32);
+    Tensor yc = linear(xc, wc);
+    if (uses == 2) yc = yc + linear(xc, wc);
+    (engine::sum(yc * dy) + engine::sum(matmul(pc, qc) * dm)).backward();
+    require_close(wd.grad(), wc.grad(), 0, 0, 1e-2);
+    require_close(qd.grad(), qc.grad(), 0, 0, 1e-2);
   }
 }
 
