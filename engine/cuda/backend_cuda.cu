@@ -2,7 +2,10 @@
 // on the device's compute stream, and the core's layout primitives: contiguous operands through
 // launch_elementwise's 16-byte vectors, strided ones through collapsed indexers (16-byte units
 // where the innermost dim allows), and sum_to through reductions that fill the GPU (below).
+#include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -433,11 +436,25 @@ class CudaBackend final : public Backend {
   }
 
  protected:
+  // A host->device write never waits for the device: the bytes go first into a pinned staging
+  // buffer (the caller may reuse its own at once), the copy from there is queued on the compute
+  // stream, and an event marks when the staging buffer is free again. A step's uploads (the next
+  // micro-batch) so queue behind its work instead of draining the stream. Writes over
+  // kStageMax (a whole parameter slab at start) go through pageable memory and wait.
   void write_from_host(void* dst, const void* src, size_t n, int index) override {
     DeviceGuard guard(index);
     cudaStream_t s = compute_stream(index);
-    ENGINE_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s));
-    ENGINE_CUDA_CHECK(cudaStreamSynchronize(s));  // the host buffer may be reused at once
+    if (n > kStageMax) {
+      ENGINE_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s));
+      ENGINE_CUDA_CHECK(cudaStreamSynchronize(s));  // the host buffer may be reused at once
+      return;
+    }
+    std::lock_guard<std::mutex> lock(stage_mu_);  // one write at a time picks and fills a stage
+    Stage& st = stage_for(index, n);
+    std::memcpy(st.host, src, n);
+    ENGINE_CUDA_CHECK(cudaMemcpyAsync(dst, st.host, n, cudaMemcpyHostToDevice, s));
+    ENGINE_CUDA_CHECK(cudaEventRecord(st.free, s));
+    st.used = true;
   }
   void read_to_host(void* dst, const void* src, size_t n, int index) override {
     DeviceGuard guard(index);
@@ -446,6 +463,47 @@ class CudaBackend final : public Backend {
     ENGINE_CUDA_CHECK(cudaStreamSynchronize(s));
     raise_device_index_error(index);  // a bad index met by the work this read waited for
   }
+
+ private:
+  static constexpr size_t kStageMax = size_t(64) << 20;     // larger writes: pageable, waited
+  static constexpr size_t kStageTotal = size_t(256) << 20;  // pinned staging per device, at most
+  struct Stage {
+    void* host = nullptr;  // pinned
+    size_t bytes = 0;
+    cudaEvent_t free = nullptr;  // recorded after the copy out of it
+    bool used = false;
+  };
+  // A staging buffer of at least n bytes whose last copy has finished: a free one, a new one
+  // while the device's total stays under kStageTotal, else the oldest, waited for.
+  Stage& stage_for(int index, size_t n) {  // under stage_mu_
+    if (stages_.size() <= static_cast<size_t>(index)) stages_.resize(static_cast<size_t>(index) + 1);
+    std::deque<Stage>& v = stages_[static_cast<size_t>(index)];
+    size_t total = 0;
+    for (Stage& st : v) {
+      total += st.bytes;
+      if (st.bytes < n) continue;
+      if (!st.used) return st;
+      const cudaError_t e = cudaEventQuery(st.free);
+      if (e == cudaSuccess) return st;
+      if (e != cudaErrorNotReady) ENGINE_CUDA_CHECK(e);
+    }
+    const size_t bytes = std::max<size_t>(size_t(1) << 20, (n + 4095) / 4096 * 4096);
+    if (total + bytes > kStageTotal) {
+      for (Stage& st : v) {  // wait for the first big enough
+        if (st.bytes < n) continue;
+        ENGINE_CUDA_CHECK(cudaEventSynchronize(st.free));
+        return st;
+      }
+    }
+    Stage st;
+    st.bytes = bytes;
+    ENGINE_CUDA_CHECK(cudaHostAlloc(&st.host, bytes, cudaHostAllocDefault));
+    ENGINE_CUDA_CHECK(cudaEventCreateWithFlags(&st.free, cudaEventDisableTiming));
+    v.push_back(st);
+    return v.back();
+  }
+  std::mutex stage_mu_;
+  std::vector<std::deque<Stage>> stages_;  // per device (a deque: stages never move)
 };
 
 CudaBackend g_cuda_backend;

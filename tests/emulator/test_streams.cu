@@ -1,11 +1,15 @@
 // [emulator] The CUDA runtime shim: deferred in-order streams (a result read without
 // synchronising is stale), events across streams, the legacy stream's ordering, pointer checks
-// and error codes as the real runtime returns them.
+// and error codes as the real runtime returns them; the engine's host-to-device writes queue
+// without waiting.
 #include <catch2/catch.hpp>
 
 #include <vector>
 
+#include "emu/runtime.h"
+#include "engine/cuda/context.h"
 #include "engine/cuda/launch.h"
+#include "engine/tensor.h"
 
 using engine::cuda::LaunchConfig;
 
@@ -81,4 +85,29 @@ TEST_CASE("pointer and handle errors come back as the real runtime's codes", "[e
   CHECK(p.major == 9);
   CHECK(p.multiProcessorCount == 132);
   REQUIRE(cudaFree(d) == cudaSuccess);
+}
+
+TEST_CASE("a host-to-device write does not wait for the device, and frees the host buffer at once",
+          "[emulator]") {
+  using namespace engine;
+  const Device gpu = Device::cuda(0);
+  Tensor x = Tensor::zeros({300}, DType::f32, gpu);
+  x.raw_data();  // the device work so far is queued on the compute stream, not run
+  // A marker queued behind it: it runs only when something waits for the compute stream.
+  bool ran = false;
+  emu::stream_enqueue(cuda::compute_stream(0), [&ran] { ran = true; }, "marker");
+  std::vector<float> host(300);
+  for (int i = 0; i < 300; ++i) host[size_t(i)] = float(i);
+  Tensor up = Tensor::from_vector(host, {300}).to(gpu);  // through the pinned staging buffer
+  CHECK_FALSE(ran);  // the write queued its copy; it did not drain the stream
+  for (float& v : host) v = -1.f;  // the caller's buffer is free at once
+  // Many writes reuse the staging buffers as their copies complete; every value arrives.
+  std::vector<Tensor> more;
+  for (int k = 0; k < 40; ++k)
+    more.push_back(Tensor::from_vector(std::vector<float>(5000, float(k)), {5000}).to(gpu));
+  const std::vector<float> back = up.to(Device::cpu()).to_vector<float>();  // waits
+  CHECK(ran);
+  for (int i = 0; i < 300; ++i) REQUIRE(back[size_t(i)] == float(i));
+  for (int k = 0; k < 40; ++k)
+    REQUIRE(more[size_t(k)].to(Device::cpu()).to_vector<float>() == std::vector<float>(5000, float(k)));
 }
