@@ -96,8 +96,8 @@ void offer_grad_sinks(Node& n, Counts& counts) {
   n.grad_sinks.clear();
   n.f32_sinks.clear();
   auto usable = [](const Tensor& acc, const TensorMeta& m, DType dtype) {
-    return acc.defined() && acc.is_contiguous() && acc.shape() == m.shape &&
-           acc.dtype() == dtype && acc.device() == m.device;
+    return acc.defined() && acc.is_contiguous() && acc.shape() == m.shape && acc.dtype() == dtype &&
+           acc.device() == m.device;
   };
   for (size_t j = 0; j < n.next.size(); ++j) {
     const TensorMeta& m = n.inputs[j];

@@ -27,12 +27,12 @@ struct LaunchRecord {
 };
 
 struct WorkRecord {
-  std::string op;        // the kernel table's name ("gemm", "layer_norm", "copy", ...)
-  std::string shape;     // the tensor arguments: "(8, 128, 768) bf16 (768) f32 ..."
-  double bytes = 0;      // minimum bytes moved
-  double flops = 0;      // arithmetic (GEMMs)
-  int64_t launches = 0;  // kernels launched while the op ran
-  int64_t gemms = 0;     // library GEMMs (cuBLASLt) while the op ran
+  std::string op;                     // the kernel table's name ("gemm", "layer_norm", "copy", ...)
+  std::string shape;                  // the tensor arguments: "(8, 128, 768) bf16 (768) f32 ..."
+  double bytes = 0;                   // minimum bytes moved
+  double flops = 0;                   // arithmetic (GEMMs)
+  int64_t launches = 0;               // kernels launched while the op ran
+  int64_t gemms = 0;                  // library GEMMs (cuBLASLt) while the op ran
   std::vector<LaunchRecord> kernels;  // each launch and GEMM, in order
 };
 

@@ -113,7 +113,7 @@ struct AttentionNode : Node {
       }
       if (want_ds) {
         const Tensor ds_c = rows(ds);
-        gemm(dout_c, false, rows(v), true, ds_c);                    // dP_d
+        gemm(dout_c, false, rows(v), true, ds_c);  // dP_d
         attention_softmax_backward_raw(probs_c, ds_c, p, st, ds_c,
                                        dropped.defined() ? rows(dropped) : Tensor());  // dS
         if (dq.defined()) gemm(ds_c, false, rows(k), false, rows(dq), scale);

@@ -82,8 +82,8 @@ __global__ void cross_entropy_total(const Acc<T>* row_loss, const I* targets, in
 template <class T, class I>
 __global__ void cross_entropy_backward_rows(const T* logits, const I* targets, const Acc<T>* lse,
                                             const int64_t* count, const T* grad_out,
-                                            int64_t ignore_index, int reduction, int64_t c,
-                                            T* grad, DeviceIndexError* err) {
+                                            int64_t ignore_index, int reduction, int64_t c, T* grad,
+                                            DeviceIndexError* err) {
   using V = Acc<T>;
   const int64_t i = blockIdx.x;
   const T* x = logits + i * c;

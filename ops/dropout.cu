@@ -1,7 +1,8 @@
 // CUDA kernels of dropout (see dropout.h): one thread per Philox block of four words, so each
 // thread draws once and decides four consecutive elements (one 4-element vector load and store
-// where aligned) with the same integer test as the CPU (dropout_keep on philox_word(state, i)): CPU and CUDA masks agree bit for bit, and
-// x * (1 / (1 - p)) is the same single f32 (f64) product. bf16 / f16 scale in f32, round once.
+// where aligned) with the same integer test as the CPU (dropout_keep on philox_word(state, i)): CPU
+// and CUDA masks agree bit for bit, and x * (1 / (1 - p)) is the same single f32 (f64) product.
+// bf16 / f16 scale in f32, round once.
 #include <cuda_runtime.h>
 
 #include <cstdint>

@@ -162,14 +162,15 @@ __global__ void bias_gelu_vec(const T* x, const T* bias, T* y, int64_t n_vec, in
   const int64_t vecs_per_row = n / V;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_vec;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = n_vec < (int64_t{1} << 31) ? cols_vec.div(static_cast<uint32_t>(i))
-                                                 : i / vecs_per_row;
+    const int64_t r =
+        n_vec < (int64_t{1} << 31) ? cols_vec.div(static_cast<uint32_t>(i)) : i / vecs_per_row;
     const int64_t c = (i - r * vecs_per_row) * V;
     const Vec<T, V> xv = reinterpret_cast<const Vec<T, V>*>(x)[i];
     const Vec<T, V> bv = *reinterpret_cast<const Vec<T, V>*>(bias + c);
     Vec<T, V> out;
 #pragma unroll
-    for (int q = 0; q < V; ++q) out.v[q] = from_acc<T>(GeluOp<A>{}(to_acc(xv.v[q]) + to_acc(bv.v[q])));
+    for (int q = 0; q < V; ++q)
+      out.v[q] = from_acc<T>(GeluOp<A>{}(to_acc(xv.v[q]) + to_acc(bv.v[q])));
     reinterpret_cast<Vec<T, V>*>(y)[i] = out;
   }
 }
@@ -369,8 +370,8 @@ void bias_gelu_backward(const Tensor& x, const Tensor& bias, const Tensor& gy, c
   dispatch_floating(x.dtype(), "bias_gelu_backward", [&]<class T>() {
     constexpr int kV = reduce_vec<T>();
     auto run = [&]<int V>() {
-      const BiasGeluBackward<T, V> f{dptr<const T>(x),  dptr<const T>(bias), dptr<const T>(gy),
-                                     dptr<T>(gx),       dptr<T>(gbias),      n};
+      const BiasGeluBackward<T, V> f{dptr<const T>(x), dptr<const T>(bias), dptr<const T>(gy),
+                                     dptr<T>(gx),      dptr<T>(gbias),      n};
       column_sums<V, 1>("bias_gelu_backward", rows, n, f, index);
     };
     if (vec_ok(n, kV, {&x, &bias, &gy, &gx}))

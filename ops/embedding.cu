@@ -91,8 +91,9 @@ void gather_rows(const Tensor& table, const Tensor& index, const Tensor& out) {
   dispatch_index(index.dtype(), "gather_rows", [&]<class I>() {
     if (row_bytes % 16 == 0 && aligned16(table.raw_data()) && aligned16(out.raw_data())) {
       const int64_t dv = row_bytes / 16;
-      ENGINE_LAUNCH((gather_rows_vec16<I>), cfg(m * dv), static_cast<const uint4*>(table.raw_data()),
-                    dptr<const I>(index), static_cast<uint4*>(out.raw_data()), m, dv, rows,
+      ENGINE_LAUNCH((gather_rows_vec16<I>), cfg(m * dv),
+                    static_cast<const uint4*>(table.raw_data()), dptr<const I>(index),
+                    static_cast<uint4*>(out.raw_data()), m, dv, rows,
                     FastDiv(static_cast<uint32_t>(dv < (int64_t{1} << 31) ? dv : 1)), err);
       return;
     }
@@ -220,9 +221,9 @@ using ScatterAcc = std::conditional_t<std::is_same_v<Acc<T>, double>, double, fl
 // part entries of each piece.
 template <class T, int V>
 __global__ void scatter_level(const uint64_t* keys, const T* grad, const int32_t* ids,
-                              const uint8_t* flags, const ScatterAcc<T>* vals, int64_t n,
-                              int64_t d, int64_t rows, T* table, int32_t* next_ids,
-                              uint8_t* next_flags, ScatterAcc<T>* next_vals) {
+                              const uint8_t* flags, const ScatterAcc<T>* vals, int64_t n, int64_t d,
+                              int64_t rows, T* table, int32_t* next_ids, uint8_t* next_flags,
+                              ScatterAcc<T>* next_vals) {
   using A = ScatterAcc<T>;
   const int64_t p = blockIdx.x * int64_t(blockDim.y) + threadIdx.y;
   const int64_t c = (blockIdx.y * int64_t(blockDim.x) + threadIdx.x) * V;
@@ -342,8 +343,8 @@ void scatter_add_rows(const Tensor& grad_out, const Tensor& index, const Tensor&
         ENGINE_LAUNCH((scatter_level<T, V>), cfg,
                       level == 0 ? static_cast<const uint64_t*>(keys.raw_data()) : nullptr,
                       dptr<const T>(grad_out), dptr<const int32_t>(ids), dptr<const uint8_t>(flags),
-                      static_cast<const A*>(vals.defined() ? vals.raw_data() : nullptr), n, d,
-                      rows, dptr<T>(grad_table), dptr<int32_t>(nids), dptr<uint8_t>(nflags),
+                      static_cast<const A*>(vals.defined() ? vals.raw_data() : nullptr), n, d, rows,
+                      dptr<T>(grad_table), dptr<int32_t>(nids), dptr<uint8_t>(nflags),
                       static_cast<A*>(nvals.defined() ? nvals.raw_data() : nullptr));
         if (last) break;
         ids = nids, flags = nflags, vals = nvals;

@@ -24,7 +24,7 @@ constexpr int kBlocks = 1024;  // partials; also the threads of the final pass
 // slab's base is aligned) and the tail of n % V elements goes to the first threads, one each.
 template <class T>
 __global__ void unscale_check_vec(T* x, int64_t n, T factor, bool unscale, double* sums,
-                                       double* bad) {
+                                  double* bad) {
   constexpr int V = 16 / sizeof(T);
   double acc = 0, nonfinite = 0;
   auto one = [&](T& slot) {
@@ -95,8 +95,7 @@ void unscale_check(const Tensor& x, double inv_scale, const Tensor& stats) {
   Tensor partials = Tensor::empty({2, kBlocks}, DType::f64, x.device());
   double* sums = partials.data<double>();
   dispatch_floating(x.dtype(), "unscale_and_check_", [&]<class T>() {
-    ENGINE_LAUNCH(unscale_check_vec<T>,
-                  (LaunchConfig{dim3(blocks), dim3(kThreads), 0, stream}),
+    ENGINE_LAUNCH(unscale_check_vec<T>, (LaunchConfig{dim3(blocks), dim3(kThreads), 0, stream}),
                   static_cast<T*>(x.raw_data()), x.numel(), static_cast<T>(inv_scale),
                   inv_scale != 1.0, sums, sums + kBlocks);
   });

@@ -252,17 +252,6 @@ LaunchConfig warp_rows(int64_t rows, int device) {
                       dim3(kRowsPerBlock * kWarpSize), 0, compute_stream(device)};
 }
 
-// One dispatch over the warp kernels' elements per lane.
-template <class F>
-void with_elems(int e, F&& f) {
-  switch (e) {
-    case 4: return f.template operator()<4>();
-    case 8: return f.template operator()<8>();
-    case 16: return f.template operator()<16>();
-    default: return f.template operator()<32>();
-  }
-}
-
 void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                         const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   const int64_t c = x.shape().back();
@@ -285,7 +274,7 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
     const bool vec = vec4_rows<T>(x.raw_data(), c) && vec4_rows<T>(y.raw_data(), c) &&
                      (!weight.defined() || vec4_rows<T>(weight.raw_data(), c)) &&
                      (!bias.defined() || vec4_rows<T>(bias.raw_data(), c));
-    with_elems(e, [&]<int E>() {
+    dispatch_row_elems(e, [&]<int E>() {
       ENGINE_LAUNCH((layer_norm_forward_warp<T, S, E>), warp_rows(rows, device), dptr<const T>(x),
                     dptr<const T>(weight), dptr<const T>(bias), static_cast<S>(eps), dptr<T>(y),
                     mean.data<S>(), rstd.data<S>(), rows, c, vec);
@@ -322,7 +311,7 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
         const bool vec = vec4_rows<T>(x.raw_data(), c) && vec4_rows<T>(dy.raw_data(), c) &&
                          vec4_rows<T>(dx.raw_data(), c) &&
                          (!weight.defined() || vec4_rows<T>(weight.raw_data(), c));
-        with_elems(e, [&]<int E>() {
+        dispatch_row_elems(e, [&]<int E>() {
           ENGINE_LAUNCH((layer_norm_backward_warp<T, S, E>), warp_rows(rows, device),
                         dptr<const T>(x), dptr<const T>(weight), mean.data<S>(), rstd.data<S>(),
                         dptr<const T>(dy), dptr<T>(dx), rows, c, vec);
@@ -333,8 +322,13 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
     constexpr int kV = reduce_vec<T>();
     const bool vec = c % kV == 0 && aligned16(x.raw_data()) && aligned16(dy.raw_data());
     auto sums = [&]<int V>() {
-      const LayerNormParams<T, S, V> f{dptr<const T>(x), dptr<const T>(dy), mean.data<S>(),
-                                       rstd.data<S>(), dptr<T>(dweight), dptr<T>(dbias), c};
+      const LayerNormParams<T, S, V> f{dptr<const T>(x),
+                                       dptr<const T>(dy),
+                                       mean.data<S>(),
+                                       rstd.data<S>(),
+                                       dptr<T>(dweight),
+                                       dptr<T>(dbias),
+                                       c};
       column_sums<V, 2>("layer_norm_params", rows, c, f, device);
     };
     if (vec)

@@ -707,15 +707,16 @@ void add_work_cost(WorkCost& cost, const GemmArgs& g) {
   const double e = double(dtype_size(g.dtype)), ec = g.c_f32 ? 4.0 : e;
   const double ba = g.stride_a == 0 ? 1 : double(g.batch),
                bb = g.stride_b == 0 ? 1 : double(g.batch);
-  cost.bytes += e * (ba * double(g.m * g.k) + bb * double(g.k * g.n) + (g.bias ? double(g.n) : 0.0)) +
-                ec * double(g.batch) * double(g.m * g.n) * (g.beta != 0.0 ? 2 : 1);
+  cost.bytes +=
+      e * (ba * double(g.m * g.k) + bb * double(g.k * g.n) + (g.bias ? double(g.n) : 0.0)) +
+      ec * double(g.batch) * double(g.m * g.n) * (g.beta != 0.0 ? 2 : 1);
   cost.flops += 2.0 * double(g.batch) * double(g.m) * double(g.n) * double(g.k);
   if (!cost.shape.empty()) cost.shape += " ";
   cost.shape += "m" + std::to_string(g.m) + " n" + std::to_string(g.n) + " k" +
                 std::to_string(g.k) + " batch" + std::to_string(g.batch) + " " +
                 std::string(dtype_name(g.dtype)) + (g.c_f32 ? " c_f32" : "") +
-                (g.trans_a ? " Ta" : "") +
-                (g.trans_b ? " Tb" : "") + (g.beta != 0.0 ? " beta" : "");
+                (g.trans_a ? " Ta" : "") + (g.trans_b ? " Tb" : "") +
+                (g.beta != 0.0 ? " beta" : "");
 }
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {

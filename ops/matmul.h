@@ -33,8 +33,9 @@ enum class GemmEpilogue : uint8_t { none, bias, gelu_tanh, bias_gelu_tanh };
 // item of c. Each operand needs stride 1 in its last dim (row-major) or its second-last dim (a
 // transposed view) and a single batch stride; c must not alias a or b. With beta == 0, c is
 // not read (it may hold garbage). a, b and c share a dtype, except that bf16 / f16 a and b may
-// write an f32 c (on CUDA, without an epilogue: f32 accumulation stored in f32). With a bias epilogue, `bias` is a contiguous (n) tensor of c's
-// dtype and device, and c must be row-major. Throws "[gemm] ..." for anything else.
+// write an f32 c (on CUDA, without an epilogue: f32 accumulation stored in f32). With a bias
+// epilogue, `bias` is a contiguous (n) tensor of c's dtype and device, and c must be row-major.
+// Throws "[gemm] ..." for anything else.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           double alpha = 1.0, double beta = 0.0, GemmEpilogue epilogue = GemmEpilogue::none,
           const Tensor& bias = Tensor());

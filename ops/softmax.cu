@@ -48,15 +48,23 @@ LaunchConfig rows_config(int64_t rows, int64_t n, const Tensor& t) {
 // sign bit (+-0 masks), as on the CPU.
 struct MaskRef {
   const unsigned char* p = nullptr;
-  int size = 0;        // bytes per element
-  uint64_t bits = 0;   // the bits that decide (all but a float's sign)
+  int size = 0;       // bytes per element
+  uint64_t bits = 0;  // the bits that decide (all but a float's sign)
   __device__ bool kept(int64_t i) const {
     uint64_t v = 0;
     switch (size) {
-      case 1: v = p[i]; break;
-      case 2: v = reinterpret_cast<const uint16_t*>(p)[i]; break;
-      case 4: v = reinterpret_cast<const uint32_t*>(p)[i]; break;
-      default: v = reinterpret_cast<const uint64_t*>(p)[i]; break;
+      case 1:
+        v = p[i];
+        break;
+      case 2:
+        v = reinterpret_cast<const uint16_t*>(p)[i];
+        break;
+      case 4:
+        v = reinterpret_cast<const uint32_t*>(p)[i];
+        break;
+      default:
+        v = reinterpret_cast<const uint64_t*>(p)[i];
+        break;
     }
     return (v & bits) != 0;
   }
@@ -295,11 +303,9 @@ __global__ void softmax_backward_rows(const T* y, const T* dy, T* dx, int64_t n,
   auto grad = [&](int64_t j) -> V {
     if (!dropout) return to_acc(gr[j]);
     const uint64_t i = static_cast<uint64_t>(r * n + j);
-    const bool keep = kept ? to_acc(kept[i]) != V(0)
-                           : dropout_keep(philox_word(drop.state, i), drop.threshold);
-    return keep
-               ? to_acc(from_acc<T>(to_acc(gr[j]) * keep_scale))
-               : V(0);
+    const bool keep =
+        kept ? to_acc(kept[i]) != V(0) : dropout_keep(philox_word(drop.state, i), drop.threshold);
+    return keep ? to_acc(from_acc<T>(to_acc(gr[j]) * keep_scale)) : V(0);
   };
   V dot = 0;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) dot += grad(j) * to_acc(yr[j]);
@@ -392,16 +398,10 @@ void launch_softmax_forward(const Tensor& x, double scale, const Tensor& bias, c
     const bool v = vec4_rows<T>(x.raw_data(), L.n) && vec4_rows<T>(y.raw_data(), L.n) &&
                    (!dropped.defined() || vec4_rows<T>(dropped.raw_data(), L.n));
     const LaunchConfig cfg = warp_rows_config(L.rows, x);
-    auto run = [&]<int E>() {
+    dispatch_row_elems(e, [&]<int E>() {
       ENGINE_LAUNCH((softmax_forward_warp<T, E>), cfg, dptr<const T>(x), dptr<const T>(bias), m,
                     dptr<T>(y), L, s, dptr<T>(dropped), drop, v);
-    };
-    switch (e) {
-      case 4: return run.template operator()<4>();
-      case 8: return run.template operator()<8>();
-      case 16: return run.template operator()<16>();
-      default: return run.template operator()<32>();
-    }
+    });
   });
 }
 
@@ -422,16 +422,10 @@ void launch_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx
                    vec4_rows<T>(dx.raw_data(), n) &&
                    (!kept.defined() || vec4_rows<T>(kept.raw_data(), n));
     const LaunchConfig cfg = warp_rows_config(rows, y);
-    auto run = [&]<int E>() {
+    dispatch_row_elems(e, [&]<int E>() {
       ENGINE_LAUNCH((softmax_backward_warp<T, E>), cfg, dptr<const T>(y), dptr<const T>(dy),
                     dptr<T>(dx), rows, n, dropout, drop, dptr<const T>(kept), v);
-    };
-    switch (e) {
-      case 4: return run.template operator()<4>();
-      case 8: return run.template operator()<8>();
-      case 16: return run.template operator()<16>();
-      default: return run.template operator()<32>();
-    }
+    });
   });
 }
 

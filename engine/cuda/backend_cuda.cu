@@ -328,8 +328,9 @@ class CudaBackend final : public Backend {
     WorkScope scope("sum_to", cost);
     ENGINE_CHECK(is_broadcastable_to(dst.shape(), src.shape()), "[sum_to] ", describe(dst),
                  " is not broadcastable to ", describe(src));
-    ENGINE_CHECK(dst.is_contiguous() && dst.dtype() == src.dtype(), "[sum_to] expects a contiguous ",
-                 dtype_name(src.dtype()), " destination, got ", describe(dst));
+    ENGINE_CHECK(dst.is_contiguous() && dst.dtype() == src.dtype(),
+                 "[sum_to] expects a contiguous ", dtype_name(src.dtype()), " destination, got ",
+                 describe(dst));
     const int64_t n_out = dst.numel();
     if (!n_out) return;
     if (src.numel() == 0) {
@@ -380,8 +381,10 @@ class CudaBackend final : public Backend {
                          strides_multiple_of(outer.strides[0], 0, kV) &&
                          strides_multiple_of(red.strides[0], 0, kV);
         auto run = [&]<int V>() {
-          const SumToColumns<T, V> f{dptr<const T>(src),       dptr<T>(dst),
-                                     make_indexer<1>(red),     make_indexer<1>(outer),
+          const SumToColumns<T, V> f{dptr<const T>(src),
+                                     dptr<T>(dst),
+                                     make_indexer<1>(red),
+                                     make_indexer<1>(outer),
                                      FastDiv(static_cast<uint32_t>(width)),
                                      n_out < (int64_t{1} << 31)};
           column_sums<V, 1>("sum_to_columns", red.numel(), n_out, f, device);
@@ -414,10 +417,10 @@ class CudaBackend final : public Backend {
         if (chunks > 65535) chunks = 65535;
         const LaunchConfig cfg{dim3(static_cast<unsigned>(n_out), static_cast<unsigned>(chunks)),
                                dim3(kReduceThreads), 0, compute_stream(device)};
-        Tensor part = chunks > 1 ? Tensor::empty({chunks * n_out},
-                                                 sizeof(A) == 8 ? DType::f64 : DType::f32,
-                                                 dst.device())
-                                 : Tensor();
+        Tensor part = chunks > 1
+                          ? Tensor::empty({chunks * n_out},
+                                          sizeof(A) == 8 ? DType::f64 : DType::f32, dst.device())
+                          : Tensor();
         A* p = chunks > 1 ? static_cast<A*>(part.raw_data()) : nullptr;
         ENGINE_LAUNCH((sum_rows_kernel<T, V>), cfg, dptr<const T>(src), make_indexer<1>(kept),
                       make_indexer<1>(red_outer), run / V,
@@ -476,7 +479,8 @@ class CudaBackend final : public Backend {
   // A staging buffer of at least n bytes whose last copy has finished: a free one, a new one
   // while the device's total stays under kStageTotal, else the oldest, waited for.
   Stage& stage_for(int index, size_t n) {  // under stage_mu_
-    if (stages_.size() <= static_cast<size_t>(index)) stages_.resize(static_cast<size_t>(index) + 1);
+    if (stages_.size() <= static_cast<size_t>(index))
+      stages_.resize(static_cast<size_t>(index) + 1);
     std::deque<Stage>& v = stages_[static_cast<size_t>(index)];
     size_t total = 0;
     for (Stage& st : v) {

@@ -2,9 +2,9 @@
 #include "engine/cuda/context.h"
 
 #include <atomic>
-#include <new>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include "engine/cuda/check.h"
@@ -94,9 +94,9 @@ void raise_device_index_error(int device) {
                   " is out of range for ", r.bound, " classes (expected 0 <= target < ", r.bound,
                   " or the ignore index; found on cuda:", device, ")");
     case IndexCheck::write_position:
-      ENGINE_FAIL("[sampling] position ", r.value, " at ", r.position,
-                  " is out of range for ", r.bound, " elements (expected 0 <= position < ",
-                  r.bound, "; found on cuda:", device, ")");
+      ENGINE_FAIL("[sampling] position ", r.value, " at ", r.position, " is out of range for ",
+                  r.bound, " elements (expected 0 <= position < ", r.bound,
+                  "; found on cuda:", device, ")");
     default:
       where = "an unknown kernel";
   }

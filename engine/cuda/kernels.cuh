@@ -272,6 +272,21 @@ inline int warp_row_elems(int64_t n) {
   return 0;
 }
 
+// f.template operator()<E>() with E = e (4, 8, 16 or 32): a warp-row kernel's instantiation.
+template <class F>
+void dispatch_row_elems(int e, F&& f) {
+  switch (e) {
+    case 4:
+      return f.template operator()<4>();
+    case 8:
+      return f.template operator()<8>();
+    case 16:
+      return f.template operator()<16>();
+    default:
+      return f.template operator()<32>();
+  }
+}
+
 // ---- warp and block reductions ----------------------------------------------------------------
 
 template <class T>

@@ -1,9 +1,9 @@
 // The CUDA kernel of the AdamW step (engine/optim.h): one fused elementwise pass over the flat
-// parameter slab in 16-byte vectors (param, grad, exp_avg, exp_avg_sq f32 and the u8 decay mask: 17 bytes read and
-// 12 written per element, nothing else). Every f32 operation rounds on its own in the CPU
-// kernel's (PyTorch's) order: products go through mul_rn, which nvcc never contracts into an FMA,
-// and sqrt and division are IEEE-rounded (nvcc's defaults, -prec-sqrt / -prec-div), so CPU and
-// CUDA steps give the same bits.
+// parameter slab in 16-byte vectors (param, grad, exp_avg, exp_avg_sq f32 and the u8 decay mask: 17
+// bytes read and 12 written per element, nothing else). Every f32 operation rounds on its own in
+// the CPU kernel's (PyTorch's) order: products go through mul_rn, which nvcc never contracts into
+// an FMA, and sqrt and division are IEEE-rounded (nvcc's defaults, -prec-sqrt / -prec-div), so CPU
+// and CUDA steps give the same bits.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -36,7 +36,7 @@ __device__ inline void adamw_one(float& p, float g, float& m, float& v, uint8_t 
 // Four elements a thread: 16-byte loads and stores of p, g, m, v and 4 bytes of the mask (the
 // slabs are aligned); the n % 4 tail one element a thread.
 __global__ void adamw_vec4(float* p, const float* g, float* m, float* v, const uint8_t* mask,
-                            int64_t n, AdamWFloats s) {
+                           int64_t n, AdamWFloats s) {
   const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = first; i < n / 4; i += stride) {

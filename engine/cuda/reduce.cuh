@@ -145,8 +145,8 @@ void column_sums(const char* name, int64_t rows, int64_t cols, const F& f, int d
                   static_cast<Acc*>(nullptr));
     return;
   }
-  Tensor part = Tensor::empty({K * chunks * cols},
-                              sizeof(Acc) == 8 ? DType::f64 : DType::f32, Device::cuda(device));
+  Tensor part = Tensor::empty({K * chunks * cols}, sizeof(Acc) == 8 ? DType::f64 : DType::f32,
+                              Device::cuda(device));
   Acc* p = static_cast<Acc*>(part.raw_data());
   launch_kernel(name, detail::column_sums_kernel<V, K, F>, cfg, f, rows, cols, chunks, p);
   const detail::ChunkSums<K, F> g{p, chunks, cols, f};

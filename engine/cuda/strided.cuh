@@ -51,7 +51,8 @@ struct Collapsed {
 
 // Drops size-1 dims and merges dim d into d + 1 when every operand has stride[d] ==
 // stride[d + 1] * size[d + 1] (one dim to every operand). An empty layout has one dim of 0.
-inline Collapsed collapse_layout(const Shape& shape, const std::vector<const std::vector<int64_t>*>& st) {
+inline Collapsed collapse_layout(const Shape& shape,
+                                 const std::vector<const std::vector<int64_t>*>& st) {
   Collapsed c;
   c.strides.resize(st.size());
   for (size_t d = 0; d < shape.size(); ++d) {
@@ -121,7 +122,8 @@ StridedIndexer<N> make_indexer(const Collapsed& c) {
 
 template <int N>
 StridedIndexer<N> make_indexer(const Shape& shape, const std::vector<int64_t>* const (&st)[N]) {
-  return make_indexer<N>(collapse_layout(shape, std::vector<const std::vector<int64_t>*>(st, st + N)));
+  return make_indexer<N>(
+      collapse_layout(shape, std::vector<const std::vector<int64_t>*>(st, st + N)));
 }
 
 }  // namespace engine::cuda

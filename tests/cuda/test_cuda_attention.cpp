@@ -68,38 +68,38 @@ TEST_CASE("the fused attention softmax equals the CPU's scale, softmax and dropo
   // Rows of 37 (a warp per row, element by element, a Philox block split across rows), 64 (4-
   // element vectors, one Philox block per four), 4 and 1100 (a block per row).
   for (const int64_t n : {int64_t{37}, int64_t{64}, int64_t{4}, int64_t{1100}})
-  for (DType dt : {DType::f32, DType::f64}) {
-    INFO(dtype_name(dt) << " rows of " << n);
-    Tensor x = Tensor::randn({2, 3, 5, n}, g, 0, 2, dt);
-    Tensor bias = Tensor::randn({1, 3, 5, n}, g, 0, 1, dt);
-    std::vector<int64_t> keep(size_t(2 * n), 1);
-    keep[1] = 0;  // one masked key in the first sequence
-    Tensor mask = Tensor::from_vector(keep, {2, 1, 1, n});
-    const PhiloxState st{77, 3};
-    Tensor probs = Tensor::empty(x.shape(), dt), dropped = Tensor::empty(x.shape(), dt);
-    attention_softmax_raw(x, 0.125, bias, mask, 0.3, st, probs, dropped);
-    Tensor pg = Tensor::empty(x.shape(), dt, kGpu), dg = Tensor::empty(x.shape(), dt, kGpu);
-    attention_softmax_raw(x.to(kGpu), 0.125, bias.to(kGpu), mask.to(kGpu), 0.3, st, pg, dg);
-    const double rel = dt == DType::f64 ? 1e-12 : 1e-5;
-    require_close(pg, probs, rel, 1e-7);
-    require_close(dg, dropped, rel, 1e-7);
-    // The same elements dropped.
-    const std::vector<double> a = dg.to(Device::cpu()).to(DType::f64).to_vector<double>();
-    const std::vector<double> b = dropped.to(DType::f64).to_vector<double>();
-    for (size_t i = 0; i < a.size(); ++i) REQUIRE((a[i] == 0) == (b[i] == 0));
-    // Backward, in place on the device.
-    Tensor dpd = Tensor::randn(x.shape(), g, 0, 1, dt);
-    Tensor ds = Tensor::empty(x.shape(), dt);
-    attention_softmax_backward_raw(probs, dpd, 0.3, st, ds);
-    Tensor dsg = dpd.to(kGpu);
-    attention_softmax_backward_raw(pg, dsg, 0.3, st, dsg);
-    require_close(dsg, ds, rel, 1e-7, rel);
-    // The mask read from the forward's dropped probabilities (what the attention op keeps on a
-    // device) instead of drawn again: the same bits.
-    Tensor dsk = dpd.to(kGpu);
-    attention_softmax_backward_raw(pg, dsk, 0.3, st, dsk, dg);
-    require_equal(dsk, dsg);
-  }
+    for (DType dt : {DType::f32, DType::f64}) {
+      INFO(dtype_name(dt) << " rows of " << n);
+      Tensor x = Tensor::randn({2, 3, 5, n}, g, 0, 2, dt);
+      Tensor bias = Tensor::randn({1, 3, 5, n}, g, 0, 1, dt);
+      std::vector<int64_t> keep(size_t(2 * n), 1);
+      keep[1] = 0;  // one masked key in the first sequence
+      Tensor mask = Tensor::from_vector(keep, {2, 1, 1, n});
+      const PhiloxState st{77, 3};
+      Tensor probs = Tensor::empty(x.shape(), dt), dropped = Tensor::empty(x.shape(), dt);
+      attention_softmax_raw(x, 0.125, bias, mask, 0.3, st, probs, dropped);
+      Tensor pg = Tensor::empty(x.shape(), dt, kGpu), dg = Tensor::empty(x.shape(), dt, kGpu);
+      attention_softmax_raw(x.to(kGpu), 0.125, bias.to(kGpu), mask.to(kGpu), 0.3, st, pg, dg);
+      const double rel = dt == DType::f64 ? 1e-12 : 1e-5;
+      require_close(pg, probs, rel, 1e-7);
+      require_close(dg, dropped, rel, 1e-7);
+      // The same elements dropped.
+      const std::vector<double> a = dg.to(Device::cpu()).to(DType::f64).to_vector<double>();
+      const std::vector<double> b = dropped.to(DType::f64).to_vector<double>();
+      for (size_t i = 0; i < a.size(); ++i) REQUIRE((a[i] == 0) == (b[i] == 0));
+      // Backward, in place on the device.
+      Tensor dpd = Tensor::randn(x.shape(), g, 0, 1, dt);
+      Tensor ds = Tensor::empty(x.shape(), dt);
+      attention_softmax_backward_raw(probs, dpd, 0.3, st, ds);
+      Tensor dsg = dpd.to(kGpu);
+      attention_softmax_backward_raw(pg, dsg, 0.3, st, dsg);
+      require_close(dsg, ds, rel, 1e-7, rel);
+      // The mask read from the forward's dropped probabilities (what the attention op keeps on a
+      // device) instead of drawn again: the same bits.
+      Tensor dsk = dpd.to(kGpu);
+      attention_softmax_backward_raw(pg, dsk, 0.3, st, dsk, dg);
+      require_equal(dsk, dsg);
+    }
   // p = 0 and scale 1: exactly the plain softmax kernel.
   Tensor x = Tensor::randn({4, 9}, g);
   Tensor pg = Tensor::empty({4, 9}, DType::f32, kGpu);

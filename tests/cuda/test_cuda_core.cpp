@@ -76,7 +76,8 @@ void check_sum_to(const Tensor& base, const std::function<Tensor(const Tensor&)>
   testing::require_equal(b2, b);  // deterministic
 }
 void check_sum_to(const Tensor& src, const Shape& to, const std::string& what) {
-  check_sum_to(src, [](const Tensor& t) { return t; }, to, what);
+  check_sum_to(
+      src, [](const Tensor& t) { return t; }, to, what);
 }
 }  // namespace
 
@@ -101,21 +102,26 @@ TEST_CASE("sum_to: every reduction shape of the model, fast paths and fallbacks"
     check_sum_to(rnd({4, 6, 5}, dt), {4, 1, 5}, d + " middle dim");
     check_sum_to(rnd({4, 6, 8}, dt), {6, 1}, d + " kept dim between reduced ones");
     // no contiguous innermost dim, misaligned views, nothing reduced, one element
-    check_sum_to(rnd({16, 24}, dt), [](const Tensor& t) { return t.transpose(0, 1); }, {24, 1},
-                 d + " transposed, rows");
-    check_sum_to(rnd({16, 24}, dt), [](const Tensor& t) { return t.transpose(0, 1); }, {16},
-                 d + " transposed, columns");
-    check_sum_to(rnd({9, 33}, dt), [](const Tensor& t) { return t.slice(1, 1, 33); }, {32},
-                 d + " misaligned columns");
-    check_sum_to(rnd({9, 33}, dt), [](const Tensor& t) { return t.slice(1, 1, 33); }, {9, 1},
-                 d + " misaligned rows");
+    check_sum_to(
+        rnd({16, 24}, dt), [](const Tensor& t) { return t.transpose(0, 1); }, {24, 1},
+        d + " transposed, rows");
+    check_sum_to(
+        rnd({16, 24}, dt), [](const Tensor& t) { return t.transpose(0, 1); }, {16},
+        d + " transposed, columns");
+    check_sum_to(
+        rnd({9, 33}, dt), [](const Tensor& t) { return t.slice(1, 1, 33); }, {32},
+        d + " misaligned columns");
+    check_sum_to(
+        rnd({9, 33}, dt), [](const Tensor& t) { return t.slice(1, 1, 33); }, {9, 1},
+        d + " misaligned rows");
     check_sum_to(rnd({1, 6, 1}, dt), {6, 1}, d + " size-1 dims only");
     check_sum_to(rnd({1, 1}, dt), {1}, d + " one element");
   }
   check_sum_to(Tensor::randn({50, 30}, g).to(DType::i32), {30}, "i32 columns");
   check_sum_to(Tensor::randn({50, 30}, g).to(DType::i64), {50, 1}, "i64 rows");
   // Empty: the sum over no elements is 0.
-  Tensor e = Tensor::empty({0, 4}, DType::f32, kGpu), out = Tensor::full({4}, 7.0, DType::f32, kGpu);
+  Tensor e = Tensor::empty({0, 4}, DType::f32, kGpu),
+         out = Tensor::full({4}, 7.0, DType::f32, kGpu);
   backend(DeviceType::CUDA).sum_to(e, out);
   REQUIRE(out.to(Device::cpu()).to_vector<float>() == std::vector<float>(4, 0.f));
 }

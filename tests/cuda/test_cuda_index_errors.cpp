@@ -1,6 +1,6 @@
-// [cuda] Device-side index checks: the ops never read device ids back on the host to check them, and a
-// kernel that meets an index outside its range never reads or writes with it and never traps (a
-// trap is a sticky context failure). It records the index (engine/cuda/device_error.cuh) and the
+// [cuda] Device-side index checks: the ops never read device ids back on the host to check them,
+// and a kernel that meets an index outside its range never reads or writes with it and never traps
+// (a trap is a sticky context failure). It records the index (engine/cuda/device_error.cuh) and the
 // backend raises one clear error at its next host read, naming the op, the index, its position
 // and the range; the device stays usable. Each case runs the op with one bad index, reads, and
 // expects the error, then checks that a good call afterwards works.
@@ -28,13 +28,13 @@ void expect_index_error(const Tensor& t, const std::string& what) {
 
 }  // namespace
 
-TEST_CASE("an out-of-range id in the device gather and scatter-add is one clear error",
-          "[cuda]") {
+TEST_CASE("an out-of-range id in the device gather and scatter-add is one clear error", "[cuda]") {
   Tensor table = Tensor::zeros({5, 3}, DType::f32, kGpu).set_requires_grad();
   Tensor ids = Tensor::from_vector(std::vector<int64_t>{1, 9, 2}, {3}).to(kGpu);
   Tensor y = embedding(table, ids);
-  expect_index_error(y, "[embedding] id 9 at position 1 of the (flattened) ids is out of range for "
-                        "a table of 5 rows (expected 0 <= id < 5");
+  expect_index_error(y,
+                     "[embedding] id 9 at position 1 of the (flattened) ids is out of range for "
+                     "a table of 5 rows (expected 0 <= id < 5");
   y.backward(Tensor::ones({3, 3}, DType::f32, kGpu));
   expect_index_error(table.grad(), "[embedding] id 9 at position 1");
   // The good rows' gradients were summed; the bad id wrote nowhere.

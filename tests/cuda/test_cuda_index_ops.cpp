@@ -3,8 +3,8 @@
 // are specified to compute the same operations in the same order the check is bit for bit
 // (dropout masks, row gathers, the inverted index, the AdamW step); the embedding scatter within
 // f32 rounding (long runs of one row are summed in pieces) and the same bits on every run;
-// cross_entropy within 1e-5 relative. Awkward shapes: sizes not a multiple of 4 (a partial Philox block), of the
-// warp or of the vector width, rows longer than a block, one row, empty batches.
+// cross_entropy within 1e-5 relative. Awkward shapes: sizes not a multiple of 4 (a partial Philox
+// block), of the warp or of the vector width, rows longer than a block, one row, empty batches.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -71,8 +71,14 @@ TEST_CASE("index_select and embedding on the device equal the CPU, with a determ
     // One row; rows wider than a block; none; a 7-row table read 1000 times (runs of ~140 keys:
     // summed in pieces over two levels); 9000 ids (four sort tiles and two merge passes) over
     // 2 rows (runs of 4500: three levels) and over 3000 rows; widths not a multiple of the vector.
-    for (auto [n, d, m] : {std::array<int64_t, 3>{1, 1, 1}, {5, 33, 17}, {3, 700, 300},
-                           {50, 8, 0}, {7, 1, 1000}, {2, 16, 9000}, {3000, 12, 9000}, {40, 5, 70}}) {
+    for (auto [n, d, m] : {std::array<int64_t, 3>{1, 1, 1},
+                           {5, 33, 17},
+                           {3, 700, 300},
+                           {50, 8, 0},
+                           {7, 1, 1000},
+                           {2, 16, 9000},
+                           {3000, 12, 9000},
+                           {40, 5, 70}}) {
       INFO(dtype_name(it) << " table (" << n << ", " << d << "), " << m << " ids");
       std::vector<int64_t> ids(static_cast<size_t>(m));
       for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7 + i / 3) % n);

@@ -132,8 +132,7 @@ TEST_CASE("launch_elementwise: aligned, misaligned, ragged tails, bf16", "[cuda]
                          bv = b.to_vector<float>();
       for (int64_t i = 0; i < offset; ++i) REQUIRE(y[i] == 0.f);  // not written
       // a * b + 0.25 in device code is one FMA (nvcc contracts it; the emulation build too).
-      for (int64_t i = offset; i < n + offset; ++i)
-        REQUIRE(y[i] == std::fma(av[i], bv[i], 0.25f));
+      for (int64_t i = offset; i < n + offset; ++i) REQUIRE(y[i] == std::fma(av[i], bv[i], 0.25f));
       // bf16 operands: computed in f32, rounded once.
       Tensor ha = a.to(DType::bf16), hb = b.to(DType::bf16);
       Tensor da16 = ha.to(kGpu), db16 = hb.to(kGpu);
@@ -197,4 +196,3 @@ TEST_CASE("FastDiv divides exactly below 2^31", "[cuda]") {
     }
   }
 }
-

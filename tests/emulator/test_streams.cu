@@ -95,11 +95,12 @@ TEST_CASE("a host-to-device write does not wait for the device, and frees the ho
   x.raw_data();  // the device work so far is queued on the compute stream, not run
   // A marker queued behind it: it runs only when something waits for the compute stream.
   bool ran = false;
-  emu::stream_enqueue(cuda::compute_stream(0), [&ran] { ran = true; }, "marker");
+  emu::stream_enqueue(
+      cuda::compute_stream(0), [&ran] { ran = true; }, "marker");
   std::vector<float> host(300);
   for (int i = 0; i < 300; ++i) host[size_t(i)] = float(i);
   Tensor up = Tensor::from_vector(host, {300}).to(gpu);  // through the pinned staging buffer
-  CHECK_FALSE(ran);  // the write queued its copy; it did not drain the stream
+  CHECK_FALSE(ran);                // the write queued its copy; it did not drain the stream
   for (float& v : host) v = -1.f;  // the caller's buffer is free at once
   // Many writes reuse the staging buffers as their copies complete; every value arrives.
   std::vector<Tensor> more;
@@ -109,5 +110,6 @@ TEST_CASE("a host-to-device write does not wait for the device, and frees the ho
   CHECK(ran);
   for (int i = 0; i < 300; ++i) REQUIRE(back[size_t(i)] == float(i));
   for (int k = 0; k < 40; ++k)
-    REQUIRE(more[size_t(k)].to(Device::cpu()).to_vector<float>() == std::vector<float>(5000, float(k)));
+    REQUIRE(more[size_t(k)].to(Device::cpu()).to_vector<float>() ==
+            std::vector<float>(5000, float(k)));
 }
