@@ -60,10 +60,11 @@ inline Kernel<void(UnaryOp, const Tensor& saved, const Tensor& grad_y, const Ten
 // y = gelu(x + bias); x and y contiguous (rows, n) of one dtype, bias contiguous (n).
 inline Kernel<void(const Tensor& x, const Tensor& bias, const Tensor& y)> bias_gelu_kernel{
     "bias_gelu"};
-// dx = dy * gelu'(x + bias), and grad_bias = the sum of dx over the rows when defined: the rows
-// split into min(rows, kBiasGeluChunks) chunks fixed by the row count, each chunk's dx (before
-// rounding to a half type) summed in row order from 0 in the compute type (f32; f64 for f64),
-// then the chunk sums in order in double -- the same order on both backends. All contiguous.
+// dx = dy * gelu'(x + bias), and grad_bias = the sum of dx over the rows when defined. The CPU:
+// the rows split into min(rows, kBiasGeluChunks) chunks fixed by the row count, each chunk's dx
+// (before rounding to a half type) summed in row order from 0 in the compute type (f32; f64 for
+// f64), then the chunk sums in order in double. CUDA: column_sums' fixed order (the same bits on
+// every run, within the compute type's rounding of the CPU's). All contiguous.
 inline constexpr int64_t kBiasGeluChunks = 64;
 inline Kernel<void(const Tensor& x, const Tensor& bias, const Tensor& grad_y, const Tensor& grad_x,
                    const Tensor& grad_bias)>
