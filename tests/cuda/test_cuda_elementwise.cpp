@@ -368,7 +368,6 @@ TEST_CASE("bias_gelu matches the CPU forward and backward in every dtype", "[cud
     }
 }
 
-
 TEST_CASE("affine and scale match the CPU forward and backward in every dtype", "[cuda]") {
   struct Case {
     Shape x;
