@@ -25,7 +25,9 @@ class Backend {
   // a stride-0 broadcast view); the dtypes may differ (converting copy).
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
   virtual void fill(const Tensor& dst, double value) = 0;
-  // dst += alpha * src; same shape and dtype; src may be strided or broadcast.
+  // dst += alpha * src; same shape and dtype; src may be strided or broadcast. One mixed case: an
+  // f32 dst and a bf16 / f16 src, both contiguous (autocast's gradient into an f32 master .grad
+  // in one pass: the bits of converting src to f32, exactly, and adding).
   virtual void add_(const Tensor& dst, const Tensor& src, double alpha) = 0;
   // dst (contiguous; its shape broadcastable to src's) = src summed over the broadcast dims.
   virtual void sum_to(const Tensor& src, const Tensor& dst) = 0;

@@ -69,9 +69,11 @@ AdamW::AdamW(FlatParameters& params, AdamWOptions options,
   decay_mask_ = Tensor::from_vector(mask, {params.numel()}, data.device());
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, double grad_scale) {
   ENGINE_CHECK(std::isfinite(lr) && lr >= 0, "[adamw] step lr must be a finite value >= 0, got ",
                lr);
+  ENGINE_CHECK(std::isfinite(grad_scale) && grad_scale > 0,
+               "[adamw] step grad_scale must be a finite value > 0, got ", grad_scale);
   const Tensor& data = params_.data();
   const Tensor& grad = params_.grad();
   ENGINE_CHECK(
@@ -90,6 +92,7 @@ void AdamW::step(double lr) {
   s.decay_factor = 1.0 - lr * options_.weight_decay;
   s.step_size = lr / bias_correction1;
   s.bias_correction2_sqrt = std::sqrt(bias_correction2);
+  s.grad_scale = grad_scale;
   NoGrad ng;
   adamw_kernel(data.device(), data, grad, exp_avg_, exp_avg_sq_, decay_mask_, s);
 }

@@ -39,9 +39,12 @@ class AdamW {
   AdamW(FlatParameters& params, AdamWOptions options,
         std::function<bool(const std::string&)> decay = {});
 
-  // One update with learning rate `lr` (from a schedule) from the gradients in the grad slab.
-  // Increments step_count() first, so the first call is step 1, as in PyTorch.
-  void step(double lr);
+  // One update with learning rate `lr` (from a schedule) from the gradients in the grad slab, each
+  // multiplied by `grad_scale` first (rounded to f32: the bits scale_(grad, grad_scale) and then a
+  // step would give, without the pass over the slab; the slab itself is left as it is). The
+  // trainer's gradient clipping passes its coefficient here. Increments step_count() first, so the
+  // first call is step 1, as in PyTorch.
+  void step(double lr, double grad_scale = 1.0);
   void step() { step(options_.lr); }
   int64_t step_count() const { return step_; }
   const AdamWOptions& options() const { return options_; }
@@ -69,6 +72,7 @@ struct AdamWStepScalars {
   double decay_factor = 1;           // 1 - lr * weight_decay, applied where the mask is 1
   double step_size = 0;              // lr / (1 - beta1^t)
   double bias_correction2_sqrt = 1;  // sqrt(1 - beta2^t)
+  double grad_scale = 1;             // g = grad * f32(grad_scale) (clipping), exact when 1
 };
 
 // ---- learning-rate schedule -------------------------------------------------------------------
@@ -104,6 +108,7 @@ class LinearSchedule {
 
 // One AdamW step over whole slabs (all 1-D, contiguous, same numel): param, grad, exp_avg and
 // exp_avg_sq f32, decay_mask u8. Per element, in f32 in this order (PyTorch's op order):
+//   g = grad * f32(grad_scale)
 //   p *= mask ? f32(decay_factor) : 1
 //   m = m * f32(beta1) + f32(1 - beta1) * g
 //   v = v * f32(beta2) + f32(1 - beta2) * g * g

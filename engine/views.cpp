@@ -163,6 +163,16 @@ struct IdentityNode : Node {  // contiguous / clone: the gradient passes through
 struct CastNode : Node {  // to(dtype) / to(device): the gradient goes back the same way
   const char* name() const override { return "to"; }
   std::vector<Tensor> backward(const std::vector<Tensor>& g) override {
+    // Autocast's cast of an f32 leaf whose .grad is offered (Node::grad_sink): the 16-bit
+    // gradient is added into it in one pass (backend.h's mixed add_), not converted into a new
+    // f32 tensor that the engine then adds: a launch and two passes fewer per small parameter
+    // (a bias, a LayerNorm weight) each step. Same bits.
+    const Tensor* sink = grad_sink(0, DType::f32);
+    if (sink && g[0].defined() && g[0].device() == sink->device() && g[0].is_contiguous() &&
+        (g[0].dtype() == DType::bf16 || g[0].dtype() == DType::f16)) {
+      backend_for(*sink).add_(*sink, g[0], 1.0);
+      return {Tensor()};
+    }
     return {g[0].to(inputs[0].dtype).to(inputs[0].device)};
   }
 };

@@ -210,6 +210,7 @@ void sort_index_keys(const Tensor& index, int64_t rows, const Tensor& keys) {
 // ---- the scatter: a segmented sum in levels ----------------------------------------------------
 
 constexpr int kPiece = 64;  // keys (entries) a thread sums at each level
+constexpr int kAhead = 4;   // entries a thread loads before summing them
 constexpr uint8_t kHoldsFirst = 1, kHoldsLast = 2;
 
 template <class T>
@@ -257,43 +258,64 @@ __global__ void scatter_level(const uint64_t* keys, const T* grad, const int32_t
 #pragma unroll
       for (int j = 0; j < V; ++j) next_vals[slot * d + c + j] = acc[j];
   };
-  for (int64_t k = b; k < e; ++k) {
-    int32_t id;
-    uint8_t f;
-    if (keys) {
-      id = static_cast<int32_t>(keys[k] >> 32);
-      if (id >= rows) continue;  // a bad id (reported by the sort), keyed past the table
-      f = 0;
-      if (k == 0 || static_cast<int32_t>(keys[k - 1] >> 32) != id) f |= kHoldsFirst;
-      if (k == n - 1 || static_cast<int32_t>(keys[k + 1] >> 32) != id) f |= kHoldsLast;
-    } else {
-      id = ids[k];
-      if (id < 0) continue;
-      f = flags[k];
-    }
-    if (id != cur) {
-      flush();
-      cur = id;
-      held = 0;
+  // kAhead entries at a time: their ids, flags and values are all loaded before any is summed,
+  // so a thread has kAhead loads in flight instead of one (a piece of 64 dependent loads, each
+  // an L2 miss, was ~30 us a level on the H200). The sums run in entry order as before.
+  for (int64_t k0 = b; k0 < e; k0 += kAhead) {
+    int32_t idb[kAhead];
+    uint8_t fb[kAhead];
+    A xb[kAhead][V];
 #pragma unroll
-      for (int j = 0; j < V; ++j) acc[j] = A(0);
-    }
-    held |= f;
-    if (!active) continue;
-    if (keys) {
-      const int64_t pos = static_cast<int64_t>(keys[k] & 0xffffffffu);
-      const T* g = grad + pos * d + c;
-      if constexpr (V > 1) {
-        const Vec<T, V> x = *reinterpret_cast<const Vec<T, V>*>(g);
+    for (int u = 0; u < kAhead; ++u) {
+      const int64_t k = k0 + u;
+      idb[u] = -1;
+      fb[u] = 0;
 #pragma unroll
-        for (int j = 0; j < V; ++j) acc[j] += static_cast<A>(to_acc(x.v[j]));
+      for (int j = 0; j < V; ++j) xb[u][j] = A(0);
+      if (k >= e) continue;
+      if (keys) {
+        const int32_t id = static_cast<int32_t>(keys[k] >> 32);
+        if (id >= rows) continue;  // a bad id (reported by the sort), keyed past the table
+        uint8_t f = 0;
+        if (k == 0 || static_cast<int32_t>(keys[k - 1] >> 32) != id) f |= kHoldsFirst;
+        if (k == n - 1 || static_cast<int32_t>(keys[k + 1] >> 32) != id) f |= kHoldsLast;
+        idb[u] = id;
+        fb[u] = f;
+        if (!active) continue;
+        const int64_t pos = static_cast<int64_t>(keys[k] & 0xffffffffu);
+        const T* g = grad + pos * d + c;
+        if constexpr (V > 1) {
+          const Vec<T, V> x = *reinterpret_cast<const Vec<T, V>*>(g);
+#pragma unroll
+          for (int j = 0; j < V; ++j) xb[u][j] = static_cast<A>(to_acc(x.v[j]));
+        } else {
+          xb[u][0] = static_cast<A>(to_acc(*g));
+        }
       } else {
-        acc[0] += static_cast<A>(to_acc(*g));
-      }
-    } else {
-      const A* v = vals + k * d + c;
+        const int32_t id = ids[k];
+        if (id < 0) continue;
+        idb[u] = id;
+        fb[u] = flags[k];
+        if (!active) continue;
+        const A* v = vals + k * d + c;
 #pragma unroll
-      for (int j = 0; j < V; ++j) acc[j] += v[j];
+        for (int j = 0; j < V; ++j) xb[u][j] = v[j];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      if (idb[u] < 0) continue;
+      if (idb[u] != cur) {
+        flush();
+        cur = idb[u];
+        held = 0;
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] = A(0);
+      }
+      held |= fb[u];
+      if (!active) continue;
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[j] += xb[u][j];
     }
   }
   flush();

@@ -288,6 +288,37 @@ TEST_CASE("linear, matmul and embedding add into a held .grad in place, exactly"
   REQUIRE(vals(w.grad()) == vals(ints({3, 3}, 12) + w_ref_x.grad() + w_ref_w.grad()));
 }
 
+TEST_CASE("a 16-bit cast of an f32 leaf adds its gradient into the held f32 .grad", "[autograd]") {
+  // bf16 values that are exact sums of small integers / 8: every result is exact in both ways.
+  auto eighths = [](int64_t n, int seed) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = float((int(i) * 5 + seed) % 13 - 6) / 8.0f;
+    return Tensor::from_vector(v, {n});
+  };
+  for (DType half : {DType::bf16, DType::f16}) {
+    INFO(dtype_name(half));
+    // The CPU computes in f32: the 16-bit tensor goes back to f32 for the product, and that
+    // cast's backward hands the first cast a 16-bit gradient, as a 16-bit kernel would.
+    const Tensor x = eighths(7, 1), held = eighths(7, 2);
+    auto use = [&](const Tensor& c) { return c.to(DType::f32) * x; };
+    // The reference: no .grad held, so the cast converts and the engine keeps the result.
+    Tensor r = eighths(7, 3).set_requires_grad();
+    use(r.to(half)).backward(Tensor::ones({7}));
+    REQUIRE(r.grad().dtype() == DType::f32);
+    Tensor w = eighths(7, 3).set_requires_grad();
+    Tensor buf = held.clone();
+    w.set_grad(buf);
+    use(w.to(half)).backward(Tensor::ones({7}));
+    REQUIRE(w.grad().impl() == buf.impl());  // added in place, in f32
+    REQUIRE(vals(buf) == vals(held + r.grad()));
+    // Used twice (two consumers of one cast): both land once each.
+    buf.copy_(held);
+    const Tensor c = w.to(half);
+    (use(c) + c.to(DType::f32)).backward(Tensor::ones({7}));
+    REQUIRE(vals(buf) == vals(held + r.grad() + Tensor::ones({7})));
+  }
+}
+
 // unbind's views are select(d, i); one node writes their gradients into one tensor, in the
 // input's layout when the input is a permuted whole tensor (BERT's q, k, v split of a (B, T, 3,
 // H, d_h) projection permuted to (3, B, H, T, d_h)), so the permute's backward hands a contiguous

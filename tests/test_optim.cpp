@@ -272,7 +272,29 @@ TEST_CASE("adamw errors", "[optim][errors]") {
   REQUIRE_THROWS_WITH(AdamW(flat, bad), Contains("[adamw] weight_decay must be >= 0"));
   REQUIRE_THROWS_WITH(a.step(std::numeric_limits<double>::quiet_NaN()),
                       Contains("[adamw] step lr"));
+  REQUIRE_THROWS_WITH(a.step(1e-3, 0.0),
+                      Contains("[adamw] step grad_scale must be a finite value > 0, got 0"));
   REQUIRE(a.step_count() == 0);
+}
+
+TEST_CASE("adamw's grad_scale is scale_ then a step, bit for bit, leaving the slab", "[optim]") {
+  NamedTensors pa = make_params(3), pb = make_params(3);
+  FlatParameters fa(pa), fb(pb);
+  AdamW a(fa, AdamWOptions{}), b(fb, AdamWOptions{});
+  Generator g(5);
+  for (int step = 1; step <= 3; ++step) {
+    const Tensor grad = Tensor::randn({fa.numel()}, g);
+    fa.grad().copy_(grad);
+    fb.grad().copy_(grad);
+    const double coef = step == 2 ? 1.0 : 0.3 / step;
+    a.step(1e-2, coef);
+    scale_(fb.grad(), coef);
+    b.step(1e-2);
+    REQUIRE(fa.data().to_vector<float>() == fb.data().to_vector<float>());
+    REQUIRE(fa.grad().to_vector<float>() == grad.to_vector<float>());  // the slab is not scaled
+  }
+  REQUIRE(a.state()[0].second.to_vector<float>() == b.state()[0].second.to_vector<float>());
+  REQUIRE(a.state()[1].second.to_vector<float>() == b.state()[1].second.to_vector<float>());
 }
 
 TEST_CASE("clip_grad_norm returns the norm and scales above max_norm", "[optim]") {

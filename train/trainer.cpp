@@ -83,14 +83,16 @@ StepStats Trainer::step(int64_t micro_batches, const std::function<Tensor(int64_
   s.loss = comm_.all_reduce(v[0]);  // the gradients are summed already; the loss on the host
   s.grad_norm = std::sqrt(v[1]);
   const bool nonfinite = v[2] > 0 || !std::isfinite(s.grad_norm);
+  double clip = 1.0;
   if (!nonfinite && options_.clip_norm > 0) {
-    // torch clamps the coefficient to 1 and always multiplies; multiplying by 1 changes nothing,
-    // so the pass is skipped instead.
+    // torch clamps the coefficient to 1 and always multiplies; multiplying by 1 changes nothing.
+    // AdamW multiplies each gradient by it as it reads it: the bits of scale_(grad, coef) and
+    // then the step, without a pass over the slab (the slab keeps the unclipped gradients).
     const double coef = options_.clip_norm / (s.grad_norm + 1e-6);
-    if (coef < 1.0) scale_(grad, coef);
+    if (coef < 1.0) clip = coef;
   }
   s.applied = scaler_.update(nonfinite);
-  if (s.applied) optimizer_->step(s.lr);
+  if (s.applied) optimizer_->step(s.lr, clip);
   ++steps_;
   return s;
 }

@@ -14,7 +14,9 @@
 // their non-finite elements with their squared norm in one pass (ops/gradients.h, on the
 // gradients' device); read back ONE small tensor (the weighted loss, the squared norm, the
 // non-finite count); skip the step when a gradient is not finite (the loss scaler backs off),
-// else clip to clip_norm and run AdamW at the schedule's learning rate; update the scaler.
+// else clip to clip_norm and run AdamW at the schedule's learning rate (the clipping coefficient
+// applied by AdamW as it reads each gradient: no pass of its own over the slab, which keeps the
+// unclipped gradients); update the scaler.
 //
 // Weights: the step's loss is sum_m weight_m * loss_m, summed over the ranks. Pretraining weights
 // each micro-batch's mean MLM loss by its share of the global count of predicted tokens, so n

@@ -502,6 +502,23 @@ class CpuBackend final : public Backend {
   }
 
   void add_(const Tensor& dst, const Tensor& src, double alpha) override {
+    if (src.dtype() != dst.dtype()) {  // f32 += bf16 / f16 (backend.h)
+      ENGINE_ASSERT(src.shape() == dst.shape() && dst.dtype() == DType::f32 &&
+                    dst.is_contiguous() && src.is_contiguous());
+      dispatch_any(src.dtype(), [&]<class S>() {
+        if constexpr (std::is_same_v<S, bf16_t> || std::is_same_v<S, f16_t>) {
+          const S* s = static_cast<const S*>(src.raw_data());
+          float* d = static_cast<float*>(dst.raw_data());
+          const float a = static_cast<float>(alpha);
+          const int64_t n = dst.numel();
+#pragma omp parallel for schedule(static) if (n > kParallelMinElems)
+          for (int64_t i = 0; i < n; ++i) d[i] = d[i] + a * load(s[i]);
+        } else {
+          ENGINE_ASSERT(false);
+        }
+      });
+      return;
+    }
     ENGINE_ASSERT(src.shape() == dst.shape() && src.dtype() == dst.dtype());
     dispatch_any(dst.dtype(), [&]<class T>() {
       using V = typename Value<T>::type;

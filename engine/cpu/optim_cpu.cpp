@@ -40,6 +40,7 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
   const float bc2_sqrt = static_cast<float>(s.bias_correction2_sqrt);
   const float eps = static_cast<float>(s.eps);
   const float neg_step_size = static_cast<float>(-s.step_size);
+  const float grad_scale = static_cast<float>(s.grad_scale);  // as scale_ rounds its factor
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     // Same operations, same order as torch.optim.AdamW's single-tensor path:
@@ -47,7 +48,7 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
     // exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2);
     // denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps); param.addcdiv_(exp_avg, denom, -step_size).
     // Entries without decay multiply by 1, which PyTorch's weight_decay=0 group does too (exact).
-    const float gi = g[i];
+    const float gi = g[i] * grad_scale;                // exact when 1 (no clipping)
     const float factor = mask[i] != 0 ? decay : 1.0f;  // a select, so the loop vectorises
     const float pi = p[i] * factor;
     const float mi = m[i] * beta1 + one_minus_beta1 * gi;

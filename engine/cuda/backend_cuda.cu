@@ -305,6 +305,16 @@ class CudaBackend final : public Backend {
     int64_t n = dst.numel();
     if (!n) return;
     const cudaStream_t stream = compute_stream(dst.device().index);
+    if (src.dtype() != dst.dtype()) {  // f32 += bf16 / f16 (backend.h)
+      ENGINE_ASSERT(dst.dtype() == DType::f32 && dst.is_contiguous() && src.is_contiguous() &&
+                    (src.dtype() == DType::bf16 || src.dtype() == DType::f16));
+      dispatch_floating(src.dtype(), "add_", [&]<class S>() {
+        launch_elementwise("add_", n, stream, AddScaledOp<float>{static_cast<float>(alpha)},
+                           dptr<float>(dst), static_cast<const float*>(dptr<float>(dst)),
+                           dptr<const S>(src));
+      });
+      return;
+    }
     dispatch_all(dst.dtype(), [&]<class T>() {
       if (dst.is_contiguous() && src.is_contiguous()) {
         launch_elementwise("add_", n, stream, AddScaledOp<Acc<T>>{static_cast<Acc<T>>(alpha)},

@@ -17,12 +17,14 @@ namespace engine::cuda {
 namespace {
 
 struct AdamWFloats {
-  float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size;
+  float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size,
+      grad_scale;
 };
 
 // One element: every operation rounded on its own (see the top of the file).
 __device__ inline void adamw_one(float& p, float g, float& m, float& v, uint8_t decay,
                                  const AdamWFloats& s) {
+  g = dmath::mul_rn(g, s.grad_scale);  // clipping's coefficient; exact when 1
   const float pi = dmath::mul_rn(p, decay != 0 ? s.decay : 1.0f);
   const float mi = dmath::mul_rn(m, s.beta1) + dmath::mul_rn(s.one_minus_beta1, g);
   const float vi =
@@ -67,7 +69,8 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
       static_cast<float>(s.decay_factor), static_cast<float>(s.beta1),
       static_cast<float>(1.0 - s.beta1),  static_cast<float>(s.beta2),
       static_cast<float>(1.0 - s.beta2),  static_cast<float>(s.bias_correction2_sqrt),
-      static_cast<float>(s.eps),          static_cast<float>(-s.step_size)};
+      static_cast<float>(s.eps),          static_cast<float>(-s.step_size),
+      static_cast<float>(s.grad_scale)};
   for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask})
     ENGINE_CHECK(reinterpret_cast<uintptr_t>(t->raw_data()) % 16 == 0,
                  "[adamw] the CUDA kernel needs 16-byte aligned slabs, got ", describe(*t));

@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 
+#include "engine/backend.h"
 #include "ops/ops.h"
 #include "tests/cuda/cuda_test_support.h"
 
@@ -163,6 +164,27 @@ TEST_CASE("layout kernels: 16-byte strided copies, conversions, fills, adds agai
     da.add_(b.to(kGpu), -0.75);
     // alpha * b + a: one rounding or two (an FMA where both compilers contract alike)
     testing::require_close(da, a, 1e-6, 1e-7);
+  }
+}
+
+TEST_CASE("add_ of a bf16 / f16 gradient into an f32 .grad: convert-then-add's bits", "[cuda]") {
+  Generator g(44);
+  for (DType half : {DType::bf16, DType::f16}) {
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{768}, int64_t{4096 + 3}}) {
+      INFO(dtype_name(half) << ", " << n << " elements");
+      const Tensor d = Tensor::randn({n}, g), s = Tensor::randn({n}, g).to(half);
+      Tensor want = d.clone();
+      want.add_(s.to(DType::f32));
+      Tensor cpu = d.clone(), gpu = d.to(kGpu);
+      backend(DeviceType::CPU).add_(cpu, s, 1.0);
+      backend(DeviceType::CUDA).add_(gpu, s.to(kGpu), 1.0);
+      {
+        INFO("the CPU backend");
+        testing::require_equal(cpu, want);
+      }
+      INFO("the CUDA backend");
+      testing::require_equal(gpu, want);
+    }
   }
 }
 

@@ -149,6 +149,15 @@ TEST_CASE("launch_elementwise: aligned, misaligned, ragged tails, bf16", "[cuda]
       std::vector<float> want16 =
           Tensor::from_vector(want, {n + offset}).to(DType::bf16).to(DType::f32).to_vector<float>();
       for (int64_t i = 0; i < n + offset; ++i) REQUIRE(y16[i] == want16[i]);
+      // Mixed operand types (f32 and bf16 in, f32 out): each read as its own type.
+      Tensor dym = Tensor::zeros({n + offset}, DType::f32, kGpu);
+      launch_elementwise("fma_test_mixed", n, compute_stream(0), Fma{0.25f},
+                         dym.data<float>() + offset,
+                         static_cast<const float*>(da.data<float>() + offset),
+                         static_cast<const B*>(db16.raw_data()) + offset);
+      std::vector<float> ym = dym.to_vector<float>();
+      for (int64_t i = offset; i < n + offset; ++i)
+        REQUIRE(ym[i] == std::fma(av[i], b16[i], 0.25f));
     }
   }
 }

@@ -1,30 +1,37 @@
 #!/usr/bin/env bash
 # On a lent GPU machine (../shared/device/README.md), from the repository root, with the pack that
 # tools/gpu/pack.sh made here:  tools/gpu/gpu_check.sh .gpu/pack.tar.xz [OUT_DIR]
-# (OUT_DIR defaults to $OUT, the device tool's returned folder, else gpu_check_out/). In order:
-#   1. the machine (nvidia-smi), the kernel coverage, the cuda op tests and model tests on the GPU;
-#   2. the PyTorch reference of the model on the GPU (pretrain_app --device cuda: f32 presets and
-#      the dropout masks);
-#   3. compute-sanitizer memcheck over the op tests and racecheck over the kernels with shared
-#      memory;
-#   4. the engine's bf16 step, B = 32, dropout on: BERT-Base s128 and BERT-Large s512, TUPE-R and
-#      BERT-A (pretrain_app --batch-file --time), beside PyTorch + HF BERT eager (full and
+# (OUT_DIR defaults to $OUT, the device tool's returned folder, else gpu_check_out/). By priority:
+#   1. the machine (nvidia-smi);
+#   2. the engine's bf16 step, B = 32, dropout on: BERT-Base s128 and BERT-Large s512, TUPE-R and
+#      BERT-A (pretrain_app --batch-file --time), then PyTorch + HF BERT eager (full and
 #      masked-only head) and torch.compile on the same GPU;
-#   5. ncu over a recorded step of BERT-Base TUPE-R (and Large with GPU_CHECK_NCU="base large"):
-#      every kernel's time beside the performance model's prediction (tools/perf_model.py);
+#   3. the cuda op tests and model tests on the GPU; the PyTorch reference of the model against
+#      pretrain_app --device cuda (every preset and option once, dropout masks bit for bit, and
+#      ELECTRA);
+#   4. ncu over a recorded step of BERT-Base TUPE-R and BERT-Large TUPE-R: every kernel's time
+#      beside the performance model's prediction (tools/perf_model.py);
+#   5. compute-sanitizer memcheck over the op tests and racecheck over the kernels with shared
+#      memory; the kernel coverage;
 #   6. the side-by-side table, printed last (tools/gpu/summary.py).
-# Each stage has a time limit and a log in OUT_DIR; a failing stage does not stop the others; the
-# exit status is non-zero if any failed. GPU_CHECK_SKIP="sanitizer ncu compile reference ..."
-# leaves stages out (names as in OUT_DIR/status.txt). Sized for ~6 minutes on an H200.
+# Each stage has a time limit, cut to what is left of GPU_CHECK_BUDGET seconds (default 480: the
+# whole run fits a device call with time to spare), and a log; a failing stage does not stop the
+# others; the exit status is non-zero if any failed. The device tool brings back at most 8 files,
+# so the logs travel as OUT_DIR/logs.tar (re-packed after every stage: a run cut short still
+# returns what finished), beside OUT_DIR/summary.md. GPU_CHECK_SKIP="sanitizer ncu_large compile
+# ..." leaves stages out (names as in status.txt).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PACK="${1:-$ROOT/.gpu/pack.tar.xz}"
 OUTDIR="${2:-${OUT:-$ROOT/gpu_check_out}}"
 SKIP=" ${GPU_CHECK_SKIP:-} "
+DEADLINE=$(($(date +%s) + ${GPU_CHECK_BUDGET:-480}))
 mkdir -p "$OUTDIR"
-: > "$OUTDIR/status.txt"
 [ -f "$PACK" ] || { echo "gpu_check: no pack at $PACK (make it with tools/gpu/pack.sh)" >&2; exit 2; }
 WORK="$(mktemp -d)"
+LOGS="$WORK/logs"
+mkdir -p "$LOGS"
+: > "$LOGS/status.txt"
 tar -xJf "$PACK" -C "$WORK" || { echo "gpu_check: cannot unpack $PACK" >&2; exit 2; }
 P="$WORK/pack"
 NCCL_LIB="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(os.path.dirname(nvidia.nccl.__file__), "lib"))' 2>/dev/null || true)"
@@ -36,58 +43,78 @@ for prog in "$P"/bin/*; do
 done
 B="$P/bin"
 status=0
-stage() {  # name, limit (s), command...: log in OUTDIR/name.log, a line in status.txt
-  local name="$1" limit="$2" t0 rc
+pack_logs() { tar -C "$WORK" -cf "$OUTDIR/logs.tar.part" logs && mv "$OUTDIR/logs.tar.part" "$OUTDIR/logs.tar"; }
+stage() {  # name, limit (s), command...: log in logs/name.log, a line "name rc seconds" in status.txt
+  local name="$1" limit="$2" t0 rc left
   shift 2
-  if [[ "$SKIP" == *" $name "* ]]; then echo "$name skipped 0" >> "$OUTDIR/status.txt"; return; fi
-  echo "=== $name ($(date +%T))"
+  if [[ "$SKIP" == *" $name "* ]]; then echo "$name skipped 0" >> "$LOGS/status.txt"; return; fi
+  left=$((DEADLINE - $(date +%s) - 15))  # 15 s kept for the summary
+  if [ "$left" -lt 10 ]; then echo "$name no_time 0" >> "$LOGS/status.txt"; return; fi
+  [ "$limit" -le "$left" ] || limit=$left
+  echo "=== $name ($(date +%T), limit ${limit} s)"
   t0=$(date +%s)
-  timeout "$limit" "$@" > "$OUTDIR/$name.log" 2>&1
+  # bash -c: the command may be one of the functions below (exported with the variables they read)
+  timeout -k 5 "$limit" bash -c '"$@"' "$name" "$@" > "$LOGS/$name.log" 2>&1
   rc=$?
-  echo "$name $rc $(($(date +%s) - t0))" >> "$OUTDIR/status.txt"
-  [ $rc -eq 0 ] || { status=1; tail -5 "$OUTDIR/$name.log"; }
+  echo "$name $rc $(($(date +%s) - t0))" >> "$LOGS/status.txt"
+  [ $rc -eq 0 ] || { status=1; tail -5 "$LOGS/$name.log"; }
+  pack_logs
 }
 cd "$ROOT"
 echo "gpu_check: pack of $(cat "$P/commit.txt"), output in $OUTDIR"
-stage machine 30 nvidia-smi
-stage coverage 30 "$B/kernel_coverage.sh"
-stage cuda_tests 120 "$B/engine_cuda_tests.sh"
-stage cuda_models 120 "$B/engine_cuda_model_tests.sh"
-ref() {
-  for preset in tupe_r bert_a; do
-    python3 tools/reference/check_model.py --app "$B/pretrain_app.sh" --preset "$preset" \
-      --device cuda --workdir "$WORK/ref_$preset" || return 1
-  done
-  python3 tools/reference/check_model.py --app "$B/pretrain_app.sh" --preset tupe_r --dropout \
-    --micro-batches 2 --device cuda --workdir "$WORK/ref_dropout"
-}
-stage reference 120 ref
-stage sanitizer 150 sh -c "compute-sanitizer --tool memcheck --leak-check no '$B/engine_cuda_tests.sh' \
-  '~*allocator*' && compute-sanitizer --tool racecheck '$B/engine_cuda_tests.sh' \
-  '*sum_to*,*layer_norm*,*softmax*,*embedding*,*kernel helpers*,*block_*'"
+cp "$P/commit.txt" "$LOGS/"
+export PATH="$PATH:/usr/local/cuda/bin"  # ncu, compute-sanitizer
+stage machine 20 sh -c "nvidia-smi; grep -m1 'model name' /proc/cpuinfo; nproc"
 steps() {
   for cfg in "bert_base_tupe_r 128" "bert_base_bert_a 128" "bert_large_tupe_r 512" "bert_large_bert_a 512"; do
     set -- $cfg
-    python3 tools/gpu/make_batch.py "$WORK/batch_$2.safetensors" --batch 32 --seq "$2" || return 1
+    [ -f "$WORK/batch_$2.safetensors" ] ||
+      python3 tools/gpu/make_batch.py "$WORK/batch_$2.safetensors" --batch 32 --seq "$2" || return 1
     echo "== $1"
     "$B/pretrain_app.sh" --config "configs/$1.yaml" --batch-file "$WORK/batch_$2.safetensors" \
-      --steps 12 --time --dropout --device cuda --set train.precision=bf16 || return 1
+      --steps 20 --time --dropout --device cuda --set train.precision=bf16 || return 1
   done
 }
-stage steps 150 steps
+export -f steps
+export WORK LOGS B
+stage steps 120 steps
 hf_models="base128 large512"
 [[ "$SKIP" == *" compile "* ]] || hf_models="$hf_models base128c"
-stage hf 200 python3 tools/gpu/hf_bench.py $hf_models
-ncu_step() {
-  for size in ${GPU_CHECK_NCU:-base}; do
-    if [ "$size" = base ]; then cfg=bert_base_tupe_r seq=128; else cfg=bert_large_tupe_r seq=512; fi
-    ncu --metrics gpu__time_duration.sum --csv --clock-control none --log-file "$OUTDIR/ncu_$size.csv" \
-      "$B/record_step.sh" --config "configs/$cfg.yaml" --batch-size 32 --seq-len "$seq" \
-      --out "$OUTDIR/record_$size.csv" || return 1
-    xz -9f "$OUTDIR/ncu_$size.csv"
-  done
+stage hf 180 python3 tools/gpu/hf_bench.py $hf_models
+stage cuda_tests 90 "$B/engine_cuda_tests.sh"
+stage cuda_models 90 "$B/engine_cuda_model_tests.sh"
+# Every preset and option at least once (tests/CMakeLists.txt's REFERENCE_SUBSET_CASES), ELECTRA.
+ref() {
+  python3 tools/reference/run_cases.py tools/reference/check_model.py "$WORK/ref" \
+    --app "$B/pretrain_app.sh" --device cuda -- \
+    "bert_a:--sop:--dropout:--micro-batches=2" "bert_r:--pre-ln" "tupe_a:--cls-reset=code" \
+    "tupe_r:--dropout:--micro-batches=2" "tupe_a_tie_cls:--seq=32" "bert_a_d" \
+    "learned_rpe:--dropout:--micro-batches=2" "learnable_sin_ape+sin_rpe" "bert_a+learned_rpe" \
+    "no_pe" "learnable_sin_rpe" "tupe_r:--pre-ln:--cls-reset=code" "sin_ape:--embedding-size=48" \
+    "learned_rpe:--type-vocab=0" "tupe_a" "bert_a" "tupe_r" "sin_rpe" || return 1
+  python3 tools/reference/run_cases.py tools/reference/check_electra.py "$WORK/ref_electra" \
+    --app "$B/pretrain_app.sh" --device cuda -- \
+    "tupe_r" "learnable_sin_ape:--embedding=64" "bert_r:--generator-size=0.25:--type-vocab=0"
 }
-stage ncu 180 ncu_step
-echo "$(date +%T) done" >> "$OUTDIR/status.txt"
-python3 tools/gpu/summary.py "$OUTDIR" | tee "$OUTDIR/summary.md"
+export -f ref
+stage reference 120 ref
+ncu_step() {  # size: every kernel of a recorded step (record_step runs two: the second is kept)
+  if [ "$1" = base ]; then cfg=bert_base_tupe_r seq=128; else cfg=bert_large_tupe_r seq=512; fi
+  ncu --metrics gpu__time_duration.sum --csv --clock-control none --log-file "$LOGS/ncu_$1.csv" \
+    "$B/record_step.sh" --config "configs/$cfg.yaml" --batch-size 32 --seq-len "$seq" \
+    --out "$LOGS/record_$1.csv" || return 1
+  xz -9f "$LOGS/ncu_$1.csv"
+}
+export -f ncu_step
+stage ncu_base 90 ncu_step base
+stage ncu_large 120 ncu_step large
+stage sanitizer 120 sh -c "compute-sanitizer --tool memcheck --leak-check no '$B/engine_cuda_tests.sh' \
+  '~*allocator*' && compute-sanitizer --tool racecheck '$B/engine_cuda_tests.sh' \
+  '*sum_to*,*layer_norm*,*softmax*,*embedding*,*kernel helpers*,*block_*,*sort*,*scatter*'"
+stage coverage 20 "$B/kernel_coverage.sh"
+echo "done $(date +%T) 0" >> "$LOGS/status.txt"
+python3 tools/gpu/summary.py "$LOGS" > "$LOGS/summary.md" 2>&1
+pack_logs
+cp "$LOGS/summary.md" "$OUTDIR/summary.md"
+cat "$OUTDIR/summary.md"
 exit $status

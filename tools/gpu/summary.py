@@ -58,24 +58,23 @@ def main():
     print("|---|---|---|")
     for line in open(os.path.join(out, "status.txt")) if os.path.exists(os.path.join(out, "status.txt")) else []:
         f = line.split()
-        if len(f) == 3:
-            res = {"0": "passed", "skipped": "skipped", "124": "TIMED OUT"}.get(f[1], f"FAILED ({f[1]})")
-            if f[1] == "skipped":
-                res = "skipped"
+        if len(f) == 3 and f[0] != "done":
+            res = {"0": "passed", "skipped": "skipped", "124": "TIMED OUT", "137": "TIMED OUT",
+                   "no_time": "not run (GPU_CHECK_BUDGET spent)"}.get(f[1], f"FAILED ({f[1]})")
             print(f"| {f[0]} | {res} | {f[2]} |")
     eng, hf = engine_steps(os.path.join(out, "steps.log")), hf_steps(os.path.join(out, "hf.log"))
     fit = pm.load_fit()
     print("\n## One bf16 training step, batch 32, dropout on (ms; sequences/s in brackets)\n")
     print("| model | engine TUPE-R | engine BERT-A | PyTorch eager | eager, masked head | "
-          "torch.compile | engine TUPE-R vs eager |")
-    print("|---|---|---|---|---|---|---|")
+          "torch.compile | eager / engine TUPE-R | eager / engine BERT-A |")
+    print("|---|---|---|---|---|---|---|---|")
     for size, seq in (("base", 128), ("large", 512)):
         t, a = eng.get(f"bert_{size}_tupe_r"), eng.get(f"bert_{size}_bert_a")
         full, masked, comp = hf.get((size, "full")), hf.get((size, "masked")), hf.get((size, "compiled"))
         cell = lambda ms: f"{ms:.1f} ({32000 / ms:,.0f})" if ms else "-"  # noqa: E731
-        ratio = f"{full / t:.2f}x" if t and full else "-"
+        ratio = lambda ms: f"{full / ms:.2f}x" if ms and full else "-"  # noqa: E731
         print(f"| BERT-{size.capitalize()} s{seq} | {cell(t)} | {cell(a)} | {cell(full)} | "
-              f"{cell(masked)} | {cell(comp)} | {ratio} |")
+              f"{cell(masked)} | {cell(comp)} | {ratio(t)} | {ratio(a)} |")
     mdl = pm.Model(fit)
     for size in ("base", "large"):
         ncu = os.path.join(out, f"ncu_{size}.csv.xz")

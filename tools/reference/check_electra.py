@@ -212,7 +212,7 @@ def main(argv=None):
     print(f"ELECTRA {args.preset}: {len(model.P)} parameters ({len(gen_own)} the generator's, "
           f"{len(shared)} shared embeddings: {', '.join(shared)}); {replaced} of "
           f"{int((labels != -100).sum())} draws replace their token")
-    print(f"loss engine {float(dump['loss']):.7f} reference {loss.item():.7f} "
+    print(f"loss engine {dump['loss'].item():.7f} reference {loss.item():.7f} "
           f"(MLM {mlm_loss.item():.5f} + {electra['rtd_weight']:g} x RTD {rtd_loss.item():.5f})")
     print("losses engine   :", " ".join(f"{v:.7f}" for v in engine_losses))
     print("losses reference:", " ".join(f"{v:.7f}" for v in ref_losses))

@@ -236,7 +236,7 @@ def main(argv=None):
         errors += [("mlm_loss", rel_err(dump["mlm_loss"].reshape(()), mlm_loss)),
                    ("sop_loss", rel_err(dump["sop_loss"].reshape(()), sop_loss)),
                    ("sop_logits", rel_err(dump["sop_logits"], sop_logits))]
-        print(f"SOP: loss engine {float(dump['sop_loss']):.7f} reference {sop_loss.item():.7f}")
+        print(f"SOP: loss engine {dump['sop_loss'].item():.7f} reference {sop_loss.item():.7f}")
     mask_problems = []
     if args.dropout:
         # The engine's graph holds the dropout ops' masks; the attention op keeps its own,
@@ -287,7 +287,7 @@ def main(argv=None):
     for k, (a, b) in enumerate(zip(engine_losses, ref_losses), 1):
         errors.append((f"step {k} loss", abs(a - b) / abs(b)))
 
-    print(f"preset {args.preset}: {len(model.P)} parameters, loss engine {float(dump['loss']):.7f} "
+    print(f"preset {args.preset}: {len(model.P)} parameters, loss engine {dump['loss'].item():.7f} "
           f"reference {loss.item():.7f}")
     print("losses engine   :", " ".join(f"{v:.7f}" for v in engine_losses))
     print("losses reference:", " ".join(f"{v:.7f}" for v in ref_losses))

@@ -42,7 +42,8 @@ def _self_check():
             ((0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344), (0xa4093822, 0x299f31d0),
              (0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1))]
     for ctr, key, want in kats:
-        got = tuple(int(w) for w in philox4x32_10([np.array([c], np.uint64) for c in ctr], key))
+        # w[0]: NumPy 2 refuses int() of a 1-element array (the device machine's python3)
+        got = tuple(int(w[0]) for w in philox4x32_10([np.array([c], np.uint64) for c in ctr], key))
         assert got == want, f"Philox4x32-10 known answer: {got} != {want}"
 
 
