@@ -11,18 +11,21 @@ Every launch of a kernel is timed as
                 steps x t_step,                      a thread's serial accesses (too few threads)
                 philox_blocks / R_philox)            dropout's random numbers
 
-and every cuBLASLt GEMM by the time the H200 measured for its shape (nearest shape by FLOPs,
-scaled, when it was not measured). Launches run back to back on one stream. The bandwidths per
-access pattern, the serial-access time, the floor and the GEMM times are fitted to the kernels of
-commit 5d401cc measured by ncu on the H200 (tools/perf_data/, ../shared/data/gpu/): `--calibrate`
-refits them and `--check` shows the fit. ncu times each kernel with cold caches; a step reuses
+(the attention softmax's warp kernel adds its Philox time to its memory time: measured, the two do
+not overlap there), and every cuBLASLt GEMM by the time the H200 measured for its shape (nearest
+shape by FLOPs, scaled, when it was not measured). Launches run back to back on one stream. The
+bandwidths per access pattern (this tree's kernels each have their own: the warp-per-row softmax
+and LayerNorm, the column sums, AdamW), the serial-access time, the floor and the GEMM times are
+fitted to ncu's kernel times of the commits measured on the H200 (5d401cc, and 3928985 with this
+tree's kernels; tools/perf_data/, ../shared/data/gpu/): `--calibrate` refits them and `--check`
+shows the fit. ncu times each kernel with cold caches; a step reuses
 what the previous kernels left in the 50 MB L2, which the `step` mode models with an L2
 bandwidth and serial-access time for launches whose bytes fit (fitted to the measured steps).
 
 usage:
   perf_model.py STEP.csv --batch B [--label NAME] [--top N] [--mode step|cold]
-  perf_model.py --calibrate      refit tools/perf_data/h200_fit.json from the measured commit
-  perf_model.py --check          the measured commit: model against measurement, per family
+  perf_model.py --calibrate      refit tools/perf_data/h200_fit.json from the measured commits
+  perf_model.py --check          the measured commits: model against measurement, per family
   perf_model.py --import-ncu NCU.csv OUT.csv.xz   one step of an ncu run for tools/perf_data
 """
 import argparse
@@ -46,13 +49,21 @@ HBM = 4.8e12            # H200 HBM3e, the spec sheet
 L2_BYTES = 50e6         # H100/H200 L2
 PHILOX_WORDS = 4        # words per Philox block
 
-# The measured commit's steps (../shared/data/gpu/engine_steps.log: pretrain_app --time, bf16,
-# B = 32, dropout on) and ncu runs (tools/perf_data/h200_5d401cc_*_ncu.csv.xz).
+# The measured commits' steps (pretrain_app --time, bf16, B = 32, dropout on: 5d401cc's in
+# ../shared/data/gpu/engine_steps.log, 3928985's in tools/perf_data/h200_3928985_steps.log) and
+# ncu runs (5d401cc: one step in compact form; 3928985: ncu's own CSV of record_step's two steps,
+# the recorded one aligned at its end).
 MEASURED = {
-    "base": {"record": "record_5d401cc_base.csv.xz", "ncu": "h200_5d401cc_base_ncu.csv.xz",
-             "step_ms": 95.489, "batch": 32, "label": "BERT-Base TUPE-R, s128"},
-    "large": {"record": "record_5d401cc_large.csv.xz", "ncu": "h200_5d401cc_large_ncu.csv.xz",
-              "step_ms": 1161.322, "batch": 32, "label": "BERT-Large TUPE-R, s512"},
+    "5d401cc/base": {"record": "record_5d401cc_base.csv.xz", "ncu": "h200_5d401cc_base_ncu.csv.xz",
+                     "step_ms": 95.489, "batch": 32, "label": "BERT-Base TUPE-R, s128"},
+    "5d401cc/large": {"record": "record_5d401cc_large.csv.xz", "ncu": "h200_5d401cc_large_ncu.csv.xz",
+                      "step_ms": 1161.322, "batch": 32, "label": "BERT-Large TUPE-R, s512"},
+    "3928985/base": {"record": "record_3928985_base.csv.xz",
+                     "ncu_raw": "h200_3928985_base_ncu_raw.csv.xz",
+                     "step_ms": 12.147, "batch": 32, "label": "BERT-Base TUPE-R, s128"},
+    "3928985/large": {"record": "record_3928985_large.csv.xz",
+                      "ncu_raw": "h200_3928985_large_ncu_raw.csv.xz",
+                      "step_ms": 114.212, "batch": 32, "label": "BERT-Large TUPE-R, s512"},
 }
 
 DTYPE_BYTES = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2, "i32": 4, "i64": 8, "u8": 1}
@@ -155,16 +166,24 @@ def describe5(name, op_row, launch, n_main):
     if base in ("unscale_check_finish", "cross_entropy_total", "column_sums_chunks",
                 "sum_to_chunks", "merge_key_runs"):
         return "aux", 0.0, 0, "simple", 0
-    # this tree's kernels
+    # this tree's kernels (by the names record_step gives their launches)
     if base in ("softmax_forward_warp", "softmax_backward_warp"):
         philox = numel(ts[0][0]) / PHILOX_WORDS if op == "attention_softmax" and dropout_on(ts) else 0
-        return "vec", share, steps(share, 8), "simple", philox
+        return "softmax_warp", share, 0, "simple", philox
+    if base in ("layer_norm_forward_warp", "layer_norm_backward_warp"):
+        return "ln_warp", share, 0, "simple", 0
+    if base in ("sum_to_columns", "layer_norm_params") or \
+            (base == "bias_gelu_backward" and op == "bias_gelu_backward"):
+        return "colsum", share, 0, "simple", 0
+    if base == "adamw_vec4":
+        return "adamw", share, 0, "simple", 0
     if op == "dropout":
         return "vec", share, steps(share, 8), "simple", numel(ts[0][0]) / PHILOX_WORDS
-    if base == "scatter_level":  # pieces of 64 gathered rows a thread; later levels are small
+    if base == "scatter_level":  # pieces of 64 gathered rows a thread, 4 loads ahead: 16 rounds
+        # of dependent misses (a key, then its row) a level; later levels are small
         if launch.get("first", True):
-            return "vec", share, 64, "simple", 0
-        return "aux", 0.0, 64, "simple", 0
+            return "vec", share, 16, "scatter_level", 0
+        return "aux", 0.0, 16, "scatter_level", 0
     if base == "sort_key_tiles":  # 2048 keys a block through a bitonic network in shared memory
         return "coalesced", 16.0 * numel(ts[0][0]), 66 * 2, "simple", 0
     if base in ("gather_rows_elems", "relative_gather_elems", "relative_scatter_elems",
@@ -249,6 +268,42 @@ def align(record, ncu):
     return record
 
 
+def align_tail(record, kernels):
+    """A record_step record (launch names in its kernels column) against ncu's kernels of the run
+    (a warm-up step, then the recorded one): the record aligned with a tail of the kernels, each
+    launch keeping the record's name, blocks and threads with ncu's time. None if none aligns."""
+    need = sum(int(r["launches"]) + int(r["gemms"]) for r in record)
+    for extra in range(0, 200):  # split-K reductions after some GEMMs
+        start = len(kernels) - need - extra
+        if start < 0:
+            return None
+        try:
+            rec = align([dict(r) for r in record], kernels[start:])
+        except AssertionError:
+            continue
+        for r in rec:
+            named = [l for l in parse_kernels(r.get("kernels", "")) if l["kernel"] != "cublasLtMatmul"]
+            timed = [l for l in r["launch_list"] if l["kernel"] != "cublasLtMatmul"]
+            if len(named) == len(timed):
+                for l, n in zip(timed, named):
+                    l.update(kernel=n["kernel"], blocks=n["blocks"], threads=n["threads"])
+        return rec
+    return None
+
+
+def load_runs():
+    """Every measured run: its record aligned with its ncu kernels."""
+    runs = {}
+    for key, m in MEASURED.items():
+        rec = read_record(os.path.join(DATA, m["record"]))
+        if "ncu" in m:
+            runs[key] = align(rec, read_ncu(os.path.join(DATA, m["ncu"])))
+        else:
+            runs[key] = align_tail(rec, read_ncu_raw(os.path.join(DATA, m["ncu_raw"])))
+            assert runs[key] is not None, f"{key}: the record and the ncu kernels do not align"
+    return runs
+
+
 def is_gemm_kernel(name):
     return name.startswith("nvjet") or "cublasLt" in name or "gemm" in name.lower()
 
@@ -283,6 +338,8 @@ class Model:
         if pattern == "aux":
             return self.f["floor_ns"] + steps * t_step
         bw = self.f["bw"][pattern] * (self.f["l2_speedup"] if warm else 1.0)
+        if pattern == "softmax_warp":  # its Philox draws and its traffic add up (measured)
+            return self.f["floor_ns"] + 1e9 * nbytes / bw + 1e9 * philox / self.f["philox_per_s"]
         t = max(1e9 * nbytes / bw, steps * t_step, 1e9 * philox / self.f["philox_per_s"],
                 1e9 * old_sm / self.f["old_softmax_elems_per_s"])
         return self.f["floor_ns"] + t
@@ -334,11 +391,7 @@ def family(row):
 
 def fit_model():
     """Fits the model's constants to the measured commit's kernels (see the module doc)."""
-    runs = {}
-    for size, m in MEASURED.items():
-        rec = read_record(os.path.join(DATA, m["record"]))
-        ncu = read_ncu(os.path.join(DATA, m["ncu"]))
-        runs[size] = align(rec, ncu)
+    runs = load_runs()
     gemm = collections.defaultdict(list)
     floor_samples, serial = [], collections.defaultdict(list)
     launches = []  # (pattern, bytes, steps, latency class, philox, 5d401cc softmax elements, ns)
@@ -360,12 +413,14 @@ def fit_model():
     for pattern, nbytes, steps, latency, philox, old_sm, ns in launches:
         # steps that cannot be in flight together: 256 and more for the one-thread-per-output
         # kernels, 16 and more for the others
-        if steps >= (256 if latency != "simple" else 16) and not philox and not old_sm:
+        if steps >= (256 if latency in ("sum_to_old", "scatter_old") else 16) and not philox \
+                and not old_sm:
             serial[latency].append((ns - floor) / steps)
     t_step = {k: statistics.median(v) for k, v in serial.items()}
     # Philox: the fastest rate the measured dropout kernels show (a lower bound on the rate);
     # 5d401cc's softmax with dropout: its own rate per element.
-    rates = [philox / ((ns - floor) * 1e-9) for *_, philox, _, ns in launches if philox > 1e5]
+    rates = [philox / ((ns - floor) * 1e-9) for pattern, *_, philox, _, ns in launches
+             if philox > 1e5 and pattern != "softmax_warp"]
     philox_per_s = max(rates)
     sm = [(e, ns - floor) for *_, e, ns in launches if e > 0]
     old_softmax = sum(e for e, _ in sm) / (1e-9 * sum(t for _, t in sm))
@@ -373,6 +428,10 @@ def fit_model():
     by_pattern = collections.defaultdict(lambda: [0.0, 0.0])
     for pattern, nbytes, steps, latency, philox, old_sm, ns in launches:
         if pattern == "aux" or nbytes < 1e6 or old_sm:
+            continue
+        if pattern == "softmax_warp":  # memory time: what the Philox draws leave (they add up)
+            by_pattern[pattern][0] += nbytes
+            by_pattern[pattern][1] += max(0.1 * (ns - floor), ns - floor - 1e9 * philox / philox_per_s) * 1e-9
             continue
         t_other = max(steps * t_step.get(latency, 0.0), 1e9 * philox / philox_per_s)
         if t_other > 0.5 * (ns - floor):
@@ -383,7 +442,8 @@ def fit_model():
     # this tree's 16-byte kernels are timed at the bandwidth of 5d401cc's vectorised ones
     # (launch_elementwise): the only measured pattern of their kind.
     bw.setdefault("vec", bw.get("coalesced", 0.8 * HBM))
-    for p in ("coalesced", "strided_contig", "strided_perm", "rowblock", "dropout_old"):
+    for p in ("coalesced", "strided_contig", "strided_perm", "rowblock", "dropout_old",
+              "softmax_warp", "ln_warp", "colsum", "adamw"):
         bw.setdefault(p, bw["vec"])
     fit = {
         "floor_ns": floor,
@@ -419,8 +479,8 @@ def load_fit():
 def check(fit, runs):
     mdl = Model(fit)
     worst_step, worst_family = 0.0, 0.0
-    for size, rec in runs.items():
-        m = MEASURED[size]
+    for key, rec in runs.items():
+        m = MEASURED[key]
         measured = collections.defaultdict(float)
         predicted = collections.defaultdict(float)
         calls = collections.Counter()
@@ -433,7 +493,7 @@ def check(fit, runs):
         ncu_total = sum(measured.values()) / 1e6
         err = step / m["step_ms"] - 1
         worst_step = max(worst_step, abs(err))
-        print(f"### {m['label']} at 5d401cc: measured step {m['step_ms']:.1f} ms, model {step:.1f} ms "
+        print(f"### {m['label']} at {key.split('/')[0]}: measured step {m['step_ms']:.1f} ms, model {step:.1f} ms "
               f"({100 * err:+.1f}%); ncu kernels {ncu_total:.1f} ms, model (cold) "
               f"{sum(predicted.values()) / 1e6:.1f} ms\n")
         print("| op family | calls | ncu (ms) | model, cold (ms) | error |")
@@ -509,7 +569,8 @@ def main():
     a = ap.parse_args()
     if a.import_ncu:
         raw = read_ncu_raw(a.import_ncu[0])
-        starts = [i for i, k in enumerate(raw) if k["kernel"].startswith("fill") and k["blocks"] > 100000]
+        starts = [i for i, k in enumerate(raw)  # the slab's fill: fill_kernel, or ConstOp since
+                  if ("fill" in k["kernel"] or "ConstOp" in k["kernel"]) and k["blocks"] > 100000]
         if not starts:
             sys.exit(f"perf_model: {a.import_ncu[0]}: no gradient-slab fill marks a step's start")
         with lzma.open(a.import_ncu[1], "wt") as o:
@@ -530,9 +591,7 @@ def main():
         return
     fit = load_fit()
     if a.check:
-        runs = {s: align(read_record(os.path.join(DATA, m["record"])), read_ncu(os.path.join(DATA, m["ncu"])))
-                for s, m in MEASURED.items()}
-        ws, wf = check(fit, runs)
+        ws, wf = check(fit, load_runs())
         sys.exit(0 if ws <= 0.25 and wf <= 0.40 else 1)
     if not a.csv or not a.batch:
         ap.error("give a step record and --batch (or --calibrate / --check)")

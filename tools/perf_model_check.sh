@@ -2,7 +2,7 @@
 # record_step + perf_model.py on a small config (CTest record_step_dry_run, EMU_DRY_RUN=1): the
 # recorded GEMM FLOPs match the textbook count within 5% (the positional terms are the rest), every
 # op's launches are recorded with their shapes, the model script turns the record into its tables,
-# and the calibrated model still reproduces the H200 measurement of 5d401cc (perf_model.py --check:
+# and the calibrated model still reproduces the H200 measurements of 5d401cc and 3928985 (--check:
 # the step within 25%, every op family of 1% of a step or more within 40%).
 # usage: perf_model_check.sh RECORD_STEP CONFIG WORKDIR
 set -euo pipefail

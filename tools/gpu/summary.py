@@ -35,20 +35,6 @@ def hf_steps(path):
     return out
 
 
-def align_tail(record, kernels):
-    """The recorded step is the last one ncu saw: align the record with a tail of the kernels."""
-    need = sum(int(r["launches"]) + int(r["gemms"]) for r in record)
-    for extra in range(0, 200):  # split-K reductions after some GEMMs
-        start = len(kernels) - need - extra
-        if start < 0:
-            break
-        try:
-            return pm.align([dict(r) for r in record], kernels[start:])
-        except AssertionError:
-            continue
-    return None
-
-
 def main():
     if len(sys.argv) != 2 or not os.path.isdir(sys.argv[1]):
         sys.exit("usage: summary.py OUT_DIR")
@@ -82,7 +68,7 @@ def main():
         if not (os.path.exists(ncu) and os.path.exists(rec_path)):
             continue
         record = pm.read_record(rec_path)
-        aligned = align_tail(record, pm.read_ncu_raw(ncu))
+        aligned = pm.align_tail(record, pm.read_ncu_raw(ncu))
         if aligned is None:
             print(f"\n(ncu {size}: the record and the kernels did not align)")
             continue
