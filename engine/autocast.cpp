@@ -6,6 +6,7 @@
 namespace engine {
 namespace {
 thread_local DType t_compute = DType::f32;
+thread_local AutocastSlab* t_slab = nullptr;  // the innermost AutocastSlab scope
 }  // namespace
 
 Autocast::Autocast(DType compute) : previous_(t_compute) {
@@ -23,7 +24,36 @@ Tensor autocast_to_compute(const Tensor& t) {
   if (t_compute == DType::f32 || !t.defined() || !is_floating(t.dtype()) ||
       t.dtype() == DType::f64 || t.dtype() == t_compute)
     return t;
+  if (t_slab && t.dtype() == DType::f32) {
+    Tensor c = t_slab->cast(t, t_compute);
+    if (c.defined()) return c;
+  }
   return t.to(t_compute);
+}
+
+AutocastSlab::AutocastSlab(const Tensor& slab) : previous_(t_slab) {
+  // Another slab (f64 parameters, say) is never cast by autocast: the scope covers nothing.
+  if (slab.defined() && slab.dim() == 1 && slab.is_contiguous() && slab.dtype() == DType::f32)
+    slab_ = slab.detach();
+  t_slab = this;
+}
+
+AutocastSlab::~AutocastSlab() { t_slab = previous_; }
+
+Tensor AutocastSlab::cast(const Tensor& t, DType dtype) {
+  if (!slab_.defined() || !t.shares_storage(slab_) || t.device() != slab_.device() ||
+      t.numel() == 0)
+    return Tensor();
+  // t's elements must lie in the slab's range of the storage (a view of the slab).
+  int64_t lo = t.storage_offset(), hi = t.storage_offset();
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t span = (t.size(d) - 1) * t.stride(d);
+    (span < 0 ? lo : hi) += span;
+  }
+  const int64_t base = slab_.storage_offset();
+  if (lo < base || hi >= base + slab_.numel()) return Tensor();
+  if (!half_.defined() || half_.dtype() != dtype) half_ = slab_.to(dtype);  // one kernel
+  return cast_precomputed(t, make_view(half_, t.shape(), t.strides(), t.storage_offset() - base));
 }
 
 Tensor autocast_to_f32(const Tensor& t) {

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <optional>
 
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
 #include "engine/error.h"
@@ -362,6 +363,19 @@ Tensor Tensor::to(DType dt) const {
                  " (detach() it first)");
     record(std::make_shared<CastNode>(), {*this}, {out});
   }
+  return out;
+}
+
+Tensor cast_precomputed(const Tensor& t, const Tensor& converted) {
+  ENGINE_CHECK(t.defined() && converted.defined() && converted.shape() == t.shape() &&
+                   converted.device() == t.device() && is_floating(converted.dtype()) &&
+                   is_floating(t.dtype()) && converted.dtype() != t.dtype(),
+               "[cast_precomputed] ", converted.defined() ? describe(converted) : "undefined",
+               " is not a conversion of ", t.defined() ? describe(t) : "undefined",
+               " (same shape and device, another floating dtype)");
+  Tensor out =
+      make_view(converted, converted.shape(), converted.strides(), converted.storage_offset());
+  if (needs_grad(t)) record(std::make_shared<CastNode>(), {t}, {out});
   return out;
 }
 

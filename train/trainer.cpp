@@ -2,8 +2,10 @@
 #include "train/trainer.h"
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/error.h"
 #include "ops/elementwise.h"
@@ -55,6 +57,9 @@ StepStats Trainer::step(int64_t micro_batches, const std::function<Tensor(int64_
   // sum_m weight_m * loss_m in double on the gradients' device: the number a host sum of the
   // losses read one by one would give, without reading any of them.
   Tensor loss_sum = Tensor::zeros({1}, DType::f64, grad.device());
+  // Autocast's casts of the parameters read one 16-bit copy of the slab (engine/autocast.h),
+  // made at the first of them and kept for every micro-batch; the slab changes only after them.
+  auto cast_once = std::make_unique<AutocastSlab>(params_.data());
   for (int64_t m = 0; m < micro_batches; ++m) {
     const Tensor loss = loss_of(m);
     ENGINE_CHECK(loss.defined() && loss.numel() == 1, "[trainer] micro-batch ", m,
@@ -68,6 +73,7 @@ StepStats Trainer::step(int64_t micro_batches, const std::function<Tensor(int64_
     if (m + 1 == micro_batches) reducer_->begin();  // only the last backward reduces
     (loss * (s.loss_scale * w)).backward();
   }
+  cast_once.reset();  // before anything writes the slab
   reducer_->finish();
   s.comm_exposed_s = reducer_->last_exposed_s();
 

@@ -7,17 +7,20 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "cuda_test_support.h"
 #include "engine/autocast.h"
+#include "engine/module.h"
 #include "engine/work_log.h"
 #include "ops/ops.h"
 
 using namespace engine;
 using engine::testing::kGpu;
 using engine::testing::require_close;
+using engine::testing::require_equal;
 
 namespace {
 
@@ -201,6 +204,46 @@ TEST_CASE("under bf16 autocast a weight's gradient goes into its f32 .grad by th
     require_close(wd.grad(), wc.grad(), 0, 0, 1e-2);
     require_close(qd.grad(), qc.grad(), 0, 0, 1e-2);
   }
+}
+
+TEST_CASE("AutocastSlab: one conversion of the parameter slab, the per-tensor casts' bits",
+          "[cuda]") {
+  // Two linear layers' parameters in one FlatParameters slab on the device; a bf16 forward and
+  // backward with and without the scope: the same loss and gradients bit for bit, one
+  // conversion (the slab's) instead of one per parameter; a tensor outside the slab is cast alone.
+  Generator g(29);
+  const Tensor x = Tensor::randn({6, 17}, g), other = Tensor::randn({9, 9}, g);
+  auto run = [&](bool scope, int& conversions) {
+    Generator gp(30);
+    NamedTensors ps = {{"w1", Tensor::randn({9, 17}, gp).set_requires_grad()},
+                       {"b1", Tensor::randn({9}, gp).set_requires_grad()},
+                       {"w2", Tensor::randn({4, 9}, gp).set_requires_grad()}};
+    FlatParameters flat(ps, kGpu);
+    const Tensor od = other.to(kGpu);
+    std::unique_ptr<AutocastSlab> s;
+    if (scope) s = std::make_unique<AutocastSlab>(flat.data());
+    Tensor loss;
+    start_work_recording();
+    {
+      Autocast ac(DType::bf16);
+      const Tensor h = linear(x.to(kGpu), ps[0].second, ps[1].second);
+      loss = engine::sum(linear(matmul(h, od), ps[2].second).to(DType::f32));
+    }
+    conversions = 0;
+    for (const WorkRecord& r : stop_work_recording())
+      if (r.op == "copy" && r.shape.find(" f32 (") != std::string::npos &&
+          r.shape.find(") bf16") != std::string::npos)
+        ++conversions;
+    loss.backward();
+    s.reset();
+    return std::vector<Tensor>{loss.detach(), flat.grad().clone()};
+  };
+  int per_tensor = 0, once = 0;
+  const std::vector<Tensor> a = run(false, per_tensor), b = run(true, once);
+  CHECK(per_tensor == 5);  // x, w1, b1, other, w2
+  CHECK(once == 3);        // x, the slab, other
+  require_equal(b[0], a[0]);
+  require_equal(b[1], a[1]);
 }
 
 TEST_CASE("matmul and linear forward and backward on the device match the CPU", "[cuda]") {
