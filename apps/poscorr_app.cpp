@@ -20,6 +20,7 @@
 #include "engine/npy.h"
 #include "models/checkpoint.h"
 #include "models/poscorr.h"
+#include "models/position/untied.h"
 #include "ops/ops.h"
 
 namespace fs = std::filesystem;
@@ -40,6 +41,8 @@ pretrain_app or finetune_app --save-model (any preset). For the checkpoint's pre
   decomposed_term  bert_a_d: (p_i U^Q)(p_j U^K) / sqrt(4 d_h) per head
   relative_bias    T5-bias presets (bert_r, tupe_r): the bias per head and offset j - i, (H, 2T - 1)
   rpe_dot          Shaw presets: a_r . a_s between relative vectors, r, s in [-clip, clip]
+  alibi_bias       alibi: the fixed bias -m_h |j - i| per head
+  rope_decay       rope: mean_k cos((j - i) theta_k), the rotation's decay with distance
   probe_logits     every preset: identical-word probing, the first layer's logits for a sequence
                    of one repeated token, averaged over --probe-tokens random tokens
 each as NAME.npy (numpy.load) and NAME.png (one panel per head, shared colour scale), and
@@ -260,7 +263,7 @@ int dump_one(const Args& a) {
   if (l.step >= 0) summary["step"] = l.step;
   if (c.position.cls_reset != models::ClsReset::none) {
     engine::NoGrad ng;
-    auto [t1, t2] = l.bert->position->cls_thetas();
+    auto [t1, t2] = models::untied_term_of(*l.bert->position).cls_thetas();
     summary["cls_theta1"] = t1.to_vector<float>();
     summary["cls_theta2"] = t2.to_vector<float>();
   }

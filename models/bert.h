@@ -24,6 +24,8 @@
 #include "engine/rng.h"
 #include "engine/tensor.h"
 #include "models/bert_config.h"
+#include "models/position/encoding.h"
+#include "models/position/t5.h"
 
 namespace models {
 
@@ -49,78 +51,6 @@ class LayerNorm : public engine::Module {
   double eps;
 };
 
-// T5's bidirectional bucket of the relative position r = j - i: `num_buckets / 2` per direction,
-// exact below a quarter of num_buckets, then logarithmic up to max_distance; r > 0 adds
-// num_buckets / 2. Boundaries are those of exact arithmetic (a float log can shift one by one).
-int64_t t5_bucket(int64_t r, int64_t num_buckets = 32, int64_t max_distance = 128);
-
-// The positional terms of one forward, computed once and shared by every layer.
-struct AttentionTerms {
-  Tensor bias;        // (1, H, T, T) additive logits (TUPE's term, T5 bias) or undefined
-  Tensor shaw_table;  // (R, d_h) relative vectors a_r (Shaw presets) or undefined
-  Tensor shaw_index;  // (T, T) i64: c(j - i) + clip
-  Tensor pos_query;   // (1, H, T, d_h) p U^Q (bert_a_d) or undefined
-  Tensor pos_key;     // (1, H, T, d_h) p U^K (bert_a_d)
-};
-
-// Every positional parameter of a preset ("bert.position.*"):
-//   table (Tmax, d)                 learned positions (bert_a, bert_r, tupe_*, bert_a_d)
-//   freq (d/2)                      learnable_sin_ape frequencies
-//   norm.{weight,bias}              TUPE's LN on positions
-//   query.{weight,bias}, key.{...}  U^Q, U^K (tupe_*, bert_a_d)
-//   cls_theta (2, d)                p_theta1, p_theta2 (tupe_a, tupe_r)
-//   relative_table (buckets[+2], H) T5 bias (bert_r, tupe_r; +2 [CLS] rows with cls_reset: code)
-//   shaw_table (2 clip + 1, d_h)    learned_rpe;  shaw_freq (d_h / 2): learnable_sin_rpe
-class PositionEncoding : public engine::Module {
- public:
-  // With `shared`, the input-position parameters (table, freq) are that module's, not drawn or
-  // registered here; the attention-side ones (norm, U^Q, U^K, theta, relative tables) are own.
-  PositionEncoding(const BertConfig& config, Generator& gen,
-                   const PositionEncoding* shared = nullptr);
-  // (T, d) added to the token embeddings before the input LayerNorm, or undefined. `device` is the
-  // model's (the token embedding's): where the constant tensors of length T are kept.
-  Tensor input_term(int64_t seq_len, engine::Device device) const;
-  AttentionTerms attention_terms(int64_t seq_len, engine::Device device) const;
-  // TUPE's (1, H, T, T) term before adding the relative bias or the reset (for tests and dumps).
-  Tensor untied_term(int64_t seq_len) const;
-  // theta1, theta2 (each (H)) of TUPE's [CLS] reset.
-  std::pair<Tensor, Tensor> cls_thetas() const;
-  // The (T, T) bucket map used by the relative table (with [CLS] rows for cls_reset: code).
-  std::vector<int64_t> relative_buckets(int64_t seq_len) const;
-  // How many times the constant position tensors were built on the host (tests: once per new
-  // longest length, not per forward).
-  int64_t constant_builds() const { return constant_builds_; }
-
-  Tensor table, freq, cls_theta, relative_table, shaw_table, shaw_freq;
-  std::unique_ptr<LayerNorm> norm;
-  std::unique_ptr<Linear> query, key;
-
- private:
-  // The tensors of one length T that depend on T alone (never on the batch or the parameters):
-  // index maps and masks the attention terms apply, the positions fed to sinusoids. Built on the
-  // host once for the longest length so far and kept on the parameters' device; each depends
-  // only on i, j or j - i, so a shorter length's are the leading block, copied on the device.
-  struct Constants {
-    int64_t length = 0;
-    engine::Device device;
-    Tensor relative_index;              // (T, T) i64: relative_buckets(T)
-    Tensor relative_keys;               // its inverted index (sorted_index_keys), for the backward
-    Tensor keep, row0, col0;            // (T, T) f32 masks of TUPE's [CLS] reset
-    Tensor shaw_index;                  // (T, T) i64: clip(j - i, -c, c) + c
-    Tensor positions;                   // (T) f32: 0 .. T-1
-    Tensor input_sinusoid;              // (T, d) f32: sin_ape's fixed term
-    Tensor shaw_positions, fixed_shaw;  // (2c+1) f32 -c .. c; (2c+1, d_h) sin_rpe's table
-  };
-  const Constants& constants(int64_t seq_len, engine::Device device) const;
-  Constants build_constants(int64_t seq_len, engine::Device device) const;
-  void check_length(int64_t seq_len) const;
-  double untied_scale() const;                                    // 1 / sqrt(2 d_h)
-  Tensor projected_positions(int64_t seq_len, Tensor* pk) const;  // (H, T+2?, d_h) pairs
-  BertConfig config_;
-  mutable Constants longest_, recent_;  // the longest length built; the last shorter one used
-  mutable int64_t constant_builds_ = 0;
-};
-
 class BertLayer : public engine::Module {
  public:
   BertLayer(const BertConfig& config, Generator& gen);
@@ -138,8 +68,8 @@ class BertLayer : public engine::Module {
 
  private:
   struct Projected {
-    Tensor q, k, v;  // (B, H, T, d_h); q, k include bert_a_d's p U^Q, p U^K
-    double scale;    // of q.k: 1/sqrt(d_h), TUPE 1/sqrt(2 d_h), bert_a_d 1/sqrt(4 d_h)
+    Tensor q, k, v;  // (B, H, T, d_h); q, k with the terms' additions (bert_a_d) or rotation (rope)
+    double scale;    // of q.k: 1/sqrt(scale_factor d_h) (TUPE 2, bert_a_d 4, else 1)
   };
   Projected project(const Tensor& x, const AttentionTerms& terms) const;
   Tensor scaled_scores(const Projected& pr, const AttentionTerms& terms) const;
@@ -166,10 +96,8 @@ class BertModel : public engine::Module {
   Tensor embed(const BertInputs& inputs, Generator& gen) const;
   const BertConfig& config() const { return config_; }
 
-  // How many times the positional attention terms were computed (once per forward) and those of
-  // the last forward: for tests and the positional dumps.
+  // How many times the positional attention terms were computed (tests: once per forward).
   int64_t attention_terms_computed() const { return terms_computed_; }
-  const AttentionTerms& last_attention_terms() const { return last_terms_; }
 
   engine::Module embeddings, encoder, layer_list;
   Tensor token_embedding, segment_embedding;
@@ -181,7 +109,6 @@ class BertModel : public engine::Module {
  private:
   BertConfig config_;
   mutable int64_t terms_computed_ = 0;
-  mutable AttentionTerms last_terms_;
 };
 
 struct MlmOutput {

@@ -8,108 +8,6 @@
 #include "engine/error.h"
 
 namespace models {
-namespace {
-
-struct Single {
-  const char* name;
-  InputPosition input;
-  RelativePosition relative;
-  AttentionPosition attention;
-};
-
-// The single presets of docs/positional-encodings.md (TUPE's reset is set separately).
-const Single kSingles[] = {
-    {"no_pe", InputPosition::none, RelativePosition::none, AttentionPosition::none},
-    {"bert_a", InputPosition::learned, RelativePosition::none, AttentionPosition::none},
-    {"sin_ape", InputPosition::sinusoid, RelativePosition::none, AttentionPosition::none},
-    {"learnable_sin_ape", InputPosition::learnable_sinusoid, RelativePosition::none,
-     AttentionPosition::none},
-    {"bert_r", InputPosition::learned, RelativePosition::t5_bias, AttentionPosition::none},
-    {"learned_rpe", InputPosition::none, RelativePosition::shaw_learned, AttentionPosition::none},
-    {"sin_rpe", InputPosition::none, RelativePosition::shaw_sinusoid, AttentionPosition::none},
-    {"learnable_sin_rpe", InputPosition::none, RelativePosition::shaw_learnable_sinusoid,
-     AttentionPosition::none},
-    {"tupe_a", InputPosition::none, RelativePosition::none, AttentionPosition::untied},
-    {"tupe_r", InputPosition::none, RelativePosition::t5_bias, AttentionPosition::untied},
-    {"tupe_a_tie_cls", InputPosition::none, RelativePosition::none, AttentionPosition::untied},
-    {"bert_a_d", InputPosition::none, RelativePosition::none, AttentionPosition::decomposed},
-};
-
-// APE + RPE combinations of the second paper.
-const char* kCombos[] = {
-    "bert_a+learned_rpe",        "bert_a+sin_rpe",
-    "bert_a+learnable_sin_rpe",  "learnable_sin_ape+learned_rpe",
-    "learnable_sin_ape+sin_rpe", "learnable_sin_ape+learnable_sin_rpe",
-};
-
-const Single* find_single(const std::string& name) {
-  for (const Single& s : kSingles)
-    if (name == s.name) return &s;
-  return nullptr;
-}
-
-const char* input_name(InputPosition p) {
-  switch (p) {
-    case InputPosition::none:
-      return "none";
-    case InputPosition::learned:
-      return "learned";
-    case InputPosition::sinusoid:
-      return "sinusoid";
-    case InputPosition::learnable_sinusoid:
-      return "learnable_sinusoid";
-  }
-  return "?";
-}
-
-}  // namespace
-
-const std::vector<std::string>& position_presets() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> v;
-    for (const Single& s : kSingles) v.push_back(s.name);
-    for (const char* c : kCombos) v.push_back(c);
-    return v;
-  }();
-  return names;
-}
-
-bool PositionConfig::has_position_table() const {
-  return input == InputPosition::learned || attention != AttentionPosition::none;
-}
-
-int64_t PositionConfig::relative_bias_rows() const {
-  if (relative != RelativePosition::t5_bias) return 0;
-  return relative_buckets + (cls_reset == ClsReset::code ? 2 : 0);
-}
-
-void apply_position_preset(PositionConfig& pc, const std::string& preset,
-                           const std::string& cls_reset) {
-  const auto& all = position_presets();
-  std::string list;
-  for (auto& n : all) list += (list.empty() ? "" : ", ") + n;
-  ENGINE_CHECK(std::find(all.begin(), all.end(), preset) != all.end(),
-               "[bert] unknown position preset '", preset, "'; expected one of: ", list);
-  ENGINE_CHECK(cls_reset == "paper" || cls_reset == "code",
-               "[bert] cls_reset must be 'paper' or 'code', got '", cls_reset, "'");
-  pc.preset = preset;
-  const size_t plus = preset.find('+');
-  if (plus == std::string::npos) {
-    const Single* s = find_single(preset);
-    pc.input = s->input;
-    pc.relative = s->relative;
-    pc.attention = s->attention;
-  } else {
-    const Single* a = find_single(preset.substr(0, plus));
-    const Single* r = find_single(preset.substr(plus + 1));
-    pc.input = a->input;
-    pc.relative = r->relative;
-    pc.attention = AttentionPosition::none;
-  }
-  pc.cls_reset = ClsReset::none;
-  if (preset == "tupe_a" || preset == "tupe_r")
-    pc.cls_reset = cls_reset == "code" ? ClsReset::code : ClsReset::paper;
-}
 
 BertConfig bert_base() { return BertConfig{}; }
 
@@ -145,27 +43,7 @@ void BertConfig::validate() const {
       hidden_dropout >= 0 && hidden_dropout < 1 && attention_dropout >= 0 && attention_dropout < 1,
       "[bert] model.hidden_dropout and model.attention_dropout must be in [0, 1)");
   ENGINE_CHECK(init_std > 0, "[bert] model.init_std must be positive");
-  const PositionConfig& p = position;
-  if (p.input == InputPosition::sinusoid || p.input == InputPosition::learnable_sinusoid)
-    ENGINE_CHECK(embedding_width() % 2 == 0,
-                 "[bert] sinusoidal positions need an even embedding width (model.embedding_size, "
-                 "or hidden_size), got ",
-                 embedding_width());
-  if (p.relative == RelativePosition::shaw_sinusoid ||
-      p.relative == RelativePosition::shaw_learnable_sinusoid)
-    ENGINE_CHECK(head_size() % 2 == 0,
-                 "[bert] sinusoidal relative positions need an even head size, got ", head_size());
-  if (p.relative == RelativePosition::t5_bias) {
-    ENGINE_CHECK(p.relative_buckets >= 4 && p.relative_buckets % 2 == 0,
-                 "[bert] model.position.relative_buckets must be even and at least 4, got ",
-                 p.relative_buckets);
-    ENGINE_CHECK(p.relative_max_distance > p.relative_buckets / 4,
-                 "[bert] model.position.relative_max_distance must exceed relative_buckets / 4 "
-                 "(the exact range), got ",
-                 p.relative_max_distance);
-  }
-  ENGINE_CHECK(p.rpe_clip >= 1, "[bert] model.position.rpe_clip must be at least 1, got ",
-               p.rpe_clip);
+  position.validate(*this);
 }
 
 BertConfig BertConfig::from_config(const engine::ConfigSection& m, int64_t default_vocab_size) {
@@ -233,7 +111,7 @@ std::string BertConfig::to_json() const {
   p["relative_max_distance"] = position.relative_max_distance;
   p["rpe_clip"] = position.rpe_clip;
   // Derived, for readers that do not know the preset table (the PyTorch reference checks them).
-  p["input"] = input_name(position.input);
+  p["input"] = position.input_name();
   j["position"] = p;
   return j.dump();
 }

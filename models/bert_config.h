@@ -9,44 +9,34 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "models/position/component.h"
 
 namespace models {
 
-// What is added to the token embedding before the input LayerNorm.
-enum class InputPosition { none, learned, sinusoid, learnable_sinusoid };
-// Relative terms inside attention.
-enum class RelativePosition {
-  none,
-  t5_bias,                  // b_h[bucket(j - i)], per head, shared by all layers (bert_r, tupe_r)
-  shaw_learned,             // q_i . (k_j + a_c(j-i)), values + a_c(j-i) (learned_rpe)
-  shaw_sinusoid,            // the same with fixed sinusoids (sin_rpe)
-  shaw_learnable_sinusoid,  // ... with learnable frequencies (learnable_sin_rpe)
-};
-// Absolute positions inside attention.
-enum class AttentionPosition {
-  none,
-  untied,      // TUPE: (p^ U^Q)(p^ U^K)^T / sqrt(2 d_h), one (1, H, T, T) term per forward
-  decomposed,  // bert_a_d: the four-term expansion with p U^Q, p U^K, / sqrt(4 d_h)
-};
 enum class ClsReset { none, paper, code };
 const char* cls_reset_name(ClsReset r);  // "none", "paper", "code"
 
+// The positional encoding: a preset (models/position/presets.cpp) and the families it combines
+// (models/position/component.h), with the knobs some families read.
 struct PositionConfig {
   std::string preset = "bert_a";
-  InputPosition input = InputPosition::learned;
-  RelativePosition relative = RelativePosition::none;
-  AttentionPosition attention = AttentionPosition::none;
+  std::vector<const PositionFamily*> families{&kLearnedPositions};  // the preset's, in order
   ClsReset cls_reset = ClsReset::none;  // TUPE's [CLS] reset; `paper` or `code` for tupe_a/tupe_r
   int64_t relative_buckets = 32;        // T5 buckets (both directions together)
   int64_t relative_max_distance = 128;  // T5 max distance
   int64_t rpe_clip = 64;                // Shaw: c(r) = clip(r, -rpe_clip, rpe_clip)
 
-  bool has_position_table() const;  // a learned (max_positions, d) table exists
-  // T5 bias-table rows: the buckets, plus two for [CLS] with cls_reset: code.
-  int64_t relative_bias_rows() const;
+  bool has_position_table() const;  // a learned (max_positions, e) table exists
+  bool has(const PositionFamily& family) const;
+  // The family that adds the input term ("learned", "sinusoid", "learnable_sinusoid") or "none".
+  std::string input_name() const;
+  void validate(const BertConfig& config) const;  // each family's checks; clear errors
+  // Why the preset has no Hugging Face BERT equivalent ("" for bert_a).
+  std::string hf_blocker() const;
 };
 
-// Every preset name a config accepts (the 13 rows of the second paper plus TUPE's presets).
+// Every preset name a config accepts (the 13 rows of the second paper, TUPE's presets, rope and
+// alibi), in the preset table's order.
 const std::vector<std::string>& position_presets();
 // Fills the parts of `pc` that `preset` switches on; `cls_reset` is "paper" or "code".
 void apply_position_preset(PositionConfig& pc, const std::string& preset,

@@ -311,17 +311,7 @@ HfConversion convert_to_hf(const std::string& checkpoint, const std::string& dir
   const BertConfig config = read_checkpoint_config(checkpoint);
   const PositionConfig& pos = config.position;
   if (pos.preset != "bert_a") {
-    std::string what;
-    if (pos.attention == AttentionPosition::untied)
-      what = "TUPE's untied positional attention (bert.position.query / key / norm)";
-    else if (pos.attention == AttentionPosition::decomposed)
-      what = "the decomposed positional attention (bert.position.query / key)";
-    else if (pos.relative != RelativePosition::none)
-      what = "relative positions inside attention (bert.position.relative_table / shaw_*)";
-    else if (pos.input != InputPosition::learned)
-      what = "its input positions (sinusoidal or none, not a learned table)";
-    if (pos.cls_reset != ClsReset::none)
-      what += (what.empty() ? "" : " and ") + std::string("the [CLS] reset");
+    const std::string what = pos.hf_blocker();
     ENGINE_FAIL("[hf] ", checkpoint, ": preset ", pos.preset,
                 " has no Hugging Face BERT equivalent (", what,
                 "); only bert_a models convert to HF BERT");

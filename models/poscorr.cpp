@@ -8,23 +8,12 @@
 
 #include "engine/autograd.h"
 #include "engine/error.h"
+#include "models/position/common.h"
 #include "ops/ops.h"
 
 namespace models {
 
 using engine::NoGrad;
-
-namespace {
-
-// (n, d) rows -> (H, n, d_h).
-Tensor heads_of(const Tensor& x, int64_t h) {
-  const int64_t n = x.size(0);
-  return x.view({n, h, x.size(1) / h}).permute({1, 0, 2});
-}
-
-Tensor cpu_f32(const Tensor& x) { return x.to(engine::Device::cpu()).contiguous(); }
-
-}  // namespace
 
 std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t,
                                                     const ProbeOptions& probe,
@@ -34,115 +23,13 @@ std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t,
   const BertConfig& c = bert.config();
   const PositionConfig& p = c.position;
   const PositionEncoding& pos = *bert.position;
-  const int64_t h = c.num_heads, d = c.hidden_size, dh = c.head_size();
   const bool reset = p.cls_reset != ClsReset::none;
   const AttentionTerms terms =
       pos.attention_terms(t, bert.token_embedding.device());  // checks t against learned tables
   std::vector<CorrelationMatrix> out;
+  pos.correlations(CorrelationContext{bert, t, terms, p.preset + ": "}, out);
   auto add = [&](CorrelationMatrix m) { out.push_back(std::move(m)); };
   const std::string preset = p.preset + ": ";
-
-  if (p.attention == AttentionPosition::untied) {
-    CorrelationMatrix m;
-    m.name = "tupe_term";
-    m.title = preset + "TUPE positional term" +
-              (reset ? " after the [CLS] reset" : " (no [CLS] reset)") +
-              (p.relative == RelativePosition::t5_bias ? ", with the relative bias" : "");
-    m.description =
-        "the (H, T, T) term added to every layer's attention logits: (p^ U^Q)(p^ U^K)^T / sqrt(2 "
-        "d_h)" +
-        std::string(p.relative == RelativePosition::t5_bias ? " + b[bucket(j - i)]" : "") +
-        (reset ? std::string(", row 0 = theta1 and column 0 = theta2 (cls_reset ") +
-                     cls_reset_name(p.cls_reset) + ")"
-               : "");
-    m.values = cpu_f32(terms.bias.select(0, 0));
-    m.logits = true;
-    m.first = reset ? 1 : 0;
-    add(m);
-  }
-  if (p.attention == AttentionPosition::decomposed) {
-    CorrelationMatrix m;
-    m.name = "decomposed_term";
-    m.title = preset + "positional term (p U^Q)(p U^K) / sqrt(4 d_h)";
-    m.description =
-        "bert_a_d's position-to-position term of every layer's logits: (p_i U^Q)(p_j U^K) / sqrt(4 "
-        "d_h)";
-    m.values = cpu_f32(
-        engine::matmul(terms.pos_query.select(0, 0), terms.pos_key.select(0, 0).transpose(1, 2)) *
-        (1.0 / std::sqrt(4.0 * double(dh))));
-    m.logits = true;
-    add(m);
-  }
-  const Tensor input = pos.input_term(t, bert.token_embedding.device());
-  // bert_a_d's positions enter through U^Q, U^K only; their P P^T is drawn all the same.
-  Tensor positions = input;
-  if (!positions.defined() && p.attention == AttentionPosition::decomposed)
-    positions = pos.table.slice(0, 0, t);
-  if (positions.defined()) {
-    const Tensor pe = cpu_f32(positions);
-    CorrelationMatrix dot;
-    dot.name = "ape_dot";
-    dot.title = preset + "P P^T between absolute position vectors";
-    dot.description = "p_i . p_j of the input position vectors (before the input LayerNorm)";
-    dot.values = engine::matmul(pe, pe.transpose(0, 1)).unsqueeze(0);
-    dot.per_head = false;
-    add(dot);
-  }
-  if (input.defined()) {
-    Tensor pe = cpu_f32(input);
-    if (bert.embedding_project)  // an embedding width of its own: into the layers' width first
-      pe = engine::matmul(pe, cpu_f32(bert.embedding_project->weight).transpose(0, 1));
-    // The first layer's per-head (p_i W^Q)(p_j W^K), in logit units (/ sqrt(d_h)); no biases.
-    const Tensor w = cpu_f32(bert.layers.at(0)->qkv.weight);  // (3d, d): Q | K | V rows
-    Tensor q = heads_of(engine::matmul(pe, w.slice(0, 0, d).transpose(0, 1)), h);
-    Tensor k = heads_of(engine::matmul(pe, w.slice(0, d, 2 * d).transpose(0, 1)), h);
-    CorrelationMatrix qk;
-    qk.name = "ape_qk";
-    qk.title = preset + "first layer (p_i W^Q)(p_j W^K) / sqrt(d_h)";
-    qk.description =
-        "per head, the first layer's query and key projections (no biases) of the absolute "
-        "position "
-        "vectors, divided by sqrt(d_h) as the layer scales its logits";
-    qk.values = engine::matmul(q, k.transpose(1, 2)) * (1.0 / std::sqrt(double(dh)));
-    qk.logits = true;
-    add(qk);
-  }
-  if (p.relative == RelativePosition::t5_bias) {
-    const std::vector<float> table = cpu_f32(pos.relative_table).to_vector<float>();  // (rows, H)
-    std::vector<float> v(size_t(h * (2 * t - 1)));
-    for (int64_t r = -(t - 1); r <= t - 1; ++r) {
-      const int64_t b = t5_bucket(r, p.relative_buckets, p.relative_max_distance);
-      for (int64_t k = 0; k < h; ++k)
-        v[size_t(k * (2 * t - 1) + r + t - 1)] = table[size_t(b * h + k)];
-    }
-    CorrelationMatrix m;
-    m.name = "relative_bias";
-    m.title = preset + "relative bias b[bucket(j - i)] per head and offset";
-    m.description =
-        "the T5 bias per head at every offset r = j - i from -(T-1) to T-1 (shared by all layers)";
-    m.values = Tensor::from_vector<float>(v, {h, 1, 2 * t - 1});
-    m.logits = true;
-    m.per_offset = true;
-    m.col_start = double(-(t - 1));
-    m.row_axis = "head";
-    m.col_axis = "offset j - i";
-    add(m);
-  }
-  if (terms.shaw_table.defined()) {
-    const Tensor a = cpu_f32(terms.shaw_table);  // (2 clip + 1, d_h)
-    CorrelationMatrix m;
-    m.name = "rpe_dot";
-    m.title = preset + "a_r . a_s between relative position vectors";
-    m.description =
-        "dot products of Shaw's relative vectors a_r (shared by heads and layers), r and s from "
-        "-clip to clip";
-    m.values = engine::matmul(a, a.transpose(0, 1)).unsqueeze(0);
-    m.per_head = false;
-    m.row_start = m.col_start = double(-p.rpe_clip);
-    m.row_axis = "offset r";
-    m.col_axis = "offset s";
-    add(m);
-  }
 
   // Identical-word probing: one token repeated over the whole sequence, the first layer's
   // logits averaged over the tokens.
@@ -174,7 +61,7 @@ std::vector<CorrelationMatrix> extract_correlations(BertModel& bert, int64_t t,
       "the first layer's attention logits for a sequence of one repeated token, averaged over the "
       "probe "
       "tokens (the second paper's identical-word probing)";
-  m.values = cpu_f32(engine::mean(logits, {0}));
+  m.values = position::cpu_f32(engine::mean(logits, {0}));
   m.logits = true;
   m.first = reset ? 1 : 0;
   add(m);

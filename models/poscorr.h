@@ -18,20 +18,7 @@
 
 namespace models {
 
-struct CorrelationMatrix {
-  std::string name;         // the file stem: tupe_term, ape_dot, ape_qk, decomposed_term,
-                            // relative_bias, rpe_dot, probe_logits
-  std::string title;        // one line for the picture
-  std::string description;  // what it is, for summary.json
-  Tensor values;            // (K, R, C) f32 CPU: K = heads (or 1), R x C the matrix
-  bool per_head = true;     // K indexes heads; otherwise K = 1
-  bool logits = false;      // in attention-logit units: the pattern classification applies
-  bool per_offset = false;  // columns are relative offsets (relative_bias): measured on the
-                            // Toeplitz (T, T) matrix it induces
-  int64_t first = 0;        // measures skip rows/columns before this (1 under TUPE's [CLS] reset)
-  double row_start = 0, col_start = 0;  // the label of row 0 / column 0 (offsets start negative)
-  std::string row_axis = "query position i", col_axis = "key position j";
-};
+// CorrelationMatrix: models/position/component.h (each positional family describes its own).
 
 struct ProbeOptions {
   int64_t tokens = 10;  // random token ids averaged over (identical-word probing)

@@ -118,7 +118,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
   const Device dev = logits.device();
   DeviceGuard guard(dev.index);
   const cudaStream_t stream = compute_stream(dev.index);
-  cuda::dispatch_floating(logits.dtype(), "cross_entropy", [&]<class T>() {
+  cuda::dispatch_device_floating(logits.dtype(), "cross_entropy", [&]<class T>() {
     dispatch_index(targets.dtype(), "cross_entropy", [&]<class I>() {
       using V = Acc<T>;
       Tensor row_loss = Tensor::empty({n > 0 ? n : 1}, lse.dtype(), dev);
@@ -148,7 +148,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   DeviceGuard guard(dev.index);
   const LaunchConfig rows{dim3(static_cast<unsigned>(n)), dim3(row_threads(c)), 0,
                           compute_stream(dev.index)};
-  cuda::dispatch_floating(logits.dtype(), "cross_entropy_backward", [&]<class T>() {
+  cuda::dispatch_device_floating(logits.dtype(), "cross_entropy_backward", [&]<class T>() {
     dispatch_index(targets.dtype(), "cross_entropy_backward", [&]<class I>() {
       using V = Acc<T>;
       ENGINE_LAUNCH((cross_entropy_backward_rows<T, I>), rows, dptr<const T>(logits),

@@ -76,7 +76,7 @@ void dropout(const Tensor& x, const Tensor& y, double p, PhiloxState s) {
   if (n == 0) return;
   DeviceGuard guard(x.device().index);
   const uint32_t threshold = dropout_threshold(p);
-  dispatch_floating(x.dtype(), "dropout", [&]<class T>() {
+  dispatch_device_floating(x.dtype(), "dropout", [&]<class T>() {
     const Acc<T> scale = static_cast<Acc<T>>(1.0 / (1.0 - p));
     const bool vec = reinterpret_cast<uintptr_t>(x.raw_data()) % (4 * sizeof(T)) == 0 &&
                      reinterpret_cast<uintptr_t>(y.raw_data()) % (4 * sizeof(T)) == 0;
@@ -97,7 +97,7 @@ void dropout_mask(const Tensor& mask, double p, PhiloxState s) {
   if (mask.dtype() == DType::u8) {
     fill.template operator()<uint8_t>();
   } else {
-    dispatch_floating(mask.dtype(), "dropout_mask", fill);
+    dispatch_device_floating(mask.dtype(), "dropout_mask", fill);
   }
 }
 

@@ -218,7 +218,7 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t n = out.numel();
   DeviceGuard guard(out.device().index);
   cudaStream_t stream = compute_stream(out.device().index);
-  dispatch_floating(out.dtype(), name, [&]<class T>() {
+  dispatch_device_floating(out.dtype(), name, [&]<class T>() {
     using V = Acc<T>;
     const T* pa = static_cast<const T*>(a.raw_data());
     const T* pb = static_cast<const T*>(b.raw_data());
@@ -252,7 +252,7 @@ void affine(const Tensor& x, double alpha, double beta, const Tensor& out) {
   if (n == 0) return;
   DeviceGuard guard(out.device().index);
   cudaStream_t stream = compute_stream(out.device().index);
-  dispatch_floating(out.dtype(), "affine", [&]<class T>() {
+  dispatch_device_floating(out.dtype(), "affine", [&]<class T>() {
     using V = Acc<T>;
     const AffineOp<V> f{static_cast<V>(alpha), static_cast<V>(beta)};
     const T* px = static_cast<const T*>(x.raw_data());
@@ -278,7 +278,7 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& y) {
   if (n == 0) return;
   DeviceGuard guard(x.device().index);
   cudaStream_t stream = compute_stream(x.device().index);
-  dispatch_floating(x.dtype(), name, [&]<class T>() {
+  dispatch_device_floating(x.dtype(), name, [&]<class T>() {
     using V = Acc<T>;
     const T* px = static_cast<const T*>(x.raw_data());
     T* py = static_cast<T*>(y.raw_data());
@@ -306,7 +306,7 @@ void unary_backward(UnaryOp op, const Tensor& saved, const Tensor& gy, const Ten
   if (n == 0) return;
   DeviceGuard guard(gx.device().index);
   cudaStream_t stream = compute_stream(gx.device().index);
-  dispatch_floating(gx.dtype(), name, [&]<class T>() {
+  dispatch_device_floating(gx.dtype(), name, [&]<class T>() {
     using V = Acc<T>;
     const T* ps = static_cast<const T*>(saved.raw_data());
     const T* pg = static_cast<const T*>(gy.raw_data());
@@ -340,7 +340,7 @@ void bias_gelu(const Tensor& x, const Tensor& bias, const Tensor& y) {
   if (rows == 0) return;
   DeviceGuard guard(x.device().index);
   const cudaStream_t stream = compute_stream(x.device().index);
-  dispatch_floating(x.dtype(), "bias_gelu", [&]<class T>() {
+  dispatch_device_floating(x.dtype(), "bias_gelu", [&]<class T>() {
     constexpr int kV = 16 / sizeof(T);
     auto run = [&]<int V>() {
       const int64_t n_vec = rows * n / V;
@@ -367,7 +367,7 @@ void bias_gelu_backward(const Tensor& x, const Tensor& bias, const Tensor& gy, c
   }
   const int index = x.device().index;
   DeviceGuard guard(index);
-  dispatch_floating(x.dtype(), "bias_gelu_backward", [&]<class T>() {
+  dispatch_device_floating(x.dtype(), "bias_gelu_backward", [&]<class T>() {
     constexpr int kV = reduce_vec<T>();
     auto run = [&]<int V>() {
       const BiasGeluBackward<T, V> f{dptr<const T>(x), dptr<const T>(bias), dptr<const T>(gy),

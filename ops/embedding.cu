@@ -97,7 +97,7 @@ void gather_rows(const Tensor& table, const Tensor& index, const Tensor& out) {
                     FastDiv(static_cast<uint32_t>(dv < (int64_t{1} << 31) ? dv : 1)), err);
       return;
     }
-    cuda::dispatch_all(table.dtype(), [&]<class T>() {
+    cuda::dispatch_device_all(table.dtype(), [&]<class T>() {
       ENGINE_LAUNCH((gather_rows_elems<T, I>), cfg(m * d), dptr<const T>(table),
                     dptr<const I>(index), dptr<T>(out), m, d, rows, err);
     });
@@ -337,7 +337,7 @@ void scatter_add_rows(const Tensor& grad_out, const Tensor& index, const Tensor&
   const Tensor keys = inverted.defined() ? inverted : sorted_index_keys(index, rows);
   ENGINE_CHECK(keys.numel() == m && keys.dtype() == DType::i64, "[scatter_add_rows] the inverted ",
                "index ", describe(keys), " does not have one i64 key per id (", m, ")");
-  cuda::dispatch_floating(grad_table.dtype(), "scatter_add_rows", [&]<class T>() {
+  cuda::dispatch_device_floating(grad_table.dtype(), "scatter_add_rows", [&]<class T>() {
     using A = ScatterAcc<T>;
     constexpr int kV = reduce_vec<T>();
     auto run = [&]<int V>() {

@@ -94,7 +94,7 @@ void unscale_check(const Tensor& x, double inv_scale, const Tensor& stats) {
   const int blocks = int(std::clamp<int64_t>((vecs + kThreads - 1) / kThreads, 1, kBlocks));
   Tensor partials = Tensor::empty({2, kBlocks}, DType::f64, x.device());
   double* sums = partials.data<double>();
-  dispatch_floating(x.dtype(), "unscale_and_check_", [&]<class T>() {
+  dispatch_device_floating(x.dtype(), "unscale_and_check_", [&]<class T>() {
     ENGINE_LAUNCH(unscale_check_vec<T>, (LaunchConfig{dim3(blocks), dim3(kThreads), 0, stream}),
                   static_cast<T*>(x.raw_data()), x.numel(), static_cast<T>(inv_scale),
                   inv_scale != 1.0, sums, sums + kBlocks);
@@ -110,7 +110,7 @@ void scale(const Tensor& x, double factor) {
   cudaStream_t stream = compute_stream(x.device().index);
   check_slab(x, "scale_");
   const int blocks = grid_blocks(n, kThreads, 4096);
-  dispatch_floating(x.dtype(), "scale_", [&]<class T>() {
+  dispatch_device_floating(x.dtype(), "scale_", [&]<class T>() {
     ENGINE_LAUNCH(scale_kernel_impl<T>, (LaunchConfig{dim3(blocks), dim3(kThreads), 0, stream}),
                   static_cast<T*>(x.raw_data()), n, static_cast<T>(factor));
   });

@@ -261,7 +261,7 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
   const int device = x.device().index;
   DeviceGuard guard(device);
   const int e = warp_row_elems(c);
-  dispatch_floating(x.dtype(), "layer_norm", [&]<class T>() {
+  dispatch_device_floating(x.dtype(), "layer_norm", [&]<class T>() {
     using S = Stats<T>;
     if (e == 0) {
       const LaunchConfig cfg{dim3(static_cast<unsigned>(rows)), dim3(row_threads(c)), 0,
@@ -298,7 +298,7 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
   ENGINE_CHECK(rows < (int64_t(1) << 31), "[layer_norm_backward] ", rows,
                " rows exceed one grid dimension");
   const int e = warp_row_elems(c);
-  dispatch_floating(x.dtype(), "layer_norm_backward", [&]<class T>() {
+  dispatch_device_floating(x.dtype(), "layer_norm_backward", [&]<class T>() {
     using S = Stats<T>;
     if (dx.defined()) {
       if (e == 0) {

@@ -13,5 +13,6 @@
 #include "ops/matmul.h"
 #include "ops/reduce.h"
 #include "ops/relative.h"
+#include "ops/rotary.h"
 #include "ops/sampling.h"
 #include "ops/softmax.h"

@@ -96,7 +96,7 @@ void relative_gather(const Tensor& x, const Tensor& index, const Tensor& out) {
   const int64_t rows = x.shape()[0] * tq;
   if (rows == 0 || tk == 0) return;
   DeviceGuard guard(x.device().index);
-  dispatch_all(x.dtype(), [&]<class T>() {
+  dispatch_device_all(x.dtype(), [&]<class T>() {
     ENGINE_LAUNCH(relative_gather_elems<T>, flat_config(rows * tk, x), dptr<const T>(x),
                   dptr<const int64_t>(index), dptr<T>(out), rows, tq, tk, r,
                   device_index_error(x.device().index));
@@ -121,7 +121,7 @@ void relative_scatter(const Tensor& y, const Tensor& index, const Tensor& out) {
   ENGINE_LAUNCH(relative_invert_index, invert, dptr<const int64_t>(index), tq, tk, r,
                 dptr<int32_t>(offsets), dptr<int32_t>(cursor), dptr<int32_t>(keys),
                 device_index_error(dev.index));
-  dispatch_floating(y.dtype(), "relative_scatter", [&]<class T>() {
+  dispatch_device_floating(y.dtype(), "relative_scatter", [&]<class T>() {
     ENGINE_LAUNCH(relative_scatter_elems<T>, flat_config(rows * r, y), dptr<const T>(y),
                   dptr<const int32_t>(offsets), dptr<const int32_t>(keys), dptr<T>(out), rows, tq,
                   tk, r);

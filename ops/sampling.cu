@@ -93,7 +93,7 @@ void sample_categorical(const Tensor& logits, double temperature, PhiloxState s,
   DeviceGuard guard(dev.index);
   const LaunchConfig rows{dim3(static_cast<unsigned>(n)), dim3(kSampleThreads), 0,
                           compute_stream(dev.index)};
-  cuda::dispatch_floating(logits.dtype(), "sample_categorical", [&]<class T>() {
+  cuda::dispatch_device_floating(logits.dtype(), "sample_categorical", [&]<class T>() {
     ENGINE_LAUNCH(sample_rows<T>, rows, dptr<const T>(logits), c, static_cast<float>(temperature),
                   s, dptr<int64_t>(out));
   });

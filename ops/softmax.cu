@@ -442,7 +442,7 @@ void launch_softmax_forward(const Tensor& x, double scale, const Tensor& bias, c
   L.bias_vec = rows_of_4(bias, bias_lead, L.bias_step);
   L.mask_vec = rows_of_4(mask, mask_lead, L.mask_step);
   const int e = warp_row_elems(L.n);
-  dispatch_floating(x.dtype(), "softmax", [&]<class T>() {
+  dispatch_device_floating(x.dtype(), "softmax", [&]<class T>() {
     const Acc<T> s = static_cast<Acc<T>>(scale);
     if (e == 0) {
       ENGINE_LAUNCH(softmax_forward_rows<T>, rows_config(L.rows, L.n, x), dptr<const T>(x),
@@ -466,7 +466,7 @@ void launch_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx
   if (rows == 0) return;
   DeviceGuard guard(y.device().index);
   const int e = warp_row_elems(n);
-  dispatch_floating(y.dtype(), "softmax_backward", [&]<class T>() {
+  dispatch_device_floating(y.dtype(), "softmax_backward", [&]<class T>() {
     if (e == 0) {
       ENGINE_LAUNCH(softmax_backward_rows<T>, rows_config(rows, n, y), dptr<const T>(y),
                     dptr<const T>(dy), dptr<T>(dx), n, dropout, drop, dptr<const T>(kept));
@@ -507,7 +507,7 @@ void log_softmax_forward(const Tensor& x, const Tensor& y) {
   const int64_t rows = row_count(x, n);
   if (rows == 0) return;
   DeviceGuard guard(x.device().index);
-  dispatch_floating(x.dtype(), "log_softmax", [&]<class T>() {
+  dispatch_device_floating(x.dtype(), "log_softmax", [&]<class T>() {
     ENGINE_LAUNCH(log_softmax_forward_rows<T>, rows_config(rows, n, x),
                   static_cast<const T*>(x.raw_data()), static_cast<T*>(y.raw_data()), n);
   });
@@ -518,7 +518,7 @@ void log_softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
   const int64_t rows = row_count(y, n);
   if (rows == 0) return;
   DeviceGuard guard(y.device().index);
-  dispatch_floating(y.dtype(), "log_softmax_backward", [&]<class T>() {
+  dispatch_device_floating(y.dtype(), "log_softmax_backward", [&]<class T>() {
     ENGINE_LAUNCH(log_softmax_backward_rows<T>, rows_config(rows, n, y),
                   static_cast<const T*>(y.raw_data()), static_cast<const T*>(dy.raw_data()),
                   static_cast<T*>(dx.raw_data()), n);

@@ -239,8 +239,8 @@ class CudaBackend final : public Backend {
       return;
     }
     if (src.is_contiguous() && dst.is_contiguous()) {  // a dtype conversion
-      dispatch_all(src.dtype(), [&]<class S>() {
-        dispatch_all(dst.dtype(), [&]<class D>() {
+      dispatch_device_all(src.dtype(), [&]<class S>() {
+        dispatch_device_all(dst.dtype(), [&]<class D>() {
           launch_elementwise("copy_convert", n, stream, ConvertOp{}, dptr<D>(dst),
                              static_cast<const S*>(dptr<S>(src)));
         });
@@ -265,8 +265,8 @@ class CudaBackend final : public Backend {
       return;
     }
     const auto ix = make_indexer<2>(c);
-    dispatch_all(src.dtype(), [&]<class S>() {
-      dispatch_all(dst.dtype(), [&]<class D>() {
+    dispatch_device_all(src.dtype(), [&]<class S>() {
+      dispatch_device_all(dst.dtype(), [&]<class D>() {
         ENGINE_LAUNCH((copy_kernel<S, D>), grid_for(n, dst), static_cast<const S*>(src.raw_data()),
                       static_cast<D*>(dst.raw_data()), ix, n);
       });
@@ -282,7 +282,7 @@ class CudaBackend final : public Backend {
     int64_t n = dst.numel();
     if (!n) return;
     const cudaStream_t stream = compute_stream(dst.device().index);
-    dispatch_all(dst.dtype(), [&]<class T>() {
+    dispatch_device_all(dst.dtype(), [&]<class T>() {
       const T v = from_acc<T>(value);
       if (dst.is_contiguous()) {
         launch_elementwise("fill", n, stream, ConstOp<Acc<T>>{to_acc(v)}, dptr<T>(dst));
@@ -308,14 +308,14 @@ class CudaBackend final : public Backend {
     if (src.dtype() != dst.dtype()) {  // f32 += bf16 / f16 (backend.h)
       ENGINE_ASSERT(dst.dtype() == DType::f32 && dst.is_contiguous() && src.is_contiguous() &&
                     (src.dtype() == DType::bf16 || src.dtype() == DType::f16));
-      dispatch_floating(src.dtype(), "add_", [&]<class S>() {
+      dispatch_device_floating(src.dtype(), "add_", [&]<class S>() {
         launch_elementwise("add_", n, stream, AddScaledOp<float>{static_cast<float>(alpha)},
                            dptr<float>(dst), static_cast<const float*>(dptr<float>(dst)),
                            dptr<const S>(src));
       });
       return;
     }
-    dispatch_all(dst.dtype(), [&]<class T>() {
+    dispatch_device_all(dst.dtype(), [&]<class T>() {
       if (dst.is_contiguous() && src.is_contiguous()) {
         launch_elementwise("add_", n, stream, AddScaledOp<Acc<T>>{static_cast<Acc<T>>(alpha)},
                            dptr<T>(dst), static_cast<const T*>(dptr<T>(dst)),
@@ -379,7 +379,7 @@ class CudaBackend final : public Backend {
     const int device = dst.device().index;
     DeviceGuard guard(device);
     const bool innermost_kept = c.strides[1].back() != 0;
-    dispatch_all(src.dtype(), [&]<class T>() {
+    dispatch_device_all(src.dtype(), [&]<class T>() {
       constexpr int kV = reduce_vec<T>();
       if (innermost_kept) {
         // columns: the contiguous kept dim is `width`; the other kept dims index its groups.

@@ -1,7 +1,8 @@
 // The helpers every CUDA kernel of the engine shares, written once (docs/cuda.md):
 //
-//   - dtype dispatch on the host: dispatch_float (f32 / bf16 / f16, the compute dtypes),
-//     dispatch_floating (+ f64), dispatch_all (every DType), each naming the op when it refuses;
+//   - dtype dispatch on the host: dispatch_device_float (f32 / bf16 / f16, the compute dtypes),
+//     dispatch_device_floating (+ f64), dispatch_device_all (every DType), each naming the op when
+//     it refuses;
 //   - element conversion: Acc<T> (the accumulation type: float for bf16 / f16, T otherwise),
 //     to_acc(x) and from_acc<T>(v), usable on host and device; dmath:: erf, tanh, sin, cos,
 //     exp, log, sqrt and mul_rn (a product never fused into an FMA) for float and double;
@@ -100,17 +101,17 @@ void dispatch_floating_impl(DType t, const char* op, F&& f) {
 }  // namespace detail
 
 template <class F>
-void dispatch_float(DType t, const char* op, F&& f) {
+void dispatch_device_float(DType t, const char* op, F&& f) {
   detail::dispatch_floating_impl<false>(t, op, static_cast<F&&>(f));
 }
 
 template <class F>
-void dispatch_floating(DType t, const char* op, F&& f) {
+void dispatch_device_floating(DType t, const char* op, F&& f) {
   detail::dispatch_floating_impl<true>(t, op, static_cast<F&&>(f));
 }
 
 template <class F>
-void dispatch_all(DType t, F&& f) {
+void dispatch_device_all(DType t, F&& f) {
   switch (t) {
     case DType::f32:
       return f.template operator()<float>();

@@ -192,20 +192,26 @@ if finished:
 p = run(["--config", P("cfg.yaml"), "--out", P("rel"), "--set", "model.position.preset=sin_rpe",
          "--set", "train.steps=6", "--set", "train.valid_every=0"])
 check(p.returncode == 0, "a sin_rpe run on the corpus", p.stdout + p.stderr)
+p = run(["--config", P("cfg.yaml"), "--out", P("alibi"), "--set", "model.position.preset=alibi",
+         "--set", "train.steps=6", "--set", "train.valid_every=0"])
+check(p.returncode == 0, "an alibi run on the corpus", p.stdout + p.stderr)
 tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "length_generalisation.py")
 p = subprocess.run([sys.executable, tool, "--app", app, "--corpus", P("corpus"), "--out", P("lengths"),
-                    "--lengths", "64,128", "--train-length", "64", P("rel") + "=sin_rpe", P("a") + "=tupe_r"],
+                    "--lengths", "64,128", "--train-length", "64", P("rel") + "=sin_rpe", P("a") + "=tupe_r",
+                    P("alibi") + "=alibi"],
                    capture_output=True, text=True)
 try:
     with open(P("lengths.json")) as f:
         lg = json.load(f)
-    rel, learned = lg["runs"][0]["lengths"], lg["runs"][1]["lengths"]
+    rel, learned, alibi = (lg["runs"][i]["lengths"] for i in range(3))
     with open(P("lengths.md")) as f:
         table = f.read()
     check(rel["64"] is not None and rel["128"] is not None and len(rel["128"]["by_position"]) == 128
           and learned["64"] is not None and learned["128"] is None
-          and "| sin_rpe |" in table and "| tupe_r |" in table and "n/a" in table,
-          "length_generalisation.py: sin_rpe at 64 and 128, tupe_r's table only at 64", p.stdout + p.stderr)
+          and alibi["128"] is not None and len(alibi["128"]["by_position"]) == 128
+          and "| sin_rpe |" in table and "| tupe_r |" in table and "| alibi |" in table and "n/a" in table,
+          "length_generalisation.py: sin_rpe and alibi at 64 and 128, tupe_r's table only at 64",
+          p.stdout + p.stderr)
 except (OSError, KeyError, ValueError, IndexError) as e:
     check(False, f"length_generalisation.py writes its table and data ({e})", p.stdout + p.stderr)
 try:

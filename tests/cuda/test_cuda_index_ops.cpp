@@ -170,6 +170,31 @@ TEST_CASE("relative_gather and relative_scatter on the device equal the CPU bit 
   require_equal(relative_scatter(y.to(kGpu), index.to(kGpu), 5).to(Device::cpu()), want);
 }
 
+TEST_CASE("rotary on the device matches the CPU, forward and backward", "[cuda]") {
+  Generator g(46);
+  for (auto [l, t, d] : {std::array<int64_t, 3>{1, 1, 2}, {3, 7, 10}, {2, 33, 64}, {0, 4, 8}}) {
+    INFO("L " << l << " T " << t << " D " << d);
+    Tensor theta = Tensor::randn({t, d / 2}, g) * 3.0;
+    Tensor c = cos(theta), s = sin(theta);
+    Tensor cg = c.to(kGpu), sg = s.to(kGpu);
+    for (DType dt : {DType::f32, DType::f64}) {
+      // A non-contiguous x, as the layers' q and k views of the fused projection are.
+      Tensor x = Tensor::randn({t, l, d}, g, 0, 1, dt).set_requires_grad();
+      Tensor xg = x.detach().to(kGpu).set_requires_grad();
+      Tensor y = rotary(x.transpose(0, 1), c, s), yg = rotary(xg.transpose(0, 1), cg, sg);
+      require_close(yg, y, 1e-6, 1e-6);
+      Tensor dy = Tensor::randn(y.shape(), g, 0, 1, dt);
+      y.backward(dy);
+      yg.backward(dy.to(kGpu));
+      require_close(xg.grad(), x.grad(), 1e-6, 1e-6);
+    }
+    // bf16: rotated in f32, rounded once.
+    Tensor xb = Tensor::randn({l, t, d}, g).to(DType::bf16);
+    Tensor want = rotary(xb.to(DType::f32), c, s).to(DType::bf16).to(DType::f32);
+    require_close(rotary(xb.to(kGpu), cg, sg).to(Device::cpu()).to(DType::f32), want, 8e-3, 1e-6);
+  }
+}
+
 TEST_CASE("cross_entropy on the device matches the CPU with ignored rows and every reduction",
           "[cuda]") {
   Generator g(45);

@@ -13,6 +13,7 @@
 #include "models/bert.h"
 #include "models/checkpoint.h"
 #include "models/model_support.h"
+#include "models/position/untied.h"
 #include "ops/ops.h"
 
 using namespace models;
@@ -142,20 +143,22 @@ TEST_CASE("TUPE's positional term: token-independent, once per forward, reset to
       engine::NoGrad ng;
       model.forward(random_inputs(2, t, 50, 1), g);
       REQUIRE(model.attention_terms_computed() == 1);  // 3 layers, one computation
-      Tensor bias1 = model.last_attention_terms().bias.clone();
+      Tensor bias1 = model.position->attention_terms(t, engine::Device::cpu()).bias.clone();
       REQUIRE(bias1.shape() == engine::Shape{1, 4, t, t});  // (1, H, T, T): never per example
       model.forward(random_inputs(5, t, 50, 2), g);
       REQUIRE(model.attention_terms_computed() == 2);
-      REQUIRE(max_abs_diff(bias1, model.last_attention_terms().bias) == 0.0);
+      REQUIRE(max_abs_diff(bias1, model.position->attention_terms(t, engine::Device::cpu()).bias) ==
+              0.0);
 
       // Row 0 holds theta1 and column 0 below it theta2 (plus the [CLS] buckets' scalars in
       // the code's TUPE-R).
-      auto [th1, th2] = model.position->cls_thetas();
+      const UntiedTerm& untied = untied_term_of(*model.position);
+      auto [th1, th2] = untied.cls_thetas();
       std::vector<float> b = bias1.to_vector<float>(), t1 = th1.to_vector<float>(),
                          t2 = th2.to_vector<float>();
       std::vector<float> rel;
       if (preset == "tupe_r" && reset == "code")
-        rel = model.position->relative_table.to_vector<float>();  // (34, H)
+        rel = model.position->parameter("relative_table").to_vector<float>();  // (34, H)
       const int64_t h = 4, nb = 32;
       for (int64_t hh = 0; hh < h; ++hh) {
         for (int64_t j = 0; j < t; ++j) {
@@ -168,7 +171,7 @@ TEST_CASE("TUPE's positional term: token-independent, once per forward, reset to
         }
       }
       // Elsewhere it is the untied term (plus the relative bias for tupe_r).
-      Tensor v = model.position->untied_term(t);
+      Tensor v = untied.untied_term(t);
       std::vector<float> vv = v.to_vector<float>();
       if (preset == "tupe_a") REQUIRE(std::fabs(b[size_t(t + 1)] - vv[size_t(t + 1)]) < 1e-6);
       // theta differs from the untied (0, 0) entry: the reset did something.
@@ -180,7 +183,83 @@ TEST_CASE("TUPE's positional term: token-independent, once per forward, reset to
   engine::Generator g(1);
   engine::NoGrad ng;
   tie.forward(random_inputs(1, 7, 50, 1), g);
-  REQUIRE(max_abs_diff(tie.last_attention_terms().bias, tie.position->untied_term(7)) == 0.0);
+  REQUIRE(max_abs_diff(tie.position->attention_terms(7, engine::Device::cpu()).bias,
+                       untied_term_of(*tie.position).untied_term(7)) == 0.0);
+}
+
+TEST_CASE("alibi: the paper's slopes, a constant bias -m_h |j - i|, no parameters", "[bert]") {
+  REQUIRE(alibi_slopes(8) == std::vector<double>{1. / 2, 1. / 4, 1. / 8, 1. / 16, 1. / 32, 1. / 64,
+                                                 1. / 128, 1. / 256});
+  REQUIRE(alibi_slopes(1) == std::vector<double>{1. / 256});
+  // Not a power of two: the 8 slopes of 8, then every other slope of 16 (2^-0.5, 2^-1.5, ...).
+  const std::vector<double> s12 = alibi_slopes(12);
+  REQUIRE(s12.size() == 12);
+  for (int h = 0; h < 8; ++h) REQUIRE(s12[size_t(h)] == std::ldexp(1.0, -(h + 1)));
+  for (int k = 0; k < 4; ++k) REQUIRE(s12[size_t(8 + k)] == Approx(std::pow(2.0, -0.5 - k)));
+  REQUIRE(alibi_slopes(6) == std::vector<double>{1. / 4, 1. / 16, 1. / 64, 1. / 256,
+                                                 std::pow(2.0, -1.0), std::pow(2.0, -3.0)});
+
+  BertConfig c = tiny("alibi");
+  c.num_heads = 4;
+  BertModel model(c, seeded(3));
+  REQUIRE(model.position->named_parameters().empty());
+  const int64_t t = 9;
+  const AttentionTerms terms = model.position->attention_terms(t, engine::Device::cpu());
+  REQUIRE(terms.bias.shape() == engine::Shape{1, 4, t, t});
+  REQUIRE_FALSE(terms.bias.requires_grad());
+  const std::vector<float> b = terms.bias.to_vector<float>();
+  const std::vector<double> m = alibi_slopes(4);
+  for (int64_t h = 0; h < 4; ++h)
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t j = 0; j < t; ++j)
+        REQUIRE(b[size_t((h * t + i) * t + j)] == float(-m[size_t(h)] * double(std::llabs(j - i))));
+  // A shorter length is the leading block, a longer one any length (no table).
+  const AttentionTerms t4 = model.position->attention_terms(4, engine::Device::cpu());
+  REQUIRE(max_abs_diff(t4.bias, terms.bias.slice(2, 0, 4).slice(3, 0, 4)) == 0.0);
+  REQUIRE(model.position->attention_terms(40, engine::Device::cpu()).bias.size(3) == 40);
+  REQUIRE(terms.scale_factor == 1.0);
+}
+
+TEST_CASE("rope: q.k of identical tokens depends on j - i only; no parameters", "[bert]") {
+  for (const char* preset : {"rope", "alibi"}) {
+    INFO(preset);
+    BertConfig c = tiny(preset);
+    BertModel model(c, seeded(5));
+    model.train(false);
+    REQUIRE(model.position->named_parameters().empty());
+    engine::NoGrad ng;
+    const int64_t t = 11;
+    // One token repeated: every position has the same x, so the logits differ by position only
+    // through the encoding, which is relative: the (T, T) logits are Toeplitz.
+    BertInputs in;
+    in.input_ids = Tensor::from_vector<int64_t>(std::vector<int64_t>(size_t(t), 7), {1, t});
+    engine::Generator g(1);
+    const AttentionTerms terms = model.position->attention_terms(t, engine::Device::cpu());
+    Tensor logits = model.layers.at(0)->attention_logits(model.embed(in, g), terms);
+    const std::vector<float> v = logits.to_vector<float>();
+    for (int64_t h = 0; h < c.num_heads; ++h)
+      for (int64_t i = 1; i < t; ++i)
+        for (int64_t j = 1; j < t; ++j)
+          REQUIRE(v[size_t((h * t + i) * t + j)] ==
+                  Approx(v[size_t((h * t + i - 1) * t + j - 1)]).margin(1e-5));
+    // Not constant along a row: the positions do something.
+    REQUIRE(std::fabs(v[0] - v[size_t(t - 1)]) > 1e-4);
+  }
+  BertModel rope(tiny("rope"), seeded(5));
+  const AttentionTerms terms = rope.position->attention_terms(6, engine::Device::cpu());
+  REQUIRE(terms.rotary_cos.shape() == engine::Shape{6, 4});  // d_h 8: 4 pairs
+  REQUIRE_FALSE(terms.bias.defined());
+  // Position 0 is not rotated; position 1's first pair by 1 radian, its last by 10000^(-6/8).
+  const std::vector<float> cs = terms.rotary_cos.to_vector<float>(),
+                           sn = terms.rotary_sin.to_vector<float>();
+  REQUIRE(cs[0] == 1.f);
+  REQUIRE(sn[0] == 0.f);
+  REQUIRE(cs[4] == float(std::cos(1.0)));
+  REQUIRE(sn[7] == float(std::sin(std::pow(10000.0, -6.0 / 8.0))));
+  BertConfig odd = tiny("rope");
+  odd.hidden_size = 18;
+  odd.num_heads = 2;  // d_h 9
+  REQUIRE_THROWS_WITH(odd.validate(), Contains("rope") && Contains("even head size"));
 }
 
 TEST_CASE("every TUPE-R parameter receives a gradient through the shared term", "[bert][tupe]") {
@@ -199,12 +278,10 @@ TEST_CASE("every TUPE-R parameter receives a gradient through the shared term", 
     REQUIRE(p.grad().defined());
   }
   // The [CLS] vectors and the relative table got nonzero gradients.
-  REQUIRE(
-      engine::sum(engine::mul(m.bert.position->cls_theta.grad(), m.bert.position->cls_theta.grad()))
-          .item() > 0);
-  REQUIRE(engine::sum(engine::mul(m.bert.position->relative_table.grad(),
-                                  m.bert.position->relative_table.grad()))
-              .item() > 0);
+  for (const char* name : {"cls_theta", "relative_table"}) {
+    const Tensor grad = m.bert.position->parameter(name).grad();
+    REQUIRE(engine::sum(engine::mul(grad, grad)).item() > 0);
+  }
 }
 
 TEST_CASE("every preset runs forward and backward with a finite loss", "[bert]") {
@@ -254,7 +331,7 @@ TEST_CASE("sequence length: learned tables refuse T > max_positions, formulas ex
   }
 }
 
-TEST_CASE("BERT-Base parameter counts: bert_a and tupe_r at vocab 32768", "[bert]") {
+TEST_CASE("BERT-Base parameter counts: bert_a, tupe_r, rope, alibi at vocab 32768", "[bert]") {
   auto count = [](const std::string& preset) {
     BertConfig c = bert_base();
     c.vocab_size = 32768;
@@ -275,6 +352,9 @@ TEST_CASE("BERT-Base parameter counts: bert_a and tupe_r at vocab 32768", "[bert
   const int64_t extra = tupe_r - bert_a;
   REQUIRE(extra == 2 * (768 * 768 + 768) + 2 * 768 + 2 * 768 + 32 * 12);
   REQUIRE(extra == Approx(1.18e6).epsilon(0.01));
+  // rope and alibi have no positional parameter: bert_a less its 512 x 768 table.
+  REQUIRE(count("rope") == bert_a - 512 * 768);
+  REQUIRE(count("alibi") == bert_a - 512 * 768);
 }
 
 TEST_CASE("model configs from YAML: sizes, presets and clear errors", "[bert][config]") {
@@ -285,13 +365,14 @@ TEST_CASE("model configs from YAML: sizes, presets and clear errors", "[bert][co
   BertConfig base =
       parse("model:\n  size: base\n  vocab_size: 30522\n  position:\n    preset: tupe_r\n");
   REQUIRE(base.hidden_size == 768);
-  REQUIRE(base.position.relative == RelativePosition::t5_bias);
+  REQUIRE(base.position.has(kT5Bias));
+  REQUIRE(base.position.has(kUntiedPositions));
   REQUIRE(base.position.cls_reset == ClsReset::paper);
   BertConfig large = parse("model:\n  size: large\n  num_layers: 4\n");
   REQUIRE(large.hidden_size == 1024);
   REQUIRE(large.num_layers == 4);
-  REQUIRE(parse("model:\n  position:\n    preset: bert_a+learnable_sin_rpe\n").position.relative ==
-          RelativePosition::shaw_learnable_sinusoid);
+  REQUIRE(parse("model:\n  position:\n    preset: bert_a+learnable_sin_rpe\n").position.families ==
+          std::vector<const PositionFamily*>{&kLearnedPositions, &kShawLearnableSinusoid});
   REQUIRE(BertConfig::from_json(base.to_json(), "x") == base);
 
   REQUIRE_THROWS_WITH(

@@ -104,7 +104,7 @@ TEST_CASE("ELECTRA shares the embeddings by handle and lists them once", "[elect
   REQUIRE(g.token_embedding.raw_data() == m.bert.token_embedding.raw_data());
   REQUIRE(g.position->table.raw_data() == m.bert.position->table.raw_data());
   REQUIRE(g.embedding_norm->weight.raw_data() == m.bert.embedding_norm->weight.raw_data());
-  REQUIRE(g.position->query->weight.size(0) == 16);  // U^Q: 24 -> the generator's 16
+  REQUIRE(g.position->parameter("query.weight").size(0) == 16);  // U^Q: 24 -> the generator's 16
   REQUIRE(param(m, "rtd.out.weight").shape() == engine::Shape{1, 32});
 }
 

@@ -283,7 +283,7 @@ TEST_CASE("poscorr: the matrices of each kind of preset", "[poscorr]") {
     CHECK(bias.values.shape() == engine::Shape{4, 1, 2 * t - 1});
     CHECK(bias.col_start == -(t - 1));
     CHECK(bias.per_offset);
-    const std::vector<float> table = bert.position->relative_table.to_vector<float>(),
+    const std::vector<float> table = bert.position->parameter("relative_table").to_vector<float>(),
                              b = bias.values.to_vector<float>();
     for (int64_t h = 0; h < 4; ++h)
       for (int64_t r : std::vector<int64_t>{-(t - 1), -9, -1, 0, 1, 8, t - 1})

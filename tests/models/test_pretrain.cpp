@@ -228,8 +228,7 @@ TEST_CASE("a pretraining config: every section read and checked in one place, er
   REQUIRE_THROWS_WITH(
       long_seq.check_for_corpus(m, 99, "vocab.txt"),
       Contains("model.vocab_size: 100 does not match the tokenizer vocab.txt (99 tokens)"));
-  m.position.input = InputPosition::sinusoid;  // no table: any length
-  apply_position_preset(m.position, "sin_ape");
+  apply_position_preset(m.position, "sin_ape");  // no table: any length
   long_seq.check_for_corpus(m, 100, "vocab.txt");
 
   // Segment pairs need segment embeddings and room for [CLS] a [SEP] b [SEP].

@@ -91,7 +91,8 @@ ref() {
     "tupe_r:--dropout:--micro-batches=2" "tupe_a_tie_cls:--seq=32" "bert_a_d" \
     "learned_rpe:--dropout:--micro-batches=2" "learnable_sin_ape+sin_rpe" "bert_a+learned_rpe" \
     "no_pe" "learnable_sin_rpe" "tupe_r:--pre-ln:--cls-reset=code" "sin_ape:--embedding-size=48" \
-    "learned_rpe:--type-vocab=0" "tupe_a" "bert_a" "tupe_r" "sin_rpe" || return 1
+    "learned_rpe:--type-vocab=0" "tupe_a" "bert_a" "tupe_r" "sin_rpe" \
+    "rope:--dropout:--micro-batches=2" "alibi:--width=48:--heads=6" || return 1
   python3 tools/reference/run_cases.py tools/reference/check_electra.py "$WORK/ref_electra" \
     --app "$B/pretrain_app.sh" --device cuda -- \
     "tupe_r" "learnable_sin_ape:--embedding=64" "bert_r:--generator-size=0.25:--type-vocab=0"

@@ -32,6 +32,8 @@ _SINGLES = {
     "tupe_r": ("none", "t5", "untied"),
     "tupe_a_tie_cls": ("none", "none", "untied"),
     "bert_a_d": ("none", "none", "decomposed"),
+    "rope": ("none", "rope", "none"),
+    "alibi": ("none", "alibi", "none"),
 }
 
 
@@ -73,6 +75,30 @@ def layer_norm(x, P, prefix, eps):
 
 def linear(x, P, prefix):
     return F.linear(x, P[prefix + ".weight"], P[prefix + ".bias"])
+
+
+def alibi_slopes(H):
+    """Press et al.'s slopes, as their code computes them: 2 ** (-8 / n) to the powers 1..n for n
+    a power of two; otherwise those of the largest power of two below H, then every other one of
+    twice that."""
+    def pow2(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start ** i for i in range(n)]
+    if math.log2(H).is_integer():
+        return pow2(H)
+    n = 2 ** math.floor(math.log2(H))
+    return pow2(n) + alibi_slopes(2 * n)[0::2][:H - n]
+
+
+def rope(x):
+    """RoFormer's rotation of (..., T, d_h) by theta_{t,i} = t * 10000^(-2i/d_h), as complex
+    multiplication of the pairs (2i, 2i+1) by exp(i theta) (float64 angles)."""
+    T, dh = x.shape[-2], x.shape[-1]
+    inv = 10000.0 ** (-torch.arange(0, dh, 2, dtype=torch.float64) / dh)
+    theta = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]  # (T, d_h / 2)
+    rot = torch.polar(torch.ones_like(theta), theta).to(torch.complex64)
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], dh // 2, 2).contiguous())
+    return torch.view_as_real(xc * rot).reshape(x.shape).to(x.dtype)
 
 
 class Reference:
@@ -197,6 +223,10 @@ class Reference:
             bias = self._untied(T)
         elif self.relative == "t5":
             bias = self._t5_bias(T)
+        elif self.relative == "alibi":
+            m = torch.tensor(alibi_slopes(cfg["num_heads"]), dtype=torch.float32)
+            dist = (torch.arange(T)[None, :] - torch.arange(T)[:, None]).abs().float()
+            bias = -m[:, None, None] * dist[None]
         if self.relative.startswith("shaw"):
             c = cfg["position"]["rpe_clip"]
             idx = torch.tensor([[max(-c, min(c, j - i)) + c for j in range(T)] for i in range(T)])
@@ -218,6 +248,8 @@ class Reference:
         pre = f"{self.pre}encoder.layer.{l}."
         qkv = linear(h, P, pre + "attention.qkv").view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
+        if self.relative == "rope":
+            q, k = rope(q), rope(k)
         if self.absolute == "decomposed":
             logits = (q @ k.transpose(-1, -2) + q @ pk.transpose(-1, -2) +
                       pq @ k.transpose(-1, -2) + pq @ pk.transpose(-1, -2)) / math.sqrt(4 * dh)

@@ -37,7 +37,7 @@ import check_model  # noqa: E402  (its config and batch writers)
 import safetensors_io as st  # noqa: E402
 
 CASES = ["tupe_a", "tupe_r", "tupe_r:code", "tupe_a_tie_cls", "bert_a", "bert_r:pre_ln", "bert_a_d", "sin_ape",
-         "learned_rpe", "learnable_sin_rpe", "bert_a+learned_rpe", "no_pe"]
+         "learned_rpe", "learnable_sin_rpe", "bert_a+learned_rpe", "no_pe", "rope", "alibi"]
 T = 24
 PROBE = [5, 17, 42, 99]
 
@@ -145,6 +145,13 @@ def check_case(case, args, errors):
         if R.relative.startswith("shaw"):
             a = R._shaw_table()
             want["rpe_dot"] = a @ a.t()
+        if R.relative == "alibi":
+            want["alibi_bias"] = R.positional(T)[0]
+        if R.relative == "rope":  # mean over pairs of cos((j - i) theta_k), from the rotation itself
+            e = torch.zeros(T, dh // 2, 2, dtype=torch.float64)
+            e[..., 0] = 1.0  # the unit vector (1, 0) in every pair, at every position
+            r = ref.rope(e.reshape(T, dh))
+            want["rope_decay"] = r @ r.t() / (dh // 2)
     summary = json.load(open(w("dump/summary.json")))
     got_names = list(summary["matrices"])
     if sorted(got_names) != sorted(want):
@@ -166,7 +173,7 @@ def check_case(case, args, errors):
         first = entry["measured_from_position"]
         mats = arr if arr.ndim == 3 else arr[:, None, :] if name == "relative_bias" else arr[None]
         got = entry.get("heads", [entry.get("properties")])
-        logits = name not in ("ape_dot", "rpe_dot")
+        logits = name not in ("ape_dot", "rpe_dot", "rope_decay")
         for h, m in enumerate(mats):
             m = toeplitz(m[0]) if name == "relative_bias" else m
             exp = properties(m, first)

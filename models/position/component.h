@@ -1,0 +1,166 @@
+// Positional encodings as components (docs/architecture.md, "Adding a positional encoding").
+//
+// A family (absolute learned / sinusoidal, T5 buckets, Shaw, TUPE's untied term, the decomposed
+// term, RoPE, ALiBi) is one .cpp file under models/position/ defining a PositionFamily: its name,
+// its config checks and a factory for its PositionComponent. A component provides
+//   - its parameters, registered on the model's PositionEncoding ("bert.position.<name>", drawn
+//     from the model's generator at construction),
+//   - its input term (added to the token embeddings before the input LayerNorm),
+//   - its share of the attention terms (AttentionTerms: an additive bias, q/k additions, a q/k
+//     rotation, Shaw's relative vectors, the logit scale),
+//   - its poscorr matrices;
+// and the family its verdict on a Hugging Face BERT export.
+// A preset (models/position/presets.cpp, the one list of combinations) names its families in
+// order; the layers apply the AttentionTerms without knowing which family produced them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/module.h"
+#include "engine/rng.h"
+#include "engine/tensor.h"
+
+namespace models {
+
+using engine::Generator;
+using engine::Tensor;
+struct BertConfig;
+class BertModel;
+class PositionEncoding;
+
+// The positional terms of one forward, computed once and shared by every layer. Each is
+// undefined when no component of the preset produces it.
+struct AttentionTerms {
+  Tensor bias;        // (1, H, T, T) additive logits (TUPE's term, T5 bias, ALiBi)
+  Tensor shaw_table;  // (R, d_h) relative vectors a_r (Shaw): keys k_j + a_c(j-i), values likewise
+  Tensor shaw_index;  // (T, T) i64: c(j - i) + clip
+  Tensor pos_query;   // (1, H, T, d_h) added to q (bert_a_d's p U^Q)
+  Tensor pos_key;     // (1, H, T, d_h) added to k (bert_a_d's p U^K)
+  Tensor rotary_cos;  // (T, d_h / 2) f32: q and k rotated pairwise by these angles (RoPE)
+  Tensor rotary_sin;
+  // The logits are q.k / sqrt(scale_factor d_h): TUPE 2, bert_a_d 4.
+  double scale_factor = 1.0;
+};
+
+// One matrix of the learned positional correlations (models/poscorr.h draws and measures them).
+struct CorrelationMatrix {
+  std::string name;         // the file stem: tupe_term, ape_dot, ape_qk, decomposed_term,
+                            // relative_bias, rpe_dot, alibi_bias, rope_qk, probe_logits
+  std::string title;        // one line for the picture
+  std::string description;  // what it is, for summary.json
+  Tensor values;            // (K, R, C) f32 CPU: K = heads (or 1), R x C the matrix
+  bool per_head = true;     // K indexes heads; otherwise K = 1
+  bool logits = false;      // in attention-logit units: the pattern classification applies
+  bool per_offset = false;  // columns are relative offsets (relative_bias): measured on the
+                            // Toeplitz (T, T) matrix it induces
+  int64_t first = 0;        // measures skip rows/columns before this (1 under TUPE's [CLS] reset)
+  double row_start = 0, col_start = 0;  // the label of row 0 / column 0 (offsets start negative)
+  std::string row_axis = "query position i", col_axis = "key position j";
+};
+
+// What a component's correlations see: the model (eval mode, no gradients), the length, the
+// attention terms of that length, and the title prefix ("<preset>: ").
+struct CorrelationContext {
+  const BertModel& bert;
+  int64_t length;
+  const AttentionTerms& terms;
+  std::string prefix;
+};
+
+class PositionComponent {
+ public:
+  virtual ~PositionComponent() = default;
+  // (T, e) added to the token embeddings, or undefined. `device` is the model's.
+  virtual Tensor input_term(int64_t seq_len, engine::Device device) const { return Tensor(); }
+  // Adds this component's terms, in the preset's order; a bias is kept (H, T, T) until every
+  // component has added (PositionEncoding unsqueezes it). What it returns is handed to its
+  // finish_terms, called after every component's add_terms in the same order (TUPE's [CLS]
+  // reset of the summed bias).
+  virtual std::vector<Tensor> add_terms(int64_t seq_len, engine::Device device,
+                                        AttentionTerms& terms) const {
+    return {};
+  }
+  virtual void finish_terms(int64_t seq_len, engine::Device device, AttentionTerms& terms,
+                            const std::vector<Tensor>& saved) const {}
+  // Appends this component's poscorr matrices (docs/poscorr.md).
+  virtual void correlations(const CorrelationContext& ctx,
+                            std::vector<CorrelationMatrix>& out) const {}
+};
+
+// Tensors that depend on the length T alone (index maps, masks, fixed sinusoids): built on the
+// host once for the longest length so far and kept on the parameters' device. Each depends only
+// on i, j or j - i, so a shorter length's are the leading block, copied on the device (no host
+// work); derived entries (an inverted index) are recomputed from their source's block.
+class LengthConstants {
+ public:
+  using Build = std::function<Tensor(int64_t seq_len, engine::Device device)>;
+  using Derive = std::function<Tensor(const Tensor& source)>;
+  // lead_dims: how many leading dims have length T (0: the tensor does not depend on T).
+  int add(int lead_dims, Build build);
+  int add_derived(int source, Derive derive);
+  const Tensor& get(int slot, int64_t seq_len, engine::Device device) const;
+  // Host builds so far (tests: once per new longest length, not per forward or per component).
+  int64_t builds() const { return builds_; }
+
+ private:
+  struct Slot {
+    int lead_dims = 0;
+    Build build;
+    int source = -1;  // derived slots: the slot they are computed from
+    Derive derive;
+  };
+  struct Set {
+    int64_t length = 0;
+    engine::Device device;
+    std::vector<Tensor> values;
+  };
+  const Set& at(int64_t seq_len, engine::Device device) const;
+  std::vector<Slot> slots_;
+  mutable Set longest_, recent_;
+  mutable int64_t builds_ = 0;
+};
+
+// What a family's factory builds a component from.
+struct PositionContext {
+  const BertConfig& config;
+  Generator& gen;          // parameters are drawn from it in registration order
+  engine::Module& module;  // the PositionEncoding: parameters are bert.position.<name>
+  LengthConstants& constants;
+  Tensor table;  // the learned absolute positions p (max_positions, e), when a family uses them
+  // The same family's component of the encoder whose input parameters are shared (ELECTRA's
+  // generator takes its discriminator's), or null.
+  const PositionComponent* shared;
+};
+
+struct PositionFamily {
+  const char* name;
+  bool uses_table;  // reads the learned absolute positions (bert.position.table)
+  bool input;       // adds an input term (the family ELECTRA's shared embeddings must agree on)
+  // Why a checkpoint with this family has no Hugging Face BERT equivalent ("" when it has: bert_a's
+  // learned absolute positions).
+  const char* hf_blocker;
+  void (*validate)(const BertConfig& config);  // clear errors for bad sizes; may be null
+  std::unique_ptr<PositionComponent> (*make)(PositionContext& ctx);
+};
+
+// The families (one file each under models/position/).
+extern const PositionFamily kLearnedPositions;            // absolute.cpp
+extern const PositionFamily kSinusoidPositions;           // absolute.cpp
+extern const PositionFamily kLearnableSinusoidPositions;  // absolute.cpp
+extern const PositionFamily kT5Bias;                      // t5.cpp
+extern const PositionFamily kShawLearned;                 // shaw.cpp
+extern const PositionFamily kShawSinusoid;                // shaw.cpp
+extern const PositionFamily kShawLearnableSinusoid;       // shaw.cpp
+extern const PositionFamily kUntiedPositions;             // untied.cpp
+extern const PositionFamily kDecomposedPositions;         // decomposed.cpp
+extern const PositionFamily kRotaryPositions;             // rope.cpp
+extern const PositionFamily kAlibiBias;                   // alibi.cpp
+
+// ALiBi's slope m_h of each head h = 1..H (alibi.cpp).
+std::vector<double> alibi_slopes(int64_t heads);
+
+}  // namespace models

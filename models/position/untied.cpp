@@ -1,0 +1,158 @@
+// TUPE's untied positional term (docs/positional-encodings.md): p^ = LN_pos(p), the term
+// (p^ U^Q)(p^ U^K)^T / sqrt(2 d_h) of shape (H, T, T) added to every layer's logits (whose content
+// scores are then scaled by 1/sqrt(2 d_h) too), and the [CLS] reset: row 0 = theta1, column 0
+// below it = theta2, each the projection of a learned vector (cls_theta). With a relative bias b,
+// cls_reset: paper is reset(v + b) and cls_reset: code is reset(v) + b' (b' with [CLS] buckets).
+#include <cmath>
+
+#include "engine/error.h"
+#include "models/bert.h"
+#include "models/position/common.h"
+#include "models/position/t5.h"
+#include "models/position/untied.h"
+#include "ops/ops.h"
+
+namespace models {
+namespace {
+
+// TUPE's v = (p^ U^Q)(p^ U^K)^T / sqrt(2 d_h) over the first t rows: (H, t, t).
+Tensor untied_scores(const Tensor& pq, const Tensor& pk, int64_t t, double scale) {
+  return engine::matmul(pq.slice(1, 0, t), pk.slice(1, 0, t).transpose(1, 2)) * scale;
+}
+
+// theta of the [CLS] reset from one projected row (p_theta1 or p_theta2): (H).
+Tensor cls_theta_of(const Tensor& pq, const Tensor& pk, int64_t row, double scale) {
+  return engine::sum(pq.select(1, row) * pk.select(1, row), {1}) * scale;
+}
+
+class Untied : public UntiedTerm {
+ public:
+  explicit Untied(PositionContext& ctx)
+      : config_(ctx.config), table_(ctx.table), constants_(&ctx.constants) {
+    const BertConfig& c = config_;
+    const int64_t e = c.embedding_width(), d = c.hidden_size;
+    norm_ = std::make_unique<LayerNorm>(e, c.layer_norm_eps);
+    ctx.module.register_module("norm", *norm_);
+    query_ = std::make_unique<Linear>(e, d, ctx.gen, c.init_std);  // U^Q: embedding width -> d
+    key_ = std::make_unique<Linear>(e, d, ctx.gen, c.init_std);
+    ctx.module.register_module("query", *query_);
+    ctx.module.register_module("key", *key_);
+    reset_ = c.position.cls_reset;
+    if (reset_ == ClsReset::none) return;
+    cls_theta_ =
+        ctx.module.register_parameter("cls_theta", Tensor::randn({2, e}, ctx.gen, 0.0, c.init_std));
+    // reset_theta: row 0 (from [CLS], including itself) = theta1, column 0 below it = theta2.
+    auto mask = [](int which) {
+      return [which](int64_t t, engine::Device dev) {
+        std::vector<float> keep(size_t(t * t), 1.f), row0(size_t(t * t), 0.f),
+            col0(size_t(t * t), 0.f);
+        for (int64_t j = 0; j < t; ++j) keep[size_t(j)] = 0.f, row0[size_t(j)] = 1.f;
+        for (int64_t i = 1; i < t; ++i) keep[size_t(i * t)] = 0.f, col0[size_t(i * t)] = 1.f;
+        const std::vector<float>& v = which == 0 ? keep : which == 1 ? row0 : col0;
+        return Tensor::from_vector<float>(v, {t, t}).to(dev);
+      };
+    };
+    keep_ = ctx.constants.add(2, mask(0));
+    row0_ = ctx.constants.add(2, mask(1));
+    col0_ = ctx.constants.add(2, mask(2));
+  }
+
+  std::vector<Tensor> add_terms(int64_t t, engine::Device dev,
+                                AttentionTerms& terms) const override {
+    Tensor pk;
+    Tensor pq = projected_positions(t, &pk);  // (H, T[+2], d_h)
+    Tensor v = untied_scores(pq, pk, t, scale());
+    if (reset_ == ClsReset::code) v = reset(v, pq, pk, t, dev);  // code: reset(v) + b'
+    terms.bias = terms.bias.defined() ? v + terms.bias : v;
+    terms.scale_factor = 2.0;
+    if (reset_ == ClsReset::paper) return {pq, pk};  // paper: reset(v + b) in finish_terms
+    return {};
+  }
+  void finish_terms(int64_t t, engine::Device dev, AttentionTerms& terms,
+                    const std::vector<Tensor>& saved) const override {
+    if (reset_ == ClsReset::paper) terms.bias = reset(terms.bias, saved.at(0), saved.at(1), t, dev);
+  }
+
+  Tensor untied_term(int64_t t) const override {
+    Tensor pk;
+    Tensor pq = projected_positions(t, &pk);
+    return untied_scores(pq, pk, t, scale()).unsqueeze(0);  // (1, H, T, T)
+  }
+  std::pair<Tensor, Tensor> cls_thetas() const override {
+    ENGINE_CHECK(reset_ != ClsReset::none, "[bert] preset ", config_.position.preset,
+                 " has no [CLS] reset");
+    Tensor pk;
+    Tensor pq = projected_positions(1, &pk);  // rows: position 0, theta1, theta2
+    return {cls_theta_of(pq, pk, 1, scale()), cls_theta_of(pq, pk, 2, scale())};
+  }
+
+  void correlations(const CorrelationContext& ctx,
+                    std::vector<CorrelationMatrix>& out) const override {
+    const bool reset = reset_ != ClsReset::none;
+    const bool relative = ctx.bert.position->component(kT5Bias) != nullptr;
+    CorrelationMatrix m;
+    m.name = "tupe_term";
+    m.title = ctx.prefix + "TUPE positional term" +
+              (reset ? " after the [CLS] reset" : " (no [CLS] reset)") +
+              (relative ? ", with the relative bias" : "");
+    m.description =
+        "the (H, T, T) term added to every layer's attention logits: (p^ U^Q)(p^ U^K)^T / sqrt(2 "
+        "d_h)" +
+        std::string(relative ? " + b[bucket(j - i)]" : "") +
+        (reset ? std::string(", row 0 = theta1 and column 0 = theta2 (cls_reset ") +
+                     cls_reset_name(reset_) + ")"
+               : "");
+    m.values = position::cpu_f32(ctx.terms.bias.select(0, 0));
+    m.logits = true;
+    m.first = reset ? 1 : 0;
+    out.push_back(m);
+  }
+
+ private:
+  double scale() const { return 1.0 / std::sqrt(2.0 * double(config_.head_size())); }
+
+  // p^ = LN_pos(p) (rows 0..T-1, then theta1, theta2 when resetting). Returns p^ U^Q as
+  // (H, rows, d_h) and p^ U^K likewise in *pk.
+  Tensor projected_positions(int64_t t, Tensor* pk) const {
+    Tensor rows = table_.slice(0, 0, t);  // (T, e)
+    if (reset_ != ClsReset::none) rows = engine::concat({rows, cls_theta_}, 0);
+    rows = norm_->forward(rows);
+    *pk = position::heads_of(key_->forward(rows), config_.num_heads);
+    return position::heads_of(query_->forward(rows), config_.num_heads);
+  }
+
+  Tensor reset(const Tensor& v, const Tensor& pq, const Tensor& pk, int64_t t,
+               engine::Device dev) const {
+    const int64_t h = config_.num_heads;
+    auto theta = [&](int64_t r) { return cls_theta_of(pq, pk, t + r, scale()).view({h, 1, 1}); };
+    return v * constants_->get(keep_, t, dev) + theta(0) * constants_->get(row0_, t, dev) +
+           theta(1) * constants_->get(col0_, t, dev);
+  }
+
+  BertConfig config_;
+  Tensor table_, cls_theta_;
+  const LengthConstants* constants_;
+  std::unique_ptr<LayerNorm> norm_;
+  std::unique_ptr<Linear> query_, key_;
+  ClsReset reset_ = ClsReset::none;
+  int keep_ = -1, row0_ = -1, col0_ = -1;
+};
+
+std::unique_ptr<PositionComponent> make(PositionContext& ctx) {
+  return std::make_unique<Untied>(ctx);
+}
+
+}  // namespace
+
+const UntiedTerm& untied_term_of(const PositionEncoding& encoding) {
+  const auto* u = dynamic_cast<const UntiedTerm*>(encoding.component(kUntiedPositions));
+  ENGINE_CHECK(u, "[bert] preset ", encoding.config().position.preset,
+               " has no untied positional term");
+  return *u;
+}
+
+const PositionFamily kUntiedPositions{
+    "untied", true, false, "TUPE's untied positional attention (bert.position.query / key / norm)",
+    nullptr,  make};
+
+}  // namespace models
