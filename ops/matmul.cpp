@@ -428,7 +428,7 @@ void gemm_typed(const GemmArgs& g) {
   if (g.batch == 1 && g.trans_a && g.m >= kRowBlockFrom) {
     // Fixed blocks of rows (see kRowBlock), taken by the threads as they come free: with a run of
     // 15 blocks each, one thread once waited 4.7 ms of a 27 ms dE for the other (one vCPU of a VM
-    // runs slower than the other for a while; tools/thread_scaling.py). Inside a parallel region
+    // runs slower than the other for a while; bench/thread_scaling.py). Inside a parallel region
     // (or on one thread) the calling thread runs them all, in the same blocks: a block's bits do
     // not depend on the thread that runs it.
     const int64_t blocks = (g.m + kRowBlock - 1) / kRowBlock;
