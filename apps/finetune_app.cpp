@@ -21,7 +21,6 @@
 #include "engine/threads.h"
 #include "models/checkpoint.h"
 #include "models/finetune_tasks.h"
-#include "ops/matmul.h"
 
 namespace {
 
@@ -331,9 +330,7 @@ int run(Args args) {
         args.seeds.size() == 1 ? "" : "s", (long long)args.epochs, (long long)args.batch_size,
         comm.size(), comm.size() == 1 ? "" : "s", (long long)args.max_len, 100 * args.warmup_ratio,
         config.position.preset.c_str());
-  if (root)
-    std::printf("%s, CPU GEMMs: %s\n", engine::describe(engine::cpu_threads()).c_str(),
-                engine::describe_cpu_gemms().c_str());
+  if (root) std::printf("%s\n", engine::describe_cpu_compute().c_str());
   models::SweepOptions s;
   s.lrs = args.lrs;
   s.seeds = args.seeds;

@@ -19,6 +19,7 @@
 
 #include "apps/cli.h"
 #include "engine/backend.h"
+#include "engine/cpu/gemm.h"
 #include "ops/ops.h"
 
 using namespace engine;
