@@ -30,33 +30,35 @@ namespace {
 
 // Below this many multiply-adds per matrix a batch is spread across threads one whole matrix
 // each: Eigen's own threading of a product this small (attention's (T x d) @ (d x T) at T = 128,
-// ~1M multiply-adds) costs more in synchronisation than it gains: on 2 cores the attention
-// forward at B=8, H=12, T=128 went from 61 ms to 7 ms with this threshold raised from 64^3.
-// Above it, Eigen threads each product itself. Either way every element of C is computed by one
-// thread in a fixed order, so results do not change from run to run.
+// ~1M multiply-adds) costs more in synchronisation than it gains: on 2 cores raising this
+// threshold from 64^3 made the attention forward at B=8, H=12, T=128 several times faster
+// (docs/benchmarks.md, "Figures behind the code"). Above it, Eigen threads each product itself.
+// Either way every element of C is computed by one thread in a fixed order, so results do not
+// change from run to run.
 constexpr double kSmallGemmWork = 256.0 * 256.0 * 256.0;
 // Less total work than this is not worth starting threads for.
 constexpr double kMinParallelWork = 32.0 * 32.0 * 32.0;
 // A single product with at least this many multiply-adds is split over the threads by rows or
 // columns of C (below it, one thread: the tiny model's smallest products, (307 x 128) x (128 x
-// 128), take ~30 us).
+// 128), take too little time to pay for a parallel region).
 constexpr double kSplitWork = 64.0 * 64.0 * 64.0;
 // A product whose A is read transposed (op(A) = A^T, A stored k x m) with at least
 // kRowBlockFrom rows of C goes through the library in blocks of kRowBlock rows, in one thread or
 // shared out over the threads, so each block's slice of A^T stays in cache and the bits do not
 // depend on the thread count with oneDNN (whose bits depend on the rows of the call) or OpenBLAS
 // (not with Eigen, which rounds differently inside a parallel region). The tied embeddings'
-// gradient dE = dlogits^T H, (30522 x 307) x (307 x 128), on the AVX2 EPYC (bench_ops, ms):
-// 2 threads 25.3-29.7 as halves -> 21.7-23.1 in these blocks; 1 thread 37.6-50.6 whole ->
-// 35.7-43.4 (docs/benchmarks.md).
+// gradient dE = dlogits^T H, (30522 x 307) x (307 x 128), ran faster in these blocks than as
+// halves on 2 threads and than whole on 1 (bench_ops on the AVX2 EPYC, docs/benchmarks.md, "Figures
+// behind the code").
 constexpr int64_t kRowBlock = 1024;
 constexpr int64_t kRowBlockFrom = 4 * kRowBlock;
 // A library product with an epilogue (bias, GELU) whose C is over twice kEpilogueChunkBytes goes
 // through the library in chunks of C's columns of about that size, each finished by the epilogue
 // right after its product, when op(A) is at most kEpilogueChunkMaxA (the library packs it again
 // for every chunk). Whole, the epilogue was a second pass through memory: the tiny model's MLM
-// decoder logits with their bias, (331 x 30522) at 1 thread, 13.8 -> 13.1-13.2 ms a call in the
-// step on the AVX-512 EPYC (chunks of 128 KB to 1 MB within the noise; its L2 is 1 MB a core).
+// decoder logits with their bias, (331 x 30522) at 1 thread, ran ~5% faster in chunks on the
+// AVX-512 EPYC (chunks of 128 KB to 1 MB alike; its L2 is 1 MB a core; docs/benchmarks.md, "Figures
+// behind the code").
 constexpr int64_t kEpilogueChunkBytes = int64_t(256) << 10;
 constexpr int64_t kEpilogueChunkMaxA = int64_t(256) << 10;
 // cblas takes int sizes; larger dims (never a model's) go through Eigen (whatever the library).
@@ -221,8 +223,8 @@ void gemm_typed(const GemmArgs& g) {
       static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
   if (g.batch == 1 && g.trans_a && g.m >= kRowBlockFrom) {
     // Fixed blocks of rows (see kRowBlock), taken by the threads as they come free: with a run of
-    // 15 blocks each, one thread once waited 4.7 ms of a 27 ms dE for the other (one vCPU of a VM
-    // runs slower than the other for a while; bench/thread_scaling.py). Inside a parallel region
+    // 15 blocks each, one thread once waited a sixth of a dE for the other (one vCPU of a VM runs
+    // slower than the other for a while; bench/thread_scaling.py). Inside a parallel region
     // (or on one thread) the calling thread runs them all, in the same blocks: a block's bits do
     // not depend on the thread that runs it.
     const int64_t blocks = (g.m + kRowBlock - 1) / kRowBlock;
