@@ -29,7 +29,7 @@ namespace {
 
 // How long an idle OpenMP thread spins before it sleeps. With libgomp's default (300000 spins)
 // the tiny model's step on 2 threads of the development VM ran at 10.9k tokens/s, about what 1
-// thread does; with 10000 spins at 16.5k (tools/bench_step.py, docs/benchmarks.md). Between the
+// thread does; with 10000 spins at 16.5k (bench/bench_step.py, docs/benchmarks.md). Between the
 // step's many short parallel regions the idle thread spins while the other works, and a spinning
 // virtual CPU (PAUSE loops) costs the working one. libgomp reads GOMP_SPINCOUNT once, in its own
 // initialiser, before any code of this program runs (an executable's .preinit_array included), so

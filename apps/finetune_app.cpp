@@ -1,27 +1,16 @@
 // finetune_app: finetunes a pretrained encoder on a GLUE task or SQuAD with the papers' protocol
 // and reports the official metrics; a learning-rate x seed sweep gives, per learning rate, the
-// median over seeds, as a markdown table and results.json. This file parses the command line;
-// the task runners and the sweep are models/finetune_tasks.h, the loop models/finetune.h.
+// median over seeds, as a markdown table and results.json. This file parses the command line into
+// a models::FinetuneJob (models/finetune_job.h), which runs the job: the task runners and the
+// sweep are models/finetune_tasks.h, the loop models/finetune.h.
 
-#include <algorithm>
-#include <cstdio>
-#include <filesystem>
-#include <memory>
+#include <cstdint>
 #include <sstream>
 #include <string>
-#include <vector>
 
 #include "apps/cli.h"
-#include "data/glue.h"
-#include "data/squad_features.h"
-#include "data/tokenizer.h"
 #include "engine/comm.h"
-#include "engine/error.h"
-#include "engine/safetensors.h"
-#include "engine/threads.h"
-#include "models/checkpoint.h"
-#include "models/finetune_tasks.h"
-#include "ops/matmul.h"
+#include "models/finetune_job.h"
 
 namespace {
 
@@ -95,22 +84,8 @@ command line.
 
 [[noreturn]] void usage_error(const std::string& msg) { cli::usage_error("finetune_app", msg); }
 
-struct Args {
-  std::string task, checkpoint, data_dir, tokenizer, out, dump;
-  engine::Device device = engine::Device::cpu();
-  std::string precision = "f32";
-  std::vector<double> lrs = {2e-5, 3e-5, 4e-5, 5e-5};
-  std::vector<uint64_t> seeds = {1, 2, 3, 4, 5};
-  int64_t epochs = -1, batch_size = 32, max_len = -1, doc_stride = 128, max_query_len = 64;
-  double warmup_ratio = 0.06, weight_decay = 0.01, clip_norm = 1.0, dropout = -1,
-         null_threshold = 0;
-  int64_t evals_per_epoch = 1, log_every = 50, n_best = 20, max_answer_len = 30;
-  int64_t max_train = 0, max_eval = 0, max_steps = 0;
-  bool cased = false, no_test = false, save_model = false, predict_only = false, overwrite = false;
-};
-
-Args parse_args(int argc, char** argv) {
-  Args a;
+models::FinetuneJob parse_args(int argc, char** argv) {
+  models::FinetuneJob a;
   cli::ArgParser p("finetune_app", kUsage, argc, argv);
   while (p.next()) {
     const std::string& arg = p.arg();
@@ -197,179 +172,15 @@ Args parse_args(int argc, char** argv) {
   if (a.predict_only && (!a.dump.empty() || a.save_model))
     usage_error("--predict-only trains nothing: --dump and --save-model do not apply");
   if (a.data_dir.empty()) usage_error("--data-dir is required");
+  if (const std::string bad = models::check_task_name(a.task); !bad.empty()) usage_error(bad);
   return a;
-}
-
-// ---- main ----------------------------------------------------------------------------------
-
-// An --out holding an earlier run's results is refused; --overwrite removes them (and only them:
-// results.json, results.md, runs/, submission/, *_predictions.tsv) first.
-void refuse_earlier_results(const std::string& out, bool overwrite, bool root) {
-  namespace fs = std::filesystem;
-  const std::vector<std::string> ours = {"results.json", "results.md", "runs", "submission"};
-  std::vector<fs::path> found;
-  if (fs::is_directory(out))
-    for (auto& e : fs::directory_iterator(out)) {
-      const std::string n = e.path().filename().string();
-      if (std::find(ours.begin(), ours.end(), n) != ours.end() ||
-          (n.size() > 16 && n.substr(n.size() - 16) == "_predictions.tsv") ||
-          n == "predictions.json" || n == "nbest_predictions.json" || n == "null_odds.json")
-        found.push_back(e.path());
-    }
-  if (found.empty()) return;
-  ENGINE_CHECK(overwrite, "[finetune_app] --out ", out, " holds an earlier run's results (",
-               found.front().filename().string(),
-               "); pass --overwrite to replace them or choose another --out");
-  engine::world().barrier();  // every rank has looked before rank 0 removes anything
-  if (root)
-    for (const auto& p : found) fs::remove_all(p);
-  engine::world().barrier();
-}
-
-int run(Args args) {
-  engine::Communicator& comm = engine::world();
-  const bool root = comm.is_root();
-  std::string task_name = args.task;
-  std::transform(task_name.begin(), task_name.end(), task_name.begin(), ::tolower);
-  const bool squad = task_name.rfind("squad/", 0) == 0;
-  if (!squad && task_name.rfind("glue/", 0) != 0)
-    usage_error("TASK must be glue/<name> or squad/v1.1 or squad/v2.0, got '" + args.task + "'");
-  if (squad && task_name != "squad/v1.1" && task_name != "squad/v2.0")
-    usage_error("SQuAD versions are squad/v1.1 and squad/v2.0, got '" + args.task + "'");
-  const data::GlueTask* glue = squad ? nullptr : &data::glue_task(args.task.substr(5));
-  const std::string label = squad ? task_name : "glue/" + glue->name;
-
-  // The papers' defaults per task.
-  if (args.epochs < 0)
-    args.epochs = squad                                                                   ? 2
-                  : (glue->name == "MNLI" || glue->name == "QNLI" || glue->name == "QQP") ? 5
-                                                                                          : 10;
-  if (args.predict_only) {
-    // The finetuned model first: what it is, and the max_len it was trained with.
-    const models::HeadKind head = squad              ? models::HeadKind::span
-                                  : glue->regression ? models::HeadKind::regression
-                                                     : models::HeadKind::classification;
-    const auto meta = models::check_finetuned(args.checkpoint, label, head);
-    auto ml = meta.find(models::kMaxLenKey);
-    if (args.max_len < 0 && ml != meta.end()) args.max_len = std::stoll(ml->second);
-  }
-  if (args.max_len < 0) args.max_len = squad ? 384 : 128;
-  if (args.out.empty()) args.out = "runs/finetune/" + (squad ? task_name.substr(6) : glue->name);
-  refuse_earlier_results(args.out, args.overwrite, root);
-
-  // The model, from the checkpoint's config.
-  models::BertConfig config = models::read_checkpoint_config(args.checkpoint);
-  if (args.dropout >= 0) config.hidden_dropout = config.attention_dropout = args.dropout;
-  if (config.position.has_position_table() && args.max_len > config.max_positions)
-    ENGINE_FAIL("[finetune_app] --max-len ", args.max_len,
-                " exceeds the checkpoint's max_positions ", config.max_positions,
-                " (its learned position table)");
-
-  // The tokenizer: given, or the one the checkpoint records.
-  std::string tok_path = args.tokenizer;
-  bool lower_case = !args.cased;
-  if (tok_path.empty()) {
-    const auto meta = engine::read_safetensors_metadata(args.checkpoint);
-    tok_path = models::checkpoint_tokenizer(args.checkpoint, meta);
-    ENGINE_CHECK(!tok_path.empty(), "[finetune_app] ", args.checkpoint, ": records no tokenizer (",
-                 models::kTokenizerKey, "); pass the pretraining vocabulary with --tokenizer");
-    auto lc = meta.find(models::kLowerCaseKey);
-    if (lc != meta.end() && !args.cased) lower_case = lc->second != "false";
-  }
-  std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(tok_path, lower_case);
-  ENGINE_CHECK(tok->vocab_size() == config.vocab_size, "[finetune_app] the tokenizer ", tok_path,
-               " has ", tok->vocab_size(), " tokens but the checkpoint ", args.checkpoint,
-               " has vocab_size ", config.vocab_size,
-               ": pass the vocabulary it was pretrained with (--tokenizer)");
-
-  models::TaskDataOptions data_options;
-  data_options.read_train = !args.predict_only;
-  data_options.max_len = args.max_len;
-  data_options.max_train = args.max_train;
-  data_options.max_eval = args.max_eval;
-  std::unique_ptr<models::FinetuneTask> task;
-  if (squad) {
-    data::SquadFeatureOptions fo;
-    fo.max_len = args.max_len;
-    fo.doc_stride = args.doc_stride;
-    fo.max_query_len = args.max_query_len;
-    data::SquadPredictOptions po;
-    po.n_best = args.n_best;
-    po.max_answer_len = args.max_answer_len;
-    po.version_2 = task_name == "squad/v2.0";
-    po.null_threshold = args.null_threshold;
-    task = models::make_squad_task(po.version_2, args.data_dir, *tok, fo, po, data_options);
-  } else {
-    task = models::make_glue_task(*glue, args.data_dir, *tok, data_options);
-  }
-
-  if (args.predict_only) {
-    models::PredictOptions po;
-    po.out_dir = args.out;
-    po.batch_size = std::max<int64_t>(args.batch_size, 64);
-    po.test_predictions = !args.no_test;
-    po.device = args.device;
-    const models::PredictReport r = models::predict_only(*task, args.checkpoint, po);
-    if (root)
-      std::printf("\n%s\nresults: %s/results.md, %s/results.json\n", r.table.c_str(),
-                  args.out.c_str(), args.out.c_str());
-    return 0;
-  }
-
-  if (!args.dump.empty()) {
-    models::BertForFinetuning model(config, task->head(), task->num_labels(), args.seeds.front());
-    models::load_encoder(args.checkpoint, model);
-    models::dump_first_batch(*task, model, args.batch_size, args.dump, args.device);
-    return 0;
-  }
-
-  if (root)
-    std::printf(
-        "%s: %zu learning rate%s x %zu seed%s, %lld epochs, batch %lld (%d rank%s), max_len %lld, "
-        "warmup %.0f%%, preset %s\n",
-        label.c_str(), args.lrs.size(), args.lrs.size() == 1 ? "" : "s", args.seeds.size(),
-        args.seeds.size() == 1 ? "" : "s", (long long)args.epochs, (long long)args.batch_size,
-        comm.size(), comm.size() == 1 ? "" : "s", (long long)args.max_len, 100 * args.warmup_ratio,
-        config.position.preset.c_str());
-  if (root)
-    std::printf("%s, CPU GEMMs: %s\n", engine::describe(engine::cpu_threads()).c_str(),
-                engine::describe_cpu_gemms().c_str());
-  models::SweepOptions s;
-  s.lrs = args.lrs;
-  s.seeds = args.seeds;
-  s.loop.epochs = args.epochs;
-  s.loop.batch_size = args.batch_size;
-  s.loop.warmup_ratio = args.warmup_ratio;
-  s.loop.weight_decay = args.weight_decay;
-  s.loop.clip_norm = args.clip_norm;
-  s.loop.evals_per_epoch = args.evals_per_epoch;
-  s.loop.log_every = args.log_every;
-  s.loop.max_steps = args.max_steps;
-  s.loop.device = args.device;
-  s.loop.precision = args.precision;
-  s.eval_batch_size = std::max<int64_t>(args.batch_size, 64);
-  s.out_dir = args.out;
-  s.test_predictions = !args.no_test;
-  s.save_models = args.save_model;
-  // Saved models find their vocabulary in --out, so the output directory moves whole.
-  if (args.save_model)
-    s.model_metadata[models::kTokenizerKey] = root
-                                                  ? models::keep_tokenizer(tok_path, args.out)
-                                                  : models::kept_tokenizer_path(tok_path, args.out);
-  s.model_metadata[models::kLowerCaseKey] = lower_case ? "true" : "false";
-  s.max_len = args.max_len;
-  s.doc_stride = squad ? args.doc_stride : 0;
-  s.max_train = args.max_train;
-  s.max_eval = args.max_eval;
-  const models::SweepReport report = models::run_sweep(*task, config, args.checkpoint, s);
-  if (root)
-    std::printf("\n%s\nresults: %s/results.md, %s/results.json\n", report.table.c_str(),
-                args.out.c_str(), args.out.c_str());
-  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  return engine::run_job("finetune_app", [&] { return run(parse_args(argc, argv)); });
+  return engine::run_job("finetune_app", [&] {
+    models::run_finetune_job(parse_args(argc, argv));
+    return 0;
+  });
 }

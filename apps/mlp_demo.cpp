@@ -1,6 +1,8 @@
 // mlp_demo: trains a small classifier with libengine on a synthetic three-arm spiral — the
-// smallest end-to-end use of the engine (modules, flat parameter slabs, linear, LayerNorm, GELU,
-// dropout, cross-entropy, backward) and the quickstart's job until pretrain_app exists.
+// smallest end-to-end use of the engine, an example to read: modules, one flat parameter slab,
+// linear, LayerNorm, GELU, dropout, index_select, cross-entropy, backward, and SGD with momentum
+// written as two in-place ops over the slabs (not the Trainer of train/trainer.h, which
+// pretraining and finetuning use). Only the apps_version test runs it.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

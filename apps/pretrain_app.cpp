@@ -121,7 +121,7 @@ Single-batch mode (dropout off unless --dropout, constant learning rate optim.lr
                       weights 1/M (default 1)
   --time              after the steps print "timing: <n> steps <ms> ms/step <r> tokens/s
                       peak_rss_mb <m>": the mean over every step after the first (the warm-up;
-                      tokens = batch rows x columns x micro-batches; tools/bench_step.py)
+                      tokens = batch rows x columns x micro-batches; bench/bench_step.py)
 
 Other options:
   --config CFG        YAML config: seed:, model: (sizes, position.preset, ...), optim:, data:,
@@ -476,9 +476,7 @@ int run(const Args& args) {
   if (!args.init.empty()) models::load_checkpoint(args.init, model);
   if (engine::world().is_root()) print_parameter_counts(model);
   if (args.count_params) return 0;
-  if (engine::world().is_root())
-    std::printf("%s, CPU GEMMs: %s\n", engine::describe(engine::cpu_threads()).c_str(),
-                engine::describe_cpu_gemms().c_str());
+  if (engine::world().is_root()) std::printf("%s\n", engine::describe_cpu_compute().c_str());
   if (!args.batch_file.empty()) return single_batch(args, model, adam, seed, train_opt);
 
   // Data parallel: data.batch_size is per rank; each rank reads its own shard of every global

@@ -62,7 +62,7 @@ size_t device_memory_cap() {
 
 // EMU_DRY_RUN=1: device work is queued, ordered and counted but not executed (kernels,
 // copies, memsets, cuBLASLt, collectives), and large allocations are not touched, so a full-size
-// training step can be walked through for its launch record (apps/record_step.cpp) in seconds
+// training step can be walked through for its launch record (bench/record_step.cpp) in seconds
 // and without the memory. Every value a dry run computes is meaningless.
 bool dry_run() {
   static const bool on = [] {

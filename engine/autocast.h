@@ -48,7 +48,8 @@ Tensor autocast_to_f32(const Tensor& t);
 // FlatParameters' 1-D f32 parameter slab; any other slab: the scope does nothing) read one 16-bit
 // copy of the whole slab, converted by
 // one kernel at the first such cast, instead of a kernel per parameter per forward (BERT-Base: 164
-// cast launches, 0.65 ms of an H200 step by the calibrated model, become one of 0.17 ms). Same bits
+// cast launches become one, about a quarter of their time on an H200 by the calibrated model,
+// docs/performance-model.md). Same bits
 // as the per-tensor casts; the gradients flow to the f32 parameters as through Tensor::to. The
 // slab's values must not change inside the scope: engine::Trainer opens it around a step's
 // forward and backward passes, before the optimizer step.

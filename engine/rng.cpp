@@ -15,8 +15,9 @@ Generator& default_generator() {
 // normals; philox_word computes a block per word) and, above kHeavyMin values, share the blocks
 // out over the OpenMP threads: every value depends on its own words only, so the values are the
 // same on any number of threads. Building two BERT-Base models (~220 M normals; the [bert]
-// parameter-count test) took 16.1 s on one thread before, 10.8 s now (7.4 s on two threads): the
-// rest is libm's log and cos, whose double results the stream's values are defined by.
+// parameter-count test) took a third less time on one thread than a block per word, and less
+// again on two (docs/benchmarks.md, "Figures behind the code"): the rest is libm's log and cos,
+// whose double results the stream's values are defined by.
 namespace {
 // A value here costs a Philox block (or half of one) and, for normals, a log, a sqrt and a cos
 // in double: heavy enough to split from 4K values on (engine/cpu/parallel.h).

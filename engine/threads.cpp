@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "engine/cpu/gemm.h"
+
 namespace engine {
 namespace {
 
@@ -72,6 +74,10 @@ std::string describe(const CpuThreads& t) {
   if (t.cores != t.node_cores) s += " of the node's " + std::to_string(t.node_cores);
   s += ", " + std::to_string(t.local_ranks) + (t.local_ranks == 1 ? " local rank" : " local ranks");
   return s + ")";
+}
+
+std::string describe_cpu_compute() {
+  return describe(cpu_threads()) + ", CPU GEMMs: " + describe_cpu_gemms();
 }
 
 }  // namespace engine

@@ -27,4 +27,8 @@ const CpuThreads& cpu_threads();
 // "threads: 2 per rank (2 cores, 1 local rank)" or "... (OMP_NUM_THREADS=1; 2 cores)".
 std::string describe(const CpuThreads& t);
 
+// What the apps print at start: describe(cpu_threads()) + ", CPU GEMMs: " + the library behind
+// them (and the AVX-512 small-GEMM kernel when it is active; engine/cpu/gemm.h).
+std::string describe_cpu_compute();
+
 }  // namespace engine

@@ -14,9 +14,9 @@
 #include "engine/comm.h"
 #include "engine/data_parallel.h"
 #include "engine/error.h"
+#include "engine/progress.h"
 #include "engine/rng.h"
 #include "models/pretrain.h"
-#include "models/progress.h"
 #include "train/trainer.h"
 
 namespace models {
@@ -174,7 +174,7 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
   double window_loss = 0;
   int64_t window = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  ProgressLine progress(root && o.verbose && o.progress);
+  engine::ProgressLine progress(root && o.verbose && o.progress);
   double window_start_s = 0;
   int64_t window_examples = 0;
   model.train(true);
@@ -230,7 +230,7 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
                       "  step %lld/%lld epoch %.2f loss %.4f lr %.3e grad_norm %.3f %.1f ex/s "
                       "ETA %s",
                       (long long)done, (long long)steps, double(done) / double(per_epoch), mean, lr,
-                      grad_norm, ex_s, format_duration(eta).c_str());
+                      grad_norm, ex_s, engine::format_duration(eta).c_str());
         progress.print(line);
       }
       window_loss = 0;

@@ -1,5 +1,5 @@
 // Finetuning tasks and sweeps, in the library so a program of your own runs them as finetune_app
-// does (finetune_app only parses its command line into these):
+// does (finetune_app's whole job, built from these, is run_finetune_job in models/finetune_job.h):
 //
 //   auto task = models::make_glue_task(data::glue_task("RTE"), "glue", *tokenizer, {});
 //   models::SweepOptions s;            // learning rates x seeds, the loop's options, outputs

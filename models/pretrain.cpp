@@ -21,8 +21,8 @@
 #include "engine/comm.h"
 #include "engine/error.h"
 #include "engine/file_io.h"
+#include "engine/progress.h"
 #include "engine/safetensors.h"
-#include "models/progress.h"
 #include "train/trainer.h"
 
 namespace models {
@@ -352,7 +352,7 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
     metrics.open(metrics_path, std::ios::app);
     ENGINE_CHECK(metrics.good(), "[pretrain] cannot write ", metrics_path.string());
   }
-  ProgressLine progress(root && o.progress);
+  engine::ProgressLine progress(root && o.progress);
   model.train(true);
   const auto t_start = std::chrono::steady_clock::now();
   auto window_start = t_start;
@@ -490,10 +490,10 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
       metrics.flush();
       ENGINE_CHECK(metrics.good(), "[pretrain] ", metrics_path.string(), ": write failed (",
                    std::strerror(errno), "); the checkpoints are unaffected");
-      std::snprintf(line, sizeof line,
-                    "step %lld/%lld loss %.4f lr %.3e %.0f tok/s grad_norm %.3f%s ETA %s",
-                    (long long)step, (long long)o.steps, loss, lr, tok_s, grad_norm,
-                    apply ? "" : " (skipped: inf/NaN gradients)", format_duration(eta).c_str());
+      std::snprintf(
+          line, sizeof line, "step %lld/%lld loss %.4f lr %.3e %.0f tok/s grad_norm %.3f%s ETA %s",
+          (long long)step, (long long)o.steps, loss, lr, tok_s, grad_norm,
+          apply ? "" : " (skipped: inf/NaN gradients)", engine::format_duration(eta).c_str());
       progress.print(line);
       if (validated) {
         progress.end_line();

@@ -45,7 +45,7 @@ void over_batch_entries(bool by_entry, int64_t b, F&& body) {
   }
   std::exception_ptr error;
   // Entries as the threads come free: one vCPU of a VM often runs slower than the other for a
-  // while, and with a fixed half each the fast thread waited (ops/matmul.cpp, dE's blocks). An
+  // while, and with a fixed half each the fast thread waited (engine/cpu/gemm.cpp, dE's blocks). An
   // entry's work and bits do not depend on the thread that runs it.
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t bi = 0; bi < b; ++bi) {

@@ -389,8 +389,8 @@ void bias_gelu(const Tensor& x, const Tensor& bias, const Tensor& y) {
 }
 
 // Each chunk's rows sum into a per-thread row of T (f32: 16 lanes an instruction, read back from
-// L1; summing into double cost 0.2 ms more per (1024, 3072) call here), stored as double; then
-// the chunks in order.
+// L1; summing into double was measurably slower per (1024, 3072) call; docs/benchmarks.md, "Figures
+// behind the code"), stored as double; then the chunks in order.
 void bias_gelu_backward(const Tensor& x, const Tensor& bias, const Tensor& gy, const Tensor& gx,
                         const Tensor& gbias) {
   dispatch_floating(x.dtype(), "bias_gelu_backward", [&]<class T>() {

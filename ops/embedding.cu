@@ -260,7 +260,8 @@ __global__ void scatter_level(const uint64_t* keys, const T* grad, const int32_t
   };
   // kAhead entries at a time: their ids, flags and values are all loaded before any is summed,
   // so a thread has kAhead loads in flight instead of one (a piece of 64 dependent loads, each
-  // an L2 miss, was ~30 us a level on the H200). The sums run in entry order as before.
+  // an L2 miss, set each level's time on the H200; docs/benchmarks.md, "Figures behind the code").
+  // The sums run in entry order as before.
   for (int64_t k0 = b; k0 < e; k0 += kAhead) {
     int32_t idb[kAhead];
     uint8_t fb[kAhead];

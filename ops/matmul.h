@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 #include "engine/kernel.h"
 #include "engine/tensor.h"
@@ -77,26 +76,6 @@ struct GemmArgs {
 // by the batch, stride 0), C written (and read when beta != 0), the bias; 2 m n k FLOPs per batch
 // entry.
 void add_work_cost(WorkCost& cost, const GemmArgs& g);
-
-// The library behind the CPU GEMMs: "oneDNN (f64: OpenBLAS)" (built with both; the default),
-// "OpenBLAS" or "Eigen" -- the fastest the build found, or the one ENGINE_CPU_GEMM=onednn|openblas|
-// eigen names in the environment.
-const char* cpu_gemm_library();
-
-// True when the CPU's f32 batches of small products (attention's) run on the AVX-512 small-GEMM
-// kernel (engine/cpu/small_gemm.h) rather than the library: an AVX-512 build, ENGINE_CPU_GEMM
-// unset, not turned off below.
-bool cpu_small_gemm_active();
-// Turns that kernel off (the library multiplies those batches too) or back on, for the whole
-// process: for comparisons (bench_ops times both in alternating rounds). Not while GEMMs run.
-void set_cpu_small_gemm(bool on);
-// Whether that kernel takes an f32 batch of `batch` products C (m x n) = A (m x k) op(B), op(B)
-// = B^T when trans_b (as stored, row-major): the others go to the library.
-bool cpu_small_gemm_takes(int64_t batch, int64_t m, int64_t n, int64_t k, bool trans_b);
-
-// cpu_gemm_library(), plus "; batches of small products: the AVX-512 small-GEMM kernel" while
-// that kernel is active: what the apps print at start.
-std::string describe_cpu_gemms();
 
 // Called as gemm_kernel(device, args).
 inline Kernel<void(const GemmArgs& args)> gemm_kernel{"gemm"};

@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 
+#include "engine/cpu/gemm.h"
 #include "engine/cpu/small_gemm.h"
 #include "gradcheck.h"
 #include "ops/matmul.h"
@@ -490,9 +491,9 @@ TEST_CASE("gemm epilogues add a bias per column and apply GELU's tanh form", "[m
 
 TEST_CASE("a wide product's epilogue in column chunks matches the whole", "[matmul]") {
   // (33 x 24) @ (24 x 12000): C is 1.5 MB in f32 and A 3 KB, so the library multiplies it in
-  // chunks of columns, each finished by the epilogue (ops/matmul.cpp, kEpilogueChunkBytes), also
-  // when split over the threads. Every column's bias differs: a chunk reading another's bias, or
-  // B's columns from the wrong offset, is off by far more than the tolerance.
+  // chunks of columns, each finished by the epilogue (engine/cpu/gemm.cpp, kEpilogueChunkBytes),
+  // also when split over the threads. Every column's bias differs: a chunk reading another's bias,
+  // or B's columns from the wrong offset, is off by far more than the tolerance.
   const int64_t m = 33, k = 24, n = 12000;
   Generator g(7);
   Tensor a = Tensor::randn({m, k}, g);

@@ -39,8 +39,9 @@ constexpr int64_t kSumChunk = 1024;
 // splits its tasks, each of which reads whole rows or long runs of the source.
 constexpr int64_t kSumToParallel = kParallelMinElems;
 // ... except chunks of few rows (strip_sums, all in registers), which ran best serial up to the
-// (12, 128, 128) -> (1, 128, 128) positional-bias gradient (196K elements: 0.018 ms on 1 thread,
-// 0.028 ms on 2) and gained from 2 threads from twice that.
+// (12, 128, 128) -> (1, 128, 128) positional-bias gradient (196K elements: slower on 2 threads
+// than on 1) and gained from 2 threads from twice that (docs/benchmarks.md, "Figures behind the
+// code").
 constexpr int64_t kSumToParallelStrips = int64_t(1) << 18;
 
 // C++ compute type for each storage type.
@@ -262,10 +263,9 @@ int64_t strip_sums(const T* base, const int64_t* row, int64_t n, int64_t width, 
 // Every row segment is read once and the lanes never leave the registers while they sum, where
 // strips (one vector of outputs down all the rows) read 32 bytes of every row per strip and lanes
 // in memory load and store the lanes on every row. Lane q adds its elements in the contract's
-// order: the same bits. (2026-11-27 EPYC, `bench_ops --quick`, 2 threads: the tiny model's bias
-// gradient (2048, 128) 0.032-0.035 ms in strips -> 0.016-0.021, (256, 768) 0.023-0.026 in lanes in
-// memory -> 0.013-0.015, (256, 3072) 0.075-0.080 -> 0.047-0.049; PyTorch 0.025-0.027, 0.018,
-// 0.071-0.081.)
+// order: the same bits. (On the AVX2 EPYC the model's bias gradients ran 1.6-2x faster this way
+// than in strips or lanes in memory, at or below PyTorch's time: docs/benchmarks.md, "Figures
+// behind the code".)
 template <int kV, class A>
 int64_t lane_walk_sums(const A* base, const int64_t* row, int64_t n, int64_t width, double* out) {
   using V = SumVec<A>;
@@ -394,7 +394,8 @@ inline A halving_tree(const A* lanes) {
 // independent vector chains: one run at a time was one chain of dependent adds, bound by the
 // add's latency (4 cycles a vector) rather than by the loads (2 a cycle).
 // Not inlined: inlined into sum_to's task loop, it made GCC 12 compile the rows cases' loops there
-// worse (AVX2 EPYC: the (256, 3072) bias gradient 0.072 -> 0.094 ms).
+// worse (AVX2 EPYC: the (256, 3072) bias gradient ~30% slower; docs/benchmarks.md, "Figures behind
+// the code").
 template <class A>
 constexpr int64_t kRunPrefetch = 2048 / sizeof(A);  // 2 KB ahead
 template <int N, class A>
@@ -413,8 +414,9 @@ __attribute__((noinline)) void run_sums(const A* const* p, int64_t n, A* out) {
       // The runs are chunks of 4 KB (f32), a page each, and the hardware's stream prefetch does
       // not cross pages: each run starts cold. A software prefetch kRunPrefetch elements ahead,
       // within the run, every 4 cache lines: the full sum and the transposed bias gradient of
-      // (4096 x 768) f32 on 2 threads 0.073-0.075 -> 0.064-0.065 ms (L3-resident, the AVX-512
-      // EPYC; 1 thread: the full sum 0.145 -> 0.124, the transposed bias unchanged).
+      // (4096 x 768) f32 ran ~13% faster on 2 threads (L3-resident, the AVX-512 EPYC; 1 thread:
+      // the full sum too, the transposed bias unchanged; docs/benchmarks.md, "Figures behind the
+      // code").
       if (m % 64 == 0 && m + kRunPrefetch<A> < n) __builtin_prefetch(p[r] + m + kRunPrefetch<A>);
 #pragma GCC unroll 2
       for (int t = 0; t < kN; ++t) {
@@ -579,19 +581,17 @@ class CpuBackend final : public Backend {
     // over more than kStripRows rows, lane_walk_sums; other types, and the last outputs of a row
     // that is not a whole number of vectors, read whole rows in order into lanes in memory.
     // (Lanes in memory had been chosen for chunks of over 64 rows wider than 256 on an earlier
-    // CPU; on the 2026-11-26 AVX-512 VM strips were faster on the model's shapes, side harness,
-    // lower quartiles of alternating runs: the bias gradients (256, 3072) 52-54 -> 28 us, (4096,
-    // 3072) 1183-1239 -> 1044-1148 us, the MLM decoder's (614, 30522) 2.1 -> 1.65 ms, (4096, 768)
-    // unchanged within the noise; (16384, 1040), whose last 16 columns go through lanes in
-    // memory, 1.56-1.59 -> 1.69-1.71 ms.) Blocks of 4096 outputs (1024 measured ~5% slower on
-    // the batch-shared bias). Lanes: each output sums its elements along the source, in vector
-    // lanes when the innermost reduced dim is contiguous; a task is a run of chunks times a
-    // block of outputs.
-    // AVX2 builds (16 registers: one 32-byte vector a lane) walk lane by lane over more than
-    // kStripRows rows: strips read 32 bytes of each row per strip, hundreds of rows apart, a
-    // pattern the prefetchers do not follow ((256, 3072): 0.16-0.20 ms in strips against
-    // PyTorch's 0.08 on the 2026-11-27 AVX2 EPYC), and lanes in memory load and store every
-    // lane on every row (see lane_walk_sums). AVX-512 builds keep strips (not measured there).
+    // CPU; on an AVX-512 VM strips were as fast or faster on the model's bias gradients and the
+    // MLM decoder's, and ~8% slower only on a shape whose last 16 columns go through lanes in
+    // memory: docs/benchmarks.md, "Figures behind the code".) Blocks of 4096 outputs (1024 measured
+    // ~5% slower on the batch-shared bias). Lanes: each output sums its elements along the source,
+    // in vector lanes when the innermost reduced dim is contiguous; a task is a run of chunks times
+    // a block of outputs. AVX2 builds (16 registers: one 32-byte vector a lane) walk lane by lane
+    // over more than kStripRows rows: strips read 32 bytes of each row per strip, hundreds of rows
+    // apart, a pattern the prefetchers do not follow ((256, 3072): over twice PyTorch's time in
+    // strips on the AVX2 EPYC, docs/benchmarks.md, "Figures behind the code"), and lanes in memory
+    // load and store every lane on every row (see lane_walk_sums). AVX-512 builds keep strips (not
+    // measured there).
     constexpr int64_t kStripRows = 64;
     constexpr bool kLaneWalk = kSumVecBytes == 32;
     const bool rows = !kept.size.empty() && kept.inner_stride() == 1 && kept.inner_size() >= 8;

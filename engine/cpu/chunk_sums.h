@@ -12,8 +12,8 @@ namespace engine::cpu {
 
 // out[j] = sum over k = 0 .. chunks-1, in that order, of part[k * n + j] (from 0, in double), then
 // rounded to T. The loop over columns is the inner one: it vectorises, where a loop over the
-// chunks per column is a chain of dependent scalar adds (0.13 ms of layer_norm's 0.3 ms backward
-// at 256 rows x 768).
+// chunks per column is a chain of dependent scalar adds (over a third of layer_norm's backward at
+// 256 rows x 768; docs/benchmarks.md, "Figures behind the code").
 template <class T>
 void sum_chunks_in_order(const double* part, int64_t chunks, int64_t n, T* out) {
   std::vector<double> sum(static_cast<size_t>(n), 0.0);

@@ -1,7 +1,8 @@
 // When a CPU kernel's loop is worth splitting over the OpenMP threads. Measured with
 // `bench_ops --only parallel_threshold` (2 cores, docs/benchmarks.md): an empty parallel region
-// costs ~1-3 us, and a memory-bound f32 loop (y = a x + y) gains from 2 threads from ~32K
-// elements on (1.4x at 32K, 1.8x at 64K, 1.9-2.5x from 128K while the data fits the caches).
+// costs as much as a few thousand elements of a loop, and a memory-bound f32 loop (y = a x + y)
+// gains from 2 threads from ~32K elements on (1.4x at 32K, 1.8x at 64K, 1.9-2.5x from 128K while
+// the data fits the caches).
 // Loops of heavier elements (exp, erf, a Philox block) cross over earlier; kernels that know
 // theirs say so beside their own constant.
 #pragma once

@@ -15,9 +15,9 @@
 // The grid: blocks of 256 threads, bx columns (vectors) by by = 256 / bx rows, over column tiles
 // x row chunks; the chunk count is chosen so that the grid has ~1024 blocks (an H200 holds 8
 // blocks of 256 on each of its 132 SMs) while each thread still sums at least 4 rows (its loads
-// issued together: 16 rows a thread left a bias gradient of (4096, 768) 96 blocks, 13 us on the
-// H200 where 6 MB take 2). A block
-// sums its rows in a fixed order (each thread its strided rows, then the by partial rows in
+// issued together: 16 rows a thread left a bias gradient of (4096, 768) 96 blocks, several times
+// the time its 6 MB take at the H200's bandwidth; docs/benchmarks.md, "Figures behind the code"). A
+// block sums its rows in a fixed order (each thread its strided rows, then the by partial rows in
 // order through shared memory); with more than one chunk the chunks' sums go to an Acc buffer
 // and a second launch sums them per column in chunk order. The result depends only on the shape:
 // the same bits on every run (not the CPU's bits: its order is another).

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""tools/bench_step.py and tools/bench_cpu.py refuse bad options before they run anything: one
+"""bench/bench_step.py and bench/bench_cpu.py refuse bad options before they run anything: one
 line naming the option and what was expected, exit status 2, no traceback (standard library only:
 the refusals come before PyTorch or a binary is needed).
 
@@ -13,11 +13,11 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 from checks import check, finish  # noqa: E402
 
-tools = os.path.join(here, "..", "..", "tools")
+bench = os.path.join(here, "..", "..", "bench")
 
 
 def refused(tool, args, want):
-    p = subprocess.run([sys.executable, os.path.join(tools, tool)] + args, capture_output=True,
+    p = subprocess.run([sys.executable, os.path.join(bench, tool)] + args, capture_output=True,
                        text=True, timeout=120)
     out = p.stdout + p.stderr
     check(p.returncode == 2 and want in out and "Traceback" not in out,

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""tools/openblas_core.py, the benchmarks' fair-OpenBLAS setting (standard library only): with
+"""bench/openblas_core.py, the benchmarks' fair-OpenBLAS setting (standard library only): with
 OpenBLAS's answer and the CPU's flags stubbed, an SSE3 fallback on an AVX-512 CPU gets
 OPENBLAS_CORETYPE=SkylakeX (Haswell on AVX2), a core OpenBLAS knows is left alone, a user's own
 setting is kept (with a warning when it leaves an AVX-512 CPU on older kernels), a libblas.so.3
@@ -13,7 +13,7 @@ import sys
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
-sys.path.insert(0, os.path.join(here, "..", "..", "tools"))
+sys.path.insert(0, os.path.join(here, "..", "..", "bench"))
 from checks import check, finish  # noqa: E402
 import openblas_core  # noqa: E402
 

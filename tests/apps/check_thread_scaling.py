@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""tools/thread_scaling.py end to end on a short run: the profiler (omp_regions.so) loads, every
+"""bench/thread_scaling.py end to end on a short run: the profiler (omp_regions.so) loads, every
 region is accounted (the 1-thread step = time outside regions + the regions' time, within a
 quarter), the model's GEMMs show as regions on both thread counts, and bad input is refused.
 
@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TOOL = os.path.join(ROOT, "tools", "thread_scaling.py")
+TOOL = os.path.join(ROOT, "bench", "thread_scaling.py")
 
 
 def main():

@@ -1,4 +1,4 @@
-// Fuzz target: a prepared corpus directory as data::Corpus opens it (data/corpus.cpp): meta.json
+// Fuzz target: a prepared corpus directory as data::Corpus opens it (data/shards.cpp): meta.json
 // (format, version, key types and ranges) and the memory-mapped shards (.bin token ids, .idx
 // document offsets: sizes against meta.json, offsets from 0 strictly increasing to the token
 // count, ids below the vocabulary size). Input: meta.json, then train.bin, train.idx, valid.bin

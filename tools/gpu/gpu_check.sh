@@ -10,7 +10,7 @@
 #      pretrain_app --device cuda (every preset and option once, dropout masks bit for bit, and
 #      ELECTRA);
 #   4. ncu over a recorded step of BERT-Base TUPE-R and BERT-Large TUPE-R: every kernel's time
-#      beside the performance model's prediction (tools/perf_model.py);
+#      beside the performance model's prediction (bench/perf_model.py);
 #   5. compute-sanitizer memcheck over the op tests and racecheck over the kernels with shared
 #      memory; the kernel coverage;
 #   6. the side-by-side table, printed last (tools/gpu/summary.py).

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Where a training step's threads go: the step at 1 and at N OpenMP threads, split by parallel
-region. Runs pretrain_app (single-batch mode, the model and batch of tools/bench_step.py) under
-build/lib/omp_regions.so (apps/omp_regions.cpp, LD_PRELOAD), which times every parallel region
+region. Runs pretrain_app (single-batch mode, the model and batch of bench/bench_step.py) under
+build/lib/omp_regions.so (bench/omp_regions.cpp, LD_PRELOAD), which times every parallel region
 the main thread starts and how long each team thread spent in its body. A run of 1 step counts
 the regions of the set-up and the warm-up step; a run of 1 + --steps steps skips that many and
 records the rest, so the figures are per timed step.
@@ -14,7 +14,7 @@ a step, wall ms a step at each thread count, their speed-up, and the wait. Last,
 step would have if the waits vanished, and if the time outside regions also ran on all threads:
 what remains is the regions' own scaling (the cores' shared memory bandwidth and clock).
 
-usage: /usr/bin/python3 tools/thread_scaling.py [--model tiny|base] [--threads 2] [--steps 20]
+usage: /usr/bin/python3 bench/thread_scaling.py [--model tiny|base] [--threads 2] [--steps 20]
            [--rounds 3] [--top 25] [--app build/bin/pretrain_app] [--preload LIB] [--workdir DIR]
 """
 import argparse
@@ -30,7 +30,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "reference"))
+sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
 
 import bench_step  # noqa: E402  (the model and batch, so both tools time the same step)
 

@@ -4,7 +4,7 @@ Debian's OpenBLAS 0.3.21 picks its kernels by CPU model, and a CPU newer than it
 and Emerald Rapids) falls back to its SSE3 "Prescott" kernels: PyTorch's f32 GEMMs ran ~5x
 slower there (31 against 134 GFLOP/s for BERT's (1024,768) x (768,3072)^T on 2 cores) than with
 OPENBLAS_CORETYPE=SkylakeX. OpenBLAS reads the variable when it loads, so a benchmark sets it in
-the environment of the process that will load it. Used by tools/bench_cpu.py and bench_step.py.
+the environment of the process that will load it. Used by bench/bench_cpu.py and bench_step.py.
 """
 import os
 import subprocess

@@ -1,5 +1,5 @@
 // omp_regions: an LD_PRELOAD profiler of OpenMP parallel regions (libgomp), for
-// tools/thread_scaling.py. It wraps libgomp's entry points for `#pragma omp parallel` (and the
+// bench/thread_scaling.py. It wraps libgomp's entry points for `#pragma omp parallel` (and the
 // combined `parallel for` forms), and for every outermost region started by the process's main
 // thread records its wall time and how long each team thread spent in the region's body; nested
 // regions and regions of other threads count inside their parent. The first OMP_REGIONS_SKIP

@@ -5,7 +5,7 @@ dropout and torch.optim.AdamW) on the same model, the same batch, the same initi
 same number of threads, f32, dropout on. Prints tokens/s for both, the ratio (> 1: the engine is
 faster) and the peak resident memory of each process, plus which GEMM library each side loaded.
 
-usage: /usr/bin/python3 tools/bench_step.py [--models tiny,base] [--threads N] [--rounds R]
+usage: /usr/bin/python3 bench/bench_step.py [--models tiny,base] [--threads N] [--rounds R]
            [--tiny-steps N] [--base-steps N] [--base-batch B] [--app build/bin/pretrain_app]
            [--workdir DIR]
 
@@ -27,7 +27,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(HERE, "reference"))
+sys.path.insert(0, os.path.join(ROOT, "tools", "reference"))
 sys.path.insert(0, HERE)
 
 MODELS = {
@@ -171,7 +171,7 @@ def main():
         ap.error(f"--app {args.app}: not an executable (build first: tools/setup.sh)")
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench_step.")
     os.makedirs(workdir, exist_ok=True)
-    # Both sides under the same OpenBLAS core type (tools/openblas_core.py): PyTorch's GEMMs,
+    # Both sides under the same OpenBLAS core type (bench/openblas_core.py): PyTorch's GEMMs,
     # and the engine's when ENGINE_CPU_GEMM=openblas.
     import openblas_core
     env, blas_note = openblas_core.fair_env(dict(os.environ, OMP_NUM_THREADS=str(args.threads)))

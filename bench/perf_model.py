@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The GPU performance model, calibrated on the kernels the engine ran on an H200.
 
-A step record of apps/record_step (CSV: every op of one training step with its minimum bytes,
+A step record of bench/record_step (CSV: every op of one training step with its minimum bytes,
 FLOPs, shapes and kernel launches as name:blocks:threads) -> the predicted time of every launch,
 op family and the step on one H200, sequences/s and MFU.
 
@@ -17,16 +17,16 @@ shape by FLOPs, scaled, when it was not measured). Launches run back to back on 
 bandwidths per access pattern (this tree's kernels each have their own: the warp-per-row softmax
 and LayerNorm, the column sums, AdamW), the serial-access time, the floor and the GEMM times are
 fitted to ncu's kernel times of the commits measured on the H200 (5d401cc, and 3928985 with this
-tree's kernels; tools/perf_data/, ../shared/data/gpu/): `--calibrate` refits them and `--check`
+tree's kernels; bench/perf_data/, ../shared/data/gpu/): `--calibrate` refits them and `--check`
 shows the fit. ncu times each kernel with cold caches; a step reuses
 what the previous kernels left in the 50 MB L2, which the `step` mode models with an L2
 bandwidth and serial-access time for launches whose bytes fit (fitted to the measured steps).
 
 usage:
   perf_model.py STEP.csv --batch B [--label NAME] [--top N] [--mode step|cold]
-  perf_model.py --calibrate      refit tools/perf_data/h200_fit.json from the measured commits
+  perf_model.py --calibrate      refit bench/perf_data/h200_fit.json from the measured commits
   perf_model.py --check          the measured commits: model against measurement, per family
-  perf_model.py --import-ncu NCU.csv OUT.csv.xz   one step of an ncu run for tools/perf_data
+  perf_model.py --import-ncu NCU.csv OUT.csv.xz   one step of an ncu run for bench/perf_data
 """
 import argparse
 import collections
@@ -50,7 +50,7 @@ L2_BYTES = 50e6         # H100/H200 L2
 PHILOX_WORDS = 4        # words per Philox block
 
 # The measured commits' steps (pretrain_app --time, bf16, B = 32, dropout on: 5d401cc's in
-# ../shared/data/gpu/engine_steps.log, 3928985's in tools/perf_data/h200_3928985_steps.log) and
+# ../shared/data/gpu/engine_steps.log, 3928985's in bench/perf_data/h200_3928985_steps.log) and
 # ncu runs (5d401cc: one step in compact form; 3928985: ncu's own CSV of record_step's two steps,
 # the recorded one aligned at its end).
 MEASURED = {
@@ -565,7 +565,7 @@ def main():
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--import-ncu", nargs=2, metavar=("NCU_CSV", "OUT_CSV_XZ"),
                     help="the last step of an ncu run (from its last gradient-slab fill) in the "
-                         "compact form of tools/perf_data")
+                         "compact form of bench/perf_data")
     a = ap.parse_args()
     if a.import_ncu:
         raw = read_ncu_raw(a.import_ncu[0])

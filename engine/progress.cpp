@@ -1,12 +1,12 @@
 // Progress display (see progress.h).
-#include "models/progress.h"
+#include "engine/progress.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
-#include <cstdio>
 
-namespace models {
+namespace engine {
 
 std::string format_duration(double s) {
   char buf[32];
@@ -19,7 +19,13 @@ std::string format_duration(double s) {
   return buf;
 }
 
-ProgressLine::ProgressLine(bool enabled) : tty_(enabled && isatty(STDERR_FILENO)) {}
+std::string progress_bar(double fraction, int width) {
+  const int filled = static_cast<int>(std::clamp(fraction, 0.0, 1.0) * width);
+  return "[" + std::string(size_t(filled), '#') + std::string(size_t(width - filled), '-') + "]";
+}
+
+ProgressLine::ProgressLine(bool enabled, std::FILE* log)
+    : tty_(enabled && isatty(STDERR_FILENO)), log_(log) {}
 
 void ProgressLine::print(const std::string& line) {
   if (tty_) {
@@ -27,8 +33,8 @@ void ProgressLine::print(const std::string& line) {
     std::fflush(stderr);
     open_ = true;
   } else {
-    std::printf("%s\n", line.c_str());
-    std::fflush(stdout);
+    std::fprintf(log_, "%s\n", line.c_str());
+    std::fflush(log_);
   }
 }
 
@@ -38,4 +44,4 @@ void ProgressLine::end_line() {
   open_ = false;
 }
 
-}  // namespace models
+}  // namespace engine

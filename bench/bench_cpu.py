@@ -6,9 +6,9 @@ CPU GEMM; the default is oneDNN's when the build found it), and the measured FMA
 with them. Prints which BLAS library PyTorch loaded (Debian's torch
 calls the libblas.so.3 alternative: install libopenblas0-openmp so that it is OpenBLAS) and the
 core type OpenBLAS runs: where it does not know the CPU and would fall back to older kernels,
-OPENBLAS_CORETYPE is set for both sides (tools/openblas_core.py).
+OPENBLAS_CORETYPE is set for both sides (bench/openblas_core.py).
 
-usage: /usr/bin/python3 tools/bench_cpu.py [--quick] [--threads N] [--rounds R]
+usage: /usr/bin/python3 bench/bench_cpu.py [--quick] [--threads N] [--rounds R]
            [--bin build/bin/bench_ops]
 PyTorch is Debian's python3-torch; without it only our column is printed.
 """
@@ -138,7 +138,7 @@ def main():
     if not os.path.exists(a.bin):
         sys.exit(f"bench_cpu: {a.bin} not found; build first (tools/setup.sh)")
     # PyTorch loads OpenBLAS in this process, which reads OPENBLAS_CORETYPE as it loads: when
-    # OpenBLAS would run this CPU on older kernels than it has (tools/openblas_core.py), start
+    # OpenBLAS would run this CPU on older kernels than it has (bench/openblas_core.py), start
     # again with the variable set; bench_ops' OpenBLAS columns run under the same setting.
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import openblas_core

@@ -2,7 +2,7 @@
 """The peer of bench_comm's all-reduce sweep: torch.distributed (gloo on CPU, nccl with --cuda)
 all_reduce over the same sizes, on N local processes. Prints the same columns.
 
-  /usr/bin/python3 tools/bench_comm_torch.py [--ranks 2] [--max-mb 256] [--iters 9] [--cuda]
+  /usr/bin/python3 bench/bench_comm_torch.py [--ranks 2] [--max-mb 256] [--iters 9] [--cuda]
 """
 import argparse
 import os

@@ -24,5 +24,5 @@ bad = [r["index"] for r in csv.DictReader(open(sys.argv[1]))
 if bad:
     sys.exit(f"FAIL: ops {bad[:5]} do not list one kernel:blocks:threads per launch")
 PY
-/usr/bin/python3 "$ROOT/tools/perf_model.py" "$work/step.csv" --batch 4 --label check
-/usr/bin/python3 "$ROOT/tools/perf_model.py" --check
+/usr/bin/python3 "$ROOT/bench/perf_model.py" "$work/step.csv" --batch 4 --label check
+/usr/bin/python3 "$ROOT/bench/perf_model.py" --check

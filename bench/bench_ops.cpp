@@ -1,6 +1,6 @@
 // bench_ops: times libengine's ops (forward, and forward + backward) at BERT-like shapes on the
 // CPU and prints one line per case: name, median milliseconds, and a rate (GFLOP/s or GB/s).
-// tools/bench_cpu.py runs it beside the same cases in PyTorch and prints both side by side.
+// bench/bench_cpu.py runs it beside the same cases in PyTorch and prints both side by side.
 #include <omp.h>
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 
 #include "apps/cli.h"
 #include "engine/backend.h"
+#include "engine/cpu/gemm.h"
 #include "ops/ops.h"
 
 using namespace engine;

@@ -1,5 +1,5 @@
 // record_step: the device work of one training step, launch by launch, for the GPU performance
-// model (docs/performance-model.md, tools/perf_model.py). Builds the model of a pretraining
+// model (docs/performance-model.md, bench/perf_model.py). Builds the model of a pretraining
 // config, moves it to cuda:0, and records one optimizer step (after a warm-up step) of a random
 // MLM batch of B x T tokens with 15% predicted: every kernel-table call and layout call with its
 // shapes, minimum bytes, FLOPs and kernel launches (engine/work_log.h), as CSV.
@@ -35,7 +35,7 @@ const char* kUsage = R"(usage: record_step --config CFG --batch-size B --seq-len
 Records the device work of one training step of the config's model (forward, backward,
 gradient statistics, clipping, AdamW) on cuda:0 as CSV: index, op, kernel launches, library
 GEMMs, minimum bytes, FLOPs, shapes, and each launch as kernel:blocks:threads. In build-emu/, run with EMU_DRY_RUN=1 (nothing executes;
-the record is exact, the values are not). tools/perf_model.py turns the CSV into predicted times.
+the record is exact, the values are not). bench/perf_model.py turns the CSV into predicted times.
 --version prints the version and git commit; -h, --help this text.
 )";
 
