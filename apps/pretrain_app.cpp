@@ -36,10 +36,9 @@
 #include "engine/safetensors.h"
 #include "engine/threads.h"
 #include "models/bert.h"
-#include "models/bert_sop.h"
 #include "models/checkpoint.h"
-#include "models/electra.h"
 #include "models/hf_bert.h"
+#include "models/objective.h"
 #include "models/pretrain.h"
 #include "models/pretrain_config.h"
 #include "ops/ops.h"
@@ -228,14 +227,8 @@ void print_parameter_counts(const models::PretrainModel& model) {
   std::printf("model: %lld layers, width %lld, %lld heads, FFN %lld, vocab %lld, preset %s\n",
               (long long)c.num_layers, (long long)c.hidden_size, (long long)c.num_heads,
               (long long)c.ffn_size, (long long)c.vocab_size, c.position.preset.c_str());
-  if (auto* e = dynamic_cast<const models::ElectraForPretraining*>(&model)) {
-    const models::BertConfig& g = e->generator.config();
-    std::printf(
-        "ELECTRA generator: %lld layers, width %lld, %lld heads, FFN %lld (embeddings "
-        "shared, width %lld); loss = MLM + %g x RTD\n",
-        (long long)g.num_layers, (long long)g.hidden_size, (long long)g.num_heads,
-        (long long)g.ffn_size, (long long)c.embedding_width(), e->electra().rtd_weight);
-  }
+  const std::string more = model.describe();
+  if (!more.empty()) std::printf("%s\n", more.c_str());
   for (auto& g : order) std::printf("  %-22s %15s\n", g.c_str(), with_commas(groups[g]).c_str());
   std::printf("  %-22s %15s  (decoder tied to bert.embeddings.token)\n", "total",
               with_commas(total).c_str());
@@ -308,37 +301,21 @@ int single_batch(const Args& args, models::PretrainModel& model, const engine::A
   engine::FlatParameters flat(model.named_parameters(), device);
   const data::MlmBatch host_batch = models::load_mlm_batch(args.batch_file, config);
   const data::MlmBatch batch = host_batch.to(flat.data().device());
-  // ELECTRA: the generator's draws from the batch file instead of sampling, when it has them.
-  const auto* electra = dynamic_cast<const models::ElectraForPretraining*>(&model);
+  // The objective's extra inputs: ELECTRA's draws from the batch file instead of sampling,
+  // MLM + SOP's sentence labels; each only where the objective reads it.
+  const models::Objective* objective = models::objective_of_kind(model.kind());
   engine::Tensor replacements = models::load_replacements(args.batch_file, host_batch, config);
-  ENGINE_CHECK(!replacements.defined() || electra, "[pretrain_app] ", args.batch_file,
-               ": 'replacements' is for objective: electra (this model is ", model.kind(), ")");
+  ENGINE_CHECK(!replacements.defined() || (objective && objective->replacements), "[pretrain_app] ",
+               args.batch_file, ": 'replacements' is for objective: electra (this model is ",
+               model.kind(), ")");
   if (replacements.defined()) replacements = replacements.to(flat.data().device());
-  // One forward: the loss, the MLM logits and (ELECTRA) the discriminator's logits and labels.
-  const auto* sop = dynamic_cast<const models::BertForMlmSop*>(&model);
-  ENGINE_CHECK(!batch.sentence_labels.defined() || sop, "[pretrain_app] ", args.batch_file,
+  ENGINE_CHECK(!batch.sentence_labels.defined() || (objective && objective->sentence_order),
+               "[pretrain_app] ", args.batch_file,
                ": 'sentence_labels' is for objective: mlm_sop (this model is ", model.kind(), ")");
+  // One forward: the loss, the MLM logits and what the objective's dump adds.
   auto forward = [&](engine::Generator& g, engine::NamedTensors* extra) {
     engine::Autocast autocast(compute);
-    if (sop) {
-      const models::MlmSopOutput o = sop->forward_sop(batch, g);
-      if (extra) {
-        extra->emplace_back("mlm_loss", o.mlm_loss.detach());
-        extra->emplace_back("sop_loss", o.sop_loss.detach());
-        extra->emplace_back("sop_logits", o.sop_logits.detach());
-      }
-      return models::PretrainModel::Output{o.loss, o.mlm_logits, {}};
-    }
-    if (!electra) return model.pretrain_forward(batch, g);
-    const models::ElectraOutput o = electra->forward(batch, g, replacements);
-    if (extra) {
-      extra->emplace_back("mlm_loss", o.mlm_loss.detach());
-      extra->emplace_back("rtd_loss", o.rtd_loss.detach());
-      extra->emplace_back("rtd_logits", o.rtd_logits.detach());
-      extra->emplace_back("rtd_labels", o.rtd_labels);
-      extra->emplace_back("sampled", o.sampled);
-    }
-    return models::PretrainModel::Output{o.loss, o.mlm_logits, {}};
+    return model.batch_file_forward(batch, replacements, g, extra);
   };
   // Dropout off, or (--dropout) on with the pretraining loop's stream of rank 0.
   model.train(args.dropout);
@@ -488,7 +465,7 @@ int run(const Args& args) {
   bo.seed = seed;
   bo.shuffle = data_opt.shuffle;
   bo.segment_pairs = data_opt.segment_pairs;
-  bo.sentence_order = pc.objective == "mlm_sop";
+  bo.sentence_order = models::objective_named(pc.objective).sentence_order;
   bo.shard = comm.rank();
   bo.num_shards = comm.size();
   CorpusSource source(*corpus, *tokenizer, bo);
@@ -681,7 +658,8 @@ int eval_cmd(int argc, char** argv) {
   engine::FlatParameters flat(model->named_parameters(), device);
 
   // MLM + sentence order is evaluated on what it was trained on: segment pairs, half swapped.
-  const bool sop = dynamic_cast<const models::BertForMlmSop*>(model.get()) != nullptr;
+  const models::Objective* objective = models::objective_of_kind(model->kind());
+  const bool sop = objective && objective->sentence_order;
   data::EvalBatches source(corpus, split == "valid" ? data::Split::valid : data::Split::train, *tok,
                            batch_size, seq_len, data::EvalBatches::kDefaultSeed, {}, sop, sop);
   std::vector<data::MlmBatch> list;

@@ -134,6 +134,15 @@ class PretrainModel : public engine::Module {
   virtual std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const {
     return {};
   }
+  // pretrain_app's single-batch mode (--batch-file): the forward of `batch` with its file's
+  // `replacements` (ELECTRA's draws; undefined otherwise), adding to *dump (when not null) the
+  // named tensors its dump records beyond the loss, logits and gradients.
+  virtual Output batch_file_forward(const data::MlmBatch& batch, const Tensor& replacements,
+                                    Generator& gen, engine::NamedTensors* dump) const {
+    return pretrain_forward(batch, gen);
+  }
+  // One line on the model beyond its encoder (ELECTRA: the generator) for the apps, or "".
+  virtual std::string describe() const { return ""; }
 };
 
 // BERT + the masked-LM head: dense -> GELU -> LayerNorm -> decoder tied to the token embedding

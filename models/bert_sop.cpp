@@ -43,6 +43,18 @@ MlmSopOutput BertForMlmSop::forward_sop(const data::MlmBatch& batch, Generator& 
   return out;
 }
 
+PretrainModel::Output BertForMlmSop::batch_file_forward(const data::MlmBatch& batch,
+                                                        const Tensor& replacements, Generator& gen,
+                                                        engine::NamedTensors* dump) const {
+  const MlmSopOutput o = forward_sop(batch, gen);
+  if (dump) {
+    dump->emplace_back("mlm_loss", o.mlm_loss.detach());
+    dump->emplace_back("sop_loss", o.sop_loss.detach());
+    dump->emplace_back("sop_logits", o.sop_logits.detach());
+  }
+  return Output{o.loss, o.mlm_logits, {}};
+}
+
 PretrainModel::Output BertForMlmSop::pretrain_forward(const data::MlmBatch& batch,
                                                       Generator& gen) const {
   MlmSopOutput o = forward_sop(batch, gen);

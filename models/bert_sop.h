@@ -47,6 +47,9 @@ class BertForMlmSop : public BertForMaskedLM {
   // back: evaluation only).
   Output pretrain_forward(const data::MlmBatch& batch, Generator& gen) const override;
   const char* kind() const override { return "bert_mlm_sop"; }
+  // forward_sop; the dump adds mlm_loss, sop_loss and sop_logits.
+  Output batch_file_forward(const data::MlmBatch& batch, const Tensor& replacements, Generator& gen,
+                            engine::NamedTensors* dump) const override;
 
   engine::Module sop;
   Linear sop_dense, sop_out;

@@ -41,22 +41,6 @@ std::string read_checkpoint_kind(const std::string& path) {
   return it == meta.end() ? "" : it->second;
 }
 
-bool is_pretraining_kind(const std::string& kind) {
-  for (const char* k : kPretrainingKinds)
-    if (kind == k) return true;
-  return false;
-}
-
-std::string pretraining_kinds_text() {
-  std::string text;
-  const size_t n = std::size(kPretrainingKinds);
-  for (size_t i = 0; i < n; ++i) {
-    if (i > 0) text += i + 1 == n ? " or " : ", ";
-    text += kPretrainingKinds[i];
-  }
-  return text;
-}
-
 engine::SafetensorsContents load_checkpoint(const std::string& path, PretrainModel& model,
                                             bool with_state) {
   const std::string kind = read_checkpoint_kind(path);

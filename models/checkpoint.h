@@ -30,13 +30,10 @@ BertConfig read_checkpoint_config(const std::string& path);
 // The kind a checkpoint records (kKindKey: "bert_mlm", "electra", "bert_classification", ...);
 // "" when it records none.
 std::string read_checkpoint_kind(const std::string& path);
-// The kinds pretraining writes (the PretrainModel kinds), which load_pretrain_model
-// (models/pretrain_config.h) loads and which carry no finetuned head. The one list a new
-// objective extends.
-inline constexpr const char* kPretrainingKinds[] = {"bert_mlm", "bert_mlm_sop", "electra"};
-// Whether `kind` is one of kPretrainingKinds.
+// Whether `kind` is one that pretraining writes (an objective's, models/objective.h), which
+// load_pretrain_model loads and which carries no finetuned head.
 bool is_pretraining_kind(const std::string& kind);
-// kPretrainingKinds for an error message: "bert_mlm, bert_mlm_sop or electra".
+// The objectives' kinds for an error message: "bert_mlm, bert_mlm_sop or electra".
 std::string pretraining_kinds_text();
 // Loads the parameters (names, shapes and dtypes checked; the first mismatch is named). A file
 // with tensors beyond the model's is an error unless `with_state` (then those tensors — optimizer,

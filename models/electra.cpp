@@ -76,42 +76,35 @@ PretrainModel::Output ElectraForPretraining::pretrain_forward(const data::MlmBat
   return {out.loss, out.mlm_logits, {{"mlm_loss", out.mlm_loss}, {"rtd_loss", out.rtd_loss}}};
 }
 
+PretrainModel::Output ElectraForPretraining::batch_file_forward(const data::MlmBatch& batch,
+                                                                const Tensor& replacements,
+                                                                Generator& gen,
+                                                                engine::NamedTensors* dump) const {
+  const ElectraOutput o = forward(batch, gen, replacements);
+  if (dump) {
+    dump->emplace_back("mlm_loss", o.mlm_loss.detach());
+    dump->emplace_back("rtd_loss", o.rtd_loss.detach());
+    dump->emplace_back("rtd_logits", o.rtd_logits.detach());
+    dump->emplace_back("rtd_labels", o.rtd_labels);
+    dump->emplace_back("sampled", o.sampled);
+  }
+  return Output{o.loss, o.mlm_logits, {}};
+}
+
+std::string ElectraForPretraining::describe() const {
+  const BertConfig& g = generator.config();
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "ELECTRA generator: %lld layers, width %lld, %lld heads, FFN %lld (embeddings "
+                "shared, width %lld); loss = MLM + %g x RTD",
+                (long long)g.num_layers, (long long)g.hidden_size, (long long)g.num_heads,
+                (long long)g.ffn_size, (long long)config().embedding_width(), electra_.rtd_weight);
+  return line;
+}
+
 std::vector<std::pair<std::string, std::string>> ElectraForPretraining::checkpoint_metadata()
     const {
   return {{kElectraConfigKey, electra_.to_json()}};
-}
-
-// The objectives' models (declared in pretrain_config.h; here, with the models, so that the
-// config reader links without them).
-std::unique_ptr<PretrainModel> PretrainConfig::make_model(const BertConfig& m,
-                                                          uint64_t seed) const {
-  if (objective == "electra") return std::make_unique<ElectraForPretraining>(m, electra, seed);
-  if (objective == "mlm_sop") return std::make_unique<BertForMlmSop>(m, seed);
-  return std::make_unique<BertForMaskedLM>(m, seed);
-}
-
-std::unique_ptr<PretrainModel> load_pretrain_model(const std::string& checkpoint) {
-  const BertConfig config = read_checkpoint_config(checkpoint);
-  std::unique_ptr<PretrainModel> model;
-  const std::string kind = read_checkpoint_kind(checkpoint);
-  // A finetuned checkpoint (bert_classification, ...) has no pretraining head to continue from.
-  ENGINE_CHECK(kind.empty() || is_pretraining_kind(kind), "[checkpoint] ", checkpoint,
-               " holds a finetuned '", kind, "' model, not a pretraining one (",
-               pretraining_kinds_text(), "); pretraining starts from a pretraining checkpoint");
-  if (kind == "electra") {
-    const engine::SafetensorsMetadata meta = engine::read_safetensors_metadata(checkpoint);
-    auto it = meta.find(kElectraConfigKey);
-    ENGINE_CHECK(it != meta.end(), "[checkpoint] ", checkpoint, ": an ELECTRA checkpoint without '",
-                 kElectraConfigKey, "' in its metadata");
-    model = std::make_unique<ElectraForPretraining>(
-        config, ElectraConfig::from_json(it->second, checkpoint), 0);
-  } else if (kind == "bert_mlm_sop") {
-    model = std::make_unique<BertForMlmSop>(config, 0);
-  } else {
-    model = std::make_unique<BertForMaskedLM>(config, 0);
-  }
-  load_checkpoint(checkpoint, *model);
-  return model;
 }
 
 }  // namespace models

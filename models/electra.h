@@ -59,6 +59,11 @@ class ElectraForPretraining : public PretrainModel {
   const BertConfig& config() const override { return bert.config(); }  // the discriminator's
   const char* kind() const override { return "electra"; }
   std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const override;
+  // forward with the batch file's replacements; the dump adds mlm_loss, rtd_loss, rtd_logits,
+  // rtd_labels and sampled.
+  Output batch_file_forward(const data::MlmBatch& batch, const Tensor& replacements, Generator& gen,
+                            engine::NamedTensors* dump) const override;
+  std::string describe() const override;  // the generator's sizes and the RTD weight
   const ElectraConfig& electra() const { return electra_; }
 
   BertModel bert;  // the discriminator's encoder

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "engine/error.h"
+#include "models/objective.h"
 
 namespace models {
 
@@ -128,20 +129,21 @@ PretrainConfig PretrainConfig::read(const engine::Config& cfg) {
   c.has_vocab_size = model.has("vocab_size");
   c.vocab_where_ = model.where("vocab_size");
   c.model = BertConfig::from_config(model);
-  c.objective = root.get_choice("objective", c.objective, {"mlm", "mlm_sop", "electra"});
-  if (c.objective == "mlm_sop")
-    ENGINE_CHECK(c.data.segment_pairs, "[config] ", root.where("objective"),
-                 ": mlm_sop (sentence-order prediction) needs data.segment_pairs: true (the two "
+  c.objective = root.get_choice("objective", c.objective, objective_names());
+  const Objective& objective = objective_named(c.objective);
+  if (objective.sentence_order)
+    ENGINE_CHECK(c.data.segment_pairs, "[config] ", root.where("objective"), ": ", c.objective,
+                 " (sentence-order prediction) needs data.segment_pairs: true (the two "
                  "segments it swaps), ",
                  data.has("segment_pairs") ? c.segment_pairs_where_ : "data.segment_pairs",
                  " is false");
-  if (root.has("electra"))
-    ENGINE_CHECK(c.objective == "electra", "[config] ", root.where("electra"),
-                 ": an electra section needs objective: electra (the objective is ", c.objective,
-                 ")");
-  if (c.objective == "electra") {
-    c.electra = ElectraConfig::from_config(root.section("electra"));
-    generator_config(c.model, c.electra);  // the generator's sizes must make a model
+  // An objective's own section (electra:) only with that objective.
+  for (const Objective& o : objectives()) {
+    if (!*o.section) continue;
+    if (root.has(o.section))
+      ENGINE_CHECK(&o == &objective, "[config] ", root.where(o.section), ": an ", o.section,
+                   " section needs objective: ", o.name, " (the objective is ", c.objective, ")");
+    if (&o == &objective) o.read_section(root.section(o.section), c);
   }
   root.finish();
   return c;

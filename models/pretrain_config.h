@@ -48,7 +48,7 @@ struct PretrainConfig {
   // tokenizer's size) must equal model.vocab_size. Errors name the config key.
   void check_for_corpus(const BertConfig& model, int64_t vocab, const std::string& tokenizer) const;
   // The objective's model with encoder `model` (the `model:` section, or a checkpoint's), its
-  // parameters drawn from `seed` (defined with the models, in models/electra.cpp).
+  // parameters drawn from `seed` (models/objective.cpp).
   std::unique_ptr<PretrainModel> make_model(const BertConfig& model, uint64_t seed) const;
 
  private:

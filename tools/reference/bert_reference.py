@@ -121,7 +121,7 @@ class Reference:
         self.stream = None  # a dropout stream: train mode
         self.masks = []
         # Train mode with PyTorch's own dropout (F.dropout) instead of the engine's stream: for
-        # speed comparisons (tools/bench_step.py), where the masks need not match.
+        # speed comparisons (bench/bench_step.py), where the masks need not match.
         self.native_dropout = False
         self._index_cache = {}  # constant index tensors (T5 buckets, Shaw offsets) by key
 
