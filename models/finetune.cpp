@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <numeric>
+#include <sstream>
 
 #include "engine/autocast.h"
 #include "engine/autograd.h"
@@ -17,7 +18,7 @@
 #include "engine/progress.h"
 #include "engine/rng.h"
 #include "models/pretrain.h"
-#include "train/trainer.h"
+#include "train/loop.h"
 
 namespace models {
 
@@ -128,9 +129,6 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
   const int64_t total = per_epoch * o.epochs;
   const int64_t steps = o.max_steps > 0 ? std::min(o.max_steps, total) : total;
 
-  engine::check_device(o.device);
-  const engine::DType compute = compute_dtype(o.device, o.precision);
-  engine::FlatParameters flat(model.named_parameters(), o.device);
   engine::AdamWOptions adam;
   adam.lr = o.lr;
   adam.beta1 = o.beta1;
@@ -139,18 +137,23 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
   adam.weight_decay = o.weight_decay;
   const engine::LinearSchedule schedule =
       engine::LinearSchedule::with_warmup_ratio(o.lr, o.warmup_ratio, total);
-  engine::TrainerOptions trainer_options;
-  trainer_options.clip_norm = o.clip_norm;
-  trainer_options.bucket_mb = o.bucket_mb;
-  trainer_options.loss_scale.enabled = compute == engine::DType::f16;  // fp16: dynamic scaling
-  engine::Trainer trainer(
-      flat, adam, [](const std::string& name) { return !engine::default_no_decay(name); },
-      [schedule](int64_t s) { return schedule.lr(s); }, trainer_options, comm);
+  engine::LoopOptions loop_options;
+  loop_options.device = o.device;
+  loop_options.precision = o.precision;
+  loop_options.trainer.clip_norm = o.clip_norm;
+  loop_options.trainer.bucket_mb = o.bucket_mb;
+  // fp16: dynamic loss scaling.
+  loop_options.trainer.loss_scale.enabled = engine::precision_dtype(o.precision) == DType::f16;
+  loop_options.progress = o.verbose && o.progress;
+  engine::TrainingLoop loop(
+      model.named_parameters(), adam, [schedule](int64_t s) { return schedule.lr(s); },
+      loop_options, comm);
+  engine::FlatParameters& flat = loop.flat();
   if (ranks > 1) engine::broadcast_parameters(flat, comm);
   // Each rank its own dropout stream; the batch order is the same on every rank.
-  engine::Generator dropout_gen(o.seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull +
-                                uint64_t(comm.rank()));
-  const engine::Device device = flat.data().device();
+  engine::Generator dropout_gen =
+      engine::dropout_generator(o.seed, comm.rank(), engine::RunKind::finetuning);
+  const engine::Device device = loop.device();
   const bool with_types = model.config().type_vocab_size > 0;
 
   // Evaluation steps: evals_per_epoch evenly spaced per epoch, the last at the epoch's end, and
@@ -161,23 +164,22 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
       eval_at.push_back(e * per_epoch + std::max<int64_t>(1, (per_epoch * k) / o.evals_per_epoch));
   eval_at.push_back(steps);
 
-  std::ofstream metrics;
-  if (root && !o.metrics_path.empty()) {
-    metrics.open(o.metrics_path, std::ios::trunc);
-    ENGINE_CHECK(metrics.good(), "[finetune] cannot write ", o.metrics_path);
-    metrics.precision(9);
-  }
+  loop.open_metrics(o.metrics_path, /*append=*/false);
+  auto metrics_line = [](int64_t done, double epoch) {
+    std::ostringstream line;
+    line.precision(9);
+    line << "{\"step\": " << done << ", \"epoch\": " << epoch;
+    return line;
+  };
   FinetuneResult result;
   Tensor best_weights;  // a copy of the slab at the best evaluation
   bool have_best = false;
   std::vector<int64_t> order(static_cast<size_t>(n));
   double window_loss = 0;
   int64_t window = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  engine::ProgressLine progress(root && o.verbose && o.progress);
-  double window_start_s = 0;
-  int64_t window_examples = 0;
+  engine::ProgressLine& progress = loop.progress();
   model.train(true);
+  loop.start_clock();
   for (int64_t step = 0; step < steps; ++step) {
     const int64_t epoch = step / per_epoch, in_epoch = step % per_epoch;
     if (in_epoch == 0) {
@@ -195,17 +197,13 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
     const int64_t lo = begin + count * comm.rank() / ranks,
                   hi = begin + count * (comm.rank() + 1) / ranks;
     std::vector<int64_t> rows(order.begin() + lo, order.begin() + hi);
-    window_examples += count;
+    loop.count(count);
     const data::TaskBatch batch =
         data::make_task_batch(train, rows, model.kind(), with_types).to(device);
     const double weight = double(hi - lo) / double(count);  // this rank's share of the global mean
-    const engine::StepStats s =
-        trainer.step(1,
-                     [&](int64_t) {
-                       engine::Autocast autocast(compute);  // the forward only
-                       return model.forward(batch.inputs, batch.labels, dropout_gen).loss;
-                     },
-                     {&weight, 1});
+    const engine::StepStats s = loop.step(
+        1, [&](int64_t) { return model.forward(batch.inputs, batch.labels, dropout_gen).loss; },
+        {&weight, 1});
     const double loss = s.loss, lr = s.lr, grad_norm = s.grad_norm;
     window_loss += loss;
     ++window;
@@ -213,17 +211,13 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
     if (root && (done % o.log_every == 0 || done == steps)) {
       const double mean = window_loss / double(window);
       result.last_loss = mean;
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (metrics.is_open())
-        metrics << "{\"step\": " << done << ", \"epoch\": " << double(done) / double(per_epoch)
-                << ", \"loss\": " << mean << ", \"lr\": " << lr << ", \"grad_norm\": " << grad_norm
-                << "}\n";
+      std::ostringstream line = metrics_line(done, double(done) / double(per_epoch));
+      line << ", \"loss\": " << mean << ", \"lr\": " << lr << ", \"grad_norm\": " << grad_norm
+           << "}";
+      loop.write_metrics(line.str());
       // The pretraining loop's progress line: rate over this log window, ETA of this run.
-      const double window_s = s - window_start_s;
-      const double ex_s = window_s > 0 ? double(window_examples) / window_s : 0.0;
-      const double eta = s / double(done) * double(steps - done);
-      window_start_s = s;
-      window_examples = 0;
+      const engine::TrainingLoop::Window w = loop.window(done, steps - done);
+      const double ex_s = w.rate, eta = w.eta_s;
       if (o.verbose) {
         char line[256];
         std::snprintf(line, sizeof line,
@@ -238,7 +232,7 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
     }
     if (std::find(eval_at.begin(), eval_at.end(), done) == eval_at.end()) continue;
     EvalResult r = [&] {
-      engine::Autocast autocast(compute);  // evaluation runs no backward
+      engine::Autocast autocast(loop.compute());  // evaluation runs no backward
       return evaluate(model);
     }();
     model.train(true);
@@ -252,10 +246,9 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
       have_best = true;
     }
     if (root) {
-      if (metrics.is_open())
-        metrics << "{\"step\": " << done << ", \"epoch\": " << double(done) / double(per_epoch)
-                << ", \"eval\": true" << metrics_json(r) << "}\n"
-                << std::flush;
+      std::ostringstream line = metrics_line(done, double(done) / double(per_epoch));
+      line << ", \"eval\": true" << metrics_json(r) << "}";
+      loop.write_metrics(line.str());
       progress.end_line();
       if (o.verbose)
         std::printf("  eval step %lld epoch %.2f: %s%s%s\n", (long long)done,

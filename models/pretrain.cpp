@@ -23,7 +23,7 @@
 #include "engine/file_io.h"
 #include "engine/progress.h"
 #include "engine/safetensors.h"
-#include "train/trainer.h"
+#include "train/loop.h"
 
 namespace models {
 
@@ -235,19 +235,6 @@ ValidResult validate(PretrainModel& model, BatchSource& data, int64_t max_batche
 
 }  // namespace
 
-engine::DType compute_dtype(engine::Device device, const std::string& precision) {
-  const engine::DType dt = engine::precision_dtype(precision);
-  ENGINE_CHECK(dt == engine::DType::f32 || device.is_cuda(), "[pretrain] train.precision ",
-               precision, " computes in ", engine::dtype_name(dt), " on ", device.str(),
-               ", whose kernels compute in f32 and f64 only; set train.device: cuda (--device "
-               "cuda), or train.precision: f32");
-  return dt;
-}
-
-engine::Generator dropout_generator(uint64_t seed, int rank) {
-  return engine::Generator(seed ^ 0x9E3779B97F4A7C15ull ^ (uint64_t(rank) * 0xD1B54A32D192ED03ull));
-}
-
 std::string latest_checkpoint(const std::string& out_dir) {
   auto list = list_checkpoints(fs::path(out_dir) / "checkpoints");
   return list.empty() ? "" : list.back().second.string();
@@ -257,29 +244,30 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
                         const engine::AdamWOptions& adam, uint64_t seed, bool resume,
                         const std::string& config_text,
                         const std::function<void(int64_t, double)>& on_step) {
-  const engine::DType compute = compute_dtype(o.device, o.precision);
   engine::Communicator& comm = engine::world();
   const bool root = comm.is_root();  // the rank that logs and writes files
   const fs::path out_dir(o.out_dir), ckpt_dir = out_dir / "checkpoints",
                                      metrics_path = out_dir / "metrics.jsonl";
   if (root) fs::create_directories(ckpt_dir);
 
-  engine::check_device(o.device);
-  engine::FlatParameters flat(model.named_parameters(), o.device);
-  const engine::Device device = flat.data().device();
-  const bool decay_all = o.decay_bias_and_norm;
   const int64_t warmup = o.warmup_steps >= 0
                              ? o.warmup_steps
                              : static_cast<int64_t>(std::ceil(o.warmup_ratio * double(o.steps)));
   const engine::LinearSchedule schedule(adam.lr, warmup, o.steps);
-  engine::TrainerOptions trainer_options;
-  trainer_options.clip_norm = o.clip_norm;
-  trainer_options.loss_scale = o.loss_scale;
-  trainer_options.bucket_mb = o.bucket_mb;
-  engine::Trainer trainer(
-      flat, adam,
-      [decay_all](const std::string& n) { return decay_all || !engine::default_no_decay(n); },
-      [schedule](int64_t s) { return schedule.lr(s); }, trainer_options, comm);
+  engine::LoopOptions loop_options;
+  loop_options.device = o.device;
+  loop_options.precision = o.precision;
+  loop_options.trainer.clip_norm = o.clip_norm;
+  loop_options.trainer.loss_scale = o.loss_scale;
+  loop_options.trainer.bucket_mb = o.bucket_mb;
+  loop_options.decay_bias_and_norm = o.decay_bias_and_norm;
+  loop_options.progress = o.progress;
+  engine::TrainingLoop loop(
+      model.named_parameters(), adam, [schedule](int64_t s) { return schedule.lr(s); },
+      loop_options, comm);
+  engine::Trainer& trainer = loop.trainer();
+  const engine::DType compute = loop.compute();
+  const engine::Device device = loop.device();
   // Dropout stream (the init used `seed`); each rank its own.
   engine::Generator gen = dropout_generator(seed, comm.rank());
   TrainerState st;
@@ -319,13 +307,12 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
     ENGINE_CHECK(list_checkpoints(ckpt_dir).empty(), "[pretrain] ", ckpt_dir.string(),
                  " already holds checkpoints: pass --resume to continue that run, or choose "
                  "another train.out_dir");
-    std::ofstream(metrics_path, std::ios::trunc);
   }
   if (comm.size() > 1) {
     if (resume)
       sync_from_root(comm, trainer, gen, st, data);
     else
-      engine::broadcast_parameters(flat, comm);
+      engine::broadcast_parameters(loop.flat(), comm);
   }
   result.start_step = trainer.steps_taken();
 
@@ -347,16 +334,11 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
   } clear_hint{root};
   set_fault_hint(latest_checkpoint(o.out_dir));
 
-  std::ofstream metrics;
-  if (root) {
-    metrics.open(metrics_path, std::ios::app);
-    ENGINE_CHECK(metrics.good(), "[pretrain] cannot write ", metrics_path.string());
-  }
-  engine::ProgressLine progress(root && o.progress);
+  loop.open_metrics(metrics_path.string(), /*append=*/resume);
+  engine::ProgressLine& progress = loop.progress();
   model.train(true);
-  const auto t_start = std::chrono::steady_clock::now();
-  auto window_start = t_start;
-  int64_t window_tokens = 0, steps_this_run = 0, window_steps = 0;
+  loop.start_clock();
+  int64_t steps_this_run = 0, window_steps = 0;
   double comm_exposed_s = 0;  // in the log window: gradient all-reduce time backward did not hide
 
   auto save = [&]() {
@@ -397,19 +379,15 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
     std::vector<double> weights;
     for (const auto& b : micro)
       weights.push_back(counts[0] > 0 ? double(b.num_predicted()) / counts[0] : 0.0);
-    const engine::StepStats s = trainer.step(
+    const engine::StepStats s = loop.step(
         o.accumulation,
-        [&](int64_t m) {
-          engine::Autocast autocast(compute);  // the forward only: backward follows its graph
-          return model.pretrain_forward(micro[size_t(m)], gen).loss;
-        },
-        weights);
+        [&](int64_t m) { return model.pretrain_forward(micro[size_t(m)], gen).loss; }, weights);
     const int64_t step = trainer.steps_taken();
     const double loss = s.loss, lr = s.lr, grad_norm = s.grad_norm;
     const bool apply = s.applied;
     comm_exposed_s += s.comm_exposed_s;
     st.tokens += tokens;
-    window_tokens += tokens;
+    loop.count(tokens);
     ++steps_this_run;
     ++window_steps;
     result.losses.push_back(loss);
@@ -452,13 +430,8 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
       result.last_valid_loss = vr.loss;
     }
     if (root && (step % o.log_every == 0 || last || validated || !apply)) {
-      const auto now = std::chrono::steady_clock::now();
-      const double window_s = std::chrono::duration<double>(now - window_start).count();
-      const double tok_s = window_s > 0 ? double(window_tokens) / window_s : 0.0;
-      const double elapsed = std::chrono::duration<double>(now - t_start).count();
-      const double eta = elapsed / double(steps_this_run) * double(o.steps - step);
-      window_start = now;
-      window_tokens = 0;
+      const engine::TrainingLoop::Window w = loop.window(steps_this_run, o.steps - step);
+      const double tok_s = w.rate, eta = w.eta_s;
       const double exposed_ms =
           window_steps > 0 ? 1000.0 * comm_exposed_s / double(window_steps) : 0.0;
       window_steps = 0;
@@ -486,10 +459,7 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
           json += line;
         }
       }
-      metrics << json << "}\n";
-      metrics.flush();
-      ENGINE_CHECK(metrics.good(), "[pretrain] ", metrics_path.string(), ": write failed (",
-                   std::strerror(errno), "); the checkpoints are unaffected");
+      loop.write_metrics(json + "}");
       std::snprintf(
           line, sizeof line, "step %lld/%lld loss %.4f lr %.3e %.0f tok/s grad_norm %.3f%s ETA %s",
           (long long)step, (long long)o.steps, loss, lr, tok_s, grad_norm,

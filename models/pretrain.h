@@ -19,6 +19,7 @@
 #include "engine/optim.h"
 #include "models/bert.h"
 #include "models/checkpoint.h"
+#include "train/loop.h"
 
 namespace models {
 
@@ -84,10 +85,8 @@ struct PretrainOptions {
   // Read from a config's `train:` section by models/pretrain_config.h.
 };
 
-// The compute dtype of train.precision on `device`: f32, or bf16 / f16 under engine::Autocast
-// (f32 master weights, optimizer state and gradient slab). 16-bit precisions need a CUDA device:
-// on the CPU the error says so instead of training in f32 silently.
-engine::DType compute_dtype(engine::Device device, const std::string& precision);
+// The compute dtype of train.precision on `device` (train/loop.h).
+using engine::compute_dtype;
 
 struct PretrainResult {
   int64_t start_step = 0, final_step = 0;
@@ -113,10 +112,7 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
 // The newest complete checkpoint in `<out_dir>/checkpoints`, or "" when there is none.
 std::string latest_checkpoint(const std::string& out_dir);
 
-// The dropout stream of `rank` in a run seeded `seed` (the initialisation draws from `seed`
-// itself): Philox key seed ^ 0x9E3779B97F4A7C15 ^ rank * 0xD1B54A32D192ED03, offset 0. Every
-// dropout site of a training forward reserves ceil(n / 4) blocks of it in forward order, micro-
-// batch after micro-batch, step after step (docs/models.md, "Dropout").
-engine::Generator dropout_generator(uint64_t seed, int rank);
+// The pretraining dropout stream of `rank` in a run seeded `seed` (train/loop.h).
+using engine::dropout_generator;
 
 }  // namespace models

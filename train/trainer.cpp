@@ -94,13 +94,17 @@ StepStats Trainer::step(int64_t micro_batches, const std::function<Tensor(int64_
     // torch clamps the coefficient to 1 and always multiplies; multiplying by 1 changes nothing.
     // AdamW multiplies each gradient by it as it reads it: the bits of scale_(grad, coef) and
     // then the step, without a pass over the slab (the slab keeps the unclipped gradients).
-    const double coef = options_.clip_norm / (s.grad_norm + 1e-6);
-    if (coef < 1.0) clip = coef;
+    clip = clip_coefficient(s.grad_norm, options_.clip_norm);
   }
   s.applied = scaler_.update(nonfinite);
   if (s.applied) optimizer_->step(s.lr, clip);
   ++steps_;
   return s;
+}
+
+double clip_coefficient(double norm, double max_norm) {
+  const double coef = max_norm / (norm + 1e-6);
+  return coef < 1.0 ? coef : 1.0;
 }
 
 double clip_grad_norm(FlatParameters& params, double max_norm) {
@@ -110,8 +114,8 @@ double clip_grad_norm(FlatParameters& params, double max_norm) {
   const std::vector<double> stats = unscale_and_check_(grad, 1.0).to_vector<double>();
   const double norm = std::sqrt(stats[0]);
   if (!std::isfinite(norm)) return norm;
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) scale_(grad, coef);
+  const double coef = clip_coefficient(norm, max_norm);
+  if (coef < 1.0) scale_(grad, coef);  // the step applies the same coefficient inside AdamW
   return norm;
 }
 

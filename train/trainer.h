@@ -100,6 +100,10 @@ class Trainer {
   int64_t steps_ = 0;
 };
 
+// The clipping rule, once: max_norm / (norm + 1e-6) when that is below 1, else 1 (torch clamps the
+// coefficient to 1; multiplying by 1 changes nothing).
+double clip_coefficient(double norm, double max_norm);
+
 // torch.nn.utils.clip_grad_norm_ over a whole gradient slab, on its device: returns the L2 norm
 // before clipping (one read of the statistics) and scales the slab by max_norm / (norm + 1e-6)
 // when that factor is below 1. A non-finite norm is returned with nothing scaled, so the caller
