@@ -8,6 +8,7 @@
 #include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/error.h"
+#include "models/objective.h"
 #include "ops/ops.h"
 
 namespace models {
@@ -278,5 +279,19 @@ PretrainModel::Output BertForMaskedLM::pretrain_forward(const data::MlmBatch& ba
   MlmOutput out = forward(batch, gen);
   return {out.loss, out.logits, {}};
 }
+
+namespace {
+
+std::unique_ptr<PretrainModel> make_mlm(const BertConfig& m, const PretrainConfig&, uint64_t seed) {
+  return std::make_unique<BertForMaskedLM>(m, seed);
+}
+std::unique_ptr<PretrainModel> load_mlm(const BertConfig& m, const engine::SafetensorsMetadata&,
+                                        const std::string&) {
+  return std::make_unique<BertForMaskedLM>(m, 0);
+}
+
+}  // namespace
+
+ENGINE_OBJECTIVE_MODEL("mlm", make_mlm, load_mlm);
 
 }  // namespace models

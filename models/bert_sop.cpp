@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "engine/error.h"
+#include "models/objective.h"
 #include "ops/ops.h"
 
 namespace models {
@@ -74,5 +75,19 @@ PretrainModel::Output BertForMlmSop::pretrain_forward(const data::MlmBatch& batc
   }
   return r;
 }
+
+namespace {
+
+std::unique_ptr<PretrainModel> make_sop(const BertConfig& m, const PretrainConfig&, uint64_t seed) {
+  return std::make_unique<BertForMlmSop>(m, seed);
+}
+std::unique_ptr<PretrainModel> load_sop(const BertConfig& m, const engine::SafetensorsMetadata&,
+                                        const std::string&) {
+  return std::make_unique<BertForMlmSop>(m, 0);
+}
+
+}  // namespace
+
+ENGINE_OBJECTIVE_MODEL("mlm_sop", make_sop, load_sop);
 
 }  // namespace models

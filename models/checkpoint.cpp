@@ -9,6 +9,7 @@
 
 #include "engine/error.h"
 #include "engine/file_io.h"
+#include "models/objective.h"
 
 namespace models {
 
@@ -216,6 +217,21 @@ Tensor load_replacements(const std::string& path, const data::MlmBatch& batch,
     return r;
   }
   return Tensor();
+}
+
+std::unique_ptr<PretrainModel> load_pretrain_model(const std::string& checkpoint) {
+  const BertConfig config = read_checkpoint_config(checkpoint);
+  const std::string kind = read_checkpoint_kind(checkpoint);
+  // A finetuned checkpoint (bert_classification, ...) has no pretraining head to continue from.
+  const Objective* o = kind.empty() ? &objectives().front() : objective_of_kind(kind);
+  ENGINE_CHECK(o, "[checkpoint] ", checkpoint, " holds a finetuned '", kind,
+               "' model, not a pretraining one (", pretraining_kinds_text(),
+               "); pretraining starts from a pretraining checkpoint");
+  ENGINE_CHECK(o->for_checkpoint, "[objective] ", o->name, " has no model linked");
+  std::unique_ptr<PretrainModel> model =
+      o->for_checkpoint(config, engine::read_safetensors_metadata(checkpoint), checkpoint);
+  load_checkpoint(checkpoint, *model);
+  return model;
 }
 
 }  // namespace models

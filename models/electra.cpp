@@ -10,6 +10,7 @@
 #include "engine/error.h"
 #include "models/bert_sop.h"
 #include "models/checkpoint.h"
+#include "models/objective.h"
 #include "models/pretrain_config.h"
 #include "ops/ops.h"
 
@@ -106,5 +107,24 @@ std::vector<std::pair<std::string, std::string>> ElectraForPretraining::checkpoi
     const {
   return {{kElectraConfigKey, electra_.to_json()}};
 }
+
+namespace {
+
+std::unique_ptr<PretrainModel> make_electra(const BertConfig& m, const PretrainConfig& c,
+                                            uint64_t seed) {
+  return std::make_unique<ElectraForPretraining>(m, c.electra, seed);
+}
+std::unique_ptr<PretrainModel> load_electra(const BertConfig& m,
+                                            const engine::SafetensorsMetadata& meta,
+                                            const std::string& path) {
+  auto it = meta.find(kElectraConfigKey);
+  ENGINE_CHECK(it != meta.end(), "[checkpoint] ", path, ": an ELECTRA checkpoint without '",
+               kElectraConfigKey, "' in its metadata");
+  return std::make_unique<ElectraForPretraining>(m, ElectraConfig::from_json(it->second, path), 0);
+}
+
+}  // namespace
+
+ENGINE_OBJECTIVE_MODEL("electra", make_electra, load_electra);
 
 }  // namespace models

@@ -1,8 +1,10 @@
 // The pretraining objectives, one entry each (docs/architecture.md): the `objective:` name a
-// config gives, the kind its checkpoints record (engine.model), how its model is made for a run
-// and for a checkpoint, what its batches carry, and its config section. The config reader, the
+// config gives, the kind its checkpoints record (engine.model), what its batches carry, its config
+// section, and how its model is made for a run and for a checkpoint. The config reader, the
 // checkpoints, load_pretrain_model and pretrain_app ask this table; adding an objective is a
-// model class (a PretrainModel) and one entry here.
+// model class (a PretrainModel) that attaches its factories (ENGINE_OBJECTIVE_MODEL) and one
+// entry here. The table itself is config-level: it links without the models (the parsers' fuzz
+// targets), which fill in the factories when they are linked.
 #pragma once
 
 #include <memory>
@@ -29,13 +31,16 @@ struct Objective {
   // checks it against the model section).
   const char* section;
   void (*read_section)(const engine::ConfigSection& section, PretrainConfig& config);
-  // The model of a run: encoder `model`, parameters drawn from `seed`.
-  std::unique_ptr<PretrainModel> (*make)(const BertConfig& model, const PretrainConfig& config,
-                                         uint64_t seed);
-  // A model to load the checkpoint `path` into (its metadata gives what the kind needs).
-  std::unique_ptr<PretrainModel> (*for_checkpoint)(const BertConfig& model,
-                                                   const engine::SafetensorsMetadata& metadata,
-                                                   const std::string& path);
+  // Attached by the model's file: the model of a run (encoder `model`, parameters drawn from
+  // `seed`), and a model to load the checkpoint `path` into (its metadata gives what the kind
+  // needs).
+  using Make = std::unique_ptr<PretrainModel> (*)(const BertConfig& model,
+                                                  const PretrainConfig& config, uint64_t seed);
+  using ForCheckpoint = std::unique_ptr<PretrainModel> (*)(
+      const BertConfig& model, const engine::SafetensorsMetadata& metadata,
+      const std::string& path);
+  Make make = nullptr;
+  ForCheckpoint for_checkpoint = nullptr;
 };
 
 // Every objective, in the order --help lists them.
@@ -45,5 +50,15 @@ std::vector<std::string> objective_names();
 const Objective& objective_named(const std::string& name);
 // The entry whose checkpoint kind is `kind`, or null (a finetuned kind, or none).
 const Objective* objective_of_kind(const std::string& kind);
+// Called by ENGINE_OBJECTIVE_MODEL: attaches the factories to the entry named `name`.
+bool attach_objective_model(const char* name, Objective::Make make,
+                            Objective::ForCheckpoint for_checkpoint);
 
 }  // namespace models
+
+// In the model's file: attaches its factories to the objective `name`.
+#define ENGINE_OBJECTIVE_MODEL(name, make, for_checkpoint)                                 \
+  [[maybe_unused]] static const bool ENGINE_OBJECTIVE_CONCAT(objective_model_, __LINE__) = \
+      ::models::attach_objective_model(name, make, for_checkpoint)
+#define ENGINE_OBJECTIVE_CONCAT_INNER(a, b) a##b
+#define ENGINE_OBJECTIVE_CONCAT(a, b) ENGINE_OBJECTIVE_CONCAT_INNER(a, b)

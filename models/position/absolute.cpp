@@ -56,13 +56,6 @@ class Learned : public InputPositions {
   Tensor table_;
 };
 
-void check_even_width(const BertConfig& c) {
-  ENGINE_CHECK(c.embedding_width() % 2 == 0,
-               "[bert] sinusoidal positions need an even embedding width (model.embedding_size, "
-               "or hidden_size), got ",
-               c.embedding_width());
-}
-
 // sin_ape: [sin(w_k t), cos(w_k t)], w_k = 10000^(-2k/e), fixed.
 class Sinusoid : public InputPositions {
  public:
@@ -107,8 +100,6 @@ class LearnableSinusoid : public InputPositions {
   int slot_;
 };
 
-const char* const kSinusoidBlocker = "its input positions (sinusoidal, not a learned table)";
-
 template <class C>
 std::unique_ptr<PositionComponent> make(PositionContext& ctx) {
   return std::make_unique<C>(ctx);
@@ -116,10 +107,8 @@ std::unique_ptr<PositionComponent> make(PositionContext& ctx) {
 
 }  // namespace
 
-const PositionFamily kLearnedPositions{"learned", true, true, "", nullptr, make<Learned>};
-const PositionFamily kSinusoidPositions{"sinusoid",       false,         true, kSinusoidBlocker,
-                                        check_even_width, make<Sinusoid>};
-const PositionFamily kLearnableSinusoidPositions{
-    "learnable_sinusoid", false, true, kSinusoidBlocker, check_even_width, make<LearnableSinusoid>};
+ENGINE_POSITION_COMPONENT(kLearnedPositions, make<Learned>);
+ENGINE_POSITION_COMPONENT(kSinusoidPositions, make<Sinusoid>);
+ENGINE_POSITION_COMPONENT(kLearnableSinusoidPositions, make<LearnableSinusoid>);
 
 }  // namespace models

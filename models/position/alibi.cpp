@@ -73,7 +73,6 @@ std::unique_ptr<PositionComponent> make(PositionContext& ctx) {
 
 }  // namespace
 
-const PositionFamily kAlibiBias{"alibi", false, false, "ALiBi's linear attention bias",
-                                nullptr, make};
+ENGINE_POSITION_COMPONENT(kAlibiBias, make);
 
 }  // namespace models

@@ -136,6 +136,11 @@ struct PositionContext {
   const PositionComponent* shared;
 };
 
+// A family's descriptor. Its config-level part (name, whether it reads the learned table or adds
+// an input term, its HF-export verdict, its config check) is defined in presets.cpp beside the
+// preset rows, so the config readers link without the model; its component factory is attached
+// by the family's own file (ENGINE_POSITION_COMPONENT, a static initialiser, as the kernel tables
+// are filled).
 struct PositionFamily {
   const char* name;
   bool uses_table;  // reads the learned absolute positions (bert.position.table)
@@ -144,23 +149,30 @@ struct PositionFamily {
   // learned absolute positions).
   const char* hf_blocker;
   void (*validate)(const BertConfig& config);  // clear errors for bad sizes; may be null
-  std::unique_ptr<PositionComponent> (*make)(PositionContext& ctx);
+  std::unique_ptr<PositionComponent> (*make)(PositionContext& ctx) = nullptr;
 };
 
-// The families (one file each under models/position/).
-extern const PositionFamily kLearnedPositions;            // absolute.cpp
-extern const PositionFamily kSinusoidPositions;           // absolute.cpp
-extern const PositionFamily kLearnableSinusoidPositions;  // absolute.cpp
-extern const PositionFamily kT5Bias;                      // t5.cpp
-extern const PositionFamily kShawLearned;                 // shaw.cpp
-extern const PositionFamily kShawSinusoid;                // shaw.cpp
-extern const PositionFamily kShawLearnableSinusoid;       // shaw.cpp
-extern const PositionFamily kUntiedPositions;             // untied.cpp
-extern const PositionFamily kDecomposedPositions;         // decomposed.cpp
-extern const PositionFamily kRotaryPositions;             // rope.cpp
-extern const PositionFamily kAlibiBias;                   // alibi.cpp
+// The families (descriptors in presets.cpp; components one file each under models/position/).
+extern PositionFamily kLearnedPositions;            // absolute.cpp
+extern PositionFamily kSinusoidPositions;           // absolute.cpp
+extern PositionFamily kLearnableSinusoidPositions;  // absolute.cpp
+extern PositionFamily kT5Bias;                      // t5.cpp
+extern PositionFamily kShawLearned;                 // shaw.cpp
+extern PositionFamily kShawSinusoid;                // shaw.cpp
+extern PositionFamily kShawLearnableSinusoid;       // shaw.cpp
+extern PositionFamily kUntiedPositions;             // untied.cpp
+extern PositionFamily kDecomposedPositions;         // decomposed.cpp
+extern PositionFamily kRotaryPositions;             // rope.cpp
+extern PositionFamily kAlibiBias;                   // alibi.cpp
 
 // ALiBi's slope m_h of each head h = 1..H (alibi.cpp).
 std::vector<double> alibi_slopes(int64_t heads);
 
 }  // namespace models
+
+// In a family's file: attaches its component factory to its descriptor.
+#define ENGINE_POSITION_COMPONENT(family, factory)                                           \
+  [[maybe_unused]] static const bool ENGINE_POSITION_CONCAT(position_component_, __LINE__) = \
+      ((family).make = (factory), true)
+#define ENGINE_POSITION_CONCAT_INNER(a, b) a##b
+#define ENGINE_POSITION_CONCAT(a, b) ENGINE_POSITION_CONCAT_INNER(a, b)

@@ -61,8 +61,6 @@ std::unique_ptr<PositionComponent> make(PositionContext& ctx) {
 
 }  // namespace
 
-const PositionFamily kDecomposedPositions{
-    "decomposed", true, false, "the decomposed positional attention (bert.position.query / key)",
-    nullptr,      make};
+ENGINE_POSITION_COMPONENT(kDecomposedPositions, make);
 
 }  // namespace models

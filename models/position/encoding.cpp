@@ -17,6 +17,8 @@ PositionEncoding::PositionEncoding(const BertConfig& c, Generator& gen,
     table = register_parameter(
         "table", Tensor::randn({c.max_positions, c.embedding_width()}, gen, 0.0, c.init_std));
   for (const PositionFamily* f : p.families) {
+    ENGINE_CHECK(f->make, "[bert] position family ", f->name,
+                 " has no component linked (its file under models/position/ registers it)");
     PositionContext ctx{c, gen, *this, constants_, table, shared ? shared->component(*f) : nullptr};
     components_.emplace_back(f, f->make(ctx));
   }

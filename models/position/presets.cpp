@@ -1,12 +1,74 @@
 // The presets: the one list of positional-encoding combinations (docs/positional-encodings.md),
-// each naming its families (models/position/*.cpp) in order. Parameters are drawn in that order
-// and the attention terms added in it (TUPE's untied term before the T5 bias it may reset).
+// each naming its families (models/position/*.cpp) in order, and the families' descriptors: the
+// config-level part of each family (what a config reader needs, without the model). Parameters are
+// drawn in that order and the attention terms added in it (TUPE's untied term before the T5 bias it
+// may reset).
 #include <algorithm>
 
 #include "engine/error.h"
 #include "models/bert_config.h"
 
 namespace models {
+namespace {
+
+void check_even_width(const BertConfig& c) {
+  ENGINE_CHECK(c.embedding_width() % 2 == 0,
+               "[bert] sinusoidal positions need an even embedding width (model.embedding_size, "
+               "or hidden_size), got ",
+               c.embedding_width());
+}
+
+void check_even_head(const BertConfig& c) {
+  ENGINE_CHECK(c.head_size() % 2 == 0,
+               "[bert] sinusoidal relative positions need an even head size, got ", c.head_size());
+}
+
+void check_t5(const BertConfig& c) {
+  const PositionConfig& p = c.position;
+  ENGINE_CHECK(p.relative_buckets >= 4 && p.relative_buckets % 2 == 0,
+               "[bert] model.position.relative_buckets must be even and at least 4, got ",
+               p.relative_buckets);
+  ENGINE_CHECK(p.relative_max_distance > p.relative_buckets / 4,
+               "[bert] model.position.relative_max_distance must exceed relative_buckets / 4 "
+               "(the exact range), got ",
+               p.relative_max_distance);
+}
+
+void check_rope(const BertConfig& c) {
+  ENGINE_CHECK(c.head_size() % 2 == 0,
+               "[bert] rope rotates pairs of dimensions: it needs an even head size "
+               "(hidden_size / num_heads), got ",
+               c.head_size());
+}
+
+const char* const kSinusoidBlocker = "its input positions (sinusoidal, not a learned table)";
+const char* const kShawBlocker = "relative positions inside attention (bert.position.shaw_*)";
+
+}  // namespace
+
+// The families' descriptors: name, reads the learned table, adds an input term, HF-export
+// verdict, config check (component.h); each family's file attaches its component.
+PositionFamily kLearnedPositions{"learned", true, true, "", nullptr};
+PositionFamily kSinusoidPositions{"sinusoid", false, true, kSinusoidBlocker, check_even_width};
+PositionFamily kLearnableSinusoidPositions{"learnable_sinusoid", false, true, kSinusoidBlocker,
+                                           check_even_width};
+PositionFamily kT5Bias{"t5_bias", false, false,
+                       "relative positions inside attention (bert.position.relative_table)",
+                       check_t5};
+PositionFamily kShawLearned{"shaw_learned", false, false, kShawBlocker, nullptr};
+PositionFamily kShawSinusoid{"shaw_sinusoid", false, false, kShawBlocker, check_even_head};
+PositionFamily kShawLearnableSinusoid{"shaw_learnable_sinusoid", false, false, kShawBlocker,
+                                      check_even_head};
+PositionFamily kUntiedPositions{
+    "untied", true, false, "TUPE's untied positional attention (bert.position.query / key / norm)",
+    nullptr};
+PositionFamily kDecomposedPositions{
+    "decomposed", true, false, "the decomposed positional attention (bert.position.query / key)",
+    nullptr};
+PositionFamily kRotaryPositions{"rope", false, false, "rotary positions (RoPE) inside attention",
+                                check_rope};
+PositionFamily kAlibiBias{"alibi", false, false, "ALiBi's linear attention bias", nullptr};
+
 namespace {
 
 struct Preset {

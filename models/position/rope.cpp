@@ -70,20 +70,12 @@ class Rotary : public PositionComponent {
   int cos_ = -1, sin_ = -1;
 };
 
-void validate(const BertConfig& c) {
-  ENGINE_CHECK(c.head_size() % 2 == 0,
-               "[bert] rope rotates pairs of dimensions: it needs an even "
-               "head size (hidden_size / num_heads), got ",
-               c.head_size());
-}
-
 std::unique_ptr<PositionComponent> make(PositionContext& ctx) {
   return std::make_unique<Rotary>(ctx);
 }
 
 }  // namespace
 
-const PositionFamily kRotaryPositions{
-    "rope", false, false, "rotary positions (RoPE) inside attention", validate, make};
+ENGINE_POSITION_COMPONENT(kRotaryPositions, make);
 
 }  // namespace models

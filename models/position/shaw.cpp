@@ -81,13 +81,6 @@ class Shaw : public PositionComponent {
   int index_ = -1, fixed_ = -1, positions_ = -1;
 };
 
-void check_even_head(const BertConfig& c) {
-  ENGINE_CHECK(c.head_size() % 2 == 0,
-               "[bert] sinusoidal relative positions need an even head size, got ", c.head_size());
-}
-
-const char* const kShawBlocker = "relative positions inside attention (bert.position.shaw_*)";
-
 template <Kind K>
 std::unique_ptr<PositionComponent> make(PositionContext& ctx) {
   return std::make_unique<Shaw<K>>(ctx);
@@ -95,12 +88,8 @@ std::unique_ptr<PositionComponent> make(PositionContext& ctx) {
 
 }  // namespace
 
-const PositionFamily kShawLearned{"shaw_learned", false,   false,
-                                  kShawBlocker,   nullptr, make<Kind::learned>};
-const PositionFamily kShawSinusoid{"shaw_sinusoid", false,           false,
-                                   kShawBlocker,    check_even_head, make<Kind::sinusoid>};
-const PositionFamily kShawLearnableSinusoid{
-    "shaw_learnable_sinusoid",     false, false, kShawBlocker, check_even_head,
-    make<Kind::learnable_sinusoid>};
+ENGINE_POSITION_COMPONENT(kShawLearned, make<Kind::learned>);
+ENGINE_POSITION_COMPONENT(kShawSinusoid, make<Kind::sinusoid>);
+ENGINE_POSITION_COMPONENT(kShawLearnableSinusoid, make<Kind::learnable_sinusoid>);
 
 }  // namespace models

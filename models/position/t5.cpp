@@ -100,25 +100,12 @@ class T5Bias : public PositionComponent {
   int index_, keys_;
 };
 
-void validate(const BertConfig& c) {
-  const PositionConfig& p = c.position;
-  ENGINE_CHECK(p.relative_buckets >= 4 && p.relative_buckets % 2 == 0,
-               "[bert] model.position.relative_buckets must be even and at least 4, got ",
-               p.relative_buckets);
-  ENGINE_CHECK(p.relative_max_distance > p.relative_buckets / 4,
-               "[bert] model.position.relative_max_distance must exceed relative_buckets / 4 "
-               "(the exact range), got ",
-               p.relative_max_distance);
-}
-
 std::unique_ptr<PositionComponent> make(PositionContext& ctx) {
   return std::make_unique<T5Bias>(ctx);
 }
 
 }  // namespace
 
-const PositionFamily kT5Bias{
-    "t5_bias", false, false, "relative positions inside attention (bert.position.relative_table)",
-    validate,  make};
+ENGINE_POSITION_COMPONENT(kT5Bias, make);
 
 }  // namespace models

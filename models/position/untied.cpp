@@ -151,8 +151,6 @@ const UntiedTerm& untied_term_of(const PositionEncoding& encoding) {
   return *u;
 }
 
-const PositionFamily kUntiedPositions{
-    "untied", true, false, "TUPE's untied positional attention (bert.position.query / key / norm)",
-    nullptr,  make};
+ENGINE_POSITION_COMPONENT(kUntiedPositions, make);
 
 }  // namespace models
