@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/config.h"
@@ -20,19 +21,22 @@ const char* cls_reset_name(ClsReset r);  // "none", "paper", "code"
 // (models/position/component.h), with the knobs some families read.
 struct PositionConfig {
   std::string preset = "bert_a";
-  std::vector<const PositionFamily*> families{&kLearnedPositions};  // the preset's, in order
+  std::vector<std::string> families{"learned"};  // the preset's family names, in order
   ClsReset cls_reset = ClsReset::none;  // TUPE's [CLS] reset; `paper` or `code` for tupe_a/tupe_r
   int64_t relative_buckets = 32;        // T5 buckets (both directions together)
   int64_t relative_max_distance = 128;  // T5 max distance
   int64_t rpe_clip = 64;                // Shaw: c(r) = clip(r, -rpe_clip, rpe_clip)
 
   bool has_position_table() const;  // a learned (max_positions, e) table exists
-  bool has(const PositionFamily& family) const;
+  bool has(std::string_view family) const;
   // The family that adds the input term ("learned", "sinusoid", "learnable_sinusoid") or "none".
   std::string input_name() const;
   void validate(const BertConfig& config) const;  // each family's checks; clear errors
   // Why the preset has no Hugging Face BERT equivalent ("" for bert_a).
   std::string hf_blocker() const;
+  // The registered descriptors of `families` (component.h); empty in a program that links no
+  // family (the config layer alone), where the checks and facts above are left to the model.
+  std::vector<const PositionFamily*> linked_families() const;
 };
 
 // Every preset name a config accepts (the 13 rows of the second paper, TUPE's presets, rope and

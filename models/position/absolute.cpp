@@ -10,6 +10,13 @@
 namespace models {
 namespace {
 
+void check_even_width(const BertConfig& c) {
+  ENGINE_CHECK(c.embedding_width() % 2 == 0,
+               "[bert] sinusoidal positions need an even embedding width (model.embedding_size, "
+               "or hidden_size), got ",
+               c.embedding_width());
+}
+
 using position::cpu_f32;
 using position::heads_of;
 
@@ -100,15 +107,15 @@ class LearnableSinusoid : public InputPositions {
   int slot_;
 };
 
-template <class C>
-std::unique_ptr<PositionComponent> make(PositionContext& ctx) {
-  return std::make_unique<C>(ctx);
-}
-
 }  // namespace
 
-ENGINE_POSITION_COMPONENT(kLearnedPositions, make<Learned>);
-ENGINE_POSITION_COMPONENT(kSinusoidPositions, make<Sinusoid>);
-ENGINE_POSITION_COMPONENT(kLearnableSinusoidPositions, make<LearnableSinusoid>);
+const char* const kSinusoidBlocker = "its input positions (sinusoidal, not a learned table)";
+
+ENGINE_POSITION_FAMILY(.name = "learned", .uses_table = true, .input = true,
+                       .make = make_component<Learned>);
+ENGINE_POSITION_FAMILY(.name = "sinusoid", .input = true, .hf_blocker = kSinusoidBlocker,
+                       .validate = check_even_width, .make = make_component<Sinusoid>);
+ENGINE_POSITION_FAMILY(.name = "learnable_sinusoid", .input = true, .hf_blocker = kSinusoidBlocker,
+                       .validate = check_even_width, .make = make_component<LearnableSinusoid>);
 
 }  // namespace models

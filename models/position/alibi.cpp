@@ -2,6 +2,8 @@
 // get the bias -m_h |j - i|, with the paper's slopes: for H a power of two, m_h = 2^(-8h / H),
 // h = 1..H; otherwise the slopes of the largest power of two n below H, then every other slope of
 // 2n until H are filled.
+#include "models/position/alibi.h"
+
 #include <cmath>
 
 #include "models/bert.h"
@@ -67,12 +69,9 @@ class Alibi : public PositionComponent {
   int slopes_ = -1, distances_ = -1;
 };
 
-std::unique_ptr<PositionComponent> make(PositionContext& ctx) {
-  return std::make_unique<Alibi>(ctx);
-}
-
 }  // namespace
 
-ENGINE_POSITION_COMPONENT(kAlibiBias, make);
+ENGINE_POSITION_FAMILY(.name = "alibi", .hf_blocker = "ALiBi's linear attention bias",
+                       .make = make_component<Alibi>);
 
 }  // namespace models

@@ -2,7 +2,8 @@
 //
 // A family (absolute learned / sinusoidal, T5 buckets, Shaw, TUPE's untied term, the decomposed
 // term, RoPE, ALiBi) is one .cpp file under models/position/ defining a PositionFamily: its name,
-// its config checks and a factory for its PositionComponent. A component provides
+// its config checks and a factory for its PositionComponent, registered by ENGINE_POSITION_FAMILY.
+// A component provides
 //   - its parameters, registered on the model's PositionEncoding ("bert.position.<name>", drawn
 //     from the model's generator at construction),
 //   - its input term (added to the token embeddings before the input LayerNorm),
@@ -18,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/module.h"
@@ -136,43 +138,44 @@ struct PositionContext {
   const PositionComponent* shared;
 };
 
-// A family's descriptor. Its config-level part (name, whether it reads the learned table or adds
-// an input term, its HF-export verdict, its config check) is defined in presets.cpp beside the
-// preset rows, so the config readers link without the model; its component factory is attached
-// by the family's own file (ENGINE_POSITION_COMPONENT, a static initialiser, as the kernel tables
-// are filled).
+// A family's descriptor, defined and registered by the family's own file
+// (ENGINE_POSITION_FAMILY); a preset row names its families by `name`. The config readers
+// (bert_config, presets.cpp) look the families up by name and link none of them: a program that
+// links the config layer alone (the parsers' fuzz targets) has no family registered, and its
+// configs skip the family checks, which every program with the model runs.
 struct PositionFamily {
-  const char* name;
-  bool uses_table;  // reads the learned absolute positions (bert.position.table)
-  bool input;       // adds an input term (the family ELECTRA's shared embeddings must agree on)
+  const char* name = "";
+  bool uses_table = false;  // reads the learned absolute positions (bert.position.table)
+  bool input = false;  // adds an input term (the family ELECTRA's shared embeddings must agree on)
   // Why a checkpoint with this family has no Hugging Face BERT equivalent ("" when it has: bert_a's
   // learned absolute positions).
-  const char* hf_blocker;
-  void (*validate)(const BertConfig& config);  // clear errors for bad sizes; may be null
+  const char* hf_blocker = "";
+  void (*validate)(const BertConfig& config) = nullptr;  // clear errors for bad sizes
   std::unique_ptr<PositionComponent> (*make)(PositionContext& ctx) = nullptr;
 };
 
-// The families (descriptors in presets.cpp; components one file each under models/position/).
-extern PositionFamily kLearnedPositions;            // absolute.cpp
-extern PositionFamily kSinusoidPositions;           // absolute.cpp
-extern PositionFamily kLearnableSinusoidPositions;  // absolute.cpp
-extern PositionFamily kT5Bias;                      // t5.cpp
-extern PositionFamily kShawLearned;                 // shaw.cpp
-extern PositionFamily kShawSinusoid;                // shaw.cpp
-extern PositionFamily kShawLearnableSinusoid;       // shaw.cpp
-extern PositionFamily kUntiedPositions;             // untied.cpp
-extern PositionFamily kDecomposedPositions;         // decomposed.cpp
-extern PositionFamily kRotaryPositions;             // rope.cpp
-extern PositionFamily kAlibiBias;                   // alibi.cpp
+// The registry (presets.cpp). Registering a name twice fails.
+bool register_position_family(const PositionFamily& family);
+// The family registered under `name`, or null.
+const PositionFamily* find_position_family(std::string_view name);
+// Whether any family is linked into this program (false in config-only programs).
+bool position_families_linked();
 
-// ALiBi's slope m_h of each head h = 1..H (alibi.cpp).
-std::vector<double> alibi_slopes(int64_t heads);
+// The usual factory: a component class constructed from the context.
+template <class C>
+std::unique_ptr<PositionComponent> make_component(PositionContext& ctx) {
+  return std::make_unique<C>(ctx);
+}
 
 }  // namespace models
 
-// In a family's file: attaches its component factory to its descriptor.
-#define ENGINE_POSITION_COMPONENT(family, factory)                                           \
-  [[maybe_unused]] static const bool ENGINE_POSITION_CONCAT(position_component_, __LINE__) = \
-      ((family).make = (factory), true)
+// In a family's file: defines and registers its descriptor, e.g.
+//   ENGINE_POSITION_FAMILY(.name = "rope", .hf_blocker = "rotary positions inside attention",
+//                          .validate = check_rope, .make = make_component<Rotary>);
+// (a static initialiser, as the kernel tables are filled; the models' library is shared, so every
+// family's file is linked).
+#define ENGINE_POSITION_FAMILY(...)                                                       \
+  [[maybe_unused]] static const bool ENGINE_POSITION_CONCAT(position_family_, __LINE__) = \
+      ::models::register_position_family(::models::PositionFamily{__VA_ARGS__})
 #define ENGINE_POSITION_CONCAT_INNER(a, b) a##b
 #define ENGINE_POSITION_CONCAT(a, b) ENGINE_POSITION_CONCAT_INNER(a, b)

@@ -55,12 +55,12 @@ class Decomposed : public PositionComponent {
   std::unique_ptr<Linear> query_, key_;
 };
 
-std::unique_ptr<PositionComponent> make(PositionContext& ctx) {
-  return std::make_unique<Decomposed>(ctx);
-}
-
 }  // namespace
 
-ENGINE_POSITION_COMPONENT(kDecomposedPositions, make);
+ENGINE_POSITION_FAMILY(.name = "decomposed", .uses_table = true,
+                       .hf_blocker =
+                           "the decomposed positional attention "
+                           "(bert.position.query / key)",
+                       .make = make_component<Decomposed>);
 
 }  // namespace models

@@ -16,10 +16,9 @@ PositionEncoding::PositionEncoding(const BertConfig& c, Generator& gen,
   else if (p.has_position_table())
     table = register_parameter(
         "table", Tensor::randn({c.max_positions, c.embedding_width()}, gen, 0.0, c.init_std));
-  for (const PositionFamily* f : p.families) {
-    ENGINE_CHECK(f->make, "[bert] position family ", f->name,
-                 " has no component linked (its file under models/position/ registers it)");
-    PositionContext ctx{c, gen, *this, constants_, table, shared ? shared->component(*f) : nullptr};
+  for (const PositionFamily* f : p.linked_families()) {
+    PositionContext ctx{c,          gen,   *this,
+                        constants_, table, shared ? shared->component(f->name) : nullptr};
     components_.emplace_back(f, f->make(ctx));
   }
 }
@@ -58,9 +57,9 @@ void PositionEncoding::correlations(const CorrelationContext& ctx,
   for (const auto& [family, c] : components_) c->correlations(ctx, out);
 }
 
-const PositionComponent* PositionEncoding::component(const PositionFamily& family) const {
+const PositionComponent* PositionEncoding::component(std::string_view family) const {
   for (const auto& [f, c] : components_)
-    if (f == &family) return c.get();
+    if (family == f->name) return c.get();
   return nullptr;
 }
 

@@ -12,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -38,8 +39,8 @@ class PositionEncoding : public engine::Module {
   // How many times the constant position tensors were built on the host (tests: once per new
   // longest length, not per forward).
   int64_t constant_builds() const { return constants_.builds(); }
-  // The component of `family`, or null when the preset has none.
-  const PositionComponent* component(const PositionFamily& family) const;
+  // The component of the family named `family` ("t5_bias"), or null when the preset has none.
+  const PositionComponent* component(std::string_view family) const;
   const BertConfig& config() const { return config_; }
   // A parameter of this module by name ("cls_theta", "query.weight"); fails when absent.
   Tensor parameter(const std::string& name) const;

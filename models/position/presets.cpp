@@ -1,9 +1,9 @@
 // The presets: the one list of positional-encoding combinations (docs/positional-encodings.md),
-// each naming its families (models/position/*.cpp) in order, and the families' descriptors: the
-// config-level part of each family (what a config reader needs, without the model). Parameters are
-// drawn in that order and the attention terms added in it (TUPE's untied term before the T5 bias it
-// may reset).
+// each naming its families (models/position/*.cpp, registered by name) in order, and the family
+// registry. Parameters are drawn in that order and the attention terms added in it (TUPE's untied
+// term before the T5 bias it may reset).
 #include <algorithm>
+#include <memory>
 
 #include "engine/error.h"
 #include "models/bert_config.h"
@@ -11,105 +11,67 @@
 namespace models {
 namespace {
 
-void check_even_width(const BertConfig& c) {
-  ENGINE_CHECK(c.embedding_width() % 2 == 0,
-               "[bert] sinusoidal positions need an even embedding width (model.embedding_size, "
-               "or hidden_size), got ",
-               c.embedding_width());
+// The registered families, by name (component.h); filled by static initialisers.
+std::vector<std::unique_ptr<const PositionFamily>>& registry() {
+  static std::vector<std::unique_ptr<const PositionFamily>> families;
+  return families;
 }
-
-void check_even_head(const BertConfig& c) {
-  ENGINE_CHECK(c.head_size() % 2 == 0,
-               "[bert] sinusoidal relative positions need an even head size, got ", c.head_size());
-}
-
-void check_t5(const BertConfig& c) {
-  const PositionConfig& p = c.position;
-  ENGINE_CHECK(p.relative_buckets >= 4 && p.relative_buckets % 2 == 0,
-               "[bert] model.position.relative_buckets must be even and at least 4, got ",
-               p.relative_buckets);
-  ENGINE_CHECK(p.relative_max_distance > p.relative_buckets / 4,
-               "[bert] model.position.relative_max_distance must exceed relative_buckets / 4 "
-               "(the exact range), got ",
-               p.relative_max_distance);
-}
-
-void check_rope(const BertConfig& c) {
-  ENGINE_CHECK(c.head_size() % 2 == 0,
-               "[bert] rope rotates pairs of dimensions: it needs an even head size "
-               "(hidden_size / num_heads), got ",
-               c.head_size());
-}
-
-const char* const kSinusoidBlocker = "its input positions (sinusoidal, not a learned table)";
-const char* const kShawBlocker = "relative positions inside attention (bert.position.shaw_*)";
-
-}  // namespace
-
-// The families' descriptors: name, reads the learned table, adds an input term, HF-export
-// verdict, config check (component.h); each family's file attaches its component.
-PositionFamily kLearnedPositions{"learned", true, true, "", nullptr};
-PositionFamily kSinusoidPositions{"sinusoid", false, true, kSinusoidBlocker, check_even_width};
-PositionFamily kLearnableSinusoidPositions{"learnable_sinusoid", false, true, kSinusoidBlocker,
-                                           check_even_width};
-PositionFamily kT5Bias{"t5_bias", false, false,
-                       "relative positions inside attention (bert.position.relative_table)",
-                       check_t5};
-PositionFamily kShawLearned{"shaw_learned", false, false, kShawBlocker, nullptr};
-PositionFamily kShawSinusoid{"shaw_sinusoid", false, false, kShawBlocker, check_even_head};
-PositionFamily kShawLearnableSinusoid{"shaw_learnable_sinusoid", false, false, kShawBlocker,
-                                      check_even_head};
-PositionFamily kUntiedPositions{
-    "untied", true, false, "TUPE's untied positional attention (bert.position.query / key / norm)",
-    nullptr};
-PositionFamily kDecomposedPositions{
-    "decomposed", true, false, "the decomposed positional attention (bert.position.query / key)",
-    nullptr};
-PositionFamily kRotaryPositions{"rope", false, false, "rotary positions (RoPE) inside attention",
-                                check_rope};
-PositionFamily kAlibiBias{"alibi", false, false, "ALiBi's linear attention bias", nullptr};
-
-namespace {
 
 struct Preset {
   const char* name;
-  std::vector<const PositionFamily*> families;
-  bool cls_reset;  // TUPE's [CLS] reset (model.position.cls_reset: paper | code)
+  std::vector<std::string> families;  // by name, in order (component.h: ENGINE_POSITION_FAMILY)
+  bool cls_reset;                     // TUPE's [CLS] reset (model.position.cls_reset: paper | code)
 };
 
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> rows = {
       // The 13 rows of the second paper (absolute, relative, their combinations) ...
       {"no_pe", {}, false},
-      {"bert_a", {&kLearnedPositions}, false},
-      {"sin_ape", {&kSinusoidPositions}, false},
-      {"learnable_sin_ape", {&kLearnableSinusoidPositions}, false},
-      {"bert_r", {&kLearnedPositions, &kT5Bias}, false},
-      {"learned_rpe", {&kShawLearned}, false},
-      {"sin_rpe", {&kShawSinusoid}, false},
-      {"learnable_sin_rpe", {&kShawLearnableSinusoid}, false},
+      {"bert_a", {"learned"}, false},
+      {"sin_ape", {"sinusoid"}, false},
+      {"learnable_sin_ape", {"learnable_sinusoid"}, false},
+      {"bert_r", {"learned", "t5_bias"}, false},
+      {"learned_rpe", {"shaw_learned"}, false},
+      {"sin_rpe", {"shaw_sinusoid"}, false},
+      {"learnable_sin_rpe", {"shaw_learnable_sinusoid"}, false},
       // ... TUPE's presets and its ablations ...
-      {"tupe_a", {&kUntiedPositions}, true},
-      {"tupe_r", {&kUntiedPositions, &kT5Bias}, true},
-      {"tupe_a_tie_cls", {&kUntiedPositions}, false},
-      {"bert_a_d", {&kDecomposedPositions}, false},
+      {"tupe_a", {"untied"}, true},
+      {"tupe_r", {"untied", "t5_bias"}, true},
+      {"tupe_a_tie_cls", {"untied"}, false},
+      {"bert_a_d", {"decomposed"}, false},
       // ... the encodings used since (RoFormer, Press et al.) ...
-      {"rope", {&kRotaryPositions}, false},
-      {"alibi", {&kAlibiBias}, false},
+      {"rope", {"rope"}, false},
+      {"alibi", {"alibi"}, false},
       // ... and the APE + RPE combinations of the second paper.
-      {"bert_a+learned_rpe", {&kLearnedPositions, &kShawLearned}, false},
-      {"bert_a+sin_rpe", {&kLearnedPositions, &kShawSinusoid}, false},
-      {"bert_a+learnable_sin_rpe", {&kLearnedPositions, &kShawLearnableSinusoid}, false},
-      {"learnable_sin_ape+learned_rpe", {&kLearnableSinusoidPositions, &kShawLearned}, false},
-      {"learnable_sin_ape+sin_rpe", {&kLearnableSinusoidPositions, &kShawSinusoid}, false},
+      {"bert_a+learned_rpe", {"learned", "shaw_learned"}, false},
+      {"bert_a+sin_rpe", {"learned", "shaw_sinusoid"}, false},
+      {"bert_a+learnable_sin_rpe", {"learned", "shaw_learnable_sinusoid"}, false},
+      {"learnable_sin_ape+learned_rpe", {"learnable_sinusoid", "shaw_learned"}, false},
+      {"learnable_sin_ape+sin_rpe", {"learnable_sinusoid", "shaw_sinusoid"}, false},
       {"learnable_sin_ape+learnable_sin_rpe",
-       {&kLearnableSinusoidPositions, &kShawLearnableSinusoid},
+       {"learnable_sinusoid", "shaw_learnable_sinusoid"},
        false},
   };
   return rows;
 }
 
 }  // namespace
+
+bool register_position_family(const PositionFamily& family) {
+  ENGINE_CHECK(*family.name && family.make, "[bert] a position family needs a name and a factory");
+  ENGINE_CHECK(!find_position_family(family.name), "[bert] position family '", family.name,
+               "' registered twice");
+  registry().push_back(std::make_unique<const PositionFamily>(family));
+  return true;
+}
+
+const PositionFamily* find_position_family(std::string_view name) {
+  for (const auto& f : registry())
+    if (name == f->name) return f.get();
+  return nullptr;
+}
+
+bool position_families_linked() { return !registry().empty(); }
 
 const std::vector<std::string>& position_presets() {
   static const std::vector<std::string> names = [] {
@@ -120,17 +82,31 @@ const std::vector<std::string>& position_presets() {
   return names;
 }
 
-bool PositionConfig::has_position_table() const {
-  return std::any_of(families.begin(), families.end(),
-                     [](const PositionFamily* f) { return f->uses_table; });
+// A config-only program links no family: the facts below are the model's to check there.
+std::vector<const PositionFamily*> PositionConfig::linked_families() const {
+  std::vector<const PositionFamily*> out;
+  if (!position_families_linked()) return out;
+  for (const std::string& name : families) {
+    const PositionFamily* f = find_position_family(name);
+    ENGINE_CHECK(f, "[bert] preset ", preset, " names the position family '", name,
+                 "', which no file under models/position/ registers");
+    out.push_back(f);
+  }
+  return out;
 }
 
-bool PositionConfig::has(const PositionFamily& family) const {
-  return std::find(families.begin(), families.end(), &family) != families.end();
+bool PositionConfig::has_position_table() const {
+  for (const PositionFamily* f : linked_families())
+    if (f->uses_table) return true;
+  return false;
+}
+
+bool PositionConfig::has(std::string_view family) const {
+  return std::find(families.begin(), families.end(), family) != families.end();
 }
 
 std::string PositionConfig::input_name() const {
-  for (const PositionFamily* f : families)
+  for (const PositionFamily* f : linked_families())
     if (f->input) return f->name;
   return "none";
 }
@@ -154,15 +130,14 @@ void apply_position_preset(PositionConfig& pc, const std::string& preset,
 
 std::string PositionConfig::hf_blocker() const {
   std::string what;
-  for (const PositionFamily* f : families)
+  for (const PositionFamily* f : linked_families())
     if (*f->hf_blocker) what += (what.empty() ? "" : " and ") + std::string(f->hf_blocker);
   if (families.empty()) what = "no positions at all";
-  if (cls_reset != ClsReset::none) what += " and the [CLS] reset";
   return what;
 }
 
 void PositionConfig::validate(const BertConfig& config) const {
-  for (const PositionFamily* f : families)
+  for (const PositionFamily* f : linked_families())
     if (f->validate) f->validate(config);
   ENGINE_CHECK(rpe_clip >= 1, "[bert] model.position.rpe_clip must be at least 1, got ", rpe_clip);
 }

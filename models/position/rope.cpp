@@ -13,6 +13,13 @@
 namespace models {
 namespace {
 
+void check_rope(const BertConfig& c) {
+  ENGINE_CHECK(c.head_size() % 2 == 0,
+               "[bert] rope rotates pairs of dimensions: it needs an even head size "
+               "(hidden_size / num_heads), got ",
+               c.head_size());
+}
+
 // theta_{t,i} = t * 10000^(-2i / d_h), computed in double and stored as cos / sin (T, d_h / 2) f32.
 Tensor angles(int64_t t, int64_t dh, bool sine, engine::Device dev) {
   const int64_t half = dh / 2;
@@ -45,14 +52,18 @@ class Rotary : public PositionComponent {
   void correlations(const CorrelationContext& ctx,
                     std::vector<CorrelationMatrix>& out) const override {
     const int64_t t = ctx.length, half = dh_ / 2;
+    std::vector<double> freq(static_cast<size_t>(half)), by_offset(static_cast<size_t>(2 * t - 1));
+    for (int64_t k = 0; k < half; ++k)
+      freq[size_t(k)] = std::pow(10000.0, -2.0 * double(k) / double(dh_));
+    for (int64_t r = 1 - t; r < t; ++r) {  // the matrix is Toeplitz: one value per offset
+      double s = 0;
+      for (int64_t k = 0; k < half; ++k) s += std::cos(double(r) * freq[size_t(k)]);
+      by_offset[size_t(r + t - 1)] = s / double(half);
+    }
     std::vector<float> v(size_t(t * t));
     for (int64_t i = 0; i < t; ++i)
-      for (int64_t j = 0; j < t; ++j) {
-        double s = 0;
-        for (int64_t k = 0; k < half; ++k)
-          s += std::cos(double(j - i) * std::pow(10000.0, -2.0 * double(k) / double(dh_)));
-        v[size_t(i * t + j)] = float(s / double(half));
-      }
+      for (int64_t j = 0; j < t; ++j)
+        v[size_t(i * t + j)] = float(by_offset[size_t(j - i + t - 1)]);
     CorrelationMatrix m;
     m.name = "rope_decay";
     m.title = ctx.prefix + "RoPE: mean_k cos((j - i) theta_k), the rotation's decay with distance";
@@ -70,12 +81,9 @@ class Rotary : public PositionComponent {
   int cos_ = -1, sin_ = -1;
 };
 
-std::unique_ptr<PositionComponent> make(PositionContext& ctx) {
-  return std::make_unique<Rotary>(ctx);
-}
-
 }  // namespace
 
-ENGINE_POSITION_COMPONENT(kRotaryPositions, make);
+ENGINE_POSITION_FAMILY(.name = "rope", .hf_blocker = "rotary positions (RoPE) inside attention",
+                       .validate = check_rope, .make = make_component<Rotary>);
 
 }  // namespace models

@@ -14,6 +14,11 @@
 namespace models {
 namespace {
 
+void check_even_head(const BertConfig& c) {
+  ENGINE_CHECK(c.head_size() % 2 == 0,
+               "[bert] sinusoidal relative positions need an even head size, got ", c.head_size());
+}
+
 enum class Kind { learned, sinusoid, learnable_sinusoid };
 
 template <Kind K>
@@ -81,15 +86,16 @@ class Shaw : public PositionComponent {
   int index_ = -1, fixed_ = -1, positions_ = -1;
 };
 
-template <Kind K>
-std::unique_ptr<PositionComponent> make(PositionContext& ctx) {
-  return std::make_unique<Shaw<K>>(ctx);
-}
-
 }  // namespace
 
-ENGINE_POSITION_COMPONENT(kShawLearned, make<Kind::learned>);
-ENGINE_POSITION_COMPONENT(kShawSinusoid, make<Kind::sinusoid>);
-ENGINE_POSITION_COMPONENT(kShawLearnableSinusoid, make<Kind::learnable_sinusoid>);
+const char* const kShawBlocker = "relative positions inside attention (bert.position.shaw_*)";
+
+ENGINE_POSITION_FAMILY(.name = "shaw_learned", .hf_blocker = kShawBlocker,
+                       .make = make_component<Shaw<Kind::learned>>);
+ENGINE_POSITION_FAMILY(.name = "shaw_sinusoid", .hf_blocker = kShawBlocker,
+                       .validate = check_even_head, .make = make_component<Shaw<Kind::sinusoid>>);
+ENGINE_POSITION_FAMILY(.name = "shaw_learnable_sinusoid", .hf_blocker = kShawBlocker,
+                       .validate = check_even_head,
+                       .make = make_component<Shaw<Kind::learnable_sinusoid>>);
 
 }  // namespace models

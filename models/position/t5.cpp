@@ -46,6 +46,17 @@ int64_t relative_bias_rows(const PositionConfig& p) {
 
 namespace {
 
+void check_t5(const BertConfig& c) {
+  const PositionConfig& p = c.position;
+  ENGINE_CHECK(p.relative_buckets >= 4 && p.relative_buckets % 2 == 0,
+               "[bert] model.position.relative_buckets must be even and at least 4, got ",
+               p.relative_buckets);
+  ENGINE_CHECK(p.relative_max_distance > p.relative_buckets / 4,
+               "[bert] model.position.relative_max_distance must exceed relative_buckets / 4 "
+               "(the exact range), got ",
+               p.relative_max_distance);
+}
+
 class T5Bias : public PositionComponent {
  public:
   explicit T5Bias(PositionContext& ctx) : config_(ctx.config), constants_(&ctx.constants) {
@@ -100,12 +111,12 @@ class T5Bias : public PositionComponent {
   int index_, keys_;
 };
 
-std::unique_ptr<PositionComponent> make(PositionContext& ctx) {
-  return std::make_unique<T5Bias>(ctx);
-}
-
 }  // namespace
 
-ENGINE_POSITION_COMPONENT(kT5Bias, make);
+ENGINE_POSITION_FAMILY(.name = "t5_bias",
+                       .hf_blocker =
+                           "relative positions inside attention "
+                           "(bert.position.relative_table)",
+                       .validate = check_t5, .make = make_component<T5Bias>);
 
 }  // namespace models

@@ -89,7 +89,7 @@ class Untied : public UntiedTerm {
   void correlations(const CorrelationContext& ctx,
                     std::vector<CorrelationMatrix>& out) const override {
     const bool reset = reset_ != ClsReset::none;
-    const bool relative = ctx.bert.position->component(kT5Bias) != nullptr;
+    const bool relative = ctx.bert.position->component("t5_bias") != nullptr;
     CorrelationMatrix m;
     m.name = "tupe_term";
     m.title = ctx.prefix + "TUPE positional term" +
@@ -138,19 +138,19 @@ class Untied : public UntiedTerm {
   int keep_ = -1, row0_ = -1, col0_ = -1;
 };
 
-std::unique_ptr<PositionComponent> make(PositionContext& ctx) {
-  return std::make_unique<Untied>(ctx);
-}
-
 }  // namespace
 
 const UntiedTerm& untied_term_of(const PositionEncoding& encoding) {
-  const auto* u = dynamic_cast<const UntiedTerm*>(encoding.component(kUntiedPositions));
+  const auto* u = dynamic_cast<const UntiedTerm*>(encoding.component("untied"));
   ENGINE_CHECK(u, "[bert] preset ", encoding.config().position.preset,
                " has no untied positional term");
   return *u;
 }
 
-ENGINE_POSITION_COMPONENT(kUntiedPositions, make);
+ENGINE_POSITION_FAMILY(.name = "untied", .uses_table = true,
+                       .hf_blocker =
+                           "TUPE's untied positional attention (bert.position.query / "
+                           "key / norm, with cls_theta under the [CLS] reset)",
+                       .make = make_component<Untied>);
 
 }  // namespace models

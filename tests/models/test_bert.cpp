@@ -13,6 +13,7 @@
 #include "models/bert.h"
 #include "models/checkpoint.h"
 #include "models/model_support.h"
+#include "models/position/alibi.h"
 #include "models/position/untied.h"
 #include "ops/ops.h"
 
@@ -365,14 +366,14 @@ TEST_CASE("model configs from YAML: sizes, presets and clear errors", "[bert][co
   BertConfig base =
       parse("model:\n  size: base\n  vocab_size: 30522\n  position:\n    preset: tupe_r\n");
   REQUIRE(base.hidden_size == 768);
-  REQUIRE(base.position.has(kT5Bias));
-  REQUIRE(base.position.has(kUntiedPositions));
+  REQUIRE(base.position.has("t5_bias"));
+  REQUIRE(base.position.has("untied"));
   REQUIRE(base.position.cls_reset == ClsReset::paper);
   BertConfig large = parse("model:\n  size: large\n  num_layers: 4\n");
   REQUIRE(large.hidden_size == 1024);
   REQUIRE(large.num_layers == 4);
   REQUIRE(parse("model:\n  position:\n    preset: bert_a+learnable_sin_rpe\n").position.families ==
-          std::vector<const PositionFamily*>{&kLearnedPositions, &kShawLearnableSinusoid});
+          std::vector<std::string>{"learned", "shaw_learnable_sinusoid"});
   REQUIRE(BertConfig::from_json(base.to_json(), "x") == base);
 
   REQUIRE_THROWS_WITH(
@@ -395,6 +396,45 @@ TEST_CASE("model configs from YAML: sizes, presets and clear errors", "[bert][co
   REQUIRE_THROWS_WITH(cfg.set_assignment("model.num_layers.x=3"),
                       Contains("'model.num_layers' is a value"));
   REQUIRE_THROWS_WITH(cfg.set_assignment("novalue"), Contains("expects key.path=value"));
+}
+
+TEST_CASE("position families: every preset's are registered by their files; checks run at parse",
+          "[bert][config]") {
+  REQUIRE(position_families_linked());
+  for (const std::string& preset : position_presets()) {
+    PositionConfig pc;
+    apply_position_preset(pc, preset, "paper");
+    REQUIRE(pc.linked_families().size() == pc.families.size());
+    for (const PositionFamily* f : pc.linked_families()) REQUIRE(f->make);
+  }
+  // A family's own checks, registered in its file, run when the config is read.
+  auto parse = [](const std::string& yaml) {
+    engine::Config cfg = engine::Config::parse(yaml, "test.yaml");
+    return BertConfig::from_config(cfg.root().section("model"));
+  };
+  REQUIRE_THROWS_WITH(
+      parse("model:\n  hidden_size: 12\n  num_heads: 4\n  position:\n    preset: rope\n"),
+      Contains("rope rotates pairs of dimensions") && Contains("got 3"));
+  REQUIRE_THROWS_WITH(parse("model:\n  position:\n    preset: bert_r\n    relative_buckets: 7\n"),
+                      Contains("relative_buckets must be even"));
+  // A second registration of a name, or a family without a factory, is refused.
+  auto none = [](PositionContext&) { return std::unique_ptr<PositionComponent>(); };
+  REQUIRE_THROWS_WITH(register_position_family(PositionFamily{.name = "rope", .make = none}),
+                      Contains("'rope' registered twice"));
+  REQUIRE_THROWS_WITH(register_position_family(PositionFamily{.name = "new_family"}),
+                      Contains("needs a name and a factory"));
+  // A preset naming an unregistered family fails with the name.
+  PositionConfig typo;
+  typo.preset = "custom";
+  typo.families = {"learned", "rotary"};
+  REQUIRE_THROWS_WITH(
+      typo.linked_families(),
+      Contains("preset custom names the position family 'rotary'") && Contains("models/position/"));
+  // The HF verdict is the families' own (TUPE's names its [CLS] reset).
+  PositionConfig tupe;
+  apply_position_preset(tupe, "tupe_r", "paper");
+  REQUIRE_THAT(tupe.hf_blocker(), Contains("untied positional attention") &&
+                                      Contains("[CLS] reset") && Contains("relative_table"));
 }
 
 TEST_CASE("checkpoints describe themselves and load exactly", "[bert][checkpoint]") {
