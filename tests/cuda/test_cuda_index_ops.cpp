@@ -79,6 +79,9 @@ TEST_CASE("index_select and embedding on the device equal the CPU, with a determ
                            {2, 16, 9000},
                            {3000, 12, 9000},
                            {40, 5, 70}}) {
+      // The index dtype changes only how the ids are read: the long sorts (the costliest cases
+      // under the emulator's ThreadSanitizer build) run once, with i64 ids.
+      if (it == DType::i32 && m > 1000) continue;
       INFO(dtype_name(it) << " table (" << n << ", " << d << "), " << m << " ids");
       std::vector<int64_t> ids(static_cast<size_t>(m));
       for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7 + i / 3) % n);
@@ -88,12 +91,14 @@ TEST_CASE("index_select and embedding on the device equal the CPU, with a determ
       Tensor dy = Tensor::randn(y.shape(), g);
       y.backward(dy);
       // The inverted index: the CPU's sorted keys exactly.
-      require_equal(sorted_index_keys(idx.to(kGpu), n), sorted_index_keys(idx, n));
+      const Tensor keys = sorted_index_keys(idx.to(kGpu), n);
+      require_equal(keys, sorted_index_keys(idx, n));
       std::vector<float> first;
-      for (int run = 0; run < 3; ++run) {
-        // Run 2 hands the backward its inverted index (a constant index's cached keys).
+      for (int run = 0; run < 2; ++run) {
+        // Run 0 sorts in the backward; run 1 hands it the inverted index (a constant index's
+        // cached keys) and must give the same bits.
         Tensor wg = w.detach().to(kGpu).set_requires_grad();
-        Tensor inv = run == 2 ? sorted_index_keys(idx.to(kGpu), n) : Tensor();
+        Tensor inv = run == 1 ? keys : Tensor();
         Tensor yg = embedding(wg, idx.to(kGpu), inv);
         require_equal(yg, y);
         yg.backward(dy.to(kGpu));
