@@ -10,12 +10,25 @@
 namespace engine {
 namespace {
 
+// x as the kernel's (A, B, T, D): read in place when its last dim is contiguous, it has at most
+// four dims, and its strides and start keep pairs aligned (the layers' q / k views); otherwise
+// one contiguous copy first.
+Tensor kernel_view(const Tensor& x) {
+  const int64_t t = x.shape()[x.dim() - 2], d = x.shape().back();
+  Tensor v = x.detach();
+  bool in_place = v.dim() <= 4 && v.stride(v.dim() - 1) == 1 && v.storage_offset() % 2 == 0;
+  for (int64_t k = 0; in_place && k + 1 < v.dim(); ++k)
+    in_place = v.shape()[k] == 1 || v.stride(k) % 2 == 0;
+  if (!in_place) v = v.contiguous();
+  if (v.dim() > 4) return v.view({v.numel() / (t * d), 1, t, d});
+  while (v.dim() < 4) v = v.unsqueeze(0);
+  return v;
+}
+
 Tensor rotate_raw(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse) {
-  const int64_t t = cos.shape()[0], d = x.shape().back();
-  const int64_t l = t > 0 && d > 0 ? x.numel() / (t * d) : 0;
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  rotary_kernel(x.device(), x.detach().contiguous().view({l, t, d}), cos, sin, out.view({l, t, d}),
-                inverse);
+  const Tensor xv = kernel_view(x);
+  rotary_kernel(x.device(), xv, cos, sin, out.view(xv.shape()), inverse);
   return out;
 }
 
@@ -32,7 +45,9 @@ namespace cpu {
 
 void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& out,
             bool inverse) {
-  const int64_t rows = x.shape()[0] * x.shape()[1], t = x.shape()[1], half = x.shape()[2] / 2;
+  const Shape& n = x.shape();
+  const int64_t bdim = n[1], t = n[2], half = n[3] / 2, rows = n[0] * n[1] * n[2];
+  const int64_t sa = x.stride(0), sb = x.stride(1), st = x.stride(2);
   const float* pc = cos.data<float>();
   const float* ps = sin.data<float>();
   const float sign = inverse ? -1.f : 1.f;
@@ -41,9 +56,10 @@ void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor&
     T* po = out.data<T>();
 #pragma omp parallel for if (rows * half > ::engine::cpu::kParallelMinElems)
     for (int64_t row = 0; row < rows; ++row) {
-      const float* c = pc + (row % t) * half;
-      const float* s = ps + (row % t) * half;
-      const T* xr = px + row * 2 * half;
+      const int64_t r = row % t, slice = row / t;
+      const float* c = pc + r * half;
+      const float* s = ps + r * half;
+      const T* xr = px + (slice / bdim) * sa + (slice % bdim) * sb + r * st;
       T* orow = po + row * 2 * half;
       for (int64_t i = 0; i < half; ++i) {
         const T a = xr[2 * i], b = xr[2 * i + 1], ci = T(c[i]), si = T(sign * s[i]);

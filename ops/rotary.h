@@ -17,8 +17,10 @@ namespace engine {
 Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin);
 
 // ---- kernel (one table; backends register implementations) ----------------------------------
-// x and out contiguous (L, T, D), cos / sin contiguous (T, D / 2) f32; `inverse` rotates by
-// -theta (the backward). out is fully overwritten.
+// x (A, B, T, D) with its last dim contiguous and any strides on the others (the layers' q and k
+// are (B, H, T, d_h) views of the fused projection, read in place), with every stride even and
+// its data pair-aligned; out contiguous (A, B, T, D); cos / sin contiguous (T, D / 2) f32;
+// `inverse` rotates by -theta (the backward). out is fully overwritten.
 inline Kernel<void(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor& out,
                    bool inverse)>
     rotary_kernel{"rotary"};

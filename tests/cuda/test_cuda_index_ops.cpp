@@ -198,6 +198,26 @@ TEST_CASE("rotary on the device matches the CPU, forward and backward", "[cuda]"
     Tensor want = rotary(xb.to(DType::f32), c, s).to(DType::bf16).to(DType::f32);
     require_close(rotary(xb.to(kGpu), cg, sg).to(Device::cpu()).to(DType::f32), want, 8e-3, 1e-6);
   }
+  // The layers' q: a (B, H, T, d_h) view of the fused (B, T, 3, H, d_h) projection, read in place:
+  // 16-byte groups (d_h 64: f32 2 pairs, bf16 4) and one pair at a time (d_h 6, 3 pairs a row),
+  // for q and for k (a start inside the fused rows).
+  for (int64_t dh : {64, 6}) {
+    const int64_t b = 2, t = 5, h = 3;
+    Tensor theta = Tensor::randn({t, dh / 2}, g) * 3.0;
+    Tensor c = cos(theta), s = sin(theta);
+    for (DType dt : {DType::f32, DType::bf16}) {
+      for (int64_t which : {0, 1}) {
+        INFO("d_h " << dh << " " << dtype_name(dt) << " part " << which);
+        Tensor fused = Tensor::randn({b, t, 3, h, dh}, g).to(dt);
+        Tensor q = fused.permute({2, 0, 3, 1, 4}).select(0, which);
+        Tensor qg = fused.to(kGpu).permute({2, 0, 3, 1, 4}).select(0, which);
+        Tensor want = rotary(q.to(DType::f32), c, s);
+        if (dt == DType::bf16) want = want.to(DType::bf16).to(DType::f32);
+        require_close(rotary(qg, c.to(kGpu), s.to(kGpu)).to(Device::cpu()).to(DType::f32), want,
+                      dt == DType::bf16 ? 8e-3 : 1e-6, 1e-6);
+      }
+    }
+  }
 }
 
 TEST_CASE("cross_entropy on the device matches the CPU with ignored rows and every reduction",
