@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Checks that every C++/CUDA source follows .clang-format (tools/test.sh runs it first). Prints the
 # files that differ and how to fix them; exits non-zero when any does. --fix rewrites them in place.
+# Also checks the layering (docs/architecture.md): the core (engine/) includes no op, model, loop,
+# data or app header; ops/ nothing above the core; train/ no model, data or app; data/ no model,
+# loop or app; models/ no app.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -11,6 +14,21 @@ if [ "${1:-}" = "--fix" ]; then
   "$FORMAT" -i --style=file "${files[@]}"
   echo "check_format: formatted ${#files[@]} files"
   exit 0
+fi
+layering=()
+for rule in "engine:ops models train data apps" "ops:models train data apps" \
+  "train:models data apps" "data:models train apps" "models:apps"; do
+  dir="${rule%%:*}"
+  for dep in ${rule#*:}; do
+    while IFS= read -r hit; do layering+=("$hit (includes $dep/)"); done < <(
+      git ls-files "$dir/*.h" "$dir/*.cpp" "$dir/*.cu" "$dir/*.cuh" |
+        xargs -r grep -n "#include \"$dep/" || true)
+  done
+done
+if [ ${#layering[@]} -gt 0 ]; then
+  echo "check_format: ${#layering[@]} includes break the layering (docs/architecture.md):" >&2
+  printf '  %s\n' "${layering[@]}" >&2
+  exit 1
 fi
 bad=()
 for f in "${files[@]}"; do

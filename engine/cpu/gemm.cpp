@@ -22,7 +22,7 @@
 #include "engine/cpu/small_gemm.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
-#include "ops/matmul.h"  // GemmArgs, GemmEpilogue: the kernel table's arguments
+#include "engine/gemm_args.h"
 
 namespace engine {
 namespace cpu {

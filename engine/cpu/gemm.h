@@ -11,7 +11,7 @@
 
 namespace engine {
 
-struct GemmArgs;  // ops/matmul.h
+struct GemmArgs;  // engine/gemm_args.h
 
 // The library behind the CPU GEMMs: "oneDNN (f64: OpenBLAS)" (built with both; the default),
 // "OpenBLAS" or "Eigen" -- the fastest the build found, or the one ENGINE_CPU_GEMM=onednn|openblas|

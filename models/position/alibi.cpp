@@ -32,22 +32,22 @@ class Alibi : public PositionComponent {
  public:
   explicit Alibi(PositionContext& ctx) : constants_(&ctx.constants) {
     const int64_t h = ctx.config.num_heads;
-    slopes_ = ctx.constants.add(0, [h](int64_t, engine::Device dev) {
-      std::vector<float> m;
-      for (double s : alibi_slopes(h)) m.push_back(float(s));
-      return Tensor::from_vector<float>(m, {h, 1, 1}).to(dev);
-    });
-    distances_ = ctx.constants.add(2, [](int64_t t, engine::Device dev) {
+    const int distances = ctx.constants.add(2, [](int64_t t, engine::Device dev) {
       std::vector<float> v(size_t(t * t));
       for (int64_t i = 0; i < t; ++i)
         for (int64_t j = 0; j < t; ++j) v[size_t(i * t + j)] = -float(std::llabs(j - i));
       return Tensor::from_vector<float>(v, {t, t}).to(dev);
     });
+    // (H, 1, 1) * (T, T): the (H, T, T) bias, a constant (no gradient), made once per length.
+    bias_ = ctx.constants.add_derived(distances, [h](const Tensor& d) {
+      std::vector<float> m;
+      for (double s : alibi_slopes(h)) m.push_back(float(s));
+      return Tensor::from_vector<float>(m, {h, 1, 1}).to(d.device()) * d;
+    });
   }
   std::vector<Tensor> add_terms(int64_t t, engine::Device dev,
                                 AttentionTerms& terms) const override {
-    // (H, 1, 1) * (T, T): the (H, T, T) bias, a constant (no gradient).
-    Tensor b = constants_->get(slopes_, t, dev) * constants_->get(distances_, t, dev);
+    const Tensor& b = constants_->get(bias_, t, dev);
     terms.bias = terms.bias.defined() ? terms.bias + b : b;
     return {};
   }
@@ -66,7 +66,7 @@ class Alibi : public PositionComponent {
 
  private:
   const LengthConstants* constants_;
-  int slopes_ = -1, distances_ = -1;
+  int bias_ = -1;
 };
 
 }  // namespace
