@@ -2,22 +2,15 @@
 // (train-tokenizer, prepare); the default command pretrains on a prepared corpus (the loop is
 // models::pretrain); the single-batch mode (a fixed batch from a file, constant lr, dropout off
 // unless asked for) lets tests and the PyTorch reference (tools/reference/) check the model step
-// by step.
-#include <sys/resource.h>
-
+// by step. The modes' work is in the library (models/pretrain.h, models/pretrain_modes.h); the
+// app parses its command line and calls it.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <iostream>
 #include <map>
 #include <optional>
-#include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,15 +18,10 @@
 #include "data/batches.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
-#include "engine/autocast.h"
-#include "engine/autograd.h"
-#include "engine/backend.h"
 #include "engine/comm.h"
 #include "engine/config.h"
 #include "engine/error.h"
-#include "engine/file_io.h"
 #include "engine/optim.h"
-#include "engine/safetensors.h"
 #include "engine/threads.h"
 #include "models/bert.h"
 #include "models/checkpoint.h"
@@ -41,8 +29,7 @@
 #include "models/objective.h"
 #include "models/pretrain.h"
 #include "models/pretrain_config.h"
-#include "ops/ops.h"
-#include "train/trainer.h"
+#include "models/pretrain_modes.h"
 
 namespace {
 
@@ -141,10 +128,10 @@ command line.
 )";
 
 struct Args {
-  std::string config, init, batch_file, save, dump, out, device;
+  std::string config, init, out, device;
   std::vector<std::string> sets;
-  int64_t steps = 0, micro_batches = 1;
-  bool steps_given = false, count_params = false, resume = false, dropout = false, timing = false;
+  models::SingleBatchOptions batch;  // --batch-file and the options of its mode
+  bool steps_given = false, count_params = false, resume = false;
 };
 
 [[noreturn]] void usage_error(const std::string& msg) { cli::usage_error("pretrain_app", msg); }
@@ -159,21 +146,21 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "--init")
       a.init = p.value();
     else if (arg == "--batch-file")
-      a.batch_file = p.value();
+      a.batch.batch_file = p.value();
     else if (arg == "--save")
-      a.save = p.value();
+      a.batch.save = p.value();
     else if (arg == "--dump")
-      a.dump = p.value();
+      a.batch.dump = p.value();
     else if (arg == "--set")
       a.sets.push_back(p.value());
     else if (arg == "--count-params")
       a.count_params = true;
     else if (arg == "--dropout")
-      a.dropout = true;
+      a.batch.dropout = true;
     else if (arg == "--time")
-      a.timing = true;
+      a.batch.timing = true;
     else if (arg == "--micro-batches")
-      a.micro_batches = p.int_value(1);
+      a.batch.micro_batches = p.int_value(1);
     else if (arg == "--resume")
       a.resume = true;
     else if (arg == "--out")
@@ -181,19 +168,21 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "--device")
       a.device = p.device_value().str();
     else if (arg == "--steps") {
-      a.steps = p.int_value(0);
+      a.batch.steps = p.int_value(0);
       a.steps_given = true;
     } else
       p.unknown();
   }
   if (a.config.empty() && a.init.empty()) usage_error("--config (or --init) is required");
-  if (a.batch_file.empty() && (a.steps_given || !a.dump.empty() || !a.save.empty() || a.dropout ||
-                               a.micro_batches != 1 || a.timing))
+  if (a.batch.batch_file.empty() &&
+      (a.steps_given || !a.batch.dump.empty() || !a.batch.save.empty() || a.batch.dropout ||
+       a.batch.micro_batches != 1 || a.batch.timing))
     usage_error(
         "--steps, --dump, --save, --dropout, --micro-batches and --time belong to the "
         "single-batch mode (--batch-file)");
-  if (a.timing && a.steps < 2) usage_error("--time needs --steps 2 or more (one warm-up step)");
-  if (!a.batch_file.empty() && (a.resume || !a.out.empty()))
+  if (a.batch.timing && a.batch.steps < 2)
+    usage_error("--time needs --steps 2 or more (one warm-up step)");
+  if (!a.batch.batch_file.empty() && (a.resume || !a.out.empty()))
     usage_error("--resume and --out belong to corpus pretraining, not to --batch-file");
   return a;
 }
@@ -262,138 +251,6 @@ class CorpusSource : public models::BatchSource {
   data::EvalBatches valid_;
 };
 
-// The keep masks (u8) of the dropout ops in the graph of `loss`, in forward order: each node's
-// backward applied to ones gives keep / (1 - p), the mask the backward regenerates from the
-// node's saved stream state.
-std::vector<engine::Tensor> dropout_masks(const engine::Tensor& loss) {
-  std::vector<std::shared_ptr<engine::Node>> found, todo = {loss.grad_fn()};
-  std::set<const engine::Node*> seen;
-  while (!todo.empty()) {
-    std::shared_ptr<engine::Node> n = todo.back();
-    todo.pop_back();
-    if (!n || !seen.insert(n.get()).second) continue;
-    if (std::strcmp(n->name(), "dropout") == 0) found.push_back(n);
-    for (const engine::Edge& e : n->next) todo.push_back(e.node);
-  }
-  std::sort(found.begin(), found.end(),
-            [](const auto& a, const auto& b) { return a->sequence_nr < b->sequence_nr; });
-  engine::NoGrad ng;
-  std::vector<engine::Tensor> masks;
-  for (const auto& n : found) {
-    const engine::TensorMeta& m = n->outputs.at(0);
-    const std::vector<float> g = n->backward({engine::Tensor::ones(m.shape, m.dtype, m.device)})
-                                     .at(0)
-                                     .to(engine::DType::f32)
-                                     .to_vector<float>();
-    std::vector<uint8_t> keep(g.size());
-    for (size_t i = 0; i < g.size(); ++i) keep[i] = g[i] != 0.f;
-    masks.push_back(engine::Tensor::from_vector<uint8_t>(keep, m.shape));
-  }
-  return masks;
-}
-
-int single_batch(const Args& args, models::PretrainModel& model, const engine::AdamWOptions& adam,
-                 uint64_t seed, const models::PretrainOptions& train) {
-  const models::BertConfig& config = model.config();
-  const engine::Device device = train.device;
-  engine::check_device(device);
-  const engine::DType compute = models::compute_dtype(device, train.precision);
-  engine::FlatParameters flat(model.named_parameters(), device);
-  const data::MlmBatch host_batch = models::load_mlm_batch(args.batch_file, config);
-  const data::MlmBatch batch = host_batch.to(flat.data().device());
-  // The objective's extra inputs: ELECTRA's draws from the batch file instead of sampling,
-  // MLM + SOP's sentence labels; each only where the objective reads it.
-  const models::Objective* objective = models::objective_of_kind(model.kind());
-  engine::Tensor replacements = models::load_replacements(args.batch_file, host_batch, config);
-  ENGINE_CHECK(!replacements.defined() || (objective && objective->replacements), "[pretrain_app] ",
-               args.batch_file, ": 'replacements' is for objective: electra (this model is ",
-               model.kind(), ")");
-  if (replacements.defined()) replacements = replacements.to(flat.data().device());
-  ENGINE_CHECK(!batch.sentence_labels.defined() || (objective && objective->sentence_order),
-               "[pretrain_app] ", args.batch_file,
-               ": 'sentence_labels' is for objective: mlm_sop (this model is ", model.kind(), ")");
-  // One forward: the loss, the MLM logits and what the objective's dump adds.
-  auto forward = [&](engine::Generator& g, engine::NamedTensors* extra) {
-    engine::Autocast autocast(compute);
-    return model.batch_file_forward(batch, replacements, g, extra);
-  };
-  // Dropout off, or (--dropout) on with the pretraining loop's stream of rank 0.
-  model.train(args.dropout);
-  engine::Generator gen =
-      args.dropout ? models::dropout_generator(seed, 0) : engine::Generator(seed);
-  const int64_t micro = args.micro_batches;
-  const std::vector<double> weights(size_t(micro), 1.0 / double(micro));
-
-  // The library's training step at a constant learning rate, without clipping (the PyTorch
-  // reference runs plain AdamW); no weight decay on biases and LayerNorm parameters (BERT's rule).
-  engine::TrainerOptions options;
-  options.clip_norm = 0;
-  options.loss_scale = train.loss_scale;  // fp16: dynamic loss scaling (train.loss_scale)
-  engine::Trainer trainer(
-      flat, adam, [](const std::string& n) { return !engine::default_no_decay(n); },
-      engine::constant_lr(adam.lr), options);
-
-  if (!args.dump.empty()) {
-    // Step 1's forwards and backwards (a copy of the stream: the steps below draw the same masks):
-    // loss sum_m loss_m / M, the logits of the micro-batches one after the other.
-    engine::Generator dump_gen = gen;
-    engine::Tensor loss;
-    std::vector<engine::Tensor> logits, masks;
-    engine::NamedTensors extra;  // the first micro-batch's (ELECTRA)
-    for (int64_t m = 0; m < micro; ++m) {
-      models::PretrainModel::Output out = forward(dump_gen, m == 0 ? &extra : nullptr);
-      if (args.dropout)
-        for (engine::Tensor& k : dropout_masks(out.loss)) masks.push_back(k);
-      engine::Tensor weighted = micro == 1 ? out.loss : out.loss * weights[size_t(m)];
-      weighted.backward();
-      loss = m == 0 ? weighted.detach() : loss + weighted.detach();
-      logits.push_back(out.mlm_logits.detach());
-    }
-    engine::NamedTensors dump = {{"loss", loss},
-                                 {"logits", micro == 1 ? logits[0] : engine::concat(logits, 0)},
-                                 {"targets", batch.targets}};
-    dump.insert(dump.end(), extra.begin(), extra.end());
-    for (auto& [name, t] : model.named_parameters()) dump.emplace_back("grad." + name, t.grad());
-    for (size_t k = 0; k < masks.size(); ++k)
-      dump.emplace_back("dropout_mask." + std::to_string(k), masks[k]);
-    engine::save_safetensors(args.dump, dump);
-    flat.zero_grad();
-    std::printf(
-        "dump: loss, logits (%lld x %lld), %zu gradients and %zu dropout masks written to %s\n",
-        (long long)dump[1].second.size(0), (long long)dump[1].second.size(1),
-        model.named_parameters().size(), masks.size(), args.dump.c_str());
-  }
-  if (args.steps == 0) {
-    engine::NoGrad ng;
-    std::printf("eval loss %.9g\n", forward(gen, nullptr).loss.item());
-  }
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point timed_from;
-  for (int64_t k = 1; k <= args.steps; ++k) {
-    if (k == 2) timed_from = Clock::now();  // step 1 is the warm-up (allocator, caches)
-    // "step k loss v": the loss before step k's update.
-    const engine::StepStats s = trainer.step(
-        micro, [&](int64_t) { return forward(gen, nullptr).loss; }, weights);
-    std::printf("step %lld loss %.9g%s\n", (long long)k, s.loss,
-                s.applied ? "" : " (skipped: inf/NaN gradients)");
-    std::fflush(stdout);
-  }
-  if (args.timing) {
-    const double s = std::chrono::duration<double>(Clock::now() - timed_from).count();
-    const int64_t n = args.steps - 1;
-    const double tokens = double(batch.inputs.input_ids.numel()) * double(micro) * double(n);
-    struct rusage ru {};
-    getrusage(RUSAGE_SELF, &ru);
-    std::printf("timing: %lld steps %.3f ms/step %.1f tokens/s peak_rss_mb %.1f\n", (long long)n,
-                1e3 * s / double(n), tokens / s, double(ru.ru_maxrss) / 1024.0);
-  }
-  if (!args.save.empty()) {
-    models::save_checkpoint(args.save, model);
-    std::printf("saved %s\n", args.save.c_str());
-  }
-  return 0;
-}
-
 int run(const Args& args) {
   engine::Config cfg =
       args.config.empty() ? engine::Config() : engine::Config::load_file(args.config);
@@ -405,7 +262,7 @@ int run(const Args& args) {
   const uint64_t seed = pc.seed;
   const engine::AdamWOptions& adam = pc.optim;
   models::PretrainOptions train_opt = pc.train;
-  const bool corpus_mode = args.batch_file.empty() && !args.count_params;
+  const bool corpus_mode = args.batch.batch_file.empty() && !args.count_params;
 
   // The corpus (and its tokenizer): the vocabulary size comes from it.
   std::unique_ptr<data::Corpus> corpus;
@@ -454,7 +311,10 @@ int run(const Args& args) {
   if (engine::world().is_root()) print_parameter_counts(model);
   if (args.count_params) return 0;
   if (engine::world().is_root()) std::printf("%s\n", engine::describe_cpu_compute().c_str());
-  if (!args.batch_file.empty()) return single_batch(args, model, adam, seed, train_opt);
+  if (!args.batch.batch_file.empty()) {
+    models::run_single_batch(model, adam, seed, train_opt, args.batch);
+    return 0;
+  }
 
   // Data parallel: data.batch_size is per rank; each rank reads its own shard of every global
   // batch (data/batches.h).
@@ -608,92 +468,41 @@ int prepare_cmd(int argc, char** argv) {
 }
 
 int eval_cmd(int argc, char** argv) {
-  std::string init, corpus_dir, split = "valid", precision = "f32", by_position;
-  engine::Device device = engine::Device::cpu();
-  int64_t batches = 0, batch_size = 32, seq_len = 0;
+  models::CorpusEvalOptions o;
   cli::ArgParser p("pretrain_app eval", kUsage, argc, argv, 2);
   while (p.next()) {
     const std::string& arg = p.arg();
     if (arg == "--init")
-      init = p.value();
+      o.init = p.value();
     else if (arg == "--corpus")
-      corpus_dir = p.value();
+      o.corpus = p.value();
     else if (arg == "--split")
-      split = p.value();
+      o.split = p.value();
     else if (arg == "--batches")
-      batches = p.int_value(1);
+      o.batches = p.int_value(1);
     else if (arg == "--batch-size")
-      batch_size = p.int_value(1);
+      o.batch_size = p.int_value(1);
     else if (arg == "--seq-len")
-      seq_len = p.int_value(8);
+      o.seq_len = p.int_value(8);
     else if (arg == "--by-position")
-      by_position = p.value();
+      o.by_position = p.value();
     else if (arg == "--device")
-      device = p.device_value();
+      o.device = p.device_value();
     else if (arg == "--precision")
-      precision = p.precision_value();
+      o.precision = p.precision_value();
     else
       p.unknown();
   }
-  if (init.empty()) usage_error("eval: --init CKPT is required");
-  if (corpus_dir.empty())
+  if (o.init.empty()) usage_error("eval: --init CKPT is required");
+  if (o.corpus.empty())
     usage_error("eval: --corpus DIR (made by pretrain_app prepare) is required");
-  if (split != "valid" && split != "train")
-    usage_error("eval: --split expects valid or train, got '" + split + "'");
-
-  const models::BertConfig config = models::read_checkpoint_config(init);
-  data::Corpus corpus(corpus_dir);
-  std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(corpus.meta().tokenizer_path, true);
-  ENGINE_CHECK(corpus.meta().vocab_size == config.vocab_size, "[pretrain_app] the corpus ",
-               corpus_dir, " was prepared with a vocabulary of ", corpus.meta().vocab_size,
-               " tokens but the checkpoint ", init, " has vocab_size ", config.vocab_size,
-               ": prepare the corpus with the model's tokenizer");
-  if (seq_len == 0) seq_len = std::min<int64_t>(config.max_positions, 512);
-  if (config.position.has_position_table() && seq_len > config.max_positions)
-    usage_error("eval: --seq-len " + std::to_string(seq_len) +
-                " exceeds the model's max_positions " + std::to_string(config.max_positions));
-  engine::check_device(device);
-  const engine::DType compute = models::compute_dtype(device, precision);
-  const std::unique_ptr<models::PretrainModel> model = models::load_pretrain_model(init);
-  engine::FlatParameters flat(model->named_parameters(), device);
-
-  // MLM + sentence order is evaluated on what it was trained on: segment pairs, half swapped.
-  const models::Objective* objective = models::objective_of_kind(model->kind());
-  const bool sop = objective && objective->sentence_order;
-  data::EvalBatches source(corpus, split == "valid" ? data::Split::valid : data::Split::train, *tok,
-                           batch_size, seq_len, data::EvalBatches::kDefaultSeed, {}, sop, sop);
-  std::vector<data::MlmBatch> list;
-  while (batches == 0 || int64_t(list.size()) < batches) {
-    std::optional<data::MlmBatch> b = source.next();
-    if (!b) break;
-    list.push_back(std::move(*b));
-  }
-  ENGINE_CHECK(!list.empty(), "[pretrain_app] the ", split, " split of ", corpus_dir,
-               " gives no batch of ", seq_len, " tokens");
-  engine::Communicator& comm = engine::world();
-  const models::MlmEval r =
-      models::evaluate_mlm(*model, list, comm, compute, /*by_position_too=*/!by_position.empty());
-  ENGINE_CHECK(r.predicted > 0, "[pretrain_app] the ", split, " split of ", corpus_dir,
-               " gave no masked token to predict");
-  std::string parts;
-  for (auto& [name, value] : r.parts) parts += " " + name + " " + std::to_string(value);
-  if (comm.is_root())
-    std::printf(
-        "eval %s on %s (%s split): %lld batches of %lld x %lld, %lld predicted tokens: loss %.4f "
-        "perplexity %.2f accuracy %.4f%s\n",
-        init.c_str(), corpus_dir.c_str(), split.c_str(), (long long)r.batches,
-        (long long)batch_size, (long long)seq_len, (long long)r.predicted, r.loss, r.perplexity,
-        r.accuracy, parts.c_str());
-  if (comm.is_root() && !by_position.empty()) {
-    std::string csv = "position,predicted,loss\n";
-    for (size_t t = 0; t < r.predicted_by_position.size(); ++t) {
-      const int64_t n = r.predicted_by_position[t];
-      char loss[32] = "";
-      if (n) std::snprintf(loss, sizeof loss, "%.6f", r.loss_sum_by_position[t] / double(n));
-      csv += std::to_string(t) + "," + std::to_string(n) + "," + loss + "\n";
-    }
-    engine::write_file_atomic(by_position, csv, "pretrain_app");
-    std::printf("wrote the loss by position to %s\n", by_position.c_str());
+  if (o.split != "valid" && o.split != "train")
+    usage_error("eval: --split expects valid or train, got '" + o.split + "'");
+  try {
+    models::evaluate_corpus(o);
+  } catch (const engine::Error& e) {
+    if (e.exit_code() == 2) usage_error(e.what());  // an option the checkpoint rules out
+    throw;
   }
   return 0;
 }

@@ -113,7 +113,6 @@ std::string metrics_text(const EvalResult& r) {
 FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExample>& train,
                         const FinetuneOptions& o, const Evaluator& evaluate) {
   engine::Communicator& comm = engine::world();
-  const bool root = comm.is_root();
   const int64_t n = int64_t(train.size()), ranks = comm.size();
   ENGINE_CHECK(n > 0, "[finetune] no training example");
   ENGINE_CHECK(o.batch_size >= ranks, "[finetune] the batch size ", o.batch_size,
@@ -156,19 +155,12 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
   const engine::Device device = loop.device();
   const bool with_types = model.config().type_vocab_size > 0;
 
-  // Evaluation steps: evals_per_epoch evenly spaced per epoch, the last at the epoch's end, and
-  // always at the final step.
-  std::vector<int64_t> eval_at;
-  for (int64_t e = 0; e < o.epochs; ++e)
-    for (int64_t k = 1; k <= o.evals_per_epoch; ++k)
-      eval_at.push_back(e * per_epoch + std::max<int64_t>(1, (per_epoch * k) / o.evals_per_epoch));
-  eval_at.push_back(steps);
-
   loop.open_metrics(o.metrics_path, /*append=*/false);
-  auto metrics_line = [](int64_t done, double epoch) {
+  // The fields after "step" of every metrics line; ostream's precision 9 for the numbers.
+  auto fields = [&](int64_t done) {
     std::ostringstream line;
     line.precision(9);
-    line << "{\"step\": " << done << ", \"epoch\": " << epoch;
+    line << ", \"epoch\": " << double(done) / double(per_epoch);
     return line;
   };
   FinetuneResult result;
@@ -177,10 +169,66 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
   std::vector<int64_t> order(static_cast<size_t>(n));
   double window_loss = 0;
   int64_t window = 0;
-  engine::ProgressLine& progress = loop.progress();
-  model.train(true);
-  loop.start_clock();
-  for (int64_t step = 0; step < steps; ++step) {
+
+  // What is finetuning's own; TrainingLoop::run decides when (the evaluation after the step's
+  // line, in a line of its own).
+  engine::LoopHooks hooks;
+  hooks.log.every = o.log_every;
+  hooks.log_line = [&](int64_t done, const engine::StepStats& s, const engine::LoopWindow& w) {
+    const double mean = window_loss / double(window);
+    result.last_loss = mean;
+    window_loss = 0;
+    window = 0;
+    std::ostringstream line = fields(done);
+    line << ", \"loss\": " << mean << ", \"lr\": " << s.lr << ", \"grad_norm\": " << s.grad_norm;
+    engine::LoopReport r{line.str(), ""};
+    // The pretraining loop's progress line: rate over this log window, ETA of this run.
+    if (o.verbose) {
+      char text[256];
+      std::snprintf(text, sizeof text,
+                    "  step %lld/%lld epoch %.2f loss %.4f lr %.3e grad_norm %.3f %.1f ex/s ETA %s",
+                    (long long)done, (long long)steps, double(done) / double(per_epoch), mean, s.lr,
+                    s.grad_norm, w.rate, engine::format_duration(w.eta_s).c_str());
+      r.text = text;
+    }
+    return r;
+  };
+  // Evaluation steps: evals_per_epoch evenly spaced per epoch, the last at the epoch's end, and
+  // always at the final step.
+  for (int64_t e = 0; e < o.epochs; ++e)
+    for (int64_t k = 1; k <= o.evals_per_epoch; ++k)
+      hooks.eval.at.push_back(e * per_epoch +
+                              std::max<int64_t>(1, (per_epoch * k) / o.evals_per_epoch));
+  hooks.evaluate = [&](int64_t done) {
+    EvalResult r = [&] {
+      engine::Autocast autocast(loop.compute());  // evaluation runs no backward
+      return evaluate(model);
+    }();
+    model.train(true);
+    result.history.emplace_back(done, r);
+    const bool better = !have_best || r.score > result.best.score;
+    if (better) {
+      result.best = r;
+      result.best_step = done;
+      result.best_epoch = double(done) / double(per_epoch);
+      best_weights = flat.data().clone();
+      have_best = true;
+    }
+    std::ostringstream line = fields(done);
+    line << ", \"eval\": true" << metrics_json(r);
+    engine::LoopReport report{line.str(), ""};
+    if (o.verbose) {
+      char text[64];
+      std::snprintf(text, sizeof text, "  eval step %lld epoch %.2f: ", (long long)done,
+                    double(done) / double(per_epoch));
+      report.text =
+          text + metrics_text(r) + (better ? " (best)" : "") +
+          (r.one_class.empty() ? "" : " [one class: every dev prediction is " + r.one_class + "]");
+    }
+    return report;
+  };
+
+  auto one_step = [&](int64_t step) {
     const int64_t epoch = step / per_epoch, in_epoch = step % per_epoch;
     if (in_epoch == 0) {
       // A fresh order each epoch: Fisher-Yates from Philox keyed by (seed, epoch).
@@ -204,63 +252,12 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
     const engine::StepStats s = loop.step(
         1, [&](int64_t) { return model.forward(batch.inputs, batch.labels, dropout_gen).loss; },
         {&weight, 1});
-    const double loss = s.loss, lr = s.lr, grad_norm = s.grad_norm;
-    window_loss += loss;
+    window_loss += s.loss;
     ++window;
-    const int64_t done = step + 1;
-    if (root && (done % o.log_every == 0 || done == steps)) {
-      const double mean = window_loss / double(window);
-      result.last_loss = mean;
-      std::ostringstream line = metrics_line(done, double(done) / double(per_epoch));
-      line << ", \"loss\": " << mean << ", \"lr\": " << lr << ", \"grad_norm\": " << grad_norm
-           << "}";
-      loop.write_metrics(line.str());
-      // The pretraining loop's progress line: rate over this log window, ETA of this run.
-      const engine::TrainingLoop::Window w = loop.window(done, steps - done);
-      const double ex_s = w.rate, eta = w.eta_s;
-      if (o.verbose) {
-        char line[256];
-        std::snprintf(line, sizeof line,
-                      "  step %lld/%lld epoch %.2f loss %.4f lr %.3e grad_norm %.3f %.1f ex/s "
-                      "ETA %s",
-                      (long long)done, (long long)steps, double(done) / double(per_epoch), mean, lr,
-                      grad_norm, ex_s, engine::format_duration(eta).c_str());
-        progress.print(line);
-      }
-      window_loss = 0;
-      window = 0;
-    }
-    if (std::find(eval_at.begin(), eval_at.end(), done) == eval_at.end()) continue;
-    EvalResult r = [&] {
-      engine::Autocast autocast(loop.compute());  // evaluation runs no backward
-      return evaluate(model);
-    }();
-    model.train(true);
-    result.history.emplace_back(done, r);
-    const bool better = !have_best || r.score > result.best.score;
-    if (better) {
-      result.best = r;
-      result.best_step = done;
-      result.best_epoch = double(done) / double(per_epoch);
-      best_weights = flat.data().clone();
-      have_best = true;
-    }
-    if (root) {
-      std::ostringstream line = metrics_line(done, double(done) / double(per_epoch));
-      line << ", \"eval\": true" << metrics_json(r) << "}";
-      loop.write_metrics(line.str());
-      progress.end_line();
-      if (o.verbose)
-        std::printf("  eval step %lld epoch %.2f: %s%s%s\n", (long long)done,
-                    double(done) / double(per_epoch), metrics_text(r).c_str(),
-                    better ? " (best)" : "",
-                    r.one_class.empty()
-                        ? ""
-                        : (" [one class: every dev prediction is " + r.one_class + "]").c_str());
-      std::fflush(stdout);
-    }
-  }
-  progress.end_line();
+    return s;
+  };
+  model.train(true);
+  loop.run(steps, one_step, hooks);
   result.steps = steps;
   if (have_best) {
     engine::NoGrad ng;

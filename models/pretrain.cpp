@@ -335,14 +335,63 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
   set_fault_hint(latest_checkpoint(o.out_dir));
 
   loop.open_metrics(metrics_path.string(), /*append=*/resume);
-  engine::ProgressLine& progress = loop.progress();
   model.train(true);
-  loop.start_clock();
-  int64_t steps_this_run = 0, window_steps = 0;
+  int64_t window_steps = 0;
   double comm_exposed_s = 0;  // in the log window: gradient all-reduce time backward did not hide
 
-  auto save = [&]() {
-    const fs::path path = ckpt_dir / checkpoint_name(trainer.steps_taken());
+  // What is pretraining's own; TrainingLoop::run decides when (validation and the checkpoint at
+  // the last step too, a skipped step always logged, the validation in the step's line).
+  engine::LoopHooks hooks;
+  hooks.log.every = o.log_every;
+  hooks.log_skipped = true;
+  hooks.log_line = [&](int64_t step, const engine::StepStats& s, const engine::LoopWindow& w) {
+    const double exposed_ms =
+        window_steps > 0 ? 1000.0 * comm_exposed_s / double(window_steps) : 0.0;
+    window_steps = 0;
+    comm_exposed_s = 0;
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  ", \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, \"loss_scale\": %g, "
+                  "\"grad_norm\": %.9g, \"skipped_steps\": %lld, \"tokens\": %lld",
+                  s.loss, s.lr, w.rate, s.loss_scale, s.grad_norm,
+                  (long long)trainer.scaler().skipped_steps(), (long long)st.tokens);
+    engine::LoopReport r{line, ""};
+    if (comm.size() > 1) {
+      std::snprintf(line, sizeof line, ", \"ranks\": %d, \"comm_exposed_ms\": %.3f", comm.size(),
+                    exposed_ms);
+      r.json += line;
+    }
+    std::snprintf(
+        line, sizeof line, "step %lld/%lld loss %.4f lr %.3e %.0f tok/s grad_norm %.3f%s ETA %s",
+        (long long)step, (long long)o.steps, s.loss, s.lr, w.rate, s.grad_norm,
+        s.applied ? "" : " (skipped: inf/NaN gradients)", engine::format_duration(w.eta_s).c_str());
+    r.text = line;
+    return r;
+  };
+  hooks.eval.every = o.valid_every;
+  hooks.eval_in_step_line = true;
+  hooks.evaluate = [&](int64_t step) {
+    const ValidResult vr = validate(model, data, o.valid_batches, comm, compute);
+    result.last_valid_loss = vr.loss;
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  ", \"valid_loss\": %.9g, \"valid_ppl\": %.6g, \"valid_accuracy\": %.6f", vr.loss,
+                  vr.perplexity, vr.accuracy);
+    engine::LoopReport r{line, ""};
+    std::string parts;
+    for (auto& [name, value] : vr.parts) {
+      std::snprintf(line, sizeof line, ", \"valid_%s\": %.9g", name.c_str(), value);
+      r.json += line;
+      parts += " " + name + " " + std::to_string(value);
+    }
+    std::snprintf(line, sizeof line, "valid step %lld loss %.4f ppl %.2f accuracy %.4f%s",
+                  (long long)step, vr.loss, vr.perplexity, vr.accuracy, parts.c_str());
+    r.text = line;
+    return r;
+  };
+  hooks.checkpoint.every = o.save_every;
+  hooks.save = [&](int64_t step) {
+    const fs::path path = ckpt_dir / checkpoint_name(step);
     // A failed write (a full disk, the file-size limit) leaves no file under `path` and every
     // earlier checkpoint as it was: say so, and which one to continue from.
     try {
@@ -350,8 +399,8 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
                                o.checkpoint_metadata);
     } catch (const engine::Error& e) {
       const std::string last = latest_checkpoint(o.out_dir);
-      ENGINE_FAIL("[pretrain] step ", trainer.steps_taken(), ": cannot write the checkpoint ",
-                  path.string(), ": ", e.what(), ". Nothing was written under that name; ",
+      ENGINE_FAIL("[pretrain] step ", step, ": cannot write the checkpoint ", path.string(), ": ",
+                  e.what(), ". Nothing was written under that name; ",
                   last.empty() ? std::string("there is no earlier checkpoint")
                                : "the last good checkpoint is " + last,
                   " (free space, then continue with --resume)");
@@ -362,7 +411,7 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
     result.final_checkpoint = path.string();
   };
 
-  while (trainer.steps_taken() < o.steps) {
+  auto one_step = [&](int64_t) {
     // The step's loss is the mean over every masked token of every micro-batch on every rank:
     // each micro-batch's mean loss is weighted by its share of the global count, and the
     // gradients are summed over the ranks. So n ranks with batch b, or accumulation n, train
@@ -383,15 +432,13 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
         o.accumulation,
         [&](int64_t m) { return model.pretrain_forward(micro[size_t(m)], gen).loss; }, weights);
     const int64_t step = trainer.steps_taken();
-    const double loss = s.loss, lr = s.lr, grad_norm = s.grad_norm;
-    const bool apply = s.applied;
+    const double loss = s.loss;
     comm_exposed_s += s.comm_exposed_s;
     st.tokens += tokens;
     loop.count(tokens);
-    ++steps_this_run;
     ++window_steps;
     result.losses.push_back(loss);
-    if ((!apply || !std::isfinite(loss)) && !o.loss_scale.enabled && o.on_nonfinite == "stop") {
+    if ((!s.applied || !std::isfinite(loss)) && !o.loss_scale.enabled && o.on_nonfinite == "stop") {
       // Which micro-batch: forward each again (only on this path) and name the first whose loss
       // is not finite here; none on this rank means another rank's gradients were.
       std::string where = "on another rank's micro-batch";
@@ -420,63 +467,9 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
                   " (continue with --resume; train.on_nonfinite: skip skips such steps instead)");
     }
     if (on_step) on_step(step, loss);
-
-    const bool last = step == o.steps;
-    bool validated = false;
-    ValidResult vr;
-    if ((o.valid_every > 0 && step % o.valid_every == 0) || last) {
-      vr = validate(model, data, o.valid_batches, comm, compute);
-      validated = true;
-      result.last_valid_loss = vr.loss;
-    }
-    if (root && (step % o.log_every == 0 || last || validated || !apply)) {
-      const engine::TrainingLoop::Window w = loop.window(steps_this_run, o.steps - step);
-      const double tok_s = w.rate, eta = w.eta_s;
-      const double exposed_ms =
-          window_steps > 0 ? 1000.0 * comm_exposed_s / double(window_steps) : 0.0;
-      window_steps = 0;
-      comm_exposed_s = 0;
-      char line[512];
-      std::snprintf(line, sizeof line,
-                    "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"tokens_per_s\": %.1f, "
-                    "\"loss_scale\": %g, "
-                    "\"grad_norm\": %.9g, \"skipped_steps\": %lld, \"tokens\": %lld",
-                    (long long)step, loss, lr, tok_s, s.loss_scale, grad_norm,
-                    (long long)trainer.scaler().skipped_steps(), (long long)st.tokens);
-      std::string json = line;
-      if (comm.size() > 1) {
-        std::snprintf(line, sizeof line, ", \"ranks\": %d, \"comm_exposed_ms\": %.3f", comm.size(),
-                      exposed_ms);
-        json += line;
-      }
-      if (validated) {
-        std::snprintf(line, sizeof line,
-                      ", \"valid_loss\": %.9g, \"valid_ppl\": %.6g, \"valid_accuracy\": %.6f",
-                      vr.loss, vr.perplexity, vr.accuracy);
-        json += line;
-        for (auto& [name, value] : vr.parts) {
-          std::snprintf(line, sizeof line, ", \"valid_%s\": %.9g", name.c_str(), value);
-          json += line;
-        }
-      }
-      loop.write_metrics(json + "}");
-      std::snprintf(
-          line, sizeof line, "step %lld/%lld loss %.4f lr %.3e %.0f tok/s grad_norm %.3f%s ETA %s",
-          (long long)step, (long long)o.steps, loss, lr, tok_s, grad_norm,
-          apply ? "" : " (skipped: inf/NaN gradients)", engine::format_duration(eta).c_str());
-      progress.print(line);
-      if (validated) {
-        progress.end_line();
-        std::string parts;
-        for (auto& [name, value] : vr.parts) parts += " " + name + " " + std::to_string(value);
-        std::printf("valid step %lld loss %.4f ppl %.2f accuracy %.4f%s\n", (long long)step,
-                    vr.loss, vr.perplexity, vr.accuracy, parts.c_str());
-      }
-      std::fflush(stdout);
-    }
-    if (root && ((o.save_every > 0 && step % o.save_every == 0) || last)) save();
-  }
-  progress.end_line();
+    return s;
+  };
+  const int64_t steps_this_run = loop.run(o.steps, one_step, hooks);
   if (result.final_checkpoint.empty()) result.final_checkpoint = latest_checkpoint(o.out_dir);
   result.final_step = trainer.steps_taken();
   // A weights-only model next to the checkpoints, for --init and finetuning.

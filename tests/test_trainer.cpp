@@ -1,16 +1,20 @@
 // The training step (train/trainer.h) and the gradient-slab ops under it (ops/gradients.h):
 // statistics against independent sums, micro-batch weighting against one large batch, exact loss
-// scaling, skipped steps on inf/NaN gradients, clipping, and the one host read per step.
+// scaling, skipped steps on inf/NaN gradients, clipping, and the one host read per step. And the
+// loop around it (train/loop.h): the cadences of the log, the evaluation and the checkpoints.
 #include <omp.h>
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <fstream>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "engine/backend.h"
 #include "ops/ops.h"
 #include "test_support.h"
+#include "train/loop.h"
 #include "train/trainer.h"
 
 using namespace engine;
@@ -287,4 +291,78 @@ TEST_CASE("Trainer: bad arguments are named", "[trainer]") {
              }),
              Contains("gave no scalar loss"));
   CHECK_THAT(error_of([&] { t.set_steps_taken(-1); }), Contains("steps taken must be >= 0"));
+}
+
+TEST_CASE("TrainingLoop::run: the hooks at their cadences, in order", "[trainer][loop]") {
+  const Data d;
+  AdamWOptions adam;
+  adam.lr = 0.05;
+  LoopOptions options;
+  options.progress = false;
+  const engine::testing::TempDir dir;
+  for (const bool joined : {true, false}) {
+    Regression model(5);
+    TrainingLoop loop(model.named_parameters(), adam, constant_lr(adam.lr), options);
+    loop.open_metrics(dir / "metrics.jsonl", /*append=*/false);
+    std::vector<std::string> calls;
+    LoopHooks hooks;
+    hooks.log.every = 3;
+    hooks.log_line = [&](int64_t step, const StepStats& s, const LoopWindow&) {
+      calls.push_back("log " + std::to_string(step));
+      CHECK(s.applied);
+      return LoopReport{", \"train\": " + std::to_string(step), ""};
+    };
+    hooks.eval.every = 2;
+    hooks.eval.at = {3};
+    hooks.eval_in_step_line = joined;
+    hooks.evaluate = [&](int64_t step) {
+      calls.push_back("eval " + std::to_string(step));
+      return LoopReport{", \"eval\": " + std::to_string(step), ""};
+    };
+    hooks.checkpoint.every = 4;
+    hooks.save = [&](int64_t step) { calls.push_back("save " + std::to_string(step)); };
+    std::vector<int64_t> taken;
+    const int64_t run = loop.run(
+        7,
+        [&](int64_t before) {
+          taken.push_back(before);
+          loop.count(8);
+          const double one = 1.0;
+          return loop.step(1, [&](int64_t) { return model.loss(d.x, d.y); }, {&one, 1});
+        },
+        hooks);
+    CHECK(run == 7);
+    CHECK(taken == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6});
+    // Evaluation at 2, 4, 6 (every 2), 3 (listed) and 7 (the end); a log line every 3 steps and
+    // at the end, and at every evaluation when it joins the step's line; checkpoints at 4 and 7.
+    std::vector<std::string> want, lines;
+    if (joined) {
+      want = {"eval 2", "log 2",  "eval 3", "log 3",  "eval 4", "log 4",
+              "save 4", "eval 6", "log 6",  "eval 7", "log 7",  "save 7"};
+      lines = {
+          "{\"step\": 2, \"train\": 2, \"eval\": 2}", "{\"step\": 3, \"train\": 3, \"eval\": 3}",
+          "{\"step\": 4, \"train\": 4, \"eval\": 4}", "{\"step\": 6, \"train\": 6, \"eval\": 6}",
+          "{\"step\": 7, \"train\": 7, \"eval\": 7}"};
+    } else {
+      want = {"eval 2", "log 3",  "eval 3", "eval 4", "save 4",
+              "log 6",  "eval 6", "log 7",  "eval 7", "save 7"};
+      lines = {"{\"step\": 2, \"eval\": 2}",  "{\"step\": 3, \"train\": 3}",
+               "{\"step\": 3, \"eval\": 3}",  "{\"step\": 4, \"eval\": 4}",
+               "{\"step\": 6, \"train\": 6}", "{\"step\": 6, \"eval\": 6}",
+               "{\"step\": 7, \"train\": 7}", "{\"step\": 7, \"eval\": 7}"};
+    }
+    CHECK(calls == want);
+    std::ifstream in(dir / "metrics.jsonl");
+    std::vector<std::string> got;
+    for (std::string line; std::getline(in, line);) got.push_back(line);
+    CHECK(got == lines);
+    // Resumed at the end: nothing runs.
+    CHECK(loop.run(
+              7,
+              [&](int64_t) -> StepStats {
+                FAIL("a step past the end");
+                return {};
+              },
+              hooks) == 0);
+  }
 }

@@ -1,7 +1,9 @@
 // The training loops' shared scaffolding (loop.h).
 #include "train/loop.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "engine/autocast.h"
@@ -65,9 +67,9 @@ void TrainingLoop::start_clock() {
   window_units_ = 0;
 }
 
-TrainingLoop::Window TrainingLoop::window(int64_t done, int64_t left) {
+LoopWindow TrainingLoop::window(int64_t done, int64_t left) {
   const auto now = std::chrono::steady_clock::now();
-  Window w;
+  LoopWindow w;
   const double window_s = std::chrono::duration<double>(now - window_start_).count();
   w.rate = window_s > 0 ? double(window_units_) / window_s : 0.0;
   w.elapsed_s = std::chrono::duration<double>(now - start_).count();
@@ -75,6 +77,53 @@ TrainingLoop::Window TrainingLoop::window(int64_t done, int64_t left) {
   window_start_ = now;
   window_units_ = 0;
   return w;
+}
+
+bool Cadence::due(int64_t step, bool last) const {
+  return (every > 0 && step % every == 0) || (last && at_end) ||
+         std::find(at.begin(), at.end(), step) != at.end();
+}
+
+int64_t TrainingLoop::run(int64_t last_step, const std::function<StepStats(int64_t)>& one_step,
+                          const LoopHooks& hooks) {
+  auto metrics_line = [&](int64_t step, const std::string& fields) {
+    write_metrics("{\"step\": " + std::to_string(step) + fields + "}");
+  };
+  // An evaluation's line on stdout ends the progress line first.
+  auto print_evaluation = [&](const LoopReport& r) {
+    progress_.end_line();
+    if (!r.text.empty()) std::printf("%s\n", r.text.c_str());
+  };
+  start_clock();
+  int64_t steps_run = 0;
+  while (trainer_.steps_taken() < last_step) {
+    const StepStats s = one_step(trainer_.steps_taken());
+    const int64_t step = trainer_.steps_taken();
+    const bool last = step == last_step;
+    ++steps_run;
+    const bool evaluate = hooks.evaluate && hooks.eval.due(step, last);
+    const bool joined = evaluate && hooks.eval_in_step_line;
+    const LoopReport joined_eval = joined ? hooks.evaluate(step) : LoopReport();
+    if (root() && hooks.log_line &&
+        (hooks.log.due(step, last) || joined || (hooks.log_skipped && !s.applied))) {
+      const LoopReport line = hooks.log_line(step, s, window(steps_run, last_step - step));
+      metrics_line(step, line.json + joined_eval.json);
+      if (!line.text.empty()) progress_.print(line.text);
+      if (joined) print_evaluation(joined_eval);
+      std::fflush(stdout);  // a log read while the run goes on holds every line
+    }
+    if (evaluate && !joined) {
+      const LoopReport eval = hooks.evaluate(step);
+      if (root()) {
+        metrics_line(step, eval.json);
+        print_evaluation(eval);
+        std::fflush(stdout);
+      }
+    }
+    if (root() && hooks.save && hooks.checkpoint.due(step, last)) hooks.save(step);
+  }
+  progress_.end_line();
+  return steps_run;
 }
 
 void TrainingLoop::open_metrics(const std::string& path, bool append) {

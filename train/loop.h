@@ -2,15 +2,20 @@
 // of your own): the parameters moved into slabs on the device, the Trainer with BERT's decay
 // rule (no weight decay on biases and LayerNorms unless asked) and a learning-rate schedule, the
 // compute dtype of the precision, each micro-batch's forward under autocast, a metrics.jsonl
-// writer, and the progress line with the rate and ETA of each log window. What differs between
-// loops (where batches come from, evaluation, checkpoints, early stopping) stays with them:
+// writer, the progress line with the rate and ETA of each log window, and the loop itself with
+// its cadences: when to log, evaluate and checkpoint. What differs between loops (where batches
+// come from, what an evaluation computes, what a checkpoint holds) comes in as hooks:
 //
 //   engine::TrainingLoop loop(model.named_parameters(), adam, schedule_fn, options);
-//   while (...) {
-//     engine::StepStats s = loop.step(micro, [&](int64_t m) { return model(batch[m]).loss; }, w);
+//   engine::LoopHooks hooks;
+//   hooks.log.every = 10;
+//   hooks.log_line = [&](int64_t step, const StepStats& s, const LoopWindow& w) {...};
+//   hooks.eval.every = 200;
+//   hooks.evaluate = [&](int64_t step) { return LoopReport{", \"valid_loss\": ...", "..."}; };
+//   loop.run(steps, [&](int64_t) {
 //     loop.count(tokens);
-//     if (log_now) { auto w = loop.window(steps_done, steps_left); loop.progress().print(...); }
-//   }
+//     return loop.step(micro, [&](int64_t m) { return model(batch[m]).loss; }, w);
+//   }, hooks);
 #pragma once
 
 #include <chrono>
@@ -19,6 +24,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "engine/comm.h"
 #include "engine/dtype.h"
@@ -52,6 +58,46 @@ struct LoopOptions {
   bool progress = true;  // a progress line on rank 0 (rewritten when stderr is a terminal)
 };
 
+// When a hook runs: every `every` steps (0: not periodically), at each step listed in `at`, and
+// at the run's last step when `at_end`. Steps count from 1 (the number of steps taken).
+struct Cadence {
+  int64_t every = 0;
+  std::vector<int64_t> at;
+  bool at_end = true;
+  bool due(int64_t step, bool last) const;
+};
+
+// What a hook reports: the fields it adds to a metrics.jsonl line (", \"name\": value" each, after
+// the line's "{\"step\": N"), and a line for stdout ("": none).
+struct LoopReport {
+  std::string json, text;
+};
+
+// A closed log window (TrainingLoop::window).
+struct LoopWindow {
+  double rate = 0;       // units per second over the window
+  double eta_s = 0;      // at the run's mean pace so far
+  double elapsed_s = 0;  // since the loop was built
+};
+
+// A loop's own parts, which TrainingLoop::run calls at their cadences. After each step, in this
+// order: the evaluation (when due, on every rank: it may be collective); the step's log line (rank
+// 0, when due); the checkpoint (rank 0, when due). With `eval_in_step_line` the evaluation's
+// fields join the step's metrics line and its text follows the progress line (a step that
+// evaluates is logged whatever the log cadence); otherwise it runs after the step's line and
+// writes a line of its own, so the log window's rate never includes it.
+struct LoopHooks {
+  Cadence log;
+  bool log_skipped = false;  // also log every step the trainer skipped (inf/NaN gradients)
+  // The step's metrics fields and progress line, from its stats and the log window just closed.
+  std::function<LoopReport(int64_t step, const StepStats&, const LoopWindow&)> log_line;
+  Cadence eval;
+  std::function<LoopReport(int64_t step)> evaluate;  // none: no evaluation
+  bool eval_in_step_line = false;
+  Cadence checkpoint;
+  std::function<void(int64_t step)> save;  // none: no checkpoints
+};
+
 class TrainingLoop {
  public:
   // Moves `params` into slabs on options.device (every handle re-pointed) and builds the Trainer
@@ -67,13 +113,15 @@ class TrainingLoop {
   void start_clock();
   // Units (tokens, examples) trained in the current log window.
   void count(int64_t units) { window_units_ += units; }
-  struct Window {
-    double rate = 0;       // units per second over the window
-    double eta_s = 0;      // at the run's mean pace so far
-    double elapsed_s = 0;  // since the loop was built
-  };
   // Closes the log window: `done` steps run by this loop so far, `left` still to run.
-  Window window(int64_t done, int64_t left);
+  LoopWindow window(int64_t done, int64_t left);
+
+  // Runs steps until the Trainer has taken `last_step`: `one_step(steps taken so far)` runs one
+  // (its batches, count(), step()) and returns its stats; after each, the hooks at their
+  // cadences. Starts the clock first and ends the progress line last; returns the steps run (0
+  // for a resumed run that had already finished).
+  int64_t run(int64_t last_step, const std::function<StepStats(int64_t)>& one_step,
+              const LoopHooks& hooks);
 
   // metrics.jsonl on rank 0: `append` keeps what the file holds (a resumed run), else it starts
   // empty. Lines are flushed as written; a failed write is an error naming the file.
