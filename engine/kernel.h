@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/device.h"
+#include "engine/macros.h"
 #include "engine/work_log.h"
 
 namespace engine {
@@ -68,8 +69,6 @@ class Kernel<R(Args...)> {
 
 }  // namespace engine
 
-#define ENGINE_CONCAT_INNER(a, b) a##b
-#define ENGINE_CONCAT(a, b) ENGINE_CONCAT_INNER(a, b)
 #define ENGINE_REGISTER_KERNEL(table, device_type, fn)                                      \
   [[maybe_unused]] static const bool ENGINE_CONCAT(engine_kernel_reg_, __LINE__) =          \
       ((table).set((device_type), (fn)),                                                    \

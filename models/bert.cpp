@@ -280,18 +280,7 @@ PretrainModel::Output BertForMaskedLM::pretrain_forward(const data::MlmBatch& ba
   return {out.loss, out.logits, {}};
 }
 
-namespace {
-
-std::unique_ptr<PretrainModel> make_mlm(const BertConfig& m, const PretrainConfig&, uint64_t seed) {
-  return std::make_unique<BertForMaskedLM>(m, seed);
-}
-std::unique_ptr<PretrainModel> load_mlm(const BertConfig& m, const engine::SafetensorsMetadata&,
-                                        const std::string&) {
-  return std::make_unique<BertForMaskedLM>(m, 0);
-}
-
-}  // namespace
-
-ENGINE_OBJECTIVE_MODEL("mlm", make_mlm, load_mlm);
+ENGINE_OBJECTIVE_MODEL("mlm", make_encoder_objective<BertForMaskedLM>,
+                       encoder_objective_for_checkpoint<BertForMaskedLM>);
 
 }  // namespace models

@@ -76,18 +76,7 @@ PretrainModel::Output BertForMlmSop::pretrain_forward(const data::MlmBatch& batc
   return r;
 }
 
-namespace {
-
-std::unique_ptr<PretrainModel> make_sop(const BertConfig& m, const PretrainConfig&, uint64_t seed) {
-  return std::make_unique<BertForMlmSop>(m, seed);
-}
-std::unique_ptr<PretrainModel> load_sop(const BertConfig& m, const engine::SafetensorsMetadata&,
-                                        const std::string&) {
-  return std::make_unique<BertForMlmSop>(m, 0);
-}
-
-}  // namespace
-
-ENGINE_OBJECTIVE_MODEL("mlm_sop", make_sop, load_sop);
+ENGINE_OBJECTIVE_MODEL("mlm_sop", make_encoder_objective<BertForMlmSop>,
+                       encoder_objective_for_checkpoint<BertForMlmSop>);
 
 }  // namespace models

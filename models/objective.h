@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/macros.h"
 #include "engine/safetensors.h"
 #include "models/bert.h"
 
@@ -54,11 +55,23 @@ const Objective* objective_of_kind(const std::string& kind);
 bool attach_objective_model(const char* name, Objective::Make make,
                             Objective::ForCheckpoint for_checkpoint);
 
+// The factories of a model built from its encoder's config and a seed alone (mlm, mlm_sop): a new
+// one drawn from `seed`, and one for a checkpoint (seed 0: its weights are loaded after).
+template <class M>
+std::unique_ptr<PretrainModel> make_encoder_objective(const BertConfig& model,
+                                                      const PretrainConfig&, uint64_t seed) {
+  return std::make_unique<M>(model, seed);
+}
+template <class M>
+std::unique_ptr<PretrainModel> encoder_objective_for_checkpoint(const BertConfig& model,
+                                                                const engine::SafetensorsMetadata&,
+                                                                const std::string&) {
+  return std::make_unique<M>(model, 0);
+}
+
 }  // namespace models
 
 // In the model's file: attaches its factories to the objective `name`.
-#define ENGINE_OBJECTIVE_MODEL(name, make, for_checkpoint)                                 \
-  [[maybe_unused]] static const bool ENGINE_OBJECTIVE_CONCAT(objective_model_, __LINE__) = \
+#define ENGINE_OBJECTIVE_MODEL(name, make, for_checkpoint)                       \
+  [[maybe_unused]] static const bool ENGINE_CONCAT(objective_model_, __LINE__) = \
       ::models::attach_objective_model(name, make, for_checkpoint)
-#define ENGINE_OBJECTIVE_CONCAT_INNER(a, b) a##b
-#define ENGINE_OBJECTIVE_CONCAT(a, b) ENGINE_OBJECTIVE_CONCAT_INNER(a, b)

@@ -53,7 +53,7 @@ void rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, const Tensor&
   DeviceGuard guard(x.device().index);
   const cudaStream_t stream = compute_stream(x.device().index);
   dispatch_device_floating(x.dtype(), "rotary", [&]<class T>() {
-    constexpr int kVec = 8 / int(sizeof(T)) > 0 ? 8 / int(sizeof(T)) : 1;  // pairs in 16 bytes
+    constexpr int kVec = 8 / int(sizeof(T));  // pairs in 16 bytes
     // 16-byte groups: whole groups per row, every row start (strides) and pointer aligned.
     const int64_t step = 2 * kVec;
     const bool vec = half % kVec == 0 && detail::aligned(dptr<const T>(x), 16) &&

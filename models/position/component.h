@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/macros.h"
 #include "engine/module.h"
 #include "engine/rng.h"
 #include "engine/tensor.h"
@@ -174,8 +175,6 @@ std::unique_ptr<PositionComponent> make_component(PositionContext& ctx) {
 //                          .validate = check_rope, .make = make_component<Rotary>);
 // (a static initialiser, as the kernel tables are filled; the models' library is shared, so every
 // family's file is linked).
-#define ENGINE_POSITION_FAMILY(...)                                                       \
-  [[maybe_unused]] static const bool ENGINE_POSITION_CONCAT(position_family_, __LINE__) = \
+#define ENGINE_POSITION_FAMILY(...)                                              \
+  [[maybe_unused]] static const bool ENGINE_CONCAT(position_family_, __LINE__) = \
       ::models::register_position_family(::models::PositionFamily{__VA_ARGS__})
-#define ENGINE_POSITION_CONCAT_INNER(a, b) a##b
-#define ENGINE_POSITION_CONCAT(a, b) ENGINE_POSITION_CONCAT_INNER(a, b)

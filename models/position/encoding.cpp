@@ -17,15 +17,16 @@ PositionEncoding::PositionEncoding(const BertConfig& c, Generator& gen,
     table = register_parameter(
         "table", Tensor::randn({c.max_positions, c.embedding_width()}, gen, 0.0, c.init_std));
   for (const PositionFamily* f : p.linked_families()) {
-    PositionContext ctx{c,          gen,   *this,
-                        constants_, table, shared ? shared->component(f->name) : nullptr};
+    uses_table_ = uses_table_ || f->uses_table;
+    const PositionComponent* other = shared ? shared->component(f->name) : nullptr;
+    PositionContext ctx{c, gen, *this, constants_, table, other};
     components_.emplace_back(f, f->make(ctx));
   }
 }
 
 void PositionEncoding::check_length(int64_t seq_len) const {
   ENGINE_CHECK(seq_len >= 1, "[bert] empty sequence");
-  if (config_.position.has_position_table())
+  if (uses_table_)
     ENGINE_CHECK(seq_len <= config_.max_positions, "[bert] sequence length ", seq_len,
                  " exceeds model.max_positions ", config_.max_positions,
                  " of the learned position table (preset ", config_.position.preset, ")");

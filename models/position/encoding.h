@@ -49,6 +49,7 @@ class PositionEncoding : public engine::Module {
 
  private:
   BertConfig config_;
+  bool uses_table_ = false;  // a family reads the learned table (its lengths are checked)
   LengthConstants constants_;
   std::vector<std::pair<const PositionFamily*, std::unique_ptr<PositionComponent>>> components_;
 };
