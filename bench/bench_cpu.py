@@ -47,6 +47,8 @@ def torch_cases(torch, quick):
     q, k, v = (torch.randn(B, H, T, D // H, generator=g, requires_grad=True) for _ in range(3))
     pos = torch.randn(1, H, T, T, generator=g, requires_grad=True)
     lw, lb = torch.ones(D, requires_grad=True), torch.zeros(D, requires_grad=True)
+    res = torch.randn(B, T, D, generator=g, requires_grad=True)
+    b768 = p(D)
     s = torch.randn(B, H, T, T, generator=g)
     heads_view = x.detach().view(B, T, H, D // H).permute(0, 2, 1, 3)
     big = torch.randn(rows, FF, generator=g, requires_grad=True)
@@ -95,6 +97,10 @@ def torch_cases(torch, quick):
         "attention_fwd_bwd": fwd_bwd(attn),
         "layer_norm_fwd": fwd(lambda: F.layer_norm(x, (D,), lw, lb, 1e-12)),
         "layer_norm_fwd_bwd": fwd_bwd(lambda: F.layer_norm(x, (D,), lw, lb, 1e-12)),
+        "dropout_add_layer_norm_fwd_bwd": fwd_bwd(lambda: F.layer_norm(
+            res + F.dropout(x + b768, 0.1, training=True), (D,), lw, lb, 1e-12)),
+        "bias_dropout_add_layer_norm_fwd_bwd": fwd_bwd(lambda: F.layer_norm(
+            res + F.dropout(x + b768, 0.1, training=True), (D,), lw, lb, 1e-12)),
         "permute_copy": fwd(lambda: heads_view.contiguous()),
         "softmax_fwd": fwd(lambda: torch.softmax(s, -1)),
         "gelu_fwd_bwd": fwd_bwd(lambda: F.gelu(big)),

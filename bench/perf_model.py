@@ -172,6 +172,12 @@ def describe5(name, op_row, launch, n_main):
         return "softmax_warp", share, 0, "simple", philox
     if base in ("layer_norm_forward_warp", "layer_norm_backward_warp"):
         return "ln_warp", share, 0, "simple", 0
+    if base in ("dropout_add_layer_norm_warp", "dropout_add_layer_norm_backward_warp"):
+        # the residual join: the warp-per-row LayerNorm's pattern (no measurement of its own yet)
+        # and the hidden dropout's Philox blocks, one per 4 elements, drawn each way
+        return "ln_warp", share, 0, "simple", numel(ts[0][0]) / PHILOX_WORDS
+    if base == "dropout_add_layer_norm_params":  # the blocks' partial rows, summed per column
+        return "aux", 0.0, 0, "simple", 0
     if base in ("sum_to_columns", "layer_norm_params") or \
             (base == "bias_gelu_backward" and op == "bias_gelu_backward"):
         return "colsum", share, 0, "simple", 0

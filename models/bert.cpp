@@ -26,6 +26,8 @@ Linear::Linear(int64_t in, int64_t out, Generator& gen, double std, bool has_bia
 
 Tensor Linear::forward(const Tensor& x) const { return engine::linear(x, weight, bias); }
 
+Tensor Linear::forward_no_bias(const Tensor& x) const { return engine::linear(x, weight); }
+
 Tensor Linear::forward_gelu(const Tensor& x) const {
   if (!bias.defined()) return engine::gelu(engine::linear(x, weight));
   return engine::bias_gelu(engine::linear(x, weight), bias);
@@ -38,6 +40,12 @@ LayerNorm::LayerNorm(int64_t width, double eps_) : eps(eps_) {
 
 Tensor LayerNorm::forward(const Tensor& x) const {
   return engine::layer_norm(x, weight, bias, eps);
+}
+
+engine::DropoutAddNorm LayerNorm::forward_residual(const Tensor& h, const Tensor& h_bias,
+                                                   const Tensor& residual, double p, bool training,
+                                                   Generator& gen) const {
+  return engine::dropout_add_layer_norm(h, h_bias, residual, p, training, gen, weight, bias, eps);
 }
 
 // ---- the encoder layer -------------------------------------------------------------------------
@@ -126,22 +134,29 @@ Tensor BertLayer::self_attention(const Tensor& x, const Tensor& key_mask,
           engine::matmul(engine::relative_scatter(probs, terms.shaw_index, r), a);
   }
   Tensor merged = ctx.permute({0, 2, 1, 3}).reshape({b, t, h * dh});  // (B, T, d)
-  return out.forward(merged);
+  return out.forward_no_bias(merged);
 }
 
 Tensor BertLayer::forward(const Tensor& x, const Tensor& key_mask, const AttentionTerms& terms,
                           Generator& gen) const {
   const bool training = this->training();
   const double p = config_.hidden_dropout;
-  auto ffn_branch = [&](const Tensor& y) { return fc2.forward(fc1.forward_gelu(y)); };
+  // Each residual join is one op (bias + dropout + add + LayerNorm, one pass each way); the
+  // sublayers' last GEMMs leave their biases to it.
   if (config_.pre_layer_norm) {
-    Tensor y = x + engine::dropout(self_attention(attention_norm.forward(x), key_mask, terms, gen),
-                                   p, training, gen);
-    return y + engine::dropout(ffn_branch(ffn_norm.forward(y)), p, training, gen);
+    // y = x + dropout(attention(LN1(x))); LN2(y) from the same pass.
+    const engine::DropoutAddNorm y =
+        ffn_norm.forward_residual(self_attention(attention_norm.forward(x), key_mask, terms, gen),
+                                  out.bias, x, p, training, gen);
+    return y.sum + engine::dropout(fc2.forward(fc1.forward_gelu(y.normed)), p, training, gen);
   }
-  Tensor y = attention_norm.forward(
-      x + engine::dropout(self_attention(x, key_mask, terms, gen), p, training, gen));
-  return ffn_norm.forward(y + engine::dropout(ffn_branch(y), p, training, gen));
+  const Tensor y =
+      attention_norm
+          .forward_residual(self_attention(x, key_mask, terms, gen), out.bias, x, p, training, gen)
+          .normed;
+  return ffn_norm
+      .forward_residual(fc2.forward_no_bias(fc1.forward_gelu(y)), fc2.bias, y, p, training, gen)
+      .normed;
 }
 
 // ---- the model ---------------------------------------------------------------------------------

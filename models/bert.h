@@ -26,6 +26,7 @@
 #include "models/bert_config.h"
 #include "models/position/encoding.h"
 #include "models/position/t5.h"
+#include "ops/dropout_add_layer_norm.h"
 
 namespace models {
 
@@ -39,6 +40,8 @@ class Linear : public engine::Module {
   Tensor forward(const Tensor& x) const;  // (..., in) -> (..., out)
   // gelu(forward(x)), the bias added inside the GELU's pass (engine::bias_gelu).
   Tensor forward_gelu(const Tensor& x) const;
+  // x weight^T without the bias (an op that adds it in its own pass takes `bias`).
+  Tensor forward_no_bias(const Tensor& x) const;
   Tensor weight, bias;  // (out, in), (out)
 };
 
@@ -47,6 +50,11 @@ class LayerNorm : public engine::Module {
  public:
   LayerNorm(int64_t width, double eps);
   Tensor forward(const Tensor& x) const;
+  // The residual join in one op each way (engine::dropout_add_layer_norm):
+  // sum = residual + dropout(h + h_bias, p), normed = this norm of sum.
+  engine::DropoutAddNorm forward_residual(const Tensor& h, const Tensor& h_bias,
+                                          const Tensor& residual, double p, bool training,
+                                          Generator& gen) const;
   Tensor weight, bias;
   double eps;
 };
@@ -73,6 +81,8 @@ class BertLayer : public engine::Module {
   };
   Projected project(const Tensor& x, const AttentionTerms& terms) const;
   Tensor scaled_scores(const Projected& pr, const AttentionTerms& terms) const;
+  // The attention sublayer's output projection, before its bias (out.bias: the residual join
+  // adds it).
   Tensor self_attention(const Tensor& x, const Tensor& key_mask, const AttentionTerms& terms,
                         Generator& gen) const;
   BertConfig config_;

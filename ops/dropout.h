@@ -34,6 +34,18 @@ inline uint32_t dropout_threshold(double p) {
 }
 ENGINE_HD bool dropout_keep(uint32_t word, uint32_t threshold) { return (word >> 8) >= threshold; }
 
+// The keep bits of stream elements i .. i + 3: one Philox block when i is a multiple of 4 (a
+// kernel's 4-element group of a row whose length is a multiple of 4), else a block per element.
+ENGINE_HD void dropout_keep4(PhiloxState s, uint64_t i, uint32_t threshold, bool keep[4]) {
+  uint32_t w[4];
+  if (i % 4 == 0) {
+    philox_block(s.seed, s.offset + i / 4, w);
+  } else {
+    for (int q = 0; q < 4; ++q) w[q] = philox_word(s, i + static_cast<uint64_t>(q));
+  }
+  for (int q = 0; q < 4; ++q) keep[q] = dropout_keep(w[q], threshold);
+}
+
 // ---- kernels (one table per launch; backends register implementations) ----------------------
 // y[i] = dropout_keep(philox_word(state, i), dropout_threshold(p)) ? x[i] / (1 - p) : 0.
 // x, y contiguous, same shape and floating dtype; 0 <= p < 1. The backward is this same kernel

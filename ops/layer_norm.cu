@@ -19,17 +19,13 @@
 #include "engine/cuda/launch.h"
 #include "engine/cuda/reduce.cuh"
 #include "engine/error.h"
+#include "ops/layer_norm.cuh"
 #include "ops/layer_norm.h"
 
 namespace engine::cuda {
 namespace {
 
 constexpr int kRowsPerBlock = 4;  // warps (rows) per block of the warp kernels
-
-int row_threads(int64_t c) {
-  const int64_t warps = (c + kWarpSize - 1) / kWarpSize;
-  return static_cast<int>(kWarpSize * (warps < 8 ? warps : 8));
-}
 
 // ---- a warp per row ------------------------------------------------------------------------
 
@@ -54,32 +50,7 @@ __global__ void layer_norm_forward_warp(const T* x, const T* weight, const T* bi
     }
   }
   S mu, var;
-  if constexpr (std::is_same_v<S, double>) {
-    // f64: two passes (mean, then squared deviations), as the CPU does.
-    double s = 0;
-#pragma unroll
-    for (int k = 0; k < G; ++k)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) s += v[k][q];  // padding is 0
-    mu = warp_sum(s) / static_cast<double>(c);
-    double sq = 0;
-#pragma unroll
-    for (int k = 0; k < G; ++k)
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        if (4 * (lane + int64_t(kWarpSize) * k) + q < c) sq += (v[k][q] - mu) * (v[k][q] - mu);
-    var = warp_sum(sq) / static_cast<double>(c);
-  } else {
-    WelfordStat w;
-#pragma unroll
-    for (int k = 0; k < G; ++k)
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        if (4 * (lane + int64_t(kWarpSize) * k) + q < c) welford_add(w, v[k][q]);
-    w = warp_welford(w);  // lane-symmetric: every lane the same bits
-    mu = w.mean;
-    var = w.m2 / w.count;
-  }
+  warp_row_moments<S>(v, c, lane, mu, var);
   const S rs = S(1) / dmath::sqrt(var + eps);
   if (lane == 0) {
     mean[r] = mu;
@@ -243,9 +214,6 @@ struct LayerNormParams {
     if (out) out[col] = from_acc<T>(s);
   }
 };
-
-template <class T>
-using Stats = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 LaunchConfig warp_rows(int64_t rows, int device) {
   return LaunchConfig{dim3(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock)),

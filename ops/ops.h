@@ -6,6 +6,7 @@
 #include "ops/concat.h"
 #include "ops/cross_entropy.h"
 #include "ops/dropout.h"
+#include "ops/dropout_add_layer_norm.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/gradients.h"

@@ -167,4 +167,19 @@ void for_each_words(int64_t n, PhiloxState s, F&& f) {
   }
 }
 
+// The words of stream elements i0 .. i0 + n - 1 (a row of a kernel that walks rows, not the
+// whole stream): drawn kGroupBlocks blocks at a time into `buf`, which must hold
+// stream_words_size(n) words; returns a pointer to element i0's word inside it.
+inline int64_t stream_words_size(int64_t n) {
+  const int64_t blocks = (n + 3) / 4 + 1;  // + 1: i0 need not start a block
+  return (blocks + kGroupBlocks - 1) / kGroupBlocks * kGroupBlocks * 4;
+}
+inline const uint32_t* stream_words(PhiloxState s, int64_t i0, int64_t n, uint32_t* buf) {
+  const int64_t first = i0 / 4, skip = i0 % 4;
+  const int64_t blocks = (skip + n + 3) / 4;
+  for (int64_t b = 0; b < blocks; b += kGroupBlocks)
+    philox_words(s.seed, s.offset + static_cast<uint64_t>(first + b), buf + 4 * b);
+  return buf + skip;
+}
+
 }  // namespace engine::cpu::philox

@@ -1,0 +1,294 @@
+// dropout_add_layer_norm: argument checks, autograd wiring (the mask redrawn from the saved stream
+// state) and the CPU kernels.
+#include "ops/dropout_add_layer_norm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "engine/autocast.h"
+#include "engine/autograd.h"
+#include "engine/cpu/chunk_sums.h"
+#include "engine/cpu/parallel.h"
+#include "engine/cpu/philox.h"
+#include "engine/cpu/scratch.h"
+#include "engine/cpu/vmath.h"
+#include "engine/dispatch.h"
+#include "engine/error.h"
+#include "ops/dropout.h"
+#include "ops/layer_norm.h"
+
+namespace engine {
+
+DropoutRule dropout_rule(double p) {
+  DropoutRule r;
+  if (p >= 1.0) {
+    r.scale = 0;
+  } else if (p > 0.0) {
+    r.threshold = dropout_threshold(p);
+    r.scale = 1.0 / (1.0 - p);
+    r.draws = true;
+  }
+  return r;
+}
+
+void add_work_cost(WorkCost& cost, const DropoutAddNormForward& a) {
+  for (const Tensor* t :
+       {&a.x, &a.bias, &a.residual, &a.weight, &a.ln_bias, &a.sum, &a.normed, &a.mean, &a.rstd})
+    if (t->defined()) add_work_cost(cost, *t);
+}
+
+void add_work_cost(WorkCost& cost, const DropoutAddNormBackward& a) {
+  for (const Tensor* t : {&a.sum, &a.weight, &a.mean, &a.rstd, &a.dnormed, &a.dsum, &a.d_residual,
+                          &a.dx, &a.dbias, &a.dweight, &a.dln_bias})
+    if (t->defined()) add_work_cost(cost, *t);
+}
+
+namespace {
+
+constexpr const char* kOp = "dropout_add_layer_norm";
+
+void check_like(const Tensor& x, const Tensor& t, const char* what, bool row) {
+  if (!t.defined()) return;
+  const int64_t c = x.shape().back();
+  if (row) {
+    ENGINE_CHECK(t.shape() == x.shape(), "[", kOp, "] ", what, " ", describe(t),
+                 " does not match the shape of x ", describe(x));
+  } else {
+    ENGINE_CHECK(t.dim() == 1 && t.size(0) == c, "[", kOp, "] ", what, " ", describe(t),
+                 " does not match x ", describe(x), ": expected shape (", c, ")");
+  }
+  ENGINE_CHECK(t.dtype() == x.dtype(), "[", kOp, "] ", what, " ", describe(t),
+               " does not match the dtype of x ", describe(x), " (convert one with .to())");
+  ENGINE_CHECK(t.device() == x.device(), "[", kOp, "] ", what, " ", describe(t),
+               " is not on the device of x ", describe(x));
+}
+
+Tensor detached(const Tensor& t) { return t.defined() ? t.detach().contiguous() : Tensor(); }
+
+struct DropoutAddNormNode : Node {
+  Tensor sum, weight, mean, rstd;
+  double p = 0;
+  PhiloxState state;
+  const char* name() const override { return kOp; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    DropoutAddNormBackward a;
+    a.sum = sum;
+    a.weight = weight;
+    a.mean = mean;
+    a.rstd = rstd;
+    a.p = p;
+    a.state = state;
+    a.dnormed = grads[1].defined() ? grads[1].contiguous()
+                                   : Tensor::zeros(sum.shape(), sum.dtype(), sum.device());
+    if (grads[0].defined()) a.dsum = grads[0].contiguous();
+    auto out = [&](size_t i) {
+      return needs_input_grad(i) ? Tensor::empty(inputs[i].shape, inputs[i].dtype, sum.device())
+                                 : Tensor();
+    };
+    a.dx = out(0);
+    a.dbias = out(1);
+    a.d_residual = out(2);
+    a.dweight = out(3);
+    a.dln_bias = out(4);
+    dropout_add_layer_norm_backward_kernel(sum.device(), a);
+    return {a.dx, a.dbias, a.d_residual, a.dweight, a.dln_bias};
+  }
+  void release_saved() override { sum = weight = mean = rstd = Tensor(); }
+};
+
+// ---- CPU kernels -----------------------------------------------------------------------------
+
+namespace cpu {
+
+constexpr int64_t kParallelElems = ::engine::cpu::kParallelMinElems;
+// The parameter gradients are summed per chunk of rows, then the chunks in order (boundaries
+// fixed by the row count: the same bits at any thread count), as layer_norm's are.
+constexpr int64_t kMaxChunks = 64;
+
+// The keep words of row r (elements r * c ..), or nullptr when the rule draws none.
+const uint32_t* row_words(const DropoutRule& rule, PhiloxState s, int64_t r, int64_t c,
+                          std::vector<uint32_t>& fresh) {
+  if (!rule.draws) return nullptr;
+  namespace ph = ::engine::cpu::philox;
+  uint32_t* buf = ::engine::cpu::thread_scratch<uint32_t, 0>(ph::stream_words_size(c), fresh);
+  return ph::stream_words(s, r * c, c, buf);
+}
+
+void forward(const DropoutAddNormForward& a) {
+  dispatch_floating(a.x.dtype(), kOp, [&]<class T>() {
+    const int64_t c = a.x.shape().back();
+    const int64_t rows = a.x.numel() / c;
+    const T* px = a.x.data<T>();
+    const T* pr = a.residual.data<T>();
+    const T* pb = a.bias.defined() ? a.bias.data<T>() : nullptr;
+    const T* pw = a.weight.defined() ? a.weight.data<T>() : nullptr;
+    const T* plb = a.ln_bias.defined() ? a.ln_bias.data<T>() : nullptr;
+    T* ps = a.sum.data<T>();
+    T* py = a.normed.data<T>();
+    T* pmean = a.mean.data<T>();
+    T* prstd = a.rstd.data<T>();
+    const DropoutRule rule = dropout_rule(a.p);
+#pragma omp parallel for if (rows * c > kParallelElems)
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<uint32_t> fresh;
+      const uint32_t* words = row_words(rule, a.state, r, c, fresh);
+      const T* xr = px + r * c;
+      const T* rr = pr + r * c;
+      T* sr = ps + r * c;
+      T* yr = py + r * c;
+      const T scale = static_cast<T>(rule.scale);
+      const uint32_t th = rule.threshold;
+      // The select before the multiply, as dropout's CPU kernel does (it vectorises).
+      if (words) {
+        for (int64_t j = 0; j < c; ++j)
+          sr[j] = rr[j] + (dropout_keep(words[j], th) ? xr[j] + (pb ? pb[j] : T(0)) : T(0)) * scale;
+      } else if (rule.scale == 0) {  // p == 1: everything dropped
+        std::copy(rr, rr + c, sr);
+      } else {
+        for (int64_t j = 0; j < c; ++j) sr[j] = rr[j] + (xr[j] + (pb ? pb[j] : T(0))) * scale;
+      }
+      const T mu = ::engine::cpu::row_sum(sr, c) / T(c);
+      const T v = ::engine::cpu::row_sum_sq_dev(sr, mu, c);
+      const T rs = T(1) / std::sqrt(v / T(c) + T(a.eps));
+      pmean[r] = mu;
+      prstd[r] = rs;
+      for (int64_t j = 0; j < c; ++j)
+        yr[j] = (sr[j] - mu) * rs * (pw ? pw[j] : T(1)) + (plb ? plb[j] : T(0));
+    }
+  });
+}
+
+void backward(const DropoutAddNormBackward& a) {
+  dispatch_floating(a.sum.dtype(), "dropout_add_layer_norm_backward", [&]<class T>() {
+    const int64_t c = a.sum.shape().back();
+    const int64_t rows = a.sum.numel() / c;
+    const T* pz = a.sum.data<T>();
+    const T* pw = a.weight.defined() ? a.weight.data<T>() : nullptr;
+    const T* pmean = a.mean.data<T>();
+    const T* prstd = a.rstd.data<T>();
+    const T* pg = a.dnormed.data<T>();
+    const T* pgs = a.dsum.defined() ? a.dsum.data<T>() : nullptr;
+    T* pdr = a.d_residual.defined() ? a.d_residual.data<T>() : nullptr;
+    T* pdx = a.dx.defined() ? a.dx.data<T>() : nullptr;
+    const bool want_b = a.dbias.defined(), want_w = a.dweight.defined(),
+               want_lb = a.dln_bias.defined();
+    const bool want_dz = pdr || pdx || want_b;
+    const DropoutRule rule = dropout_rule(a.p);
+    const int64_t chunks = std::min(rows, kMaxChunks);
+    // Partial sums per chunk in double, one block of chunks x c per wanted gradient.
+    const int64_t outputs = want_b + want_w + want_lb;
+    std::vector<double> fresh_part;
+    double* part = ::engine::cpu::thread_scratch<double, 0>(outputs * chunks * c, fresh_part);
+    std::fill(part, part + outputs * chunks * c, 0.0);
+    double* part_b = want_b ? part : nullptr;
+    double* part_w = want_w ? part + (want_b ? chunks * c : 0) : nullptr;
+    double* part_lb = want_lb ? part + (outputs - 1) * chunks * c : nullptr;
+#pragma omp parallel for schedule(static) if (rows * c > kParallelElems)
+    for (int64_t k = 0; k < chunks; ++k) {
+      const int64_t r0 = rows * k / chunks, r1 = rows * (k + 1) / chunks;
+      double* acc_b = part_b ? part_b + k * c : nullptr;
+      double* acc_w = part_w ? part_w + k * c : nullptr;
+      double* acc_lb = part_lb ? part_lb + k * c : nullptr;
+      std::vector<uint32_t> fresh_words;
+      std::vector<T> fresh_d;
+      T* d = ::engine::cpu::thread_scratch<T, 1>(c, fresh_d);  // dxhat, then dsum_total
+      const T scale = static_cast<T>(rule.scale);
+      const uint32_t th = rule.threshold;
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* zr = pz + r * c;
+        const T* gr = pg + r * c;
+        const T mu = pmean[r], rs = prstd[r];
+        if (acc_w)
+          for (int64_t j = 0; j < c; ++j)
+            acc_w[j] += static_cast<double>(gr[j] * ((zr[j] - mu) * rs));
+        if (acc_lb)
+          for (int64_t j = 0; j < c; ++j) acc_lb[j] += static_cast<double>(gr[j]);
+        if (!want_dz) continue;
+        // layer_norm's input gradient: rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)),
+        // dxhat = dnormed * weight (stored first, as layer_norm's kernel does), plus dsum.
+        T sum_g = 0, sum_gx = 0;
+        for (int64_t j = 0; j < c; ++j) d[j] = pw ? gr[j] * pw[j] : gr[j];
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+        for (int64_t j = 0; j < c; ++j) {
+          sum_g += d[j];
+          sum_gx += d[j] * ((zr[j] - mu) * rs);
+        }
+        const T mean_g = sum_g / T(c), mean_gx = sum_gx / T(c);
+        for (int64_t j = 0; j < c; ++j) d[j] = rs * (d[j] - mean_g - ((zr[j] - mu) * rs) * mean_gx);
+        if (pgs) {
+          const T* gs = pgs + r * c;
+          for (int64_t j = 0; j < c; ++j) d[j] += gs[j];
+        }
+        if (pdr) std::copy(d, d + c, pdr + r * c);
+        if (!pdx && !acc_b) continue;
+        const uint32_t* words = row_words(rule, a.state, r, c, fresh_words);
+        for (int64_t j = 0; j < c; ++j) {
+          const T v = (words ? (dropout_keep(words[j], th) ? d[j] : T(0)) : d[j]) * scale;
+          if (pdx) pdx[r * c + j] = v;
+          if (acc_b) acc_b[j] += static_cast<double>(v);
+        }
+      }
+    }
+    if (want_b) ::engine::cpu::sum_chunks_in_order(part_b, chunks, c, a.dbias.data<T>());
+    if (want_w) ::engine::cpu::sum_chunks_in_order(part_w, chunks, c, a.dweight.data<T>());
+    if (want_lb) ::engine::cpu::sum_chunks_in_order(part_lb, chunks, c, a.dln_bias.data<T>());
+  });
+}
+
+}  // namespace cpu
+
+ENGINE_REGISTER_KERNEL(dropout_add_layer_norm_kernel, DeviceType::CPU, cpu::forward);
+ENGINE_REGISTER_KERNEL(dropout_add_layer_norm_backward_kernel, DeviceType::CPU, cpu::backward);
+
+}  // namespace
+
+DropoutAddNorm dropout_add_layer_norm(const Tensor& x_in, const Tensor& bias_in,
+                                      const Tensor& residual_in, double p, bool training,
+                                      Generator& gen, const Tensor& weight_in,
+                                      const Tensor& ln_bias_in, double eps) {
+  ENGINE_CHECK(x_in.defined() && residual_in.defined(), "[", kOp,
+               "] x and residual must be defined");
+  const Tensor x = autocast_to_compute(x_in), residual = autocast_to_compute(residual_in),
+               bias = autocast_to_compute(bias_in), weight = autocast_to_compute(weight_in),
+               ln_bias = autocast_to_compute(ln_bias_in);
+  ENGINE_CHECK(is_floating(x.dtype()), "[", kOp, "] expects a floating x, got ", describe(x));
+  ENGINE_CHECK(x.dim() >= 1 && x.shape().back() > 0, "[", kOp,
+               "] expects a non-empty last dim to normalise over, got x ", describe(x));
+  check_like(x, residual, "residual", true);
+  check_like(x, bias, "bias", false);
+  check_like(x, weight, "weight", false);
+  check_like(x, ln_bias, "ln_bias", false);
+  ENGINE_CHECK(p >= 0.0 && p <= 1.0, "[", kOp, "] p must be in [0, 1], got ", p);
+  ENGINE_CHECK(eps >= 0, "[", kOp, "] eps must be >= 0, got ", eps);
+
+  DropoutAddNormForward a;
+  a.x = detached(x);
+  a.bias = detached(bias);
+  a.residual = detached(residual);
+  a.weight = detached(weight);
+  a.ln_bias = detached(ln_bias);
+  a.p = training ? p : 0.0;
+  a.eps = eps;
+  if (a.p > 0.0 && a.p < 1.0) a.state = gen.reserve_words(static_cast<uint64_t>(x.numel()));
+  const int64_t rows = x.numel() / x.shape().back();
+  a.sum = Tensor::empty(x.shape(), x.dtype(), x.device());
+  a.normed = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const DType sd = layer_norm_stats_dtype(x.dtype());
+  a.mean = Tensor::empty({rows}, sd, x.device());
+  a.rstd = Tensor::empty({rows}, sd, x.device());
+  dropout_add_layer_norm_kernel(x.device(), a);
+  if (needs_grad({&x, &bias, &residual, &weight, &ln_bias})) {
+    auto n = std::make_shared<DropoutAddNormNode>();
+    n->sum = a.sum;
+    n->weight = a.weight;  // read by the input gradient even when it needs no gradient itself
+    n->mean = a.mean;
+    n->rstd = a.rstd;
+    n->p = a.p;
+    n->state = a.state;
+    record(n, {x, bias, residual, weight, ln_bias}, {a.sum, a.normed});
+  }
+  return {a.sum, a.normed};
+}
+
+}  // namespace engine

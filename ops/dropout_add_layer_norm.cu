@@ -1,0 +1,460 @@
+// CUDA kernels of dropout_add_layer_norm (see dropout_add_layer_norm.h).
+//
+// Rows of up to 1024 (every BERT width) a warp each, the row in registers as 4-element groups
+// (load4's layout), each group's keep bits from one Philox block (dropout_keep4: the CPU's and
+// dropout's mask):
+//   forward   reads x, residual (and the bias), writes sum once (rounded to T; the statistics and
+//             normed come from the rounded sum, which is what the backward reads) and normed;
+//   backward  reads sum and dnormed (and dsum), writes d_residual and dx, and adds each row's
+//             dweight / dln_bias / dbias terms into its warp's accumulators in shared memory; a
+//             warp takes R consecutive rows (R from the row count alone, ~2048 warps in all), a
+//             block's W warps are added in order into one partial row per block, and a second
+//             launch (column_sums) adds the blocks' partials per column in order. No atomics: the
+//             same bits on every run (not the CPU's: its chunks are others).
+// Rows over 1024: a block per row each way, and the parameter gradients through column_sums over
+// (sum, dnormed, dx).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/cuda/context.h"
+#include "engine/cuda/kernels.cuh"
+#include "engine/cuda/launch.h"
+#include "engine/cuda/reduce.cuh"
+#include "engine/error.h"
+#include "ops/dropout.h"
+#include "ops/dropout_add_layer_norm.h"
+#include "ops/layer_norm.cuh"
+
+namespace engine::cuda {
+namespace {
+
+constexpr int kForwardWarps = 4;        // rows (warps) per block of the forward
+constexpr int64_t kTargetWarps = 2048;  // backward: ~16 warps for each of an H200's 132 SMs
+
+// Device-side copies of the launch arguments.
+template <class T, class S>
+struct Fwd {
+  const T *x, *bias, *residual, *weight, *ln_bias;
+  T *sum, *normed;
+  S *mean, *rstd;
+  S eps;
+  Acc<T> scale;
+  uint32_t threshold;
+  bool draws;
+  PhiloxState state;
+};
+
+template <class T, class S>
+struct Bwd {
+  const T *sum, *weight, *dnormed, *dsum;
+  const S *mean, *rstd;
+  T *d_residual, *dx;
+  Acc<T> scale;
+  uint32_t threshold;
+  bool draws;
+  PhiloxState state;
+  bool want_w, want_lb, want_b;  // which parameter gradients to sum
+};
+
+// Keep bits of row elements j0 .. j0 + 3 (stream index i0 = r * c + j0).
+template <class T, class A>
+__device__ inline void keep_group(const A& a, uint64_t i0, bool (&keep)[4]) {
+  if (a.draws) {
+    dropout_keep4(a.state, i0, a.threshold, keep);
+  } else {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) keep[q] = a.scale != Acc<T>(0);
+  }
+}
+
+// Keep bit of the one stream element i (the block-per-row kernels).
+template <class T, class A>
+__device__ inline bool keep_one(const A& a, uint64_t i) {
+  return a.draws ? dropout_keep(philox_word(a.state, i), a.threshold) : a.scale != Acc<T>(0);
+}
+
+// ---- a warp per row ------------------------------------------------------------------------
+
+template <class T, class S, int E>
+__global__ void dropout_add_layer_norm_warp(Fwd<T, S> a, int64_t rows, int64_t c, bool vec) {
+  constexpr int G = E / 4;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t r = blockIdx.x * int64_t(kForwardWarps) + threadIdx.x / kWarpSize;
+  if (r >= rows) return;  // the whole warp
+  Acc<T> v[G][4];
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) v[k][q] = Acc<T>(0);
+    if (j0 >= c) continue;
+    Acc<T> xv[4], rv[4], bv[4] = {};
+    load4(a.x + r * c, j0, c, vec, xv);
+    load4(a.residual + r * c, j0, c, vec, rv);
+    if (a.bias) load4(a.bias, j0, c, vec, bv);
+    bool keep[4];
+    keep_group<T>(a, static_cast<uint64_t>(r * c + j0), keep);
+    T z[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      z[q] = from_acc<T>(rv[q] + (keep[q] ? (xv[q] + bv[q]) * a.scale : Acc<T>(0)));
+      if (j0 + q < c) v[k][q] = to_acc(z[q]);
+    }
+    store4(a.sum + r * c, j0, c, vec, z);
+  }
+  S mu, var;
+  warp_row_moments<S>(v, c, lane, mu, var);
+  const S rs = S(1) / dmath::sqrt(var + a.eps);
+  if (lane == 0) {
+    a.mean[r] = mu;
+    a.rstd[r] = rs;
+  }
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
+    if (j0 >= c) continue;
+    Acc<T> wv[4], bv[4];
+    if (a.weight) load4(a.weight, j0, c, vec, wv);
+    if (a.ln_bias) load4(a.ln_bias, j0, c, vec, bv);
+    T out[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      S h = (static_cast<S>(v[k][q]) - mu) * rs;
+      if (a.weight) h *= static_cast<S>(wv[q]);
+      if (a.ln_bias) h += static_cast<S>(bv[q]);
+      out[q] = from_acc<T>(h);
+    }
+    store4(a.normed + r * c, j0, c, vec, out);
+  }
+}
+
+// Shared-memory accumulator index of output kk (0 dweight, 1 dln_bias, 2 dbias), lane group k,
+// element q: the lanes of a warp touch consecutive words.
+template <int G>
+__device__ inline int acc_index(int kk, int k, int q, int lane) {
+  return ((kk * G + k) * 4 + q) * kWarpSize + lane;
+}
+
+// W warps a block, each rows [w R, (w + 1) R); part: 3 x blocks x c partial sums (block order).
+template <class T, class S, int E, int W>
+__global__ void dropout_add_layer_norm_backward_warp(Bwd<T, S> a, int64_t rows, int64_t c,
+                                                     int64_t rows_per_warp, bool vec, S* part) {
+  constexpr int G = E / 4;
+  constexpr int kPerWarp = 3 * G * 4 * kWarpSize;
+  ENGINE_DYNAMIC_SHARED(S, sh);  // W x kPerWarp
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const auto acc = sh + warp * kPerWarp;                           // a checked pointer in emulation
+  for (int i = lane; i < kPerWarp; i += kWarpSize) acc[i] = S(0);  // this warp's own words
+  const int64_t r0 = (blockIdx.x * int64_t(W) + warp) * rows_per_warp;
+  const int64_t r1 = r0 + rows_per_warp < rows ? r0 + rows_per_warp : rows;
+  const bool want_dz = a.d_residual || a.dx || a.want_b;
+  for (int64_t r = r0; r < r1; ++r) {
+    const S mu = a.mean[r], rs = a.rstd[r];
+    S d[G][4], xh[G][4];  // dxhat and xhat
+    S sum_g = 0, sum_gx = 0;
+#pragma unroll
+    for (int k = 0; k < G; ++k) {
+      const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
+      Acc<T> zv[4] = {}, gv[4] = {}, wv[4] = {};
+      if (j0 < c) {
+        load4(a.sum + r * c, j0, c, vec, zv);
+        load4(a.dnormed + r * c, j0, c, vec, gv);
+        if (a.weight) load4(a.weight, j0, c, vec, wv);
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const S g = static_cast<S>(gv[q]);  // padding: 0
+        // dxhat rounded before use, as layer_norm's kernels do.
+        d[k][q] = a.weight ? dmath::mul_rn(g, static_cast<S>(wv[q])) : g;
+        xh[k][q] = (static_cast<S>(zv[q]) - mu) * rs;
+        sum_g += d[k][q];
+        sum_gx += d[k][q] * xh[k][q];
+        if (a.want_w) acc[acc_index<G>(0, k, q, lane)] += g * xh[k][q];
+        if (a.want_lb) acc[acc_index<G>(1, k, q, lane)] += g;
+      }
+    }
+    if (!want_dz) continue;
+    const S mean_g = warp_sum(sum_g) / static_cast<S>(c);
+    const S mean_gx = warp_sum(sum_gx) / static_cast<S>(c);
+#pragma unroll
+    for (int k = 0; k < G; ++k) {
+      const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
+      if (j0 >= c) continue;
+      Acc<T> sv[4] = {};
+      if (a.dsum) load4(a.dsum + r * c, j0, c, vec, sv);
+      bool keep[4];
+      keep_group<T>(a, static_cast<uint64_t>(r * c + j0), keep);
+      T dz[4], dxv[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        // Rounded where the unfused path rounds: layer_norm's dx, the sum with dsum, dropout's.
+        dz[q] = from_acc<T>(rs * (d[k][q] - mean_g - xh[k][q] * mean_gx));
+        if (a.dsum) dz[q] = from_acc<T>(to_acc(dz[q]) + sv[q]);
+        dxv[q] = keep[q] ? from_acc<T>(to_acc(dz[q]) * a.scale) : from_acc<T>(Acc<T>(0));
+        if (a.want_b && j0 + q < c)
+          acc[acc_index<G>(2, k, q, lane)] += static_cast<S>(to_acc(dxv[q]));
+      }
+      if (a.d_residual) store4(a.d_residual + r * c, j0, c, vec, dz);
+      if (a.dx) store4(a.dx + r * c, j0, c, vec, dxv);
+    }
+  }
+  __syncthreads();
+  // The block's partial row per output: its warps in order.
+  for (int kk = 0; kk < 3; ++kk) {
+    if (!(kk == 0 ? a.want_w : kk == 1 ? a.want_lb : a.want_b)) continue;
+    for (int64_t col = threadIdx.x; col < c; col += blockDim.x) {
+      const int g = static_cast<int>(col / 4), q = static_cast<int>(col % 4);
+      const int i = acc_index<G>(kk, g / kWarpSize, q, g % kWarpSize);
+      S s = sh[i];
+      for (int w = 1; w < W; ++w) s += sh[w * kPerWarp + i];
+      part[(kk * int64_t(gridDim.x) + blockIdx.x) * c + col] = s;
+    }
+  }
+}
+
+// ---- a block per row (rows over 1024) ------------------------------------------------------
+
+template <class T, class S>
+__global__ void dropout_add_layer_norm_rows(Fwd<T, S> a, int64_t c) {
+  const int64_t r = blockIdx.x;
+  WelfordStat w;
+  double s = 0;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    const bool keep = keep_one<T>(a, static_cast<uint64_t>(r * c + j));
+    const Acc<T> b = a.bias ? to_acc(a.bias[j]) : Acc<T>(0);
+    const T z = from_acc<T>(to_acc(a.residual[r * c + j]) +
+                            (keep ? (to_acc(a.x[r * c + j]) + b) * a.scale : Acc<T>(0)));
+    a.sum[r * c + j] = z;
+    if constexpr (std::is_same_v<S, double>)
+      s += to_acc(z);
+    else
+      welford_add(w, to_acc(z));
+  }
+  // The thread reads back only the sum elements it wrote.
+  S mu, var;
+  if constexpr (std::is_same_v<S, double>) {
+    mu = block_sum(s) / static_cast<double>(c);
+    double q = 0;
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      const double z = to_acc(a.sum[r * c + j]);
+      q += (z - mu) * (z - mu);
+    }
+    var = block_sum(q) / static_cast<double>(c);
+  } else {
+    w = block_welford(w);
+    mu = w.mean;
+    var = w.m2 / w.count;
+  }
+  const S rs = S(1) / dmath::sqrt(var + a.eps);
+  if (threadIdx.x == 0) {
+    a.mean[r] = mu;
+    a.rstd[r] = rs;
+  }
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    S h = (static_cast<S>(to_acc(a.sum[r * c + j])) - mu) * rs;
+    if (a.weight) h *= static_cast<S>(to_acc(a.weight[j]));
+    if (a.ln_bias) h += static_cast<S>(to_acc(a.ln_bias[j]));
+    a.normed[r * c + j] = from_acc<T>(h);
+  }
+}
+
+// d_residual and dx of one row (dx always written: the caller passes scratch when only dbias
+// wants it).
+template <class T, class S>
+__global__ void dropout_add_layer_norm_backward_rows(Bwd<T, S> a, int64_t c) {
+  const int64_t r = blockIdx.x;
+  const S mu = a.mean[r], rs = a.rstd[r];
+  auto dxhat = [&](int64_t j) -> S {
+    const S g = static_cast<S>(to_acc(a.dnormed[r * c + j]));
+    return a.weight ? dmath::mul_rn(g, static_cast<S>(to_acc(a.weight[j]))) : g;
+  };
+  auto xhat = [&](int64_t j) -> S { return (static_cast<S>(to_acc(a.sum[r * c + j])) - mu) * rs; };
+  S sum_g = 0, sum_gx = 0;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    sum_g += dxhat(j);
+    sum_gx += dxhat(j) * xhat(j);
+  }
+  const S mean_g = block_sum(sum_g) / static_cast<S>(c);
+  const S mean_gx = block_sum(sum_gx) / static_cast<S>(c);
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+    T dz = from_acc<T>(rs * (dxhat(j) - mean_g - xhat(j) * mean_gx));
+    if (a.dsum) dz = from_acc<T>(to_acc(dz) + to_acc(a.dsum[r * c + j]));
+    const bool keep = keep_one<T>(a, static_cast<uint64_t>(r * c + j));
+    if (a.d_residual) a.d_residual[r * c + j] = dz;
+    a.dx[r * c + j] = keep ? from_acc<T>(to_acc(dz) * a.scale) : from_acc<T>(Acc<T>(0));
+  }
+}
+
+// ---- the parameter gradients' column sums ---------------------------------------------------
+
+// The blocks' partial rows (backward_warp), summed per column in block order.
+template <class T, class S>
+struct PartSums {
+  using Acc = S;
+  const S* part;
+  int64_t chunks, c;
+  T *dweight, *dln_bias, *dbias;
+  __device__ T* out(int k) const { return k == 0 ? dweight : k == 1 ? dln_bias : dbias; }
+  __device__ void load(int64_t r, int64_t col, S (&v)[3][1]) const {
+#pragma unroll
+    for (int k = 0; k < 3; ++k) v[k][0] = out(k) ? part[(k * chunks + r) * c + col] : S(0);
+  }
+  __device__ void store(int k, int64_t col, const S (&s)[1]) const { store_one(k, col, s[0]); }
+  __device__ void store_one(int k, int64_t col, S s) const {
+    if (T* o = out(k)) o[col] = from_acc<T>(s);
+  }
+};
+
+// Rows over 1024: the sums straight from (sum, dnormed, dx).
+template <class T, class S>
+struct RowSums {
+  using Acc = S;
+  const T *sum, *dnormed, *dx;
+  const S *mean, *rstd;
+  int64_t c;
+  T *dweight, *dln_bias, *dbias;
+  __device__ void load(int64_t r, int64_t col, S (&v)[3][1]) const {
+    const S g = static_cast<S>(to_acc(dnormed[r * c + col]));
+    v[0][0] = g * ((static_cast<S>(to_acc(sum[r * c + col])) - mean[r]) * rstd[r]);
+    v[1][0] = g;
+    v[2][0] = dbias ? static_cast<S>(to_acc(dx[r * c + col])) : S(0);
+  }
+  __device__ void store(int k, int64_t col, const S (&s)[1]) const { store_one(k, col, s[0]); }
+  __device__ void store_one(int k, int64_t col, S s) const {
+    T* o = k == 0 ? dweight : k == 1 ? dln_bias : dbias;
+    if (o) o[col] = from_acc<T>(s);
+  }
+};
+
+// ---- launches --------------------------------------------------------------------------------
+
+template <class T, class A>
+void set_rule(A& a, double p, PhiloxState state) {
+  const DropoutRule rule = dropout_rule(p);
+  a.scale = static_cast<Acc<T>>(rule.scale);
+  a.threshold = rule.threshold;
+  a.draws = rule.draws;
+  a.state = state;
+}
+
+void forward(const DropoutAddNormForward& t) {
+  const int64_t c = t.x.shape().back();
+  const int64_t rows = c == 0 ? 0 : t.x.numel() / c;
+  if (rows == 0) return;
+  ENGINE_CHECK(rows < (int64_t(1) << 31), "[dropout_add_layer_norm] ", rows,
+               " rows exceed one grid dimension");
+  const int device = t.x.device().index;
+  DeviceGuard guard(device);
+  const int e = warp_row_elems(c);
+  dispatch_device_floating(t.x.dtype(), "dropout_add_layer_norm", [&]<class T>() {
+    using S = Stats<T>;
+    Fwd<T, S> a{dptr<const T>(t.x),
+                dptr<const T>(t.bias),
+                dptr<const T>(t.residual),
+                dptr<const T>(t.weight),
+                dptr<const T>(t.ln_bias),
+                dptr<T>(t.sum),
+                dptr<T>(t.normed),
+                t.mean.data<S>(),
+                t.rstd.data<S>(),
+                static_cast<S>(t.eps),
+                {},
+                0,
+                false,
+                {}};
+    set_rule<T>(a, t.p, t.state);
+    const cudaStream_t stream = compute_stream(device);
+    if (e == 0) {
+      const LaunchConfig cfg{dim3(static_cast<unsigned>(rows)), dim3(row_threads(c)), 0, stream};
+      ENGINE_LAUNCH((dropout_add_layer_norm_rows<T, S>), cfg, a, c);
+      return;
+    }
+    bool vec = true;
+    for (const Tensor* p : {&t.x, &t.residual, &t.sum, &t.normed, &t.bias, &t.weight, &t.ln_bias})
+      if (p->defined()) vec = vec && vec4_rows<T>(p->raw_data(), c);
+    const LaunchConfig cfg{dim3(static_cast<unsigned>((rows + kForwardWarps - 1) / kForwardWarps)),
+                           dim3(kForwardWarps * kWarpSize), 0, stream};
+    dispatch_row_elems(e, [&]<int E>() {
+      ENGINE_LAUNCH((dropout_add_layer_norm_warp<T, S, E>), cfg, a, rows, c, vec);
+    });
+  });
+}
+
+void backward(const DropoutAddNormBackward& t) {
+  const int64_t c = t.sum.shape().back();
+  const int64_t rows = c == 0 ? 0 : t.sum.numel() / c;
+  const int device = t.sum.device().index;
+  DeviceGuard guard(device);
+  if (rows == 0) {  // sums over no rows
+    for (const Tensor* g : {&t.dbias, &t.dweight, &t.dln_bias})
+      if (g->defined()) g->fill_(0.0);
+    return;
+  }
+  ENGINE_CHECK(rows < (int64_t(1) << 31), "[dropout_add_layer_norm_backward] ", rows,
+               " rows exceed one grid dimension");
+  const int e = warp_row_elems(c);
+  dispatch_device_floating(t.sum.dtype(), "dropout_add_layer_norm_backward", [&]<class T>() {
+    using S = Stats<T>;
+    Bwd<T, S> a{dptr<const T>(t.sum),
+                dptr<const T>(t.weight),
+                dptr<const T>(t.dnormed),
+                dptr<const T>(t.dsum),
+                t.mean.data<S>(),
+                t.rstd.data<S>(),
+                dptr<T>(t.d_residual),
+                dptr<T>(t.dx),
+                {},
+                0,
+                false,
+                {},
+                t.dweight.defined(),
+                t.dln_bias.defined(),
+                t.dbias.defined()};
+    set_rule<T>(a, t.p, t.state);
+    const cudaStream_t stream = compute_stream(device);
+    const bool any_sums = a.want_w || a.want_lb || a.want_b;
+    if (e == 0) {
+      const bool want_dz = t.d_residual.defined() || t.dx.defined() || a.want_b;
+      Tensor dx = t.dx.defined() || !want_dz
+                      ? t.dx
+                      : Tensor::empty(t.sum.shape(), t.sum.dtype(), t.sum.device());
+      a.dx = dptr<T>(dx);
+      if (want_dz) {
+        const LaunchConfig cfg{dim3(static_cast<unsigned>(rows)), dim3(row_threads(c)), 0, stream};
+        ENGINE_LAUNCH((dropout_add_layer_norm_backward_rows<T, S>), cfg, a, c);
+      }
+      if (!any_sums) return;
+      const RowSums<T, S> f{a.sum, a.dnormed,          dptr<const T>(dx),   a.mean,          a.rstd,
+                            c,     dptr<T>(t.dweight), dptr<T>(t.dln_bias), dptr<T>(t.dbias)};
+      column_sums<1, 3>("dropout_add_layer_norm_params", rows, c, f, device);
+      return;
+    }
+    bool vec = true;
+    for (const Tensor* p : {&t.sum, &t.dnormed, &t.dsum, &t.d_residual, &t.dx, &t.weight})
+      if (p->defined()) vec = vec && vec4_rows<T>(p->raw_data(), c);
+    constexpr int W = sizeof(S) == 8 ? 2 : 4;  // shared accumulators <= 48 KiB at c = 1024
+    const int64_t rows_per_warp = (rows + kTargetWarps - 1) / kTargetWarps;
+    const int64_t blocks = (rows + W * rows_per_warp - 1) / (W * rows_per_warp);
+    Tensor part = Tensor::empty({any_sums ? 3 * blocks * c : 1},
+                                sizeof(S) == 8 ? DType::f64 : DType::f32, t.sum.device());
+    dispatch_row_elems(e, [&]<int E>() {
+      const size_t smem = size_t(W) * 3 * E * kWarpSize * sizeof(S);
+      const LaunchConfig cfg{dim3(static_cast<unsigned>(blocks)), dim3(W * kWarpSize), smem,
+                             stream};
+      ENGINE_LAUNCH((dropout_add_layer_norm_backward_warp<T, S, E, W>), cfg, a, rows, c,
+                    rows_per_warp, vec, part.data<S>());
+    });
+    if (!any_sums) return;
+    const PartSums<T, S> f{part.data<S>(),      blocks,          c, dptr<T>(t.dweight),
+                           dptr<T>(t.dln_bias), dptr<T>(t.dbias)};
+    column_sums<1, 3>("dropout_add_layer_norm_params", blocks, c, f, device, false);
+  });
+}
+
+}  // namespace
+
+ENGINE_REGISTER_KERNEL(dropout_add_layer_norm_kernel, DeviceType::CUDA, forward);
+ENGINE_REGISTER_KERNEL(dropout_add_layer_norm_backward_kernel, DeviceType::CUDA, backward);
+
+}  // namespace engine::cuda

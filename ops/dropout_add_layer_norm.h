@@ -1,0 +1,80 @@
+// The residual join of a transformer block as one op, one pass over memory each way:
+//
+//   sum    = residual + dropout(x + bias, p)
+//   normed = layer_norm(sum, weight, ln_bias, eps)
+//
+// x is a sublayer's output before its bias (the attention's output projection, the second FFN
+// GEMM), residual the block's input. Unfused, this is a bias epilogue, dropout, an add and
+// layer_norm: four kernels and seven passes over (rows, C) forward, and backward layer_norm's,
+// dropout's and the bias gradient's passes (six). Fused, the forward reads x and residual and
+// writes sum and normed; the backward reads sum and the gradient and writes the residual's and x's
+// gradients, with the three parameter gradients (bias, weight, ln_bias) summed in the same pass.
+//
+// The dropout mask is the one dropout(x + bias, p, training, gen) draws from the same generator
+// (gen.reserve_words(x.numel()), element i the row-major index), so the fused and the unfused
+// paths drop the same elements; no mask is stored (the backward redraws it).
+#pragma once
+
+#include "engine/kernel.h"
+#include "engine/rng.h"
+#include "engine/tensor.h"
+#include "engine/work_log.h"
+
+namespace engine {
+
+struct DropoutAddNorm {
+  Tensor sum;  // residual + dropout(x + bias): a post-LN block drops it, a pre-LN block carries it
+  Tensor normed;  // layer_norm(sum, weight, ln_bias, eps)
+};
+
+// x, residual: floating (..., C) of one shape; bias, weight, ln_bias: (C) or undefined (none).
+// Every defined tensor has x's dtype after autocast (the compute dtype; statistics in f32 for
+// bf16 / f16, as layer_norm keeps them) and x's device. Dropout as in ops/dropout.h: identity when
+// !training or p == 0 (no random numbers taken), everything dropped at p == 1 (none taken).
+DropoutAddNorm dropout_add_layer_norm(const Tensor& x, const Tensor& bias, const Tensor& residual,
+                                      double p, bool training, Generator& gen, const Tensor& weight,
+                                      const Tensor& ln_bias, double eps = 1e-12);
+
+// ---- kernels (one table per launch; backends register implementations) ----------------------
+// The launch arguments. Tensors are contiguous; optional ones may be undefined. `drop`: 0 <= p <=
+// 1 (0: nothing dropped and no draw; 1: everything dropped and no draw), state the stream of
+// x.numel() words.
+struct DropoutAddNormForward {
+  Tensor x, bias, residual, weight, ln_bias;  // inputs (bias, weight, ln_bias optional)
+  double p = 0, eps = 0;
+  PhiloxState state;
+  Tensor sum, normed, mean, rstd;  // outputs; mean / rstd (rows) in layer_norm_stats_dtype
+};
+inline Kernel<void(const DropoutAddNormForward&)> dropout_add_layer_norm_kernel{
+    "dropout_add_layer_norm"};
+
+// dsum_total = layer_norm's input gradient from dnormed + dsum (dsum optional: the sum output's
+// own gradient); d_residual = dsum_total; dx = dsum_total * keep / (1 - p); dbias = column sums
+// of dx; dweight = column sums of dnormed * xhat; dln_bias = column sums of dnormed. Every output
+// is optional (undefined: not written); the column sums are reduced in an order fixed by the
+// shape (the same bits on every run of a backend).
+struct DropoutAddNormBackward {
+  Tensor sum, weight, mean, rstd;  // saved by the forward (weight optional)
+  Tensor dnormed, dsum;            // incoming gradients (dsum optional)
+  double p = 0;
+  PhiloxState state;
+  Tensor d_residual, dx, dbias, dweight, dln_bias;  // outputs, each optional
+};
+inline Kernel<void(const DropoutAddNormBackward&)> dropout_add_layer_norm_backward_kernel{
+    "dropout_add_layer_norm_backward"};
+
+// The performance model's cost of a launch (engine/work_log.h): each defined tensor once.
+void add_work_cost(WorkCost& cost, const DropoutAddNormForward& a);
+void add_work_cost(WorkCost& cost, const DropoutAddNormBackward& a);
+
+// The dropout parameters a kernel uses: keep iff dropout_keep(word, threshold); a kept element is
+// multiplied by scale. p == 0: threshold 0 (every word keeps: kernels skip the draw), scale 1;
+// p == 1: threshold 0, scale 0 (no draw, every element 0).
+struct DropoutRule {
+  uint32_t threshold = 0;
+  double scale = 1;
+  bool draws = false;  // whether the keep bits come from the stream
+};
+DropoutRule dropout_rule(double p);
+
+}  // namespace engine

@@ -1,0 +1,123 @@
+// [cuda] dropout_add_layer_norm on the device against the CPU backend from the same generator
+// (the same mask), forward and every gradient: rows a warp each (lengths 1 .. 1024, vectors or
+// not, rows starting mid-Philox-block), several rows a warp and several blocks of partial sums,
+// rows longer than 1024 (a block each); f32 / f64, bf16 / f16 against the CPU's f32; the
+// parameter gradients the same bits on every rerun.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "cuda_test_support.h"
+#include "ops/ops.h"
+
+using namespace engine;
+using engine::testing::kGpu;
+using engine::testing::require_close;
+
+namespace {
+
+struct Case {
+  Tensor x, bias, residual, weight, ln_bias;
+  std::vector<Tensor> all() const { return {x, bias, residual, weight, ln_bias}; }
+  Case to(Device d, DType dt) const {
+    auto leaf = [&](const Tensor& t) {
+      return t.defined() ? t.detach().to(dt).to(d).set_requires_grad() : Tensor();
+    };
+    return {leaf(x), leaf(bias), leaf(residual), leaf(weight), leaf(ln_bias)};
+  }
+};
+
+Case make_case(const Shape& s, DType dt, Generator& g, bool with_bias, bool with_affine) {
+  const int64_t c = s.back();
+  Case k;
+  k.x = Tensor::randn(s, g, 0.0, 1.0, dt);
+  k.residual = Tensor::randn(s, g, 0.5, 2.0, dt);
+  if (with_bias) k.bias = Tensor::randn({c}, g, 0.0, 0.5, dt);
+  if (with_affine) {
+    k.weight = Tensor::randn({c}, g, 1.0, 0.3, dt);
+    k.ln_bias = Tensor::randn({c}, g, 0.0, 0.3, dt);
+  }
+  return k;
+}
+
+// Runs the op with generator seed 77 and a backward through both outputs (w_sum undefined: the
+// sum output gets no gradient, as in a post-LN block).
+DropoutAddNorm run(const Case& k, double p, const Tensor& w_normed, const Tensor& w_sum) {
+  Generator g(77);
+  DropoutAddNorm o =
+      dropout_add_layer_norm(k.x, k.bias, k.residual, p, true, g, k.weight, k.ln_bias, 1e-5);
+  Tensor loss = sum(o.normed * w_normed);
+  if (w_sum.defined()) loss = loss + sum(o.sum * w_sum);
+  loss.backward();
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("dropout_add_layer_norm forward and backward match the CPU", "[cuda]") {
+  Generator g(51);
+  const char* names[] = {"x", "bias", "residual", "weight", "ln_bias"};
+  for (DType dt : {DType::f32, DType::f64}) {
+    // (2100, 4): two rows a warp and several blocks; (3, 1031): a block per row.
+    for (Shape s : {Shape{1, 1}, Shape{2, 3, 7}, Shape{3, 33}, Shape{2, 3, 768}, Shape{2, 1024},
+                    Shape{2100, 4}, Shape{3, 1031}}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        const bool with_bias = variant != 1, with_affine = variant != 2, with_dsum = variant != 0;
+        const double p = variant == 2 ? 0.0 : 0.2;
+        INFO(dtype_name(dt) << " shape " << shape_str(s) << " variant " << variant);
+        const double tol = dt == DType::f64 ? 1e-11 : 1e-5;
+        const Case host = make_case(s, dt, g, with_bias, with_affine);
+        const Case cpu = host.to(Device::cpu(), dt), gpu = host.to(kGpu, dt);
+        const Tensor wn = Tensor::randn(s, g, 0.0, 1.0, dt);
+        const Tensor ws = with_dsum ? Tensor::randn(s, g, 0.0, 1.0, dt) : Tensor();
+        DropoutAddNorm want = run(cpu, p, wn, ws);
+        DropoutAddNorm got = run(gpu, p, wn.to(kGpu), with_dsum ? ws.to(kGpu) : Tensor());
+        require_close(got.sum, want.sum, tol, tol);
+        require_close(got.normed, want.normed, tol, tol);
+        const std::vector<Tensor> a = gpu.all(), b = cpu.all();
+        for (size_t i = 0; i < a.size(); ++i) {
+          if (!a[i].defined()) continue;
+          INFO("gradient of " << names[i]);
+          require_close(a[i].grad(), b[i].grad(), tol, tol, tol);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("dropout_add_layer_norm in bf16 and f16 against the CPU in f32", "[cuda]") {
+  Generator g(52);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    INFO(dtype_name(dt));
+    const double rel = dt == DType::bf16 ? 1.0 / 32 : 1.0 / 256;
+    const Case host = make_case({6, 768}, DType::f32, g, true, true);
+    const Case cpu = host.to(Device::cpu(), dt).to(Device::cpu(), DType::f32);  // rounded inputs
+    const Case gpu = host.to(kGpu, dt);
+    const Tensor wn = Tensor::randn({6, 768}, g).to(dt);
+    DropoutAddNorm want = run(cpu, 0.1, wn.to(DType::f32), Tensor());
+    DropoutAddNorm got = run(gpu, 0.1, wn.to(kGpu), Tensor());
+    REQUIRE(got.normed.dtype() == dt);
+    require_close(got.normed, want.normed, rel, rel);
+    require_close(got.sum, want.sum, rel, rel);
+    require_close(gpu.x.grad(), cpu.x.grad(), rel, rel, rel);
+    require_close(gpu.residual.grad(), cpu.residual.grad(), rel, rel, rel);
+    require_close(gpu.weight.grad(), cpu.weight.grad(), rel, rel, rel);
+    require_close(gpu.bias.grad(), cpu.bias.grad(), rel, rel, rel);
+  }
+}
+
+TEST_CASE("dropout_add_layer_norm parameter gradients are the same bits on every rerun", "[cuda]") {
+  Generator g(53);
+  const Case host = make_case({2100, 8}, DType::f32, g, true, true);
+  const Tensor wn = Tensor::randn({2100, 8}, g).to(kGpu);
+  std::vector<std::vector<float>> first;
+  for (int rerun = 0; rerun < 2; ++rerun) {
+    const Case gpu = host.to(kGpu, DType::f32);
+    run(gpu, 0.1, wn, Tensor());
+    std::vector<std::vector<float>> grads;
+    for (const Tensor& t : {gpu.bias, gpu.weight, gpu.ln_bias})
+      grads.push_back(t.grad().to(Device::cpu()).to_vector<float>());
+    if (rerun == 0) first = grads;
+    for (size_t i = 0; i < grads.size(); ++i) REQUIRE(grads[i] == first[i]);
+  }
+}
