@@ -17,6 +17,7 @@
 
 #include "apps/cli.h"
 #include "data/batch.h"
+#include "engine/allocator.h"
 #include "engine/autocast.h"
 #include "engine/backend.h"
 #include "engine/config.h"
@@ -34,8 +35,10 @@ const char* kUsage = R"(usage: record_step --config CFG --batch-size B --seq-len
 
 Records the device work of one training step of the config's model (forward, backward,
 gradient statistics, clipping, AdamW) on cuda:0 as CSV: index, op, kernel launches, library
-GEMMs, minimum bytes, FLOPs, shapes, and each launch as kernel:blocks:threads. In build-emu/, run with EMU_DRY_RUN=1 (nothing executes;
-the record is exact, the values are not). bench/perf_model.py turns the CSV into predicted times.
+GEMMs, minimum bytes, FLOPs, shapes, and each launch as kernel:blocks:threads; prints the
+device memory held between steps and the peak during the step (the allocator's counts). In
+build-emu/, run with EMU_DRY_RUN=1 (nothing executes; the record and the memory counts are
+exact, the values are not). bench/perf_model.py turns the CSV into predicted times.
 --version prints the version and git commit; -h, --help this text.
 )";
 
@@ -120,6 +123,9 @@ int run(const Args& a) {
   step();  // warm-up: position constants, the allocator's cache
   engine::Backend& device = engine::backend(engine::DeviceType::CUDA);
   device.synchronize(0);
+  engine::Allocator& memory = engine::allocator_for(gpu);
+  memory.reset_peak();
+  const int64_t held = memory.stats().live_bytes;  // between steps: the state of the run
   const auto t0 = std::chrono::steady_clock::now();
   engine::start_work_recording();
   const engine::StepStats stats = step();
@@ -163,6 +169,17 @@ int run(const Args& a) {
   const double predicted = double(batch.num_predicted());
   const double analytic = tokens * (6 * (4 * d * d + 2 * d * ffn) * l + 12 * t * d * l) +
                           predicted * 6 * (d * d + d * v);
+  // Device memory: the allocator's own counts, the same on a GPU and in the emulation's dry run
+  // (no allocation depends on the device's speed); comparable with PyTorch's
+  // torch.cuda.max_memory_allocated.
+  const int64_t peak = memory.stats().peak_bytes;
+  const double gib = double(int64_t(1) << 30);
+  std::printf(
+      "device memory: %.2f GiB held between steps (parameters, gradients, optimizer state, the "
+      "batch, cached constants), peak %.2f GiB during the step: %.2f GiB of activations and "
+      "scratch, %.1f MiB a sequence\n",
+      double(held) / gib, double(peak) / gib, double(peak - held) / gib,
+      double(peak - held) / double(1 << 20) / double(a.batch));
 #if defined(ENGINE_CUDA_EMULATION)
   std::printf("wall clock of the recorded step: %.3f s (the emulated device: not a GPU time)\n",
               seconds);

@@ -14,6 +14,7 @@
 #include "data/batches.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
+#include "engine/allocator.h"
 #include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/backend.h"
@@ -41,7 +42,9 @@ std::vector<engine::Tensor> dropout_masks(const engine::Tensor& loss) {
     std::shared_ptr<engine::Node> n = todo.back();
     todo.pop_back();
     if (!n || !seen.insert(n.get()).second) continue;
-    if (std::strcmp(n->name(), "dropout") == 0) found.push_back(n);
+    if (std::strcmp(n->name(), "dropout") == 0 ||
+        std::strcmp(n->name(), "dropout_add_layer_norm") == 0)
+      found.push_back(n);
     for (const engine::Edge& e : n->next) todo.push_back(e.node);
   }
   std::sort(found.begin(), found.end(),
@@ -49,11 +52,16 @@ std::vector<engine::Tensor> dropout_masks(const engine::Tensor& loss) {
   engine::NoGrad ng;
   std::vector<engine::Tensor> masks;
   for (const auto& n : found) {
+    // The gradient of ones is nonzero where an element was kept: dropout's output, or the fused
+    // residual join's sum (its normed output given zeros: the sum's gradient is then exactly the
+    // ones, and the branch input's is ones x keep / (1 - p)).
     const engine::TensorMeta& m = n->outputs.at(0);
-    const std::vector<float> g = n->backward({engine::Tensor::ones(m.shape, m.dtype, m.device)})
-                                     .at(0)
-                                     .to(engine::DType::f32)
-                                     .to_vector<float>();
+    std::vector<engine::Tensor> ones = {engine::Tensor::ones(m.shape, m.dtype, m.device)};
+    if (n->outputs.size() == 2) {
+      const engine::TensorMeta& normed = n->outputs[1];
+      ones.push_back(engine::Tensor::zeros(normed.shape, normed.dtype, normed.device));
+    }
+    const std::vector<float> g = n->backward(ones).at(0).to(engine::DType::f32).to_vector<float>();
     std::vector<uint8_t> keep(g.size());
     for (size_t i = 0; i < g.size(); ++i) keep[i] = g[i] != 0.f;
     masks.push_back(engine::Tensor::from_vector<uint8_t>(keep, m.shape));
@@ -154,8 +162,14 @@ void run_single_batch(PretrainModel& model, const engine::AdamWOptions& adam, ui
     const double tokens = double(batch.inputs.input_ids.numel()) * double(micro) * double(n);
     struct rusage ru {};
     getrusage(RUSAGE_SELF, &ru);
-    std::printf("timing: %lld steps %.3f ms/step %.1f tokens/s peak_rss_mb %.1f\n", (long long)n,
+    std::printf("timing: %lld steps %.3f ms/step %.1f tokens/s peak_rss_mb %.1f", (long long)n,
                 1e3 * s / double(n), tokens / s, double(ru.ru_maxrss) / 1024.0);
+    // On a device: the most its allocator had handed out at once (parameters, gradients,
+    // optimizer state, activations, scratch; PyTorch's torch.cuda.max_memory_allocated).
+    if (!device.is_cpu())
+      std::printf(" device_peak_mb %.1f",
+                  double(engine::allocator_for(device).stats().peak_bytes) / (1 << 20));
+    std::printf("\n");
   }
   if (!o.save.empty()) {
     save_checkpoint(o.save, model);
