@@ -9,8 +9,10 @@
 
 #include "emu/runtime.h"
 #include "engine/cuda/launch.h"
+#include "engine/cuda/wmma.cuh"
 
 using engine::cuda::LaunchConfig;
+namespace wmma = nvcuda::wmma;
 
 namespace {
 
@@ -163,7 +165,35 @@ __global__ void racy_neighbour(int* out) {
   out[threadIdx.x] = threadIdx.x ? s[threadIdx.x - 1] : 0;
 }
 
+// Warp matrix functions misused (what: 0 a pointer off 256-bit alignment, 1 an ldm of 12
+// elements, 2 a pointer that differs between lanes, 3 half the warp calling).
+__global__ void wmma_misuse(const __nv_bfloat16* a, float* out, int what) {
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> f;
+  const int lane = threadIdx.x % 32;
+  if (what == 0) wmma::load_matrix_sync(f, a + 8, 16);
+  if (what == 1) wmma::load_matrix_sync(f, a, 12);
+  if (what == 2) wmma::load_matrix_sync(f, a + (lane % 2) * 256, 16);
+  if (what == 3 && lane < 16) wmma::load_matrix_sync(f, a, 16);
+  out[threadIdx.x] = static_cast<float>(f.x[0]);
+}
+
 }  // namespace
+
+TEST_CASE(
+    "seeded: warp matrix functions with a misaligned pointer, a bad ldm, non-uniform "
+    "arguments, half a warp",
+    "[emulator]") {
+  DeviceBuffer<__nv_bfloat16> a(1024);
+  DeviceBuffer<float> out(32);
+  ENGINE_LAUNCH(wmma_misuse, cfg(1, 32), a.p, out.p, 0);
+  expect_fault({"kernel 'wmma_misuse'", "wmma::load_matrix_sync", "not 256-bit aligned"});
+  ENGINE_LAUNCH(wmma_misuse, cfg(1, 32), a.p, out.p, 1);
+  expect_fault({"wmma::load_matrix_sync", "ldm 12 is not a multiple of 8"});
+  ENGINE_LAUNCH(wmma_misuse, cfg(1, 32), a.p, out.p, 2);
+  expect_fault({"wmma::load_matrix_sync", "lane 1 passed another pointer", "warp-uniform"});
+  ENGINE_LAUNCH(wmma_misuse, cfg(1, 32), a.p, out.p, 3);
+  expect_fault({"kernel 'wmma_misuse'", "thread ("});
+}
 
 TEST_CASE("a block reduction with shuffles, shared memory and atomics across blocks",
           "[emulator]") {
