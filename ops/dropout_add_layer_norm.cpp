@@ -3,7 +3,10 @@
 #include "ops/dropout_add_layer_norm.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "engine/autocast.h"
@@ -106,6 +109,76 @@ constexpr int64_t kParallelElems = ::engine::cpu::kParallelMinElems;
 // fixed by the row count: the same bits at any thread count), as layer_norm's are.
 constexpr int64_t kMaxChunks = 64;
 
+// `p`, or a row of c copies of `fill` when p is null (this thread's, kept between calls): an
+// absent bias or weight as a row, so the row loops have no branch and vectorise.
+template <class T>
+const T* row_or(const T* p, int64_t c, T fill) {
+  if (p) return p;
+  thread_local std::vector<T> zeros, ones;
+  std::vector<T>& row = fill == T(0) ? zeros : ones;
+  if (static_cast<int64_t>(row.size()) < c) row.assign(static_cast<size_t>(c), fill);
+  return row.data();
+}
+
+// keep ? v : +0 as a bitwise and: GCC sinks a value used on one arm of a select into a branch
+// and, under -ftrapping-math, will not vectorise it back (the loops below stayed scalar: twice the
+// fused forward's time); an and of the bits vectorises and is the same value, NaN and inf included.
+template <class T>
+inline T keep_or_zero(bool keep, T v) {
+  using U = std::conditional_t<sizeof(T) == 8, uint64_t, uint32_t>;
+  return std::bit_cast<T>(std::bit_cast<U>(v) & (U(0) - U(keep)));
+}
+
+// out[j] = r[j] + (keep_j ? x[j] + b[j] : 0) * scale, keep_j from words (all kept when null).
+template <class T>
+void drop_add_row(const T* __restrict x, const T* __restrict b, const T* __restrict r,
+                  const uint32_t* __restrict words, uint32_t th, T scale, T* __restrict out,
+                  int64_t c) {
+  if (words) {
+    for (int64_t j = 0; j < c; ++j)
+      out[j] = r[j] + keep_or_zero(dropout_keep(words[j], th), x[j] + b[j]) * scale;
+  } else {
+    for (int64_t j = 0; j < c; ++j) out[j] = r[j] + (x[j] + b[j]) * scale;
+  }
+}
+
+// y[j] = (z[j] - mu) rs w[j] + b[j]: a LayerNorm row from its statistics.
+template <class T>
+void normalise_row(const T* __restrict z, T mu, T rs, const T* __restrict w, const T* __restrict b,
+                   T* __restrict y, int64_t c) {
+  for (int64_t j = 0; j < c; ++j) y[j] = (z[j] - mu) * rs * w[j] + b[j];
+}
+
+// A row of layer_norm's input gradient plus the sum output's own (gs, may be null) into out:
+// rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = g w stored first (as layer_norm's
+// kernel does), then + gs, each step rounded to T as the unfused ops round it.
+template <class T>
+void ln_input_grad_row(const T* __restrict z, const T* __restrict g, const T* __restrict w,
+                       const T* __restrict gs, T mu, T rs, T* __restrict out, int64_t c) {
+  for (int64_t j = 0; j < c; ++j) out[j] = g[j] * w[j];
+  T sum_g = 0, sum_gx = 0;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+  for (int64_t j = 0; j < c; ++j) {
+    sum_g += out[j];
+    sum_gx += out[j] * ((z[j] - mu) * rs);
+  }
+  const T mean_g = sum_g / T(c), mean_gx = sum_gx / T(c);
+  for (int64_t j = 0; j < c; ++j) out[j] = rs * (out[j] - mean_g - ((z[j] - mu) * rs) * mean_gx);
+  if (gs)
+    for (int64_t j = 0; j < c; ++j) out[j] += gs[j];
+}
+
+// dx[j] = (keep_j ? d[j] : 0) * scale; dx may be d itself.
+template <class T>
+void drop_row(const T* d, const uint32_t* __restrict words, uint32_t th, T scale, T* dx,
+              int64_t c) {
+  if (words) {
+    for (int64_t j = 0; j < c; ++j) dx[j] = keep_or_zero(dropout_keep(words[j], th), d[j]) * scale;
+  } else {
+    for (int64_t j = 0; j < c; ++j) dx[j] = d[j] * scale;
+  }
+}
+
 // The keep words of row r (elements r * c ..), or nullptr when the rule draws none.
 const uint32_t* row_words(const DropoutRule& rule, PhiloxState s, int64_t r, int64_t c,
                           std::vector<uint32_t>& fresh) {
@@ -121,9 +194,9 @@ void forward(const DropoutAddNormForward& a) {
     const int64_t rows = a.x.numel() / c;
     const T* px = a.x.data<T>();
     const T* pr = a.residual.data<T>();
-    const T* pb = a.bias.defined() ? a.bias.data<T>() : nullptr;
-    const T* pw = a.weight.defined() ? a.weight.data<T>() : nullptr;
-    const T* plb = a.ln_bias.defined() ? a.ln_bias.data<T>() : nullptr;
+    const T* pb_in = a.bias.defined() ? a.bias.data<T>() : nullptr;
+    const T* pw_in = a.weight.defined() ? a.weight.data<T>() : nullptr;
+    const T* plb_in = a.ln_bias.defined() ? a.ln_bias.data<T>() : nullptr;
     T* ps = a.sum.data<T>();
     T* py = a.normed.data<T>();
     T* pmean = a.mean.data<T>();
@@ -131,6 +204,9 @@ void forward(const DropoutAddNormForward& a) {
     const DropoutRule rule = dropout_rule(a.p);
 #pragma omp parallel for if (rows * c > kParallelElems)
     for (int64_t r = 0; r < rows; ++r) {
+      const T* pb = row_or(pb_in, c, T(0));
+      const T* pw = row_or(pw_in, c, T(1));
+      const T* plb = row_or(plb_in, c, T(0));
       std::vector<uint32_t> fresh;
       const uint32_t* words = row_words(rule, a.state, r, c, fresh);
       const T* xr = px + r * c;
@@ -139,22 +215,16 @@ void forward(const DropoutAddNormForward& a) {
       T* yr = py + r * c;
       const T scale = static_cast<T>(rule.scale);
       const uint32_t th = rule.threshold;
-      // The select before the multiply, as dropout's CPU kernel does (it vectorises).
-      if (words) {
-        for (int64_t j = 0; j < c; ++j)
-          sr[j] = rr[j] + (dropout_keep(words[j], th) ? xr[j] + (pb ? pb[j] : T(0)) : T(0)) * scale;
-      } else if (rule.scale == 0) {  // p == 1: everything dropped
+      if (!words && rule.scale == 0)  // p == 1: everything dropped
         std::copy(rr, rr + c, sr);
-      } else {
-        for (int64_t j = 0; j < c; ++j) sr[j] = rr[j] + (xr[j] + (pb ? pb[j] : T(0))) * scale;
-      }
+      else
+        drop_add_row(xr, pb, rr, words, th, scale, sr, c);
       const T mu = ::engine::cpu::row_sum(sr, c) / T(c);
       const T v = ::engine::cpu::row_sum_sq_dev(sr, mu, c);
       const T rs = T(1) / std::sqrt(v / T(c) + T(a.eps));
       pmean[r] = mu;
       prstd[r] = rs;
-      for (int64_t j = 0; j < c; ++j)
-        yr[j] = (sr[j] - mu) * rs * (pw ? pw[j] : T(1)) + (plb ? plb[j] : T(0));
+      normalise_row(sr, mu, rs, pw, plb, yr, c);
     }
   });
 }
@@ -164,7 +234,7 @@ void backward(const DropoutAddNormBackward& a) {
     const int64_t c = a.sum.shape().back();
     const int64_t rows = a.sum.numel() / c;
     const T* pz = a.sum.data<T>();
-    const T* pw = a.weight.defined() ? a.weight.data<T>() : nullptr;
+    const T* pw_in = a.weight.defined() ? a.weight.data<T>() : nullptr;
     const T* pmean = a.mean.data<T>();
     const T* prstd = a.rstd.data<T>();
     const T* pg = a.dnormed.data<T>();
@@ -193,6 +263,7 @@ void backward(const DropoutAddNormBackward& a) {
       std::vector<uint32_t> fresh_words;
       std::vector<T> fresh_d;
       T* d = ::engine::cpu::thread_scratch<T, 1>(c, fresh_d);  // dxhat, then dsum_total
+      const T* pw = row_or(pw_in, c, T(1));
       const T scale = static_cast<T>(rule.scale);
       const uint32_t th = rule.threshold;
       for (int64_t r = r0; r < r1; ++r) {
@@ -205,29 +276,16 @@ void backward(const DropoutAddNormBackward& a) {
         if (acc_lb)
           for (int64_t j = 0; j < c; ++j) acc_lb[j] += static_cast<double>(gr[j]);
         if (!want_dz) continue;
-        // layer_norm's input gradient: rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)),
-        // dxhat = dnormed * weight (stored first, as layer_norm's kernel does), plus dsum.
-        T sum_g = 0, sum_gx = 0;
-        for (int64_t j = 0; j < c; ++j) d[j] = pw ? gr[j] * pw[j] : gr[j];
-#pragma omp simd reduction(+ : sum_g, sum_gx)
-        for (int64_t j = 0; j < c; ++j) {
-          sum_g += d[j];
-          sum_gx += d[j] * ((zr[j] - mu) * rs);
-        }
-        const T mean_g = sum_g / T(c), mean_gx = sum_gx / T(c);
-        for (int64_t j = 0; j < c; ++j) d[j] = rs * (d[j] - mean_g - ((zr[j] - mu) * rs) * mean_gx);
-        if (pgs) {
-          const T* gs = pgs + r * c;
-          for (int64_t j = 0; j < c; ++j) d[j] += gs[j];
-        }
-        if (pdr) std::copy(d, d + c, pdr + r * c);
+        // The residual's gradient straight into its row (else the scratch row).
+        T* dz = pdr ? pdr + r * c : d;
+        ln_input_grad_row(zr, gr, pw, pgs ? pgs + r * c : nullptr, mu, rs, dz, c);
         if (!pdx && !acc_b) continue;
         const uint32_t* words = row_words(rule, a.state, r, c, fresh_words);
-        for (int64_t j = 0; j < c; ++j) {
-          const T v = (words ? (dropout_keep(words[j], th) ? d[j] : T(0)) : d[j]) * scale;
-          if (pdx) pdx[r * c + j] = v;
-          if (acc_b) acc_b[j] += static_cast<double>(v);
-        }
+        // dx = dsum_total x keep / (1 - p) into dx's row (or the scratch row), then its sums.
+        T* v = pdx ? pdx + r * c : d;  // the scratch row: dz may be the residual's gradient
+        drop_row(dz, words, th, scale, v, c);
+        if (acc_b)
+          for (int64_t j = 0; j < c; ++j) acc_b[j] += static_cast<double>(v[j]);
       }
     }
     if (want_b) ::engine::cpu::sum_chunks_in_order(part_b, chunks, c, a.dbias.data<T>());

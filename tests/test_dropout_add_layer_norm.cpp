@@ -66,7 +66,10 @@ void backward_both(const DropoutAddNorm& out, uint64_t seed) {
 }
 
 Inputs fresh_leaves(const Inputs& in) {
-  auto leaf = [](const Tensor& t) { return t.defined() ? t.detach().set_requires_grad() : t; };
+  auto leaf = [](const Tensor& t) {
+    if (!t.defined()) return t;
+    return t.requires_grad() ? t.detach().set_requires_grad() : t.detach();
+  };
   return {leaf(in.x), leaf(in.bias), leaf(in.residual), leaf(in.weight), leaf(in.ln_bias)};
 }
 
@@ -100,6 +103,30 @@ TEST_CASE("dropout_add_layer_norm equals bias + dropout + add + layer_norm, forw
           require_close(got[i].grad(), want[i].grad(), 1e-11);
         }
       }
+    }
+  }
+}
+
+TEST_CASE("dropout_add_layer_norm with some inputs needing no gradient",
+          "[dropout_add_layer_norm]") {
+  // x without a gradient (its bias and the residual with): the bias gradient is computed from
+  // dx without writing it, next to the residual's.
+  for (int frozen = 0; frozen < 3; ++frozen) {
+    INFO("frozen input " << frozen);
+    Inputs a = make_inputs({6, 20}, DType::f64, 31);
+    Tensor& f = frozen == 0 ? a.x : frozen == 1 ? a.residual : a.weight;
+    f = f.detach();
+    const Inputs b = fresh_leaves(a);
+    Generator g1(5), g2(5);
+    backward_both(
+        dropout_add_layer_norm(a.x, a.bias, a.residual, 0.3, true, g1, a.weight, a.ln_bias, 1e-5),
+        6);
+    backward_both(unfused(b, 0.3, true, g2, 1e-5), 6);
+    const std::vector<Tensor> got = a.all(), want = b.all();
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("input " << i);
+      REQUIRE(got[i].requires_grad() == want[i].requires_grad());
+      if (got[i].requires_grad()) require_close(got[i].grad(), want[i].grad(), 1e-11);
     }
   }
 }
