@@ -152,31 +152,13 @@ __global__ void dropout_add_layer_norm_backward_warp(Bwd<T, S> a, int64_t rows, 
   for (int64_t r = r0; r < r1; ++r) {
     const S mu = a.mean[r], rs = a.rstd[r];
     S d[G][4], xh[G][4];  // dxhat and xhat
-    S sum_g = 0, sum_gx = 0;
-#pragma unroll
-    for (int k = 0; k < G; ++k) {
-      const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
-      Acc<T> zv[4] = {}, gv[4] = {}, wv[4] = {};
-      if (j0 < c) {
-        load4(a.sum + r * c, j0, c, vec, zv);
-        load4(a.dnormed + r * c, j0, c, vec, gv);
-        if (a.weight) load4(a.weight, j0, c, vec, wv);
-      }
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const S g = static_cast<S>(gv[q]);  // padding: 0
-        // dxhat rounded before use, as layer_norm's kernels do.
-        d[k][q] = a.weight ? dmath::mul_rn(g, static_cast<S>(wv[q])) : g;
-        xh[k][q] = (static_cast<S>(zv[q]) - mu) * rs;
-        sum_g += d[k][q];
-        sum_gx += d[k][q] * xh[k][q];
-        if (a.want_w) acc[acc_index<G>(0, k, q, lane)] += g * xh[k][q];
-        if (a.want_lb) acc[acc_index<G>(1, k, q, lane)] += g;
-      }
-    }
+    S mean_g, mean_gx;
+    warp_row_dxhat<T, S, G>(a.sum + r * c, a.dnormed + r * c, a.weight, mu, rs, c, lane, vec, d, xh,
+                            mean_g, mean_gx, [&](int k, int q, S g, S x) {
+                              if (a.want_w) acc[acc_index<G>(0, k, q, lane)] += g * x;
+                              if (a.want_lb) acc[acc_index<G>(1, k, q, lane)] += g;
+                            });
     if (!want_dz) continue;
-    const S mean_g = warp_sum(sum_g) / static_cast<S>(c);
-    const S mean_gx = warp_sum(sum_gx) / static_cast<S>(c);
 #pragma unroll
     for (int k = 0; k < G; ++k) {
       const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);

@@ -84,29 +84,9 @@ __global__ void layer_norm_backward_warp(const T* x, const T* weight, const S* m
   if (r >= rows) return;
   const S mu = mean[r], rs = rstd[r];
   S d[G][4], xh[G][4];  // dxhat and xhat
-  S sum_g = 0, sum_gx = 0;
-#pragma unroll
-  for (int k = 0; k < G; ++k) {
-    const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
-    Acc<T> xv[4] = {}, gv[4] = {}, wv[4] = {};
-    if (j0 < c) {
-      load4(x + r * c, j0, c, vec, xv);
-      load4(dy + r * c, j0, c, vec, gv);
-      if (weight) load4(weight, j0, c, vec, wv);
-    }
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      // dxhat = dy * weight, rounded before it is used (the CPU stores it first; fused into the
-      // subtraction below, a one-element row would get a nonzero dx). Padding: dy = 0, d = 0.
-      const S g = static_cast<S>(gv[q]);
-      d[k][q] = weight ? dmath::mul_rn(g, static_cast<S>(wv[q])) : g;
-      xh[k][q] = (static_cast<S>(xv[q]) - mu) * rs;
-      sum_g += d[k][q];
-      sum_gx += d[k][q] * xh[k][q];
-    }
-  }
-  const S mean_g = warp_sum(sum_g) / static_cast<S>(c);
-  const S mean_gx = warp_sum(sum_gx) / static_cast<S>(c);
+  S mean_g, mean_gx;
+  warp_row_dxhat<T, S, G>(x + r * c, dy + r * c, weight, mu, rs, c, lane, vec, d, xh, mean_g,
+                          mean_gx, [](int, int, S, S) {});
 #pragma unroll
   for (int k = 0; k < G; ++k) {
     const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);

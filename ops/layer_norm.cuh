@@ -52,4 +52,39 @@ __device__ inline void warp_row_moments(const A (&v)[G][4], int64_t c, int lane,
   }
 }
 
+// The first half of a LayerNorm input gradient for a row the warp holds (load4's layout): loads
+// the row's normalised input x and its gradient dy (rows of c, `vec`: 4-element vectors), forms
+// dxhat = dy * weight (weight may be null: 1), rounded before use (the CPU stores it first; fused
+// into the subtraction, a one-element row would get a nonzero dx), and xhat = (x - mu) rs, and
+// returns the row means of dxhat and dxhat * xhat; padding counts as dy = 0. each(k, q, dy, xhat)
+// sees every element (its parameter-gradient terms). The input gradient is then
+// rs (d - mean_g - xh mean_gx).
+template <class T, class S, int G, class F>
+__device__ inline void warp_row_dxhat(const T* x, const T* dy, const T* weight, S mu, S rs,
+                                      int64_t c, int lane, bool vec, S (&d)[G][4], S (&xh)[G][4],
+                                      S& mean_g, S& mean_gx, F&& each) {
+  S sum_g = 0, sum_gx = 0;
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
+    Acc<T> xv[4] = {}, gv[4] = {}, wv[4] = {};
+    if (j0 < c) {
+      load4(x, j0, c, vec, xv);
+      load4(dy, j0, c, vec, gv);
+      if (weight) load4(weight, j0, c, vec, wv);
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const S g = static_cast<S>(gv[q]);
+      d[k][q] = weight ? dmath::mul_rn(g, static_cast<S>(wv[q])) : g;
+      xh[k][q] = (static_cast<S>(xv[q]) - mu) * rs;
+      sum_g += d[k][q];
+      sum_gx += d[k][q] * xh[k][q];
+      each(k, q, g, xh[k][q]);
+    }
+  }
+  mean_g = warp_sum(sum_g) / static_cast<S>(c);
+  mean_gx = warp_sum(sum_gx) / static_cast<S>(c);
+}
+
 }  // namespace engine::cuda
