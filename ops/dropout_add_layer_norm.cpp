@@ -338,7 +338,9 @@ DropoutAddNorm dropout_add_layer_norm(const Tensor& x_in, const Tensor& bias_in,
   dropout_add_layer_norm_kernel(x.device(), a);
   if (needs_grad({&x, &bias, &residual, &weight, &ln_bias})) {
     auto n = std::make_shared<DropoutAddNormNode>();
-    n->sum = a.sum;
+    // The saved sum is a detached alias: the output itself holds the node (its grad_fn), so
+    // keeping it here would make a cycle that a graph dropped without a backward never frees.
+    n->sum = a.sum.detach();
     n->weight = a.weight;  // read by the input gradient even when it needs no gradient itself
     n->mean = a.mean;
     n->rstd = a.rstd;

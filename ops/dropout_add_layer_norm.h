@@ -5,10 +5,11 @@
 //
 // x is a sublayer's output before its bias (the attention's output projection, the second FFN
 // GEMM), residual the block's input. Unfused, this is a bias epilogue, dropout, an add and
-// layer_norm: four kernels and seven passes over (rows, C) forward, and backward layer_norm's,
-// dropout's and the bias gradient's passes (six). Fused, the forward reads x and residual and
-// writes sum and normed; the backward reads sum and the gradient and writes the residual's and x's
-// gradients, with the three parameter gradients (bias, weight, ln_bias) summed in the same pass.
+// layer_norm: seven passes over (rows, C) forward (dropout 2, the add 3, layer_norm 2) and eight
+// backward (layer_norm's input gradient 3 and its parameter sums 2, dropout's 2, the bias sum 1).
+// Fused, the forward reads x and residual and writes sum and normed (4); the backward reads sum
+// and the gradient and writes the residual's and x's gradients (4), with the three parameter
+// gradients (bias, weight, ln_bias) summed in the same pass.
 //
 // The dropout mask is the one dropout(x + bias, p, training, gen) draws from the same generator
 // (gen.reserve_words(x.numel()), element i the row-major index), so the fused and the unfused

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -129,6 +130,22 @@ TEST_CASE("dropout_add_layer_norm with some inputs needing no gradient",
       if (got[i].requires_grad()) require_close(got[i].grad(), want[i].grad(), 1e-11);
     }
   }
+}
+
+TEST_CASE("dropout_add_layer_norm's graph is freed when dropped without a backward",
+          "[dropout_add_layer_norm]") {
+  // The node saves its own output (the sum): as the output itself, not a detached alias, it
+  // would hold the node that holds it (LeakSanitizer found it in the model tests).
+  const Inputs in = make_inputs({4, 16}, DType::f32, 41);
+  std::weak_ptr<Node> node;
+  {
+    Generator g(1);
+    DropoutAddNorm o =
+        dropout_add_layer_norm(in.x, in.bias, in.residual, 0.1, true, g, in.weight, in.ln_bias);
+    node = o.normed.grad_fn();
+    REQUIRE_FALSE(node.expired());
+  }
+  REQUIRE(node.expired());
 }
 
 TEST_CASE("dropout_add_layer_norm drops the elements dropout drops", "[dropout_add_layer_norm]") {
