@@ -32,6 +32,21 @@ namespace {
 constexpr int kForwardWarps = 4;        // rows (warps) per block of the forward
 constexpr int64_t kTargetWarps = 2048;  // backward: ~16 warps for each of an H200's 132 SMs
 
+// The dropout a launch applies (dropout_rule's, in the compute type): kept elements times scale.
+template <class T>
+struct Drop {
+  Acc<T> scale;
+  uint32_t threshold;
+  bool draws;  // keep bits from the stream; otherwise every element kept iff scale != 0
+  PhiloxState state;
+};
+
+template <class T>
+Drop<T> make_drop(double p, PhiloxState state) {
+  const DropoutRule rule = dropout_rule(p);
+  return {static_cast<Acc<T>>(rule.scale), rule.threshold, rule.draws, state};
+}
+
 // Device-side copies of the launch arguments.
 template <class T, class S>
 struct Fwd {
@@ -39,10 +54,7 @@ struct Fwd {
   T *sum, *normed;
   S *mean, *rstd;
   S eps;
-  Acc<T> scale;
-  uint32_t threshold;
-  bool draws;
-  PhiloxState state;
+  Drop<T> drop;
 };
 
 template <class T, class S>
@@ -50,28 +62,25 @@ struct Bwd {
   const T *sum, *weight, *dnormed, *dsum;
   const S *mean, *rstd;
   T *d_residual, *dx;
-  Acc<T> scale;
-  uint32_t threshold;
-  bool draws;
-  PhiloxState state;
+  Drop<T> drop;
   bool want_w, want_lb, want_b;  // which parameter gradients to sum
 };
 
 // Keep bits of row elements j0 .. j0 + 3 (stream index i0 = r * c + j0).
-template <class T, class A>
-__device__ inline void keep_group(const A& a, uint64_t i0, bool (&keep)[4]) {
-  if (a.draws) {
-    dropout_keep4(a.state, i0, a.threshold, keep);
+template <class T>
+__device__ inline void keep_group(const Drop<T>& d, uint64_t i0, bool (&keep)[4]) {
+  if (d.draws) {
+    dropout_keep4(d.state, i0, d.threshold, keep);
   } else {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) keep[q] = a.scale != Acc<T>(0);
+    for (int q = 0; q < 4; ++q) keep[q] = d.scale != Acc<T>(0);
   }
 }
 
 // Keep bit of the one stream element i (the block-per-row kernels).
-template <class T, class A>
-__device__ inline bool keep_one(const A& a, uint64_t i) {
-  return a.draws ? dropout_keep(philox_word(a.state, i), a.threshold) : a.scale != Acc<T>(0);
+template <class T>
+__device__ inline bool keep_one(const Drop<T>& d, uint64_t i) {
+  return d.draws ? dropout_keep(philox_word(d.state, i), d.threshold) : d.scale != Acc<T>(0);
 }
 
 // ---- a warp per row ------------------------------------------------------------------------
@@ -94,11 +103,11 @@ __global__ void dropout_add_layer_norm_warp(Fwd<T, S> a, int64_t rows, int64_t c
     load4(a.residual + r * c, j0, c, vec, rv);
     if (a.bias) load4(a.bias, j0, c, vec, bv);
     bool keep[4];
-    keep_group<T>(a, static_cast<uint64_t>(r * c + j0), keep);
+    keep_group(a.drop, static_cast<uint64_t>(r * c + j0), keep);
     T z[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      z[q] = from_acc<T>(rv[q] + (keep[q] ? (xv[q] + bv[q]) * a.scale : Acc<T>(0)));
+      z[q] = from_acc<T>(rv[q] + (keep[q] ? (xv[q] + bv[q]) * a.drop.scale : Acc<T>(0)));
       if (j0 + q < c) v[k][q] = to_acc(z[q]);
     }
     store4(a.sum + r * c, j0, c, vec, z);
@@ -166,14 +175,14 @@ __global__ void dropout_add_layer_norm_backward_warp(Bwd<T, S> a, int64_t rows, 
       Acc<T> sv[4] = {};
       if (a.dsum) load4(a.dsum + r * c, j0, c, vec, sv);
       bool keep[4];
-      keep_group<T>(a, static_cast<uint64_t>(r * c + j0), keep);
+      keep_group(a.drop, static_cast<uint64_t>(r * c + j0), keep);
       T dz[4], dxv[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         // Rounded where the unfused path rounds: layer_norm's dx, the sum with dsum, dropout's.
         dz[q] = from_acc<T>(rs * (d[k][q] - mean_g - xh[k][q] * mean_gx));
         if (a.dsum) dz[q] = from_acc<T>(to_acc(dz[q]) + sv[q]);
-        dxv[q] = keep[q] ? from_acc<T>(to_acc(dz[q]) * a.scale) : from_acc<T>(Acc<T>(0));
+        dxv[q] = keep[q] ? from_acc<T>(to_acc(dz[q]) * a.drop.scale) : from_acc<T>(Acc<T>(0));
         if (a.want_b && j0 + q < c)
           acc[acc_index<G>(2, k, q, lane)] += static_cast<S>(to_acc(dxv[q]));
       }
@@ -203,10 +212,10 @@ __global__ void dropout_add_layer_norm_rows(Fwd<T, S> a, int64_t c) {
   WelfordStat w;
   double s = 0;
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const bool keep = keep_one<T>(a, static_cast<uint64_t>(r * c + j));
+    const bool keep = keep_one(a.drop, static_cast<uint64_t>(r * c + j));
     const Acc<T> b = a.bias ? to_acc(a.bias[j]) : Acc<T>(0);
     const T z = from_acc<T>(to_acc(a.residual[r * c + j]) +
-                            (keep ? (to_acc(a.x[r * c + j]) + b) * a.scale : Acc<T>(0)));
+                            (keep ? (to_acc(a.x[r * c + j]) + b) * a.drop.scale : Acc<T>(0)));
     a.sum[r * c + j] = z;
     if constexpr (std::is_same_v<S, double>)
       s += to_acc(z);
@@ -262,9 +271,9 @@ __global__ void dropout_add_layer_norm_backward_rows(Bwd<T, S> a, int64_t c) {
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
     T dz = from_acc<T>(rs * (dxhat(j) - mean_g - xhat(j) * mean_gx));
     if (a.dsum) dz = from_acc<T>(to_acc(dz) + to_acc(a.dsum[r * c + j]));
-    const bool keep = keep_one<T>(a, static_cast<uint64_t>(r * c + j));
+    const bool keep = keep_one(a.drop, static_cast<uint64_t>(r * c + j));
     if (a.d_residual) a.d_residual[r * c + j] = dz;
-    a.dx[r * c + j] = keep ? from_acc<T>(to_acc(dz) * a.scale) : from_acc<T>(Acc<T>(0));
+    a.dx[r * c + j] = keep ? from_acc<T>(to_acc(dz) * a.drop.scale) : from_acc<T>(Acc<T>(0));
   }
 }
 
@@ -311,15 +320,6 @@ struct RowSums {
 
 // ---- launches --------------------------------------------------------------------------------
 
-template <class T, class A>
-void set_rule(A& a, double p, PhiloxState state) {
-  const DropoutRule rule = dropout_rule(p);
-  a.scale = static_cast<Acc<T>>(rule.scale);
-  a.threshold = rule.threshold;
-  a.draws = rule.draws;
-  a.state = state;
-}
-
 void forward(const DropoutAddNormForward& t) {
   const int64_t c = t.x.shape().back();
   const int64_t rows = c == 0 ? 0 : t.x.numel() / c;
@@ -331,21 +331,10 @@ void forward(const DropoutAddNormForward& t) {
   const int e = warp_row_elems(c);
   dispatch_device_floating(t.x.dtype(), "dropout_add_layer_norm", [&]<class T>() {
     using S = Stats<T>;
-    Fwd<T, S> a{dptr<const T>(t.x),
-                dptr<const T>(t.bias),
-                dptr<const T>(t.residual),
-                dptr<const T>(t.weight),
-                dptr<const T>(t.ln_bias),
-                dptr<T>(t.sum),
-                dptr<T>(t.normed),
-                t.mean.data<S>(),
-                t.rstd.data<S>(),
-                static_cast<S>(t.eps),
-                {},
-                0,
-                false,
-                {}};
-    set_rule<T>(a, t.p, t.state);
+    Fwd<T, S> a{dptr<const T>(t.x),      dptr<const T>(t.bias),     dptr<const T>(t.residual),
+                dptr<const T>(t.weight), dptr<const T>(t.ln_bias),  dptr<T>(t.sum),
+                dptr<T>(t.normed),       t.mean.data<S>(),          t.rstd.data<S>(),
+                static_cast<S>(t.eps),   make_drop<T>(t.p, t.state)};
     const cudaStream_t stream = compute_stream(device);
     if (e == 0) {
       const LaunchConfig cfg{dim3(static_cast<unsigned>(rows)), dim3(row_threads(c)), 0, stream};
@@ -378,22 +367,10 @@ void backward(const DropoutAddNormBackward& t) {
   const int e = warp_row_elems(c);
   dispatch_device_floating(t.sum.dtype(), "dropout_add_layer_norm_backward", [&]<class T>() {
     using S = Stats<T>;
-    Bwd<T, S> a{dptr<const T>(t.sum),
-                dptr<const T>(t.weight),
-                dptr<const T>(t.dnormed),
-                dptr<const T>(t.dsum),
-                t.mean.data<S>(),
-                t.rstd.data<S>(),
-                dptr<T>(t.d_residual),
-                dptr<T>(t.dx),
-                {},
-                0,
-                false,
-                {},
-                t.dweight.defined(),
-                t.dln_bias.defined(),
-                t.dbias.defined()};
-    set_rule<T>(a, t.p, t.state);
+    Bwd<T, S> a{dptr<const T>(t.sum),  dptr<const T>(t.weight), dptr<const T>(t.dnormed),
+                dptr<const T>(t.dsum), t.mean.data<S>(),        t.rstd.data<S>(),
+                dptr<T>(t.d_residual), dptr<T>(t.dx),           make_drop<T>(t.p, t.state),
+                t.dweight.defined(),   t.dln_bias.defined(),    t.dbias.defined()};
     const cudaStream_t stream = compute_stream(device);
     const bool any_sums = a.want_w || a.want_lb || a.want_b;
     if (e == 0) {
