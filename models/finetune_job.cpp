@@ -41,11 +41,15 @@ void refuse_earlier_results(const std::string& out, bool overwrite, bool root) {
           n == "predictions.json" || n == "nbest_predictions.json" || n == "null_odds.json")
         found.push_back(e.path());
     }
+  // Every rank has looked before any rank writes into --out: without this, rank 0 could create
+  // runs/ of this run before a slower rank looked, which then refused it as an earlier run's
+  // (dist_finetune failed so once on the 2-core VM). All ranks see the same files, so all pass
+  // or all refuse.
+  engine::world().barrier();
   if (found.empty()) return;
   ENGINE_CHECK(overwrite, "[finetune_app] --out ", out, " holds an earlier run's results (",
                found.front().filename().string(),
                "); pass --overwrite to replace them or choose another --out");
-  engine::world().barrier();  // every rank has looked before rank 0 removes anything
   if (root)
     for (const auto& p : found) fs::remove_all(p);
   engine::world().barrier();
