@@ -48,6 +48,11 @@ PEAK_BF16 = 989e12      # H200 dense bf16 tensor-core peak (MFU denominator)
 HBM = 4.8e12            # H200 HBM3e, the spec sheet
 L2_BYTES = 50e6         # H100/H200 L2
 PHILOX_WORDS = 4        # words per Philox block
+# The fused attention kernels' tensor-core rate: an assumption until a GPU measures them (WMMA
+# tiles through shared memory, no asynchronous copies: about a third of the dense peak)
+FLASH_FLOPS = 330e12
+# The fused kernels' products, as multiples of B H Tq Tk D (2 per product they compute)
+FLASH_PRODUCTS = {"flash_forward": 4, "flash_backward_kv": 8, "flash_backward_q": 6}
 
 # The measured commits' steps (pretrain_app --time, bf16, B = 32, dropout on: 5d401cc's in
 # ../shared/data/gpu/engine_steps.log, 3928985's in bench/perf_data/h200_3928985_steps.log) and
@@ -167,6 +172,12 @@ def describe5(name, op_row, launch, n_main):
                 "sum_to_chunks", "merge_key_runs"):
         return "aux", 0.0, 0, "simple", 0
     # this tree's kernels (by the names record_step gives their launches)
+    if base in FLASH_PRODUCTS:  # tensor-core work, and a Philox block per element (dropout assumed on)
+        q, k = ts[0][0], ts[1][0]
+        elems = numel(q[:3]) * k[2]
+        return "flash", share, FLASH_PRODUCTS[base] * elems * q[3], "simple", elems
+    if base in ("flash_rowdot", "flash_bias_sum"):
+        return "vec", share, steps(share, 4), "simple", 0
     if base in ("softmax_forward_warp", "softmax_backward_warp"):
         philox = numel(ts[0][0]) / PHILOX_WORDS if op == "attention_softmax" and dropout_on(ts) else 0
         return "softmax_warp", share, 0, "simple", philox
@@ -343,6 +354,9 @@ class Model:
         t_step = self.f["t_step_ns"][latency] * (self.f["l2_latency"] if warm else 1.0)
         if pattern == "aux":
             return self.f["floor_ns"] + steps * t_step
+        if pattern == "flash":  # steps: the FLOPs; bytes at the vector rate
+            return self.f["floor_ns"] + max(1e9 * nbytes / self.f["bw"]["vec"], 1e9 * steps / FLASH_FLOPS,
+                                            1e9 * philox / self.f["philox_per_s"])
         bw = self.f["bw"][pattern] * (self.f["l2_speedup"] if warm else 1.0)
         if pattern == "softmax_warp":  # its Philox draws and its traffic add up (measured)
             return self.f["floor_ns"] + 1e9 * nbytes / bw + 1e9 * philox / self.f["philox_per_s"]

@@ -13,6 +13,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -127,6 +128,22 @@ struct Thread {
   bool entered = false;  // the first switch into the fiber in this block orders memory (TSan)
 };
 
+// Dynamic shared memory starts 128-byte aligned, as a block's shared memory window does on the
+// GPU (the warp matrix functions need 32-byte aligned tiles; malloc gives 16).
+template <class T>
+struct SmemAllocator {
+  using value_type = T;
+  SmemAllocator() = default;
+  template <class U>
+  SmemAllocator(const SmemAllocator<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(128)));
+  }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(128)); }
+  bool operator==(const SmemAllocator&) const { return true; }
+  bool operator!=(const SmemAllocator&) const { return false; }
+};
+
 struct Block {
   const char* kernel = nullptr;
   uint3 idx{};
@@ -135,7 +152,7 @@ struct Block {
   Thread* current = nullptr;
   const std::function<void()>* body = nullptr;
   // dynamic shared memory: the region, a canary after it, and which bytes were written
-  std::vector<unsigned char> smem;
+  std::vector<unsigned char, SmemAllocator<unsigned char>> smem;
   std::vector<unsigned char> written;
   size_t smem_bytes = 0;
   bool faulted = false;

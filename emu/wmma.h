@@ -82,6 +82,24 @@ inline void enter(const char* fn, const void* p, unsigned ldm, size_t elem) {
   ::emu::syncwarp(::emu::Site{__FILE__, __LINE__}, 0xffffffffu);  // the stage is free again
 }
 
+// An element a warp matrix function reads or writes: when it lies in the block's dynamic shared
+// memory, the same check as a SharedPtr access (bounds, and no read before a write), so a tile
+// stored by store_matrix_sync reads back through SharedPtr and a load of a region nothing wrote
+// faults.
+template <class T>
+inline T& element(T* base, size_t index, bool write) {
+  T* p = base + index;
+  const auto* lo = static_cast<const unsigned char*>(::emu::dynamic_shared_base());
+  const auto* q = reinterpret_cast<const unsigned char*>(p);
+  if (lo != nullptr && q >= lo && q < lo + ::emu::dynamic_shared_bytes())
+    ::emu::shared_check(p, sizeof(T), write);
+  return *p;
+}
+template <class T>
+inline const T& element(const T* base, size_t index) {
+  return element(const_cast<T*>(base), index, false);
+}
+
 template <class T>
 inline float to_float(T v) {
   return static_cast<float>(v);
@@ -122,7 +140,8 @@ inline void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* p, u
   detail::enter("load_matrix_sync", p, ldm, sizeof(T));
   for (int e = 0; e < f.num_elements; ++e) {
     const int r = detail::row_of(e), c = detail::col_of(e);
-    f.x[e] = std::is_same_v<Layout, row_major> ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r];
+    f.x[e] = detail::element(
+        p, std::is_same_v<Layout, row_major> ? size_t(r) * ldm + c : size_t(c) * ldm + r);
   }
 }
 
@@ -131,7 +150,8 @@ inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const 
   detail::enter("load_matrix_sync", p, ldm, sizeof(float));
   for (int e = 0; e < f.num_elements; ++e) {
     const int r = detail::row_of(e), c = detail::col_of(e);
-    f.x[e] = layout == mem_row_major ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r];
+    f.x[e] =
+        detail::element(p, layout == mem_row_major ? size_t(r) * ldm + c : size_t(c) * ldm + r);
   }
 }
 
@@ -140,7 +160,8 @@ inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, 
   detail::enter("store_matrix_sync", p, ldm, sizeof(float));
   for (int e = 0; e < f.num_elements; ++e) {
     const int r = detail::row_of(e), c = detail::col_of(e);
-    (layout == mem_row_major ? p[size_t(r) * ldm + c] : p[size_t(c) * ldm + r]) = f.x[e];
+    detail::element(p, layout == mem_row_major ? size_t(r) * ldm + c : size_t(c) * ldm + r, true) =
+        f.x[e];
   }
 }
 

@@ -9,7 +9,9 @@
 #include "ops/attention.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <exception>
+#include <string>
 
 #include <omp.h>
 
@@ -18,6 +20,7 @@
 #include "engine/backend.h"
 #include "engine/error.h"
 #include "ops/dropout.h"
+#include "ops/flash_attention.h"
 #include "ops/matmul.h"
 #include "ops/softmax.h"
 
@@ -130,7 +133,60 @@ struct AttentionNode : Node {
   void release_saved() override { q = k = v = probs = dropped = Tensor(); }
 };
 
+// The fused path's node: the backward is flash_attention_backward_kernel on the saved inputs,
+// output and log-sum-exp.
+struct FlashAttentionNode : Node {
+  FlashAttentionBackward args;  // q, k, v, bias, key_mask, out, lse, scale, p, state
+  Shape bias_shape;             // the bias input's own shape (its gradient's)
+  const char* name() const override { return "attention"; }
+
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    FlashAttentionBackward a = args;
+    const Device dev = a.q.device();
+    a.dout = grads[0].contiguous();
+    a.dq = Tensor::empty(a.q.shape(), a.q.dtype(), dev);
+    a.dk = Tensor::empty(a.k.shape(), a.k.dtype(), dev);
+    a.dv = Tensor::empty(a.v.shape(), a.v.dtype(), dev);
+    const int64_t h = a.q.size(1), tq = a.q.size(2), tk = a.k.size(2);
+    if (a.bias.defined() && needs_input_grad(3))
+      a.dbias = Tensor::empty({h, tq, tk}, DType::f32, dev);
+    flash_attention_backward_kernel(dev, a);
+    Tensor dbias;
+    if (a.dbias.defined())
+      dbias = sum_to_shape(a.dbias.view({1, h, tq, tk}), bias_shape).to(a.q.dtype());
+    return {needs_input_grad(0) ? a.dq : Tensor(), needs_input_grad(1) ? a.dk : Tensor(),
+            needs_input_grad(2) ? a.dv : Tensor(), dbias, Tensor()};
+  }
+  void release_saved() override { args = FlashAttentionBackward(); }
+};
+
+// The bias as the fused kernels read it, an (H, Tq, Tk) view shared by the batch: undefined when
+// there is none; `ok` false when it differs between batch entries.
+Tensor shared_bias(const Tensor& bias, int64_t b, int64_t h, int64_t tq, int64_t tk, bool& ok) {
+  ok = true;
+  if (!bias.defined()) return Tensor();
+  const Tensor e = bias.expand({b, h, tq, tk});
+  if (b > 1 && e.stride(0) != 0) {
+    ok = false;
+    return Tensor();
+  }
+  return e.select(0, 0);
+}
+
 }  // namespace
+
+FusedAttention default_fused_attention() {
+  static const FusedAttention mode = [] {
+    const char* v = std::getenv("ENGINE_FUSED_ATTENTION");
+    if (v == nullptr || *v == 0) return FusedAttention::without_dropout;
+    const std::string s(v);
+    if (s == "never") return FusedAttention::never;
+    if (s == "without_dropout") return FusedAttention::without_dropout;
+    if (s == "always") return FusedAttention::always;
+    ENGINE_FAIL("ENGINE_FUSED_ATTENTION is '", s, "'; expected never, without_dropout or always");
+  }();
+  return mode;
+}
 
 Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                  const AttentionOptions& opt_in) {
@@ -180,6 +236,49 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
   const double p = opt.training ? opt.dropout_p : 0.0;
   const Device dev = q.device();
   const DType dt = q.dtype();
+
+  // The fused kernels where they fit: one launch forward, no (B, H, Tq, Tk) tensor.
+  const FusedAttention mode = opt.fused.value_or(default_fused_attention());
+  const bool try_fused =
+      mode == FusedAttention::always || (mode == FusedAttention::without_dropout && p == 0);
+  bool bias_shared = false;
+  const Tensor bias3 = try_fused ? shared_bias(opt.bias.defined() ? opt.bias.detach() : Tensor(), b,
+                                               h, tq, tk, bias_shared)
+                                 : Tensor();
+  if (try_fused && bias_shared && flash_attention_fits(q.device(), q.dtype(), b, h, d, dv)) {
+    FlashAttentionForward f;
+    f.q = q.detach().contiguous();
+    f.k = k.detach().contiguous();
+    f.v = v.detach().contiguous();
+    f.bias = bias3;
+    if (opt.key_mask.defined()) f.key_mask = opt.key_mask.detach().to(DType::f32).contiguous();
+    f.scale = scale;
+    f.p = p;
+    if (p > 0) {
+      Generator& gen = opt.generator ? *opt.generator : default_generator();
+      f.state = gen.reserve_words(static_cast<uint64_t>(b * h * tq * tk));
+    }
+    f.out = Tensor::empty({b, h, tq, dv}, q.dtype(), q.device());
+    f.lse = Tensor::empty({b, h, tq}, DType::f32, q.device());
+    flash_attention_forward_kernel(q.device(), f);
+    if (needs_grad({&q, &k, &v, &opt.bias})) {
+      auto n = std::make_shared<FlashAttentionNode>();
+      FlashAttentionBackward& a = n->args;
+      a.q = f.q;
+      a.k = f.k;
+      a.v = f.v;
+      a.bias = f.bias;
+      a.key_mask = f.key_mask;
+      a.out = f.out.detach();
+      a.lse = f.lse;
+      a.scale = scale;
+      a.p = p;
+      a.state = f.state;
+      if (opt.bias.defined()) n->bias_shape = opt.bias.shape();
+      record(n, {q, k, v, opt.bias, opt.key_mask}, {f.out});
+    }
+    return f.out;
+  }
 
   // (B, H, T, D) -> (B*H, T, D): one strided-batched GEMM per product.
   Tensor q3 = q.detach().contiguous().view({b * h, tq, d});

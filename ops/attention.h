@@ -3,10 +3,22 @@
 // probabilities and the mixing of values, with a hand-written backward.
 #pragma once
 
+#include <optional>
+
 #include "engine/rng.h"
 #include "engine/tensor.h"
 
 namespace engine {
+
+// When the attention op takes its fused kernels. `without_dropout` is the default: with
+// dropout on, the fused backward draws the mask again in each of its two kernels (the unfused
+// path reads it from the kept probabilities), which the performance model prices above the
+// traffic saved until a GPU measures it (docs/performance-model.md); `always` when memory is
+// what counts (BERT-Large s512 at batch 64); `never`: the unfused kernels, the reference.
+enum class FusedAttention { never, without_dropout, always };
+// The process's default: the environment variable ENGINE_FUSED_ATTENTION (never,
+// without_dropout, always; another value is an error naming it), read once, else without_dropout.
+FusedAttention default_fused_attention();
 
 struct AttentionOptions {
   // Multiplies q k^T; 0 means 1/sqrt(d_head). TUPE uses 1/sqrt(2 d_head).
@@ -21,12 +33,17 @@ struct AttentionOptions {
   double dropout_p = 0.0;
   bool training = false;
   Generator* generator = nullptr;  // default_generator() when null
+  // Whether the fused kernels (ops/flash_attention.h: no (B, H, Tq, Tk) tensor in memory) run
+  // where they fit (a device, bf16 / f16, a head width of 32, 64 or 128, a bias shared by the
+  // batch); unset: default_fused_attention().
+  std::optional<FusedAttention> fused;
 };
 
 // q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) -> (B, H, Tq, Dv)
 //   out = dropout(softmax(scale * q k^T + bias, key_mask)) v
-// A query row whose keys are all masked outputs zeros. Saves q, k, v and the probabilities; the
-// dropout mask is regenerated from its Philox state in the backward.
+// A query row whose keys are all masked outputs zeros. Unfused, it saves q, k, v and the
+// probabilities (and on a device the dropped probabilities); fused, q, k, v, the output and one
+// log-sum-exp per query row, and the backward makes the probabilities and the dropout mask again.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v,
                  const AttentionOptions& options = {});
 

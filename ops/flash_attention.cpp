@@ -1,0 +1,175 @@
+// The fused attention kernels' contract on the CPU (flash_attention.h), written as the plain
+// formulas in double: the reference the CUDA kernels are checked against (tests/cuda), and what
+// the tables hold for the CPU. The attention op itself never takes this path on the CPU (its
+// per-entry unfused path keeps the scores in cache already): flash_attention_fits is for devices.
+#include "ops/flash_attention.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "engine/backend.h"
+#include "engine/error.h"
+#include "ops/dropout.h"
+
+namespace engine {
+
+void add_work_cost(WorkCost& cost, const FlashAttentionForward& a) {
+  for (const Tensor* t : {&a.q, &a.k, &a.v, &a.bias, &a.key_mask, &a.out, &a.lse})
+    if (t->defined()) add_work_cost(cost, *t);
+  cost.flops += 4.0 * a.q.size(0) * a.q.size(1) * a.q.size(2) * a.k.size(2) * a.q.size(3);
+}
+
+void add_work_cost(WorkCost& cost, const FlashAttentionBackward& a) {
+  for (const Tensor* t : {&a.q, &a.k, &a.v, &a.bias, &a.key_mask, &a.out, &a.lse, &a.dout, &a.dq,
+                          &a.dk, &a.dv, &a.dbias})
+    if (t->defined()) add_work_cost(cost, *t);
+  cost.flops += 10.0 * a.q.size(0) * a.q.size(1) * a.q.size(2) * a.k.size(2) * a.q.size(3);
+}
+
+bool flash_attention_fits(Device device, DType dtype, int64_t b, int64_t h, int64_t d, int64_t dv) {
+  if (device.is_cpu() || !flash_attention_forward_kernel.has(device.type) ||
+      !flash_attention_backward_kernel.has(device.type))
+    return false;
+  if (dtype != DType::bf16 && dtype != DType::f16) return false;
+  return d == dv && (d == 32 || d == 64 || d == 128) && b * h >= 1 && b * h <= 65535;
+}
+
+namespace {
+
+std::vector<double> host(const Tensor& t) {
+  return t.defined() ? t.contiguous().to(Device::cpu()).to(DType::f64).to_vector<double>()
+                     : std::vector<double>();
+}
+
+void put(const Tensor& dst, const std::vector<double>& v) {
+  dst.copy_(Tensor::from_vector(v, dst.shape()));
+}
+
+// The problem's sizes and the logits / keep decisions of one row, shared by both directions.
+struct Problem {
+  int64_t b, h, tq, tk, d;
+  double scale, p;
+  uint32_t threshold;
+  PhiloxState state;
+  std::vector<double> q, k, v, bias, mask;
+
+  template <class A>
+  Problem(const A& a)
+      : b(a.q.size(0)),
+        h(a.q.size(1)),
+        tq(a.q.size(2)),
+        tk(a.k.size(2)),
+        d(a.q.size(3)),
+        scale(a.scale),
+        p(a.p),
+        threshold(dropout_threshold(a.p)),
+        state(a.state),
+        q(host(a.q)),
+        k(host(a.k)),
+        v(host(a.v)),
+        bias(host(a.bias)),
+        mask(host(a.key_mask)) {
+    ENGINE_CHECK(a.v.size(3) == d, "[flash_attention] v's head width ", a.v.size(3),
+                 " differs from q's ", d);
+  }
+  // Row (bi, hi, i): logits (-inf where masked) into x.
+  void logits(int64_t bi, int64_t hi, int64_t i, std::vector<double>& x) const {
+    const int64_t bh = bi * h + hi;
+    for (int64_t j = 0; j < tk; ++j) {
+      if (!mask.empty() && mask[bi * tk + j] == 0) {
+        x[j] = -std::numeric_limits<double>::infinity();
+        continue;
+      }
+      double s = 0;
+      for (int64_t c = 0; c < d; ++c) s += q[(bh * tq + i) * d + c] * k[(bh * tk + j) * d + c];
+      x[j] = s * scale + (bias.empty() ? 0.0 : bias[(hi * tq + i) * tk + j]);
+    }
+  }
+  // The dropout factor of element (bi, hi, i, j): 1 / (1 - p) kept, 0 dropped, 1 without dropout.
+  double keep(int64_t bi, int64_t hi, int64_t i, int64_t j) const {
+    if (p == 0) return 1.0;
+    const uint64_t e = static_cast<uint64_t>(((bi * h + hi) * tq + i) * tk + j);
+    return dropout_keep(philox_word(state, e), threshold) ? 1.0 / (1.0 - p) : 0.0;
+  }
+  // Probabilities of a row from its logits and log-sum-exp (0 for masked keys and empty rows).
+  static void probs(const std::vector<double>& x, double lse, std::vector<double>& pr) {
+    for (size_t j = 0; j < x.size(); ++j) pr[j] = std::isinf(lse) ? 0.0 : std::exp(x[j] - lse);
+  }
+};
+
+void forward(const FlashAttentionForward& a) {
+  const Problem P(a);
+  std::vector<double> out(static_cast<size_t>(P.b * P.h * P.tq * P.d)),
+      lse(static_cast<size_t>(P.b * P.h * P.tq));
+  std::vector<double> x(static_cast<size_t>(P.tk)), pr(x.size());
+  for (int64_t bi = 0; bi < P.b; ++bi)
+    for (int64_t hi = 0; hi < P.h; ++hi)
+      for (int64_t i = 0; i < P.tq; ++i) {
+        const int64_t bh = bi * P.h + hi, row = bh * P.tq + i;
+        P.logits(bi, hi, i, x);
+        double m = -std::numeric_limits<double>::infinity();
+        for (double e : x) m = std::max(m, e);
+        double l = 0;
+        if (!std::isinf(m))
+          for (double e : x) l += std::exp(e - m);
+        lse[row] = l > 0 ? m + std::log(l) : std::numeric_limits<double>::infinity();
+        Problem::probs(x, lse[row], pr);
+        for (int64_t j = 0; j < P.tk; ++j) {
+          const double w = pr[j] * P.keep(bi, hi, i, j);
+          for (int64_t c = 0; c < P.d; ++c)
+            out[row * P.d + c] += w * P.v[(bh * P.tk + j) * P.d + c];
+        }
+      }
+  put(a.out, out);
+  put(a.lse, lse);
+}
+
+void backward(const FlashAttentionBackward& a) {
+  const Problem P(a);
+  const std::vector<double> out = host(a.out), dout = host(a.dout), lse = host(a.lse);
+  const int64_t n = P.b * P.h;
+  std::vector<double> dq(static_cast<size_t>(n * P.tq * P.d)),
+      dk(static_cast<size_t>(n * P.tk * P.d)), dv(dk.size());
+  std::vector<double> ds_all(a.dbias.defined() ? static_cast<size_t>(n * P.tq * P.tk) : 0);
+  std::vector<double> x(static_cast<size_t>(P.tk)), pr(x.size());
+  for (int64_t bi = 0; bi < P.b; ++bi)
+    for (int64_t hi = 0; hi < P.h; ++hi)
+      for (int64_t i = 0; i < P.tq; ++i) {
+        const int64_t bh = bi * P.h + hi, row = bh * P.tq + i;
+        P.logits(bi, hi, i, x);
+        Problem::probs(x, lse[row], pr);
+        double dsum = 0;  // rowsum(dout * out)
+        for (int64_t c = 0; c < P.d; ++c) dsum += dout[row * P.d + c] * out[row * P.d + c];
+        for (int64_t j = 0; j < P.tk; ++j) {
+          const double kp = P.keep(bi, hi, i, j);
+          double dpd = 0;  // dout_i . v_j
+          for (int64_t c = 0; c < P.d; ++c)
+            dpd += dout[row * P.d + c] * P.v[(bh * P.tk + j) * P.d + c];
+          const double ds = pr[j] * (dpd * kp - dsum);
+          if (!ds_all.empty()) ds_all[static_cast<size_t>(row * P.tk + j)] = ds;
+          for (int64_t c = 0; c < P.d; ++c) {
+            dq[row * P.d + c] += P.scale * ds * P.k[(bh * P.tk + j) * P.d + c];
+            dk[(bh * P.tk + j) * P.d + c] += P.scale * ds * P.q[row * P.d + c];
+            dv[(bh * P.tk + j) * P.d + c] += pr[j] * kp * dout[row * P.d + c];
+          }
+        }
+      }
+  put(a.dq, dq);
+  put(a.dk, dk);
+  put(a.dv, dv);
+  if (a.dbias.defined()) {
+    const int64_t per = P.h * P.tq * P.tk;
+    std::vector<double> db(static_cast<size_t>(per));
+    for (int64_t bi = 0; bi < P.b; ++bi)
+      for (int64_t e = 0; e < per; ++e) db[e] += ds_all[bi * per + e];
+    put(a.dbias, db);
+  }
+}
+
+}  // namespace
+
+ENGINE_REGISTER_KERNEL(flash_attention_forward_kernel, DeviceType::CPU, forward);
+ENGINE_REGISTER_KERNEL(flash_attention_backward_kernel, DeviceType::CPU, backward);
+
+}  // namespace engine

@@ -1,0 +1,616 @@
+// CUDA kernels of the fused attention (flash_attention.h) on tensor cores through the WMMA API
+// (engine/cuda/wmma.cuh: m16n16k16, 16-bit multiplicands, f32 accumulators), for bf16 / f16 and
+// head widths D = 32, 64, 128. Blocks of 4 warps; a warp owns 16 rows of its block's 64; key and
+// value tiles of 64 rows are staged in shared memory by the whole block (16-byte loads) and read
+// by every warp. Elementwise work on a product (scale, bias, mask, softmax, dropout) goes through
+// a per-warp tile in shared memory, whose (row, column) every lane knows: the kernels never
+// assume a fragment layout.
+//
+//   forward      grid (Tq / 64, B H): each warp's 16 query rows against every key tile, online
+//                softmax (running max and sum per row, the output rows rescaled in shared memory),
+//                O += P_d V on tensor cores; writes out and the rows' log-sum-exp.
+//   rowdot       D_i = rowsum(dout_i * out_i), f32 (a warp per row).
+//   backward_kv  grid (Tk / 64, B H): each warp's 16 keys against every query tile: S^T and
+//                dP_d^T made again, dV += P_d^T dO and dK += dS^T Q in registers (fragments).
+//   backward_q   grid (Tq / 64, H, G): each warp's 16 queries of every batch entry of its group
+//                in order: dQ += dS K, and dS added into the group's (H, Tq, Tk) f32 partial of
+//                dbias, an element only ever touched by one lane of one warp (no atomics).
+//   bias_sum     dbias = the groups' partials added in group order.
+// The same bits on every run. The probabilities are rounded to the 16-bit type before their
+// products (as every flash kernel does), so results match the unfused path within that rounding.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "engine/cuda/context.h"
+#include "engine/cuda/kernels.cuh"
+#include "engine/cuda/launch.h"
+#include "engine/cuda/wmma.cuh"
+#include "engine/error.h"
+#include "ops/dropout.h"
+#include "ops/flash_attention.h"
+
+namespace engine::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kTile = 64;     // rows of a block (its warps' 16 each), and of a staged key tile
+constexpr int kLdT = 16 + 4;  // floats: a per-warp 16 x 16 product tile
+constexpr int kLdH = 16 + 8;  // 16-bit elements: a per-warp 16 x 16 operand tile
+constexpr int kTargetBlocks = 2 * 132;  // backward_q: about two blocks for each of an H200's SMs
+
+template <class T>
+struct Args {
+  const T *q, *k, *v, *bias, *out, *dout;
+  const float *mask, *lse, *rowdot;
+  T *o, *dq, *dk, *dv;
+  float *lse_out, *part, *rowdot_out;
+  int64_t batch, heads, tq, tk;
+  int64_t bias_sh, bias_si, bias_sj;
+  float scale, keep_scale;
+  uint32_t threshold;
+  bool drop;
+  PhiloxState state;
+  int64_t per_group;
+};
+
+template <class T>
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
+template <class T, class L>
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, L>;
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+__device__ inline float warp_max(float v) {
+  for (int o = kWarpSize / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+__device__ inline float warp_sum(float v) {
+  for (int o = kWarpSize / 2; o > 0; o /= 2) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+// The logit of element (b, h, i, j) from its product s = q_i . k_j: -inf outside the problem or
+// for a masked key.
+template <class T>
+__device__ inline float logit(const Args<T>& a, int64_t b, int64_t h, int64_t i, int64_t j,
+                              float s) {
+  if (i >= a.tq || j >= a.tk) return -INFINITY;
+  if (a.mask && a.mask[b * a.tk + j] == 0.0f) return -INFINITY;
+  float x = s * a.scale;
+  if (a.bias) x += to_acc(a.bias[h * a.bias_sh + i * a.bias_si + j * a.bias_sj]);
+  return x;
+}
+
+// The dropout factor of element (bh, i, j): the unfused path's stream element (bh Tq + i) Tk + j.
+template <class T>
+__device__ inline float keep_factor(const Args<T>& a, int64_t bh, int64_t i, int64_t j) {
+  if (!a.drop) return 1.0f;
+  const uint64_t e = static_cast<uint64_t>((bh * a.tq + i) * a.tk + j);
+  return dropout_keep(philox_word(a.state, e), a.threshold) ? a.keep_scale : 0.0f;
+}
+
+// Rows [r0, r0 + n) of a (total, D) matrix into a shared tile of `ld` elements a row, 16 bytes at
+// a time, zeros past `total`; threads t, t + nt, ...
+template <class T, int D, class P>
+__device__ inline void stage_rows(P dst, int ld, const T* src, int64_t r0, int64_t total, int n,
+                                  int t, int nt) {
+  constexpr int kVecs = D * sizeof(T) / 16;
+  for (int e = t; e < n * kVecs; e += nt) {
+    const int r = e / kVecs, c = e % kVecs;
+    uint4 v = uint4{0u, 0u, 0u, 0u};
+    if (r0 + r < total) v = reinterpret_cast<const uint4*>(src + (r0 + r) * D)[c];
+    dst[r * (ld * int(sizeof(T)) / 16) + c] = v;
+  }
+}
+
+// A 16 x 16 float accumulator out through a per-warp tile: rows [r0, r0 + 16) x columns
+// [c0, c0 + 16) of a (rows, D) 16-bit matrix, rows past `rows` skipped.
+template <class T, int D, class P>
+__device__ inline void store_tile(const FragC& f, P tile, T* dst, int64_t r0, int64_t rows, int c0,
+                                  int lane) {
+  wmma::store_matrix_sync(raw_ptr(tile), f, kLdT, wmma::mem_row_major);
+  __syncwarp();
+  for (int e = lane; e < 256; e += kWarpSize) {
+    const int r = e / 16, c = e % 16;
+    if (r0 + r < rows) dst[(r0 + r) * D + c0 + c] = from_acc<T>(float(tile[r * kLdT + c]));
+  }
+  __syncwarp();
+}
+
+template <int D, class T>
+constexpr size_t forward_smem() {
+  constexpr size_t ldk = D + 8;
+  return 2 * kTile * ldk * sizeof(T) + kWarps * (16 * ldk * sizeof(T) + 16 * (kTile + 4) * 4 +
+                                                 16 * (kTile + 8) * sizeof(T) + 16 * (D + 4) * 4);
+}
+
+template <class T, int ND>
+__global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
+  constexpr int D = ND * 16, LDK = D + 8, LDS = kTile + 4, LDP = kTile + 8, LDO = D + 4;
+  ENGINE_DYNAMIC_SHARED(unsigned char, smem);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads;
+  const int64_t i0 = int64_t(blockIdx.x) * kTile + warp * 16;
+  const bool active = i0 < a.tq;  // warp-uniform
+  const size_t o_k = 0, o_v = o_k + kTile * LDK * sizeof(T);
+  const size_t o_q =
+      o_v + kTile * LDK * sizeof(T) +
+      warp * (16 * LDK * sizeof(T) + 16 * LDS * 4 + 16 * LDP * sizeof(T) + 16 * LDO * 4);
+  const size_t o_s = o_q + 16 * LDK * sizeof(T), o_p = o_s + 16 * LDS * 4,
+               o_o = o_p + 16 * LDP * sizeof(T);
+  const auto sK = smem_region<T>(smem, o_k), sV = smem_region<T>(smem, o_v),
+             sQ = smem_region<T>(smem, o_q), sP = smem_region<T>(smem, o_p);
+  const auto sS = smem_region<float>(smem, o_s), sO = smem_region<float>(smem, o_o);
+  const T* q = a.q + bh * a.tq * D;
+  const T* k = a.k + bh * a.tk * D;
+  const T* v = a.v + bh * a.tk * D;
+
+  FragA<T> fq[ND];
+  float m[16], l[16];
+  if (active) {
+    stage_rows<T, D>(smem_region<uint4>(smem, o_q), LDK, q, i0, a.tq, 16, lane, kWarpSize);
+    __syncwarp();
+    for (int kk = 0; kk < ND; ++kk) wmma::load_matrix_sync(fq[kk], raw_ptr(sQ) + kk * 16, LDK);
+    for (int e = lane; e < 16 * LDO; e += kWarpSize) sO[e] = 0.0f;
+    for (int r = 0; r < 16; ++r) {
+      m[r] = -INFINITY;
+      l[r] = 0.0f;
+    }
+  }
+  for (int64_t j0 = 0; j0 < a.tk; j0 += kTile) {
+    __syncthreads();  // every warp is done with the previous tile
+    stage_rows<T, D>(smem_region<uint4>(smem, o_k), LDK, k, j0, a.tk, kTile, threadIdx.x, kThreads);
+    stage_rows<T, D>(smem_region<uint4>(smem, o_v), LDK, v, j0, a.tk, kTile, threadIdx.x, kThreads);
+    __syncthreads();
+    if (!active) continue;
+    // S = Q K^T (16 x 64): K^T is the staged K read column-major.
+    for (int n = 0; n < kTile / 16; ++n) {
+      FragC acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int kk = 0; kk < ND; ++kk) {
+        FragB<T, wmma::col_major> fk;
+        wmma::load_matrix_sync(fk, raw_ptr(sK) + n * 16 * LDK + kk * 16, LDK);
+        wmma::mma_sync(acc, fq[kk], fk, acc);
+      }
+      wmma::store_matrix_sync(raw_ptr(sS) + n * 16, acc, LDS, wmma::mem_row_major);
+    }
+    __syncwarp();
+    // Online softmax a row at a time (lanes over the 64 keys); P_d into sP, O's rows rescaled.
+    for (int r = 0; r < 16; ++r) {
+      const int64_t i = i0 + r;
+      float x[2], pr[2];
+      for (int t = 0; t < 2; ++t) {
+        const int c = lane + t * kWarpSize;
+        x[t] = logit(a, b, h, i, j0 + c, float(sS[r * LDS + c]));
+      }
+      const float m_new = fmaxf(m[r], warp_max(fmaxf(x[0], x[1])));
+      const float ref = m_new == -INFINITY ? 0.0f : m_new;
+      const float corr = expf(m[r] - ref);
+      for (int t = 0; t < 2; ++t) pr[t] = expf(x[t] - ref);
+      l[r] = l[r] * corr + warp_sum(pr[0] + pr[1]);
+      m[r] = m_new;
+      for (int t = 0; t < 2; ++t) {
+        const int c = lane + t * kWarpSize;
+        const float kf = pr[t] != 0.0f ? keep_factor(a, bh, i, j0 + c) : 0.0f;
+        sP[r * LDP + c] = from_acc<T>(pr[t] * kf);
+      }
+      for (int d = lane; d < D; d += kWarpSize) sO[r * LDO + d] *= corr;
+    }
+    __syncwarp();
+    // O += P_d V.
+    for (int nd = 0; nd < ND; ++nd) {
+      FragC acc;
+      wmma::load_matrix_sync(acc, raw_ptr(sO) + nd * 16, LDO, wmma::mem_row_major);
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        FragA<T> fp;
+        FragB<T, wmma::row_major> fv;
+        wmma::load_matrix_sync(fp, raw_ptr(sP) + kk * 16, LDP);
+        wmma::load_matrix_sync(fv, raw_ptr(sV) + kk * 16 * LDK + nd * 16, LDK);
+        wmma::mma_sync(acc, fp, fv, acc);
+      }
+      wmma::store_matrix_sync(raw_ptr(sO) + nd * 16, acc, LDO, wmma::mem_row_major);
+    }
+    __syncwarp();
+  }
+  if (!active) return;
+  for (int r = 0; r < 16; ++r) {
+    const int64_t i = i0 + r;
+    if (i >= a.tq) break;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    for (int d = lane; d < D; d += kWarpSize)
+      a.o[(bh * a.tq + i) * D + d] = from_acc<T>(float(sO[r * LDO + d]) * inv);
+    if (lane == 0) a.lse_out[bh * a.tq + i] = l[r] > 0.0f ? m[r] + logf(l[r]) : INFINITY;
+  }
+}
+
+// rowdot[r] = sum_d out[r, d] dout[r, d], a warp per row.
+template <class T>
+__global__ void flash_rowdot(Args<T> a, int64_t rows, int d) {
+  const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
+  if (r >= rows) return;
+  const int lane = threadIdx.x % kWarpSize;
+  float s = 0.0f;
+  for (int c = lane; c < d; c += kWarpSize)
+    s += to_acc(a.out[r * d + c]) * to_acc(a.dout[r * d + c]);
+  s = warp_sum(s);
+  if (lane == 0) a.rowdot_out[r] = s;
+}
+
+// dS of the element at (i, j) of a recomputed tile: P (dP_d kf - D_i), with P_d = P kf.
+struct Grad {
+  float pd, ds;
+};
+template <class T>
+__device__ inline Grad element_grad(const Args<T>& a, int64_t b, int64_t h, int64_t bh, int64_t i,
+                                    int64_t j, float s, float dpd, float lse_i, float rowdot_i) {
+  const float x = logit(a, b, h, i, j, s);
+  const float p = (x == -INFINITY || lse_i == INFINITY) ? 0.0f : expf(x - lse_i);
+  const float kf = p != 0.0f ? keep_factor(a, bh, i, j) : 0.0f;
+  return {p * kf, p * (dpd * kf - rowdot_i)};
+}
+
+template <int D, class T>
+constexpr size_t kv_smem() {
+  constexpr size_t ldk = D + 8;
+  return 2 * kTile * ldk * sizeof(T) + 2 * kTile * 4 +
+         kWarps * (2 * 16 * ldk * sizeof(T) + 2 * 16 * kLdT * 4 + 2 * 16 * kLdH * sizeof(T));
+}
+
+template <class T, int ND>
+__global__ void __launch_bounds__(kThreads) flash_backward_kv(Args<T> a) {
+  constexpr int D = ND * 16, LDK = D + 8;
+  ENGINE_DYNAMIC_SHARED(unsigned char, smem);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads;
+  const int64_t j0 = int64_t(blockIdx.x) * kTile + warp * 16;
+  const bool active = j0 < a.tk;
+  const size_t o_q = 0, o_do = o_q + kTile * LDK * sizeof(T), o_l = o_do + kTile * LDK * sizeof(T),
+               o_d = o_l + kTile * 4;
+  const size_t o_k =
+      o_d + kTile * 4 +
+      warp * (2 * 16 * LDK * sizeof(T) + 2 * 16 * kLdT * 4 + 2 * 16 * kLdH * sizeof(T));
+  const size_t o_v = o_k + 16 * LDK * sizeof(T), o_s = o_v + 16 * LDK * sizeof(T),
+               o_t = o_s + 16 * kLdT * 4, o_p = o_t + 16 * kLdT * 4,
+               o_ds = o_p + 16 * kLdH * sizeof(T);
+  const auto sQ = smem_region<T>(smem, o_q), sdO = smem_region<T>(smem, o_do),
+             sK = smem_region<T>(smem, o_k), sV = smem_region<T>(smem, o_v),
+             sP = smem_region<T>(smem, o_p), sdS = smem_region<T>(smem, o_ds);
+  const auto sL = smem_region<float>(smem, o_l), sD = smem_region<float>(smem, o_d),
+             sS = smem_region<float>(smem, o_s), sT = smem_region<float>(smem, o_t);
+
+  FragA<T> fk[ND], fv[ND];
+  FragC dk[ND], dv[ND];
+  if (active) {
+    stage_rows<T, D>(smem_region<uint4>(smem, o_k), LDK, a.k + bh * a.tk * D, j0, a.tk, 16, lane,
+                     kWarpSize);
+    stage_rows<T, D>(smem_region<uint4>(smem, o_v), LDK, a.v + bh * a.tk * D, j0, a.tk, 16, lane,
+                     kWarpSize);
+    __syncwarp();
+    for (int kk = 0; kk < ND; ++kk) {
+      wmma::load_matrix_sync(fk[kk], raw_ptr(sK) + kk * 16, LDK);
+      wmma::load_matrix_sync(fv[kk], raw_ptr(sV) + kk * 16, LDK);
+      wmma::fill_fragment(dk[kk], 0.0f);
+      wmma::fill_fragment(dv[kk], 0.0f);
+    }
+  }
+  for (int64_t i0 = 0; i0 < a.tq; i0 += kTile) {
+    __syncthreads();
+    stage_rows<T, D>(smem_region<uint4>(smem, o_q), LDK, a.q + bh * a.tq * D, i0, a.tq, kTile,
+                     threadIdx.x, kThreads);
+    stage_rows<T, D>(smem_region<uint4>(smem, o_do), LDK, a.dout + bh * a.tq * D, i0, a.tq, kTile,
+                     threadIdx.x, kThreads);
+    for (int e = threadIdx.x; e < kTile; e += kThreads) {
+      const bool in = i0 + e < a.tq;
+      sL[e] = in ? a.lse[bh * a.tq + i0 + e] : INFINITY;
+      sD[e] = in ? a.rowdot[bh * a.tq + i0 + e] : 0.0f;
+    }
+    __syncthreads();
+    if (!active) continue;
+    for (int sub = 0; sub < kTile / 16 && i0 + sub * 16 < a.tq; ++sub) {
+      // S^T = K_w Q_sub^T and dP_d^T = V_w dO_sub^T (16 keys x 16 queries).
+      FragC st, dpt;
+      wmma::fill_fragment(st, 0.0f);
+      wmma::fill_fragment(dpt, 0.0f);
+      for (int kk = 0; kk < ND; ++kk) {
+        FragB<T, wmma::col_major> fb;
+        wmma::load_matrix_sync(fb, raw_ptr(sQ) + sub * 16 * LDK + kk * 16, LDK);
+        wmma::mma_sync(st, fk[kk], fb, st);
+        wmma::load_matrix_sync(fb, raw_ptr(sdO) + sub * 16 * LDK + kk * 16, LDK);
+        wmma::mma_sync(dpt, fv[kk], fb, dpt);
+      }
+      wmma::store_matrix_sync(raw_ptr(sS), st, kLdT, wmma::mem_row_major);
+      wmma::store_matrix_sync(raw_ptr(sT), dpt, kLdT, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < 256; e += kWarpSize) {
+        const int r = e / 16, c = e % 16;  // key r, query c
+        const int qi = sub * 16 + c;
+        const Grad g = element_grad(a, b, h, bh, i0 + qi, j0 + r, float(sS[r * kLdT + c]),
+                                    float(sT[r * kLdT + c]), float(sL[qi]), float(sD[qi]));
+        sP[r * kLdH + c] = from_acc<T>(g.pd);
+        sdS[r * kLdH + c] = from_acc<T>(g.ds);
+      }
+      __syncwarp();
+      // dV += P_d^T dO_sub, dK += dS^T Q_sub.
+      FragA<T> fp, fds;
+      wmma::load_matrix_sync(fp, raw_ptr(sP), kLdH);
+      wmma::load_matrix_sync(fds, raw_ptr(sdS), kLdH);
+      for (int nd = 0; nd < ND; ++nd) {
+        FragB<T, wmma::row_major> fb;
+        wmma::load_matrix_sync(fb, raw_ptr(sdO) + sub * 16 * LDK + nd * 16, LDK);
+        wmma::mma_sync(dv[nd], fp, fb, dv[nd]);
+        wmma::load_matrix_sync(fb, raw_ptr(sQ) + sub * 16 * LDK + nd * 16, LDK);
+        wmma::mma_sync(dk[nd], fds, fb, dk[nd]);
+      }
+      __syncwarp();
+    }
+  }
+  if (!active) return;
+  for (int nd = 0; nd < ND; ++nd) {
+    for (int e = 0; e < dk[nd].num_elements; ++e) dk[nd].x[e] *= a.scale;
+    store_tile<T, D>(dk[nd], sS, a.dk + bh * a.tk * D, j0, a.tk, nd * 16, lane);
+    store_tile<T, D>(dv[nd], sS, a.dv + bh * a.tk * D, j0, a.tk, nd * 16, lane);
+  }
+}
+
+template <int D, class T>
+constexpr size_t q_smem() {
+  constexpr size_t ldk = D + 8;
+  return 2 * kTile * ldk * sizeof(T) +
+         kWarps * (2 * 16 * ldk * sizeof(T) + 2 * 16 * kLdT * 4 + 16 * kLdH * sizeof(T) + 2 * 64);
+}
+
+template <class T, int ND>
+__global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
+  constexpr int D = ND * 16, LDK = D + 8;
+  ENGINE_DYNAMIC_SHARED(unsigned char, smem);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t h = blockIdx.y, g = blockIdx.z;
+  const int64_t i0 = int64_t(blockIdx.x) * kTile + warp * 16;
+  const bool active = i0 < a.tq;
+  const size_t o_k = 0, o_v = o_k + kTile * LDK * sizeof(T);
+  const size_t o_q =
+      o_v + kTile * LDK * sizeof(T) +
+      warp * (2 * 16 * LDK * sizeof(T) + 2 * 16 * kLdT * 4 + 16 * kLdH * sizeof(T) + 2 * 64);
+  const size_t o_do = o_q + 16 * LDK * sizeof(T), o_s = o_do + 16 * LDK * sizeof(T),
+               o_t = o_s + 16 * kLdT * 4, o_ds = o_t + 16 * kLdT * 4,
+               o_l = o_ds + 16 * kLdH * sizeof(T), o_d = o_l + 64;
+  const auto sK = smem_region<T>(smem, o_k), sV = smem_region<T>(smem, o_v),
+             sQ = smem_region<T>(smem, o_q), sdO = smem_region<T>(smem, o_do),
+             sdS = smem_region<T>(smem, o_ds);
+  const auto sS = smem_region<float>(smem, o_s), sT = smem_region<float>(smem, o_t),
+             sL = smem_region<float>(smem, o_l), sD = smem_region<float>(smem, o_d);
+  const int64_t b_first = g * a.per_group;
+  const int64_t b_end = b_first + a.per_group < a.batch ? b_first + a.per_group : a.batch;
+  for (int64_t b = b_first; b < b_end; ++b) {
+    const int64_t bh = b * a.heads + h;
+    FragA<T> fq[ND], fdo[ND];
+    FragC dq[ND];
+    if (active) {
+      __syncwarp();  // the previous entry's tiles are read
+      stage_rows<T, D>(smem_region<uint4>(smem, o_q), LDK, a.q + bh * a.tq * D, i0, a.tq, 16, lane,
+                       kWarpSize);
+      stage_rows<T, D>(smem_region<uint4>(smem, o_do), LDK, a.dout + bh * a.tq * D, i0, a.tq, 16,
+                       lane, kWarpSize);
+      if (lane < 16) {
+        const bool in = i0 + lane < a.tq;
+        sL[lane] = in ? a.lse[bh * a.tq + i0 + lane] : INFINITY;
+        sD[lane] = in ? a.rowdot[bh * a.tq + i0 + lane] : 0.0f;
+      }
+      __syncwarp();
+      for (int kk = 0; kk < ND; ++kk) {
+        wmma::load_matrix_sync(fq[kk], raw_ptr(sQ) + kk * 16, LDK);
+        wmma::load_matrix_sync(fdo[kk], raw_ptr(sdO) + kk * 16, LDK);
+        wmma::fill_fragment(dq[kk], 0.0f);
+      }
+    }
+    for (int64_t j0 = 0; j0 < a.tk; j0 += kTile) {
+      __syncthreads();
+      stage_rows<T, D>(smem_region<uint4>(smem, o_k), LDK, a.k + bh * a.tk * D, j0, a.tk, kTile,
+                       threadIdx.x, kThreads);
+      stage_rows<T, D>(smem_region<uint4>(smem, o_v), LDK, a.v + bh * a.tk * D, j0, a.tk, kTile,
+                       threadIdx.x, kThreads);
+      __syncthreads();
+      if (!active) continue;
+      for (int sub = 0; sub < kTile / 16 && j0 + sub * 16 < a.tk; ++sub) {
+        // S = Q_w K_sub^T and dP_d = dO_w V_sub^T (16 queries x 16 keys).
+        FragC s, dp;
+        wmma::fill_fragment(s, 0.0f);
+        wmma::fill_fragment(dp, 0.0f);
+        for (int kk = 0; kk < ND; ++kk) {
+          FragB<T, wmma::col_major> fb;
+          wmma::load_matrix_sync(fb, raw_ptr(sK) + sub * 16 * LDK + kk * 16, LDK);
+          wmma::mma_sync(s, fq[kk], fb, s);
+          wmma::load_matrix_sync(fb, raw_ptr(sV) + sub * 16 * LDK + kk * 16, LDK);
+          wmma::mma_sync(dp, fdo[kk], fb, dp);
+        }
+        wmma::store_matrix_sync(raw_ptr(sS), s, kLdT, wmma::mem_row_major);
+        wmma::store_matrix_sync(raw_ptr(sT), dp, kLdT, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 256; e += kWarpSize) {
+          const int r = e / 16, c = e % 16;  // query r, key c
+          const int64_t i = i0 + r, j = j0 + sub * 16 + c;
+          const Grad gr = element_grad(a, b, h, bh, i, j, float(sS[r * kLdT + c]),
+                                       float(sT[r * kLdT + c]), float(sL[r]), float(sD[r]));
+          sdS[r * kLdH + c] = from_acc<T>(gr.ds);
+          if (a.part && i < a.tq && j < a.tk) {
+            float* dst = a.part + ((g * a.heads + h) * a.tq + i) * a.tk + j;
+            *dst = (b == b_first ? 0.0f : *dst) + gr.ds;
+          }
+        }
+        __syncwarp();
+        // dQ += dS K_sub.
+        FragA<T> fds;
+        wmma::load_matrix_sync(fds, raw_ptr(sdS), kLdH);
+        for (int nd = 0; nd < ND; ++nd) {
+          FragB<T, wmma::row_major> fb;
+          wmma::load_matrix_sync(fb, raw_ptr(sK) + sub * 16 * LDK + nd * 16, LDK);
+          wmma::mma_sync(dq[nd], fds, fb, dq[nd]);
+        }
+        __syncwarp();
+      }
+    }
+    if (active)
+      for (int nd = 0; nd < ND; ++nd) {
+        for (int e = 0; e < dq[nd].num_elements; ++e) dq[nd].x[e] *= a.scale;
+        store_tile<T, D>(dq[nd], sS, a.dq + bh * a.tq * D, i0, a.tq, nd * 16, lane);
+      }
+  }
+}
+
+// dbias[e] = sum over groups g in order of part[g n + e].
+__global__ void flash_bias_sum(const float* part, float* dbias, int64_t n, int64_t groups) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
+    float s = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) s += part[g * n + e];
+    dbias[e] = s;
+  }
+}
+
+template <class T>
+Args<T> make_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
+                  const Tensor& key_mask, double scale, double p, PhiloxState state) {
+  Args<T> a{};
+  a.q = dptr<const T>(q);
+  a.k = dptr<const T>(k);
+  a.v = dptr<const T>(v);
+  a.bias = dptr<const T>(bias);
+  a.mask = key_mask.defined() ? key_mask.data<float>() : nullptr;
+  a.batch = q.size(0);
+  a.heads = q.size(1);
+  a.tq = q.size(2);
+  a.tk = k.size(2);
+  if (bias.defined()) {
+    a.bias_sh = bias.stride(0);
+    a.bias_si = bias.stride(1);
+    a.bias_sj = bias.stride(2);
+  }
+  a.scale = static_cast<float>(scale);
+  a.drop = p > 0;
+  a.keep_scale = static_cast<float>(1.0 / (1.0 - p));
+  a.threshold = dropout_threshold(p);
+  a.state = state;
+  return a;
+}
+
+// Kernels over 48 KiB of dynamic shared memory must say so before their launch.
+template <class K>
+void allow_smem(K* kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    ENGINE_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(bytes)));
+}
+
+template <class F>
+void dispatch_width(int64_t d, const char* op, F&& f) {
+  switch (d) {
+    case 32:
+      return f.template operator()<2>();
+    case 64:
+      return f.template operator()<4>();
+    case 128:
+      return f.template operator()<8>();
+    default:
+      ENGINE_FAIL("[", op, "] the CUDA kernel takes head widths 32, 64 and 128, got ", d);
+  }
+}
+
+template <class F>
+void dispatch_half(DType t, const char* op, F&& f) {
+  if (t == DType::bf16) return f.template operator()<__nv_bfloat16>();
+  if (t == DType::f16) return f.template operator()<__half>();
+  ENGINE_FAIL("[", op, "] the CUDA kernel takes bf16 or f16, got ", dtype_name(t));
+}
+
+unsigned tiles(int64_t n) { return static_cast<unsigned>((n + kTile - 1) / kTile); }
+
+void forward(const FlashAttentionForward& t) {
+  DeviceGuard guard(t.q.device().index);
+  const cudaStream_t stream = compute_stream(t.q.device().index);
+  dispatch_half(t.q.dtype(), "flash_attention", [&]<class T>() {
+    Args<T> a = make_args<T>(t.q, t.k, t.v, t.bias, t.key_mask, t.scale, t.p, t.state);
+    a.o = dptr<T>(t.out);
+    a.lse_out = t.lse.data<float>();
+    if (a.tq == 0 || a.batch * a.heads == 0) return;
+    dispatch_width(t.q.size(3), "flash_attention", [&]<int ND>() {
+      constexpr size_t smem = forward_smem<ND * 16, T>();
+      allow_smem(flash_forward<T, ND>, smem);
+      const LaunchConfig cfg{dim3(tiles(a.tq), static_cast<unsigned>(a.batch * a.heads)),
+                             dim3(kThreads), smem, stream};
+      ENGINE_LAUNCH((flash_forward<T, ND>), cfg, a);
+    });
+  });
+}
+
+void backward(const FlashAttentionBackward& t) {
+  DeviceGuard guard(t.q.device().index);
+  const cudaStream_t stream = compute_stream(t.q.device().index);
+  dispatch_half(t.q.dtype(), "flash_attention_backward", [&]<class T>() {
+    Args<T> a = make_args<T>(t.q, t.k, t.v, t.bias, t.key_mask, t.scale, t.p, t.state);
+    const int64_t bh = a.batch * a.heads, d = t.q.size(3);
+    if (bh == 0) return;
+    a.out = dptr<const T>(t.out);
+    a.dout = dptr<const T>(t.dout);
+    a.lse = t.lse.data<float>();
+    a.dq = dptr<T>(t.dq);
+    a.dk = dptr<T>(t.dk);
+    a.dv = dptr<T>(t.dv);
+    // D_i = rowsum(dout * out).
+    Tensor rowdot = Tensor::empty(Shape{bh * a.tq}, DType::f32, t.q.device());
+    a.rowdot_out = rowdot.data<float>();
+    if (a.tq > 0) {
+      const LaunchConfig cfg{dim3(static_cast<unsigned>((bh * a.tq + kWarps - 1) / kWarps)),
+                             dim3(kThreads), 0, stream};
+      ENGINE_LAUNCH(flash_rowdot<T>, cfg, a, bh * a.tq, static_cast<int>(d));
+    }
+    a.rowdot = rowdot.data<float>();
+    // Groups of batch entries for backward_q: enough blocks to fill the GPU; each group its own
+    // partial of dbias.
+    const int64_t q_blocks = int64_t(tiles(a.tq)) * a.heads;
+    int64_t groups = t.batch_groups > 0  ? t.batch_groups
+                     : t.dbias.defined() ? (kTargetBlocks + q_blocks - 1) / q_blocks
+                                         : a.batch;
+    groups = groups < 1 ? 1 : (groups > a.batch ? a.batch : groups);
+    a.per_group = (a.batch + groups - 1) / groups;
+    groups = (a.batch + a.per_group - 1) / a.per_group;  // none empty
+    Tensor part;
+    if (t.dbias.defined() && a.tq > 0 && a.tk > 0) {
+      part = Tensor::empty(Shape{groups * a.heads * a.tq * a.tk}, DType::f32, t.q.device());
+      a.part = part.data<float>();
+    }
+    dispatch_width(d, "flash_attention_backward", [&]<int ND>() {
+      if (a.tk > 0) {
+        constexpr size_t smem = kv_smem<ND * 16, T>();
+        allow_smem(flash_backward_kv<T, ND>, smem);
+        const LaunchConfig cfg{dim3(tiles(a.tk), static_cast<unsigned>(bh)), dim3(kThreads), smem,
+                               stream};
+        ENGINE_LAUNCH((flash_backward_kv<T, ND>), cfg, a);
+      }
+      if (a.tq > 0) {
+        constexpr size_t smem = q_smem<ND * 16, T>();
+        allow_smem(flash_backward_q<T, ND>, smem);
+        const LaunchConfig cfg{
+            dim3(tiles(a.tq), static_cast<unsigned>(a.heads), static_cast<unsigned>(groups)),
+            dim3(kThreads), smem, stream};
+        ENGINE_LAUNCH((flash_backward_q<T, ND>), cfg, a);
+      }
+    });
+    if (t.dbias.defined()) {
+      const int64_t n = a.heads * a.tq * a.tk;
+      if (n == 0) return;
+      const int64_t blocks = (n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096;
+      const LaunchConfig cfg{dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream};
+      ENGINE_LAUNCH(flash_bias_sum, cfg, a.part, t.dbias.data<float>(), n, groups);
+    }
+  });
+}
+
+}  // namespace
+
+ENGINE_REGISTER_KERNEL(flash_attention_forward_kernel, DeviceType::CUDA, forward);
+ENGINE_REGISTER_KERNEL(flash_attention_backward_kernel, DeviceType::CUDA, backward);
+
+}  // namespace engine::cuda

@@ -1,0 +1,64 @@
+// Fused ("flash") attention kernels: the whole of
+//   out = dropout(softmax(scale * q k^T + bias, key_mask)) v
+// in one launch forward and three backward, without the (B, H, Tq, Tk) scores, probabilities or
+// dropout mask in memory. The forward keeps one number per query row, the log-sum-exp of its
+// logits; the backward makes every tile of probabilities again from it. The attention op
+// (ops/attention.h) takes this path where a backend has it and flash_attention_fits() holds, and
+// the unfused kernels (two GEMMs around attention_softmax) otherwise: they stay its reference.
+//
+// The same mask as the unfused path: element (b, h, i, j) is stream element
+// ((b H + h) Tq + i) Tk + j, kept iff dropout_keep(philox_word(state, e), dropout_threshold(p)),
+// a kept probability scaled by 1 / (1 - p). A query row with no kept key outputs zeros.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/kernel.h"
+#include "engine/rng.h"
+#include "engine/tensor.h"
+#include "engine/work_log.h"
+
+namespace engine {
+
+// The launch arguments. q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, D): contiguous, one
+// floating dtype. bias: undefined, or an (H, Tq, Tk) view (any strides, stride 0 on broadcast
+// dims) in q's dtype, the same for every batch entry (TUPE's positional term, T5 buckets, ALiBi).
+// key_mask: undefined or (B, Tk) f32 contiguous, nonzero = attend. 0 <= p < 1.
+struct FlashAttentionForward {
+  Tensor q, k, v, bias, key_mask;
+  double scale = 1, p = 0;
+  PhiloxState state;
+  Tensor out;  // (B, H, Tq, D), q's dtype, contiguous
+  Tensor lse;  // (B, H, Tq) f32: log sum_j exp(logit_ij) over the kept keys; +inf for none
+};
+inline Kernel<void(const FlashAttentionForward&)> flash_attention_forward_kernel{"flash_attention"};
+
+// The gradients from the forward's inputs, out, lse and dout (all as the forward had them):
+//   dP_d = dout v^T, dP = dropout(dP_d), dS = P (dP - rowsum(dout * out)),
+//   dq = scale dS k, dk = scale dS^T q, dv = P_d^T dout, dbias = sum over the batch of dS.
+// dq, dk, dv: contiguous, q's shapes and dtype. dbias: undefined (not wanted) or (H, Tq, Tk) f32
+// contiguous, summed over the batch in an order fixed by the shape (the same bits every run).
+struct FlashAttentionBackward {
+  Tensor q, k, v, bias, key_mask, out, lse, dout;
+  double scale = 1, p = 0;
+  PhiloxState state;
+  Tensor dq, dk, dv, dbias;
+  // Groups the batch is split into for dbias (each group's entries summed in order into its own
+  // partial, the partials then in group order): 0 lets the backend choose (enough work to fill
+  // the device); tests set it to cover groups of several entries.
+  int64_t batch_groups = 0;
+};
+inline Kernel<void(const FlashAttentionBackward&)> flash_attention_backward_kernel{
+    "flash_attention_backward"};
+
+// The performance model's cost of a launch: each defined tensor once, and the products' FLOPs
+// (forward 2 products, backward 5 with the recomputed scores: 4 B H Tq Tk D and 10 B H Tq Tk D).
+void add_work_cost(WorkCost& cost, const FlashAttentionForward& a);
+void add_work_cost(WorkCost& cost, const FlashAttentionBackward& a);
+
+// Whether the fused kernels take this problem on `device`: a backend registered them; q's dtype
+// bf16 or f16 (tensor-core products of 16-bit values, f32 accumulators; f32 and f64 keep the
+// unfused path's precision); a head width D of 32, 64 or 128 for q, k and v alike; B H <= 65535.
+bool flash_attention_fits(Device device, DType dtype, int64_t b, int64_t h, int64_t d, int64_t dv);
+
+}  // namespace engine
