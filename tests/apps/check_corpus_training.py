@@ -58,11 +58,11 @@ data:
   seq_len: 64
   batch_size: 8
 train:
-  steps: 40
+  steps: 24
   warmup_steps: 4
   accumulation: 2
   log_every: 1
-  valid_every: 10
+  valid_every: 6
   valid_batches: 2
   save_every: 3
   keep_last: 2
@@ -185,7 +185,7 @@ if finished:
           str(diff))
     check(not glob.glob(os.path.join(b_dir, "checkpoints", "*.tmp.*")), "no temporary file left behind")
     kept = sorted(os.path.basename(x) for x in glob.glob(os.path.join(b_dir, "checkpoints", "step_*.safetensors")))
-    check(len(kept) == 2 and kept[-1] == "step_00000040.safetensors", f"keep_last 2: {kept}")
+    check(len(kept) == 2 and kept[-1] == "step_00000024.safetensors", f"keep_last 2: {kept}")
 
 # ---- tools/length_generalisation.py: a relative preset runs at twice its training length; the learned
 # table of run A cannot (n/a); the table, the per-position data and (with matplotlib) the curve -----

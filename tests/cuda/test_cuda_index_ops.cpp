@@ -82,6 +82,11 @@ TEST_CASE("index_select and embedding on the device equal the CPU, with a determ
       // The index dtype changes only how the ids are read: the long sorts (the costliest cases
       // under the emulator's ThreadSanitizer build) run once, with i64 ids.
       if (it == DType::i32 && m > 1000) continue;
+#if defined(__SANITIZE_THREAD__)
+      // Under ThreadSanitizer one long sort (its blocks sync alike for any table): the 2-row
+      // table's three-level run sums are checked in the plain and AddressSanitizer builds.
+      if (n == 2) continue;
+#endif
       INFO(dtype_name(it) << " table (" << n << ", " << d << "), " << m << " ids");
       std::vector<int64_t> ids(static_cast<size_t>(m));
       for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7 + i / 3) % n);
