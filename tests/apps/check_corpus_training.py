@@ -82,7 +82,7 @@ p = run(["--config", P("cfg.yaml"), "--out", P("a")])
 check(p.returncode == 0, "uninterrupted run", p.stdout + p.stderr)
 duration = time.time() - t0
 a_loss, a_rows = losses(P("a"))
-check(sorted(a_loss) == list(range(1, 41)), "metrics.jsonl has every step", str(sorted(a_loss)))
+check(sorted(a_loss) == list(range(1, 25)), "metrics.jsonl has every step", str(sorted(a_loss)))
 valid = [r["valid_loss"] for r in a_rows if "valid_loss" in r]
 check(len(valid) == 4 and valid[-1] < valid[0], f"validation loss falls: {valid}")
 for key in ("step", "loss", "lr", "tokens_per_s", "loss_scale", "grad_norm"):
