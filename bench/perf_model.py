@@ -172,10 +172,14 @@ def describe5(name, op_row, launch, n_main):
                 "sum_to_chunks", "merge_key_runs"):
         return "aux", 0.0, 0, "simple", 0
     # this tree's kernels (by the names record_step gives their launches)
-    if base in FLASH_PRODUCTS:  # tensor-core work, and a Philox block per element (dropout assumed on)
+    if base in FLASH_PRODUCTS:  # tensor-core work; the forward draws a Philox block per 4
+        # elements when it writes keep bits (dropout on: the record lists mask_bits), the backward
+        # reads them
         q, k = ts[0][0], ts[1][0]
         elems = numel(q[:3]) * k[2]
-        return "flash", share, FLASH_PRODUCTS[base] * elems * q[3], "simple", elems
+        drawn = base == "flash_forward" and any(t[1] == "u8" for t in ts)
+        return "flash", share, FLASH_PRODUCTS[base] * elems * q[3], "simple", \
+            elems / PHILOX_WORDS if drawn else 0
     if base in ("flash_rowdot", "flash_bias_sum"):
         return "vec", share, steps(share, 4), "simple", 0
     if base in ("softmax_forward_warp", "softmax_backward_warp"):

@@ -8,6 +8,7 @@
 //   dQ = scale dS K,  dK = scale dS^T Q,  dbias = sum of dS over the broadcast dims.
 #include "ops/attention.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
@@ -136,7 +137,7 @@ struct AttentionNode : Node {
 // The fused path's node: the backward is flash_attention_backward_kernel on the saved inputs,
 // output and log-sum-exp.
 struct FlashAttentionNode : Node {
-  FlashAttentionBackward args;  // q, k, v, bias, key_mask, out, lse, scale, p, state
+  FlashAttentionBackward args;  // q, k, v, bias, key_mask, out, lse, mask_bits, scale, p, state
   Shape bias_shape;             // the bias input's own shape (its gradient's)
   const char* name() const override { return "attention"; }
 
@@ -175,17 +176,31 @@ Tensor shared_bias(const Tensor& bias, int64_t b, int64_t h, int64_t tq, int64_t
 
 }  // namespace
 
+namespace {
+std::atomic<int> g_fused_attention{-1};  // -1: not read from the environment yet
+}  // namespace
+
 FusedAttention default_fused_attention() {
-  static const FusedAttention mode = [] {
-    const char* v = std::getenv("ENGINE_FUSED_ATTENTION");
-    if (v == nullptr || *v == 0) return FusedAttention::without_dropout;
+  int mode = g_fused_attention.load(std::memory_order_relaxed);
+  if (mode >= 0) return static_cast<FusedAttention>(mode);
+  FusedAttention m = FusedAttention::always;
+  const char* v = std::getenv("ENGINE_FUSED_ATTENTION");
+  if (v != nullptr && *v != 0) {
     const std::string s(v);
-    if (s == "never") return FusedAttention::never;
-    if (s == "without_dropout") return FusedAttention::without_dropout;
-    if (s == "always") return FusedAttention::always;
-    ENGINE_FAIL("ENGINE_FUSED_ATTENTION is '", s, "'; expected never, without_dropout or always");
-  }();
-  return mode;
+    if (s == "never")
+      m = FusedAttention::never;
+    else if (s == "without_dropout")
+      m = FusedAttention::without_dropout;
+    else
+      ENGINE_CHECK(s == "always", "ENGINE_FUSED_ATTENTION is '", s,
+                   "'; expected never, without_dropout or always");
+  }
+  g_fused_attention.store(static_cast<int>(m), std::memory_order_relaxed);
+  return m;
+}
+
+void set_default_fused_attention(FusedAttention mode) {
+  g_fused_attention.store(static_cast<int>(mode), std::memory_order_relaxed);
 }
 
 Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
@@ -260,6 +275,7 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
     }
     f.out = Tensor::empty({b, h, tq, dv}, q.dtype(), q.device());
     f.lse = Tensor::empty({b, h, tq}, DType::f32, q.device());
+    if (p > 0) f.mask_bits = Tensor::empty({b, h, tq, (tk + 3) / 4}, DType::u8, q.device());
     flash_attention_forward_kernel(q.device(), f);
     if (needs_grad({&q, &k, &v, &opt.bias})) {
       auto n = std::make_shared<FlashAttentionNode>();
@@ -271,6 +287,7 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
       a.key_mask = f.key_mask;
       a.out = f.out.detach();
       a.lse = f.lse;
+      a.mask_bits = f.mask_bits;
       a.scale = scale;
       a.p = p;
       a.state = f.state;

@@ -10,15 +10,15 @@
 
 namespace engine {
 
-// When the attention op takes its fused kernels. `without_dropout` is the default: with
-// dropout on, the fused backward draws the mask again in each of its two kernels (the unfused
-// path reads it from the kept probabilities), which the performance model prices above the
-// traffic saved until a GPU measures it (docs/performance-model.md); `always` when memory is
-// what counts (BERT-Large s512 at batch 64); `never`: the unfused kernels, the reference.
+// When the attention op takes its fused kernels: `always` (the default) wherever they fit;
+// `without_dropout` only when no dropout is drawn; `never`: the unfused kernels, the reference
+// the fused ones are checked against.
 enum class FusedAttention { never, without_dropout, always };
-// The process's default: the environment variable ENGINE_FUSED_ATTENTION (never,
-// without_dropout, always; another value is an error naming it), read once, else without_dropout.
+// The process's default: set_default_fused_attention's last value, else the environment variable
+// ENGINE_FUSED_ATTENTION (never, without_dropout, always; another value is an error naming it),
+// else always.
 FusedAttention default_fused_attention();
+void set_default_fused_attention(FusedAttention mode);
 
 struct AttentionOptions {
   // Multiplies q k^T; 0 means 1/sqrt(d_head). TUPE uses 1/sqrt(2 d_head).

@@ -15,14 +15,14 @@
 namespace engine {
 
 void add_work_cost(WorkCost& cost, const FlashAttentionForward& a) {
-  for (const Tensor* t : {&a.q, &a.k, &a.v, &a.bias, &a.key_mask, &a.out, &a.lse})
+  for (const Tensor* t : {&a.q, &a.k, &a.v, &a.bias, &a.key_mask, &a.out, &a.lse, &a.mask_bits})
     if (t->defined()) add_work_cost(cost, *t);
   cost.flops += 4.0 * a.q.size(0) * a.q.size(1) * a.q.size(2) * a.k.size(2) * a.q.size(3);
 }
 
 void add_work_cost(WorkCost& cost, const FlashAttentionBackward& a) {
-  for (const Tensor* t : {&a.q, &a.k, &a.v, &a.bias, &a.key_mask, &a.out, &a.lse, &a.dout, &a.dq,
-                          &a.dk, &a.dv, &a.dbias})
+  for (const Tensor* t : {&a.q, &a.k, &a.v, &a.bias, &a.key_mask, &a.out, &a.lse, &a.mask_bits,
+                          &a.dout, &a.dq, &a.dk, &a.dv, &a.dbias})
     if (t->defined()) add_work_cost(cost, *t);
   cost.flops += 10.0 * a.q.size(0) * a.q.size(1) * a.q.size(2) * a.k.size(2) * a.q.size(3);
 }
@@ -53,6 +53,7 @@ struct Problem {
   uint32_t threshold;
   PhiloxState state;
   std::vector<double> q, k, v, bias, mask;
+  std::vector<double> bits;  // the forward's keep bits (the backward's mask_bits), or empty
 
   template <class A>
   Problem(const A& a)
@@ -86,11 +87,20 @@ struct Problem {
       x[j] = s * scale + (bias.empty() ? 0.0 : bias[(hi * tq + i) * tk + j]);
     }
   }
+  int64_t groups() const { return (tk + 3) / 4; }
+  // Whether element (bi, hi, i, j) is kept: the stream's word (the forward), or the saved bits.
+  bool kept(int64_t bi, int64_t hi, int64_t i, int64_t j) const {
+    const int64_t row = (bi * h + hi) * tq + i;
+    if (!bits.empty()) {
+      const auto byte = static_cast<uint32_t>(bits[static_cast<size_t>(row * groups() + j / 4)]);
+      return ((byte >> (j % 4)) & 1u) != 0;
+    }
+    return dropout_keep(philox_word(state, static_cast<uint64_t>(row * tk + j)), threshold);
+  }
   // The dropout factor of element (bi, hi, i, j): 1 / (1 - p) kept, 0 dropped, 1 without dropout.
   double keep(int64_t bi, int64_t hi, int64_t i, int64_t j) const {
     if (p == 0) return 1.0;
-    const uint64_t e = static_cast<uint64_t>(((bi * h + hi) * tq + i) * tk + j);
-    return dropout_keep(philox_word(state, e), threshold) ? 1.0 / (1.0 - p) : 0.0;
+    return kept(bi, hi, i, j) ? 1.0 / (1.0 - p) : 0.0;
   }
   // Probabilities of a row from its logits and log-sum-exp (0 for masked keys and empty rows).
   static void probs(const std::vector<double>& x, double lse, std::vector<double>& pr) {
@@ -100,6 +110,19 @@ struct Problem {
 
 void forward(const FlashAttentionForward& a) {
   const Problem P(a);
+  ENGINE_CHECK(a.mask_bits.defined() == (a.p > 0),
+               "[flash_attention] mask_bits must be given exactly when p > 0");
+  if (a.mask_bits.defined()) {
+    std::vector<double> bits(static_cast<size_t>(P.b * P.h * P.tq * P.groups()));
+    for (int64_t bi = 0; bi < P.b; ++bi)
+      for (int64_t hi = 0; hi < P.h; ++hi)
+        for (int64_t i = 0; i < P.tq; ++i)
+          for (int64_t j = 0; j < P.tk; ++j)
+            if (P.kept(bi, hi, i, j))
+              bits[static_cast<size_t>(((bi * P.h + hi) * P.tq + i) * P.groups() + j / 4)] +=
+                  double(1 << (j % 4));
+    put(a.mask_bits, bits);
+  }
   std::vector<double> out(static_cast<size_t>(P.b * P.h * P.tq * P.d)),
       lse(static_cast<size_t>(P.b * P.h * P.tq));
   std::vector<double> x(static_cast<size_t>(P.tk)), pr(x.size());
@@ -126,7 +149,10 @@ void forward(const FlashAttentionForward& a) {
 }
 
 void backward(const FlashAttentionBackward& a) {
-  const Problem P(a);
+  Problem P(a);
+  ENGINE_CHECK(a.mask_bits.defined() == (a.p > 0),
+               "[flash_attention_backward] mask_bits must be given exactly when p > 0");
+  P.bits = host(a.mask_bits);
   const std::vector<double> out = host(a.out), dout = host(a.dout), lse = host(a.lse);
   const int64_t n = P.b * P.h;
   std::vector<double> dq(static_cast<size_t>(n * P.tq * P.d)),

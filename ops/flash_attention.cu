@@ -7,8 +7,10 @@
 // assume a fragment layout.
 //
 //   forward      grid (Tq / 64, B H): each warp's 16 query rows against every key tile, online
-//                softmax (running max and sum per row, the output rows rescaled in shared memory),
-//                O += P_d V on tensor cores; writes out and the rows' log-sum-exp.
+//                softmax (running max and sum per row, the output rows rescaled in shared memory;
+//                each lane 4 consecutive keys of a row, their keep bits from one Philox block),
+//                O += P_d V on tensor cores; writes out, the rows' log-sum-exp and, with dropout,
+//                the keep bits (a byte per 4 keys), which the backward reads instead of drawing.
 //   rowdot       D_i = rowsum(dout_i * out_i), f32 (a warp per row).
 //   backward_kv  grid (Tk / 64, B H): each warp's 16 keys against every query tile: S^T and
 //                dP_d^T made again, dV += P_d^T dO and dK += dS^T Q in registers (fragments).
@@ -45,9 +47,11 @@ template <class T>
 struct Args {
   const T *q, *k, *v, *bias, *out, *dout;
   const float *mask, *lse, *rowdot;
+  const uint8_t* bits;  // the forward's keep bits (backward, with dropout)
   T *o, *dq, *dk, *dv;
   float *lse_out, *part, *rowdot_out;
-  int64_t batch, heads, tq, tk;
+  uint8_t* bits_out;                      // the keep bits (forward, with dropout)
+  int64_t batch, heads, tq, tk, groups4;  // groups4: bytes of keep bits a row, ceil(Tk / 4)
   int64_t bias_sh, bias_si, bias_sj;
   float scale, keep_scale;
   uint32_t threshold;
@@ -83,12 +87,22 @@ __device__ inline float logit(const Args<T>& a, int64_t b, int64_t h, int64_t i,
   return x;
 }
 
-// The dropout factor of element (bh, i, j): the unfused path's stream element (bh Tq + i) Tk + j.
+// The dropout factor of element (bh, i, j) in the backward: from the forward's keep bits.
 template <class T>
 __device__ inline float keep_factor(const Args<T>& a, int64_t bh, int64_t i, int64_t j) {
   if (!a.drop) return 1.0f;
-  const uint64_t e = static_cast<uint64_t>((bh * a.tq + i) * a.tk + j);
-  return dropout_keep(philox_word(a.state, e), a.threshold) ? a.keep_scale : 0.0f;
+  const uint32_t byte = a.bits[(bh * a.tq + i) * a.groups4 + j / 4];
+  return ((byte >> (j % 4)) & 1u) != 0 ? a.keep_scale : 0.0f;
+}
+
+// Max and sum over the 16 lanes of a half warp (each half its own row).
+__device__ inline float half_max(float v) {
+  for (int o = 8; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+__device__ inline float half_sum(float v) {
+  for (int o = 8; o > 0; o /= 2) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
 }
 
 // Rows [r0, r0 + n) of a (total, D) matrix into a shared tile of `ld` elements a row, 16 bytes at
@@ -147,16 +161,20 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
   const T* k = a.k + bh * a.tk * D;
   const T* v = a.v + bh * a.tk * D;
 
+  // The online softmax takes two rows at a time: lanes 0-15 row 2 k, lanes 16-31 row 2 k + 1,
+  // each lane 4 consecutive keys (one Philox block); m[k], l[k]: the running max and sum of this
+  // lane's row of pair k.
+  const int half = lane / 16, hl = lane % 16, c0 = 4 * hl;
   FragA<T> fq[ND];
-  float m[16], l[16];
+  float m[8], l[8];
   if (active) {
     stage_rows<T, D>(smem_region<uint4>(smem, o_q), LDK, q, i0, a.tq, 16, lane, kWarpSize);
     __syncwarp();
     for (int kk = 0; kk < ND; ++kk) wmma::load_matrix_sync(fq[kk], raw_ptr(sQ) + kk * 16, LDK);
     for (int e = lane; e < 16 * LDO; e += kWarpSize) sO[e] = 0.0f;
-    for (int r = 0; r < 16; ++r) {
-      m[r] = -INFINITY;
-      l[r] = 0.0f;
+    for (int k = 0; k < 8; ++k) {
+      m[k] = -INFINITY;
+      l[k] = 0.0f;
     }
   }
   for (int64_t j0 = 0; j0 < a.tk; j0 += kTile) {
@@ -177,26 +195,32 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
       wmma::store_matrix_sync(raw_ptr(sS) + n * 16, acc, LDS, wmma::mem_row_major);
     }
     __syncwarp();
-    // Online softmax a row at a time (lanes over the 64 keys); P_d into sP, O's rows rescaled.
-    for (int r = 0; r < 16; ++r) {
-      const int64_t i = i0 + r;
-      float x[2], pr[2];
-      for (int t = 0; t < 2; ++t) {
-        const int c = lane + t * kWarpSize;
-        x[t] = logit(a, b, h, i, j0 + c, float(sS[r * LDS + c]));
-      }
-      const float m_new = fmaxf(m[r], warp_max(fmaxf(x[0], x[1])));
+    // Online softmax; P_d into sP, the keep bits out, O's rows rescaled.
+    for (int k = 0; k < 8; ++k) {
+      const int r = 2 * k + half;
+      const int64_t i = i0 + r, j = j0 + c0;
+      float x[4], pr[4];
+      for (int t = 0; t < 4; ++t) x[t] = logit(a, b, h, i, j + t, float(sS[r * LDS + c0 + t]));
+      const float m_new = fmaxf(m[k], half_max(fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]))));
       const float ref = m_new == -INFINITY ? 0.0f : m_new;
-      const float corr = expf(m[r] - ref);
-      for (int t = 0; t < 2; ++t) pr[t] = expf(x[t] - ref);
-      l[r] = l[r] * corr + warp_sum(pr[0] + pr[1]);
-      m[r] = m_new;
-      for (int t = 0; t < 2; ++t) {
-        const int c = lane + t * kWarpSize;
-        const float kf = pr[t] != 0.0f ? keep_factor(a, bh, i, j0 + c) : 0.0f;
-        sP[r * LDP + c] = from_acc<T>(pr[t] * kf);
+      const float corr = expf(m[k] - ref);
+      for (int t = 0; t < 4; ++t) pr[t] = expf(x[t] - ref);
+      l[k] = l[k] * corr + half_sum(pr[0] + pr[1] + pr[2] + pr[3]);
+      m[k] = m_new;
+      bool keep[4] = {true, true, true, true};
+      if (a.drop && i < a.tq && j < a.tk) {
+        dropout_keep4(a.state, static_cast<uint64_t>((bh * a.tq + i) * a.tk + j), a.threshold,
+                      keep);
+        uint32_t byte = 0;
+        for (int t = 0; t < 4; ++t) {
+          keep[t] = keep[t] && j + t < a.tk;
+          byte |= uint32_t(keep[t]) << t;
+        }
+        a.bits_out[(bh * a.tq + i) * a.groups4 + j / 4] = static_cast<uint8_t>(byte);
       }
-      for (int d = lane; d < D; d += kWarpSize) sO[r * LDO + d] *= corr;
+      for (int t = 0; t < 4; ++t)
+        sP[r * LDP + c0 + t] = from_acc<T>(keep[t] ? pr[t] * a.keep_scale : 0.0f);
+      for (int d = hl; d < D; d += 16) sO[r * LDO + d] *= corr;
     }
     __syncwarp();
     // O += P_d V.
@@ -215,13 +239,14 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
     __syncwarp();
   }
   if (!active) return;
-  for (int r = 0; r < 16; ++r) {
+  for (int k = 0; k < 8; ++k) {
+    const int r = 2 * k + half;
     const int64_t i = i0 + r;
-    if (i >= a.tq) break;
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    for (int d = lane; d < D; d += kWarpSize)
+    if (i >= a.tq) continue;
+    const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
+    for (int d = hl; d < D; d += 16)
       a.o[(bh * a.tq + i) * D + d] = from_acc<T>(float(sO[r * LDO + d]) * inv);
-    if (lane == 0) a.lse_out[bh * a.tq + i] = l[r] > 0.0f ? m[r] + logf(l[r]) : INFINITY;
+    if (hl == 0) a.lse_out[bh * a.tq + i] = l[k] > 0.0f ? m[k] + logf(l[k]) : INFINITY;
   }
 }
 
@@ -482,6 +507,7 @@ Args<T> make_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   a.heads = q.size(1);
   a.tq = q.size(2);
   a.tk = k.size(2);
+  a.groups4 = (a.tk + 3) / 4;
   if (bias.defined()) {
     a.bias_sh = bias.stride(0);
     a.bias_si = bias.stride(1);
@@ -534,6 +560,9 @@ void forward(const FlashAttentionForward& t) {
     Args<T> a = make_args<T>(t.q, t.k, t.v, t.bias, t.key_mask, t.scale, t.p, t.state);
     a.o = dptr<T>(t.out);
     a.lse_out = t.lse.data<float>();
+    ENGINE_CHECK(t.mask_bits.defined() == a.drop,
+                 "[flash_attention] mask_bits must be given exactly when p > 0");
+    a.bits_out = a.drop ? t.mask_bits.data<uint8_t>() : nullptr;
     if (a.tq == 0 || a.batch * a.heads == 0) return;
     dispatch_width(t.q.size(3), "flash_attention", [&]<int ND>() {
       constexpr size_t smem = forward_smem<ND * 16, T>();
@@ -555,6 +584,9 @@ void backward(const FlashAttentionBackward& t) {
     a.out = dptr<const T>(t.out);
     a.dout = dptr<const T>(t.dout);
     a.lse = t.lse.data<float>();
+    ENGINE_CHECK(t.mask_bits.defined() == a.drop,
+                 "[flash_attention_backward] mask_bits must be given exactly when p > 0");
+    a.bits = a.drop ? t.mask_bits.data<uint8_t>() : nullptr;
     a.dq = dptr<T>(t.dq);
     a.dk = dptr<T>(t.dk);
     a.dv = dptr<T>(t.dv);

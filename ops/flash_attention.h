@@ -30,16 +30,22 @@ struct FlashAttentionForward {
   PhiloxState state;
   Tensor out;  // (B, H, Tq, D), q's dtype, contiguous
   Tensor lse;  // (B, H, Tq) f32: log sum_j exp(logit_ij) over the kept keys; +inf for none
+  // With dropout (p > 0): (B, H, Tq, ceil(Tk / 4)) u8, the keep bits the forward drew, a byte
+  // for each group of 4 keys of a row (bit q: key 4 g + q; 0 past Tk), for the backward to read
+  // instead of drawing them again (a sixteenth of the bytes of 16-bit probabilities). Undefined
+  // without dropout.
+  Tensor mask_bits;
 };
 inline Kernel<void(const FlashAttentionForward&)> flash_attention_forward_kernel{"flash_attention"};
 
-// The gradients from the forward's inputs, out, lse and dout (all as the forward had them):
+// The gradients from the forward's inputs, out, lse, mask_bits and dout (as the forward had
+// them; the keep bits come from mask_bits when p > 0):
 //   dP_d = dout v^T, dP = dropout(dP_d), dS = P (dP - rowsum(dout * out)),
 //   dq = scale dS k, dk = scale dS^T q, dv = P_d^T dout, dbias = sum over the batch of dS.
 // dq, dk, dv: contiguous, q's shapes and dtype. dbias: undefined (not wanted) or (H, Tq, Tk) f32
 // contiguous, summed over the batch in an order fixed by the shape (the same bits every run).
 struct FlashAttentionBackward {
-  Tensor q, k, v, bias, key_mask, out, lse, dout;
+  Tensor q, k, v, bias, key_mask, out, lse, mask_bits, dout;
   double scale = 1, p = 0;
   PhiloxState state;
   Tensor dq, dk, dv, dbias;

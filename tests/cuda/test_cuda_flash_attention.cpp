@@ -60,6 +60,7 @@ void check_kernels(const Case& c, DType dt) {
   f.state = {1234, 17};
   f.out = Tensor::empty({c.b, c.h, c.tq, c.d}, dt);
   f.lse = Tensor::empty({c.b, c.h, c.tq}, DType::f32);
+  if (c.p > 0) f.mask_bits = Tensor::empty({c.b, c.h, c.tq, (c.tk + 3) / 4}, DType::u8);
   flash_attention_forward_kernel(Device::cpu(), f);
 
   FlashAttentionForward fg = f;
@@ -68,7 +69,10 @@ void check_kernels(const Case& c, DType dt) {
   if (c.bias) fg.bias = f.bias.contiguous().to(kGpu).slice(0, 0, 1).expand({c.h, c.tq, c.tk});
   fg.out = Tensor::empty(f.out.shape(), dt, kGpu);
   fg.lse = Tensor::empty(f.lse.shape(), DType::f32, kGpu);
+  if (c.p > 0) fg.mask_bits = Tensor::empty(f.mask_bits.shape(), DType::u8, kGpu);
   flash_attention_forward_kernel(kGpu, fg);
+  // The keep bits: the CPU's (the unfused path's stream elements) bit for bit.
+  if (c.p > 0) require_equal(fg.mask_bits, f.mask_bits);
   const double tol = tolerance(dt);
   require_close(fg.out, f.out, tol, tol);
   {
@@ -93,6 +97,7 @@ void check_kernels(const Case& c, DType dt) {
   bw.key_mask = f.key_mask;
   bw.out = f.out;
   bw.lse = f.lse;
+  bw.mask_bits = f.mask_bits;
   bw.dout = Tensor::randn(f.out.shape(), g).to(dt);
   bw.scale = scale;
   bw.p = c.p;
@@ -113,6 +118,7 @@ void check_kernels(const Case& c, DType dt) {
   bg.key_mask = fg.key_mask;
   bg.out = f.out.to(kGpu);
   bg.lse = f.lse.to(kGpu);
+  if (c.p > 0) bg.mask_bits = f.mask_bits.to(kGpu);
   bg.dout = bw.dout.to(kGpu);
   std::vector<Tensor> first;
   for (int run = 0; run < 2; ++run) {
@@ -195,8 +201,7 @@ TEST_CASE("attention's fused path equals its unfused path on the device, dropout
   }
 }
 
-TEST_CASE("attention takes the fused kernels by default without dropout, the unfused with it",
-          "[cuda]") {
+TEST_CASE("attention takes the fused kernels by default, with or without dropout", "[cuda]") {
   Generator g(73);
   const Tensor q = Tensor::randn({2, 2, 20, 64}, g).to(DType::bf16).to(kGpu);
   auto ops_of = [&](double p, std::optional<FusedAttention> mode) {
@@ -212,13 +217,31 @@ TEST_CASE("attention takes the fused kernels by default without dropout, the unf
     for (const WorkRecord& r : stop_work_recording()) names.push_back(r.op);
     return names;
   };
-  auto has = [](const std::vector<std::string>& v, const std::string& s) {
-    return std::find(v.begin(), v.end(), s) != v.end();
+  auto fused = [](const std::vector<std::string>& v) {
+    const bool flash = std::find(v.begin(), v.end(), "flash_attention") != v.end();
+    const bool unfused = std::find(v.begin(), v.end(), "attention_softmax") != v.end();
+    REQUIRE(flash != unfused);
+    return flash;
   };
-  REQUIRE(default_fused_attention() == FusedAttention::without_dropout);
-  REQUIRE(has(ops_of(0.0, std::nullopt), "flash_attention"));
-  const std::vector<std::string> dropped = ops_of(0.1, std::nullopt);
-  REQUIRE((has(dropped, "attention_softmax") && !has(dropped, "flash_attention")));
-  REQUIRE(has(ops_of(0.1, FusedAttention::always), "flash_attention"));
-  REQUIRE_FALSE(has(ops_of(0.0, FusedAttention::never), "flash_attention"));
+  REQUIRE(default_fused_attention() == FusedAttention::always);
+  REQUIRE(fused(ops_of(0.0, std::nullopt)));
+  REQUIRE(fused(ops_of(0.1, std::nullopt)));
+  REQUIRE(fused(ops_of(0.0, FusedAttention::without_dropout)));
+  REQUIRE_FALSE(fused(ops_of(0.1, FusedAttention::without_dropout)));
+  REQUIRE_FALSE(fused(ops_of(0.0, FusedAttention::never)));
+  REQUIRE(fused(ops_of(0.1, FusedAttention::always)));
+  // f32, a head width the kernels do not take, a bias per batch entry: the unfused path.
+  auto unfused_for = [&](const Tensor& x, const Tensor& bias) {
+    AttentionOptions o;
+    o.bias = bias;
+    start_work_recording();
+    attention(x, x, x, o);
+    std::vector<std::string> names;
+    for (const WorkRecord& r : stop_work_recording()) names.push_back(r.op);
+    return !fused(names);
+  };
+  REQUIRE(unfused_for(q.to(DType::f32), Tensor()));
+  REQUIRE(unfused_for(Tensor::randn({2, 2, 20, 48}, g).to(DType::bf16).to(kGpu), Tensor()));
+  REQUIRE(unfused_for(q, Tensor::randn({2, 2, 20, 20}, g).to(DType::bf16).to(kGpu)));
+  REQUIRE_FALSE(unfused_for(q, Tensor::randn({1, 2, 20, 20}, g).to(DType::bf16).to(kGpu)));
 }

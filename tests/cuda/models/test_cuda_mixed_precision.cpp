@@ -6,7 +6,8 @@
 // gradient within 6e-2 / 1e-2 of its tensor's largest magnitude (fp16 backward on a loss scaled
 // by 2^12, as training runs it). The measured worst cases are printed (docs/cuda.md records
 // them: about a third to a half of each bound). Dynamic loss scaling: an fp16 overflow produced on
-// the device skips the step and halves the scale; clean steps grow it again.
+// the device skips the step and halves the scale; clean steps grow it again. The fused attention
+// kernels in a whole model (head width 32) against the CPU and against the unfused device path.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -18,8 +19,10 @@
 #include "cuda/cuda_test_support.h"
 #include "engine/autocast.h"
 #include "engine/module.h"
+#include "engine/work_log.h"
 #include "models/bert.h"
 #include "models/model_support.h"
+#include "ops/attention.h"
 #include "ops/ops.h"
 #include "train/trainer.h"
 
@@ -151,4 +154,105 @@ TEST_CASE(
   REQUIRE(applied[size_t(first_clean) + 1]);
   REQUIRE(scales[size_t(first_clean) + 2] == 2 * scales[size_t(first_clean)]);
   REQUIRE(trainer.scaler().skipped_steps() >= 1);
+}
+
+TEST_CASE(
+    "fused attention in the whole model: bf16 at head width 32 tracks the CPU's f32 model, "
+    "and with dropout the unfused device run",
+    "[cuda][models][precision]") {
+  // Head width 32 (hidden 64, 2 heads): the fused kernels take every preset whose positional
+  // term is shared by the batch (TUPE's untied term, T5 buckets, ALiBi, none); the others (Shaw
+  // terms, per sequence) fall back to the unfused path within the same run.
+  struct Restore {
+    FusedAttention mode = default_fused_attention();
+    ~Restore() { set_default_fused_attention(mode); }
+  } restore;
+  for (const auto& [preset, reset] : engine::testing::all_presets()) {
+    INFO(preset << " cls_reset " << reset);
+    models::BertConfig c = engine::testing::tiny_bert(preset, reset);
+    c.hidden_size = 64;
+    c.ffn_size = 64;
+    c.validate();
+    const data::MlmBatch batch = engine::testing::host_mlm_batch(3, 11, c.vocab_size, 2);
+    // Evaluation mode: against the CPU's f32 model, the bounds of the test above.
+    {
+      set_default_fused_attention(FusedAttention::always);
+      models::BertForMaskedLM cpu(c, 7), gpu(c, 7);
+      FlatParameters flat_gpu(gpu.named_parameters(), kGpu);
+      cpu.train(false);
+      gpu.train(false);
+      Generator g1(1), g2(1);
+      models::MlmOutput a = cpu.forward(batch, g1);
+      models::MlmOutput b = [&] {
+        Autocast autocast(DType::bf16);
+        return gpu.forward(batch.to(kGpu), g2);
+      }();
+      CHECK(std::abs(b.loss.item() - a.loss.item()) <= 2e-2 * std::abs(a.loss.item()));
+      CHECK(scaled_error(b.logits, a.logits) <= 5e-2);
+      a.loss.backward();
+      b.loss.backward();
+      const NamedTensors pa = cpu.named_parameters(), pb = gpu.named_parameters();
+      double grad_max = 0;
+      for (const auto& [name, p] : pa)
+        for (double v : p.grad().to(DType::f64).to_vector<double>())
+          grad_max = std::max(grad_max, std::abs(v));
+      for (size_t i = 0; i < pa.size(); ++i) {
+        INFO("gradient of " << pa[i].first);
+        const Tensor& want = pa[i].second.grad();
+        double own = 0;
+        for (double v : want.to(DType::f64).to_vector<double>()) own = std::max(own, std::abs(v));
+        const double e = own > 1e-6 * grad_max
+                             ? scaled_error(pb[i].second.grad(), want)
+                             : scaled_error(pb[i].second.grad(), want) * own / grad_max;
+        CHECK(e <= 1e-1);
+      }
+    }
+    // Training mode with dropout: the fused run against the unfused one on the device (the same
+    // masks, or the outputs would differ by O(1)).
+    c.hidden_dropout = c.attention_dropout = 0.2;
+    std::vector<Tensor> res[2];
+    std::vector<std::string> names = {"loss", "logits"};
+    for (FusedAttention mode : {FusedAttention::never, FusedAttention::always}) {
+      set_default_fused_attention(mode);
+      models::BertForMaskedLM gpu(c, 7);
+      FlatParameters flat_gpu(gpu.named_parameters(), kGpu);
+      gpu.train(true);
+      Generator gen(4);
+      start_work_recording();
+      models::MlmOutput b = [&] {
+        Autocast autocast(DType::bf16);
+        return gpu.forward(batch.to(kGpu), gen);
+      }();
+      int64_t flash = 0;
+      for (const WorkRecord& w : stop_work_recording()) flash += w.op == "flash_attention";
+      // One fused launch a layer where the preset's bias is shared by the batch.
+      if (preset == "tupe_r" || preset == "bert_a")
+        REQUIRE(flash == (mode == FusedAttention::always ? c.num_layers : 0));
+      b.loss.backward();
+      std::vector<Tensor>& r = res[mode == FusedAttention::always];
+      r = {b.loss.detach(), b.logits.detach()};
+      for (const auto& [name, p] : gpu.named_parameters()) {
+        r.push_back(p.grad().clone());
+        if (mode == FusedAttention::never) names.push_back(name);
+      }
+    }
+    CHECK(std::abs(res[1][0].item() - res[0][0].item()) <= 2e-2 * std::abs(res[0][0].item()));
+    auto largest = [](const Tensor& t) {
+      double m = 0;
+      for (double v : t.to(Device::cpu()).to(DType::f64).to_vector<double>())
+        m = std::max(m, std::abs(v));
+      return m;
+    };
+    double grad_max = 0;
+    for (size_t i = 2; i < res[0].size(); ++i) grad_max = std::max(grad_max, largest(res[0][i]));
+    for (size_t i = 1; i < res[0].size(); ++i) {
+      const double own = largest(res[0][i]);
+      INFO(names[i] << ": largest magnitude " << own);
+      // A gradient zero in exact arithmetic (the positional key bias) against the largest one.
+      const double e = i == 1 || own > 1e-6 * grad_max
+                           ? scaled_error(res[1][i], res[0][i])
+                           : scaled_error(res[1][i], res[0][i]) * own / grad_max;
+      CHECK(e <= (i == 1 ? 5e-2 : 1e-1));
+    }
+  }
 }
