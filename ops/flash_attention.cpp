@@ -24,7 +24,9 @@ void add_work_cost(WorkCost& cost, const FlashAttentionBackward& a) {
   for (const Tensor* t : {&a.q, &a.k, &a.v, &a.bias, &a.key_mask, &a.out, &a.lse, &a.mask_bits,
                           &a.dout, &a.dq, &a.dk, &a.dv, &a.dbias})
     if (t->defined()) add_work_cost(cost, *t);
-  cost.flops += 10.0 * a.q.size(0) * a.q.size(1) * a.q.size(2) * a.k.size(2) * a.q.size(3);
+  // The gradient's four products (dP_d, dV, dQ, dK): the scores made again are recomputation,
+  // not model FLOPs (the performance model times the kernels by the products they compute).
+  cost.flops += 8.0 * a.q.size(0) * a.q.size(1) * a.q.size(2) * a.k.size(2) * a.q.size(3);
 }
 
 bool flash_attention_fits(Device device, DType dtype, int64_t b, int64_t h, int64_t d, int64_t dv) {

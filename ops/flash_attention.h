@@ -57,8 +57,8 @@ struct FlashAttentionBackward {
 inline Kernel<void(const FlashAttentionBackward&)> flash_attention_backward_kernel{
     "flash_attention_backward"};
 
-// The performance model's cost of a launch: each defined tensor once, and the products' FLOPs
-// (forward 2 products, backward 5 with the recomputed scores: 4 B H Tq Tk D and 10 B H Tq Tk D).
+// The performance model's cost of a launch: each defined tensor once, and the model FLOPs of the
+// products (forward 2: 4 B H Tq Tk D; backward 4: 8 B H Tq Tk D, the recomputed scores apart).
 void add_work_cost(WorkCost& cost, const FlashAttentionForward& a);
 void add_work_cost(WorkCost& cost, const FlashAttentionBackward& a);
 
