@@ -121,6 +121,12 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
   return out;
 }
 
+// Removes the oldest checkpoints in `dir` past the newest `keep_last`.
+void remove_past_keep_last(const fs::path& dir, int64_t keep_last) {
+  const auto list = list_checkpoints(dir);
+  for (size_t i = 0; i + size_t(keep_last) < list.size(); ++i) fs::remove(list[i].second);
+}
+
 Tensor i64_scalar(int64_t v) { return Tensor::from_vector<int64_t>({v}, {}); }
 int64_t read_i64(const Tensor& t) { return t.to(DType::i64).to_vector<int64_t>().at(0); }
 
@@ -294,6 +300,10 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
         std::printf("resumed from %s (step %lld)\n", it->second.string().c_str(),
                     (long long)trainer.steps_taken());
         loaded = true;
+        // A run stopped between writing a checkpoint and removing the ones past keep_last kept
+        // one too many: remove them now (only when the newest loaded: an older one loaded means
+        // the newer are unreadable, and the count would then reach the one in use).
+        if (it == list.rbegin()) remove_past_keep_last(ckpt_dir, o.keep_last);
       } catch (const engine::Error& e) {
         std::fprintf(stderr, "warning: cannot resume from %s: %s\n", it->second.string().c_str(),
                      e.what());
@@ -406,8 +416,7 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
                   " (free space, then continue with --resume)");
     }
     set_fault_hint(path.string());
-    auto list = list_checkpoints(ckpt_dir);
-    for (size_t i = 0; i + size_t(o.keep_last) < list.size(); ++i) fs::remove(list[i].second);
+    remove_past_keep_last(ckpt_dir, o.keep_last);
     result.final_checkpoint = path.string();
   };
 

@@ -186,6 +186,12 @@ if finished:
     check(not glob.glob(os.path.join(b_dir, "checkpoints", "*.tmp.*")), "no temporary file left behind")
     kept = sorted(os.path.basename(x) for x in glob.glob(os.path.join(b_dir, "checkpoints", "step_*.safetensors")))
     check(len(kept) == 2 and kept[-1] == "step_00000024.safetensors", f"keep_last 2: {kept}")
+    # What a stop between a checkpoint's write and the removal of the ones past keep_last leaves:
+    # one too many; the next --resume removes it.
+    shutil.copy(os.path.join(b_dir, "checkpoints", kept[-1]), os.path.join(b_dir, "checkpoints", "step_00000003.safetensors"))
+    p = run(["--config", P("cfg.yaml"), "--out", b_dir, "--resume"])
+    kept2 = sorted(os.path.basename(x) for x in glob.glob(os.path.join(b_dir, "checkpoints", "step_*.safetensors")))
+    check(p.returncode == 0 and kept2 == kept, f"--resume removes a checkpoint past keep_last: {kept2}", p.stdout + p.stderr)
 
 # ---- tools/length_generalisation.py: a relative preset runs at twice its training length; the learned
 # table of run A cannot (n/a); the table, the per-position data and (with matplotlib) the curve -----
