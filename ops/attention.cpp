@@ -255,12 +255,13 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
   // The fused kernels where they fit: one launch forward, no (B, H, Tq, Tk) tensor.
   const FusedAttention mode = opt.fused.value_or(default_fused_attention());
   const bool try_fused =
-      mode == FusedAttention::always || (mode == FusedAttention::without_dropout && p == 0);
+      (mode == FusedAttention::always || (mode == FusedAttention::without_dropout && p == 0)) &&
+      flash_attention_fits(q.device(), q.dtype(), b, h, d, dv);
   bool bias_shared = false;
   const Tensor bias3 = try_fused ? shared_bias(opt.bias.defined() ? opt.bias.detach() : Tensor(), b,
                                                h, tq, tk, bias_shared)
                                  : Tensor();
-  if (try_fused && bias_shared && flash_attention_fits(q.device(), q.dtype(), b, h, d, dv)) {
+  if (try_fused && bias_shared) {
     FlashAttentionForward f;
     f.q = q.detach().contiguous();
     f.k = k.detach().contiguous();

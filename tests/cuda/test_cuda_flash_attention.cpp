@@ -244,4 +244,18 @@ TEST_CASE("attention takes the fused kernels by default, with or without dropout
   REQUIRE(unfused_for(Tensor::randn({2, 2, 20, 48}, g).to(DType::bf16).to(kGpu), Tensor()));
   REQUIRE(unfused_for(q, Tensor::randn({2, 2, 20, 20}, g).to(DType::bf16).to(kGpu)));
   REQUIRE_FALSE(unfused_for(q, Tensor::randn({1, 2, 20, 20}, g).to(DType::bf16).to(kGpu)));
+  // Empty problems: no batch entry (the unfused path), no query row (the fused one), forward and
+  // backward.
+  for (Shape s : {Shape{0, 2, 5, 32}, Shape{2, 2, 0, 32}}) {
+    INFO(shape_str(s));
+    Tensor x = Tensor::zeros(s, DType::bf16, kGpu).set_requires_grad();
+    AttentionOptions o;
+    o.bias = Tensor::zeros({1, 2, s[2], s[2]}, DType::bf16, kGpu);
+    o.dropout_p = 0.1;
+    o.training = true;
+    Tensor y = attention(x, x, x, o);
+    REQUIRE(y.shape() == s);
+    y.backward(Tensor::zeros(s, DType::bf16, kGpu));
+    REQUIRE(x.grad().shape() == s);
+  }
 }
