@@ -90,6 +90,13 @@ struct Problem {
     }
   }
   int64_t groups() const { return (tk + 3) / 4; }
+  // f(bi, hi, i, row) for every query row in order, row = (bi H + hi) Tq + i.
+  template <class F>
+  void for_rows(F&& f) const {
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t hi = 0; hi < h; ++hi)
+        for (int64_t i = 0; i < tq; ++i) f(bi, hi, i, (bi * h + hi) * tq + i);
+  }
   // Whether element (bi, hi, i, j) is kept: the stream's word (the forward), or the saved bits.
   bool kept(int64_t bi, int64_t hi, int64_t i, int64_t j) const {
     const int64_t row = (bi * h + hi) * tq + i;
@@ -116,36 +123,31 @@ void forward(const FlashAttentionForward& a) {
                "[flash_attention] mask_bits must be given exactly when p > 0");
   if (a.mask_bits.defined()) {
     std::vector<double> bits(static_cast<size_t>(P.b * P.h * P.tq * P.groups()));
-    for (int64_t bi = 0; bi < P.b; ++bi)
-      for (int64_t hi = 0; hi < P.h; ++hi)
-        for (int64_t i = 0; i < P.tq; ++i)
-          for (int64_t j = 0; j < P.tk; ++j)
-            if (P.kept(bi, hi, i, j))
-              bits[static_cast<size_t>(((bi * P.h + hi) * P.tq + i) * P.groups() + j / 4)] +=
-                  double(1 << (j % 4));
+    P.for_rows([&](int64_t bi, int64_t hi, int64_t i, int64_t row) {
+      for (int64_t j = 0; j < P.tk; ++j)
+        if (P.kept(bi, hi, i, j))
+          bits[static_cast<size_t>(row * P.groups() + j / 4)] += double(1 << (j % 4));
+    });
     put(a.mask_bits, bits);
   }
   std::vector<double> out(static_cast<size_t>(P.b * P.h * P.tq * P.d)),
       lse(static_cast<size_t>(P.b * P.h * P.tq));
   std::vector<double> x(static_cast<size_t>(P.tk)), pr(x.size());
-  for (int64_t bi = 0; bi < P.b; ++bi)
-    for (int64_t hi = 0; hi < P.h; ++hi)
-      for (int64_t i = 0; i < P.tq; ++i) {
-        const int64_t bh = bi * P.h + hi, row = bh * P.tq + i;
-        P.logits(bi, hi, i, x);
-        double m = -std::numeric_limits<double>::infinity();
-        for (double e : x) m = std::max(m, e);
-        double l = 0;
-        if (!std::isinf(m))
-          for (double e : x) l += std::exp(e - m);
-        lse[row] = l > 0 ? m + std::log(l) : std::numeric_limits<double>::infinity();
-        Problem::probs(x, lse[row], pr);
-        for (int64_t j = 0; j < P.tk; ++j) {
-          const double w = pr[j] * P.keep(bi, hi, i, j);
-          for (int64_t c = 0; c < P.d; ++c)
-            out[row * P.d + c] += w * P.v[(bh * P.tk + j) * P.d + c];
-        }
-      }
+  P.for_rows([&](int64_t bi, int64_t hi, int64_t i, int64_t row) {
+    const int64_t bh = bi * P.h + hi;
+    P.logits(bi, hi, i, x);
+    double m = -std::numeric_limits<double>::infinity();
+    for (double e : x) m = std::max(m, e);
+    double l = 0;
+    if (!std::isinf(m))
+      for (double e : x) l += std::exp(e - m);
+    lse[row] = l > 0 ? m + std::log(l) : std::numeric_limits<double>::infinity();
+    Problem::probs(x, lse[row], pr);
+    for (int64_t j = 0; j < P.tk; ++j) {
+      const double w = pr[j] * P.keep(bi, hi, i, j);
+      for (int64_t c = 0; c < P.d; ++c) out[row * P.d + c] += w * P.v[(bh * P.tk + j) * P.d + c];
+    }
+  });
   put(a.out, out);
   put(a.lse, lse);
 }
@@ -161,28 +163,25 @@ void backward(const FlashAttentionBackward& a) {
       dk(static_cast<size_t>(n * P.tk * P.d)), dv(dk.size());
   std::vector<double> ds_all(a.dbias.defined() ? static_cast<size_t>(n * P.tq * P.tk) : 0);
   std::vector<double> x(static_cast<size_t>(P.tk)), pr(x.size());
-  for (int64_t bi = 0; bi < P.b; ++bi)
-    for (int64_t hi = 0; hi < P.h; ++hi)
-      for (int64_t i = 0; i < P.tq; ++i) {
-        const int64_t bh = bi * P.h + hi, row = bh * P.tq + i;
-        P.logits(bi, hi, i, x);
-        Problem::probs(x, lse[row], pr);
-        double dsum = 0;  // rowsum(dout * out)
-        for (int64_t c = 0; c < P.d; ++c) dsum += dout[row * P.d + c] * out[row * P.d + c];
-        for (int64_t j = 0; j < P.tk; ++j) {
-          const double kp = P.keep(bi, hi, i, j);
-          double dpd = 0;  // dout_i . v_j
-          for (int64_t c = 0; c < P.d; ++c)
-            dpd += dout[row * P.d + c] * P.v[(bh * P.tk + j) * P.d + c];
-          const double ds = pr[j] * (dpd * kp - dsum);
-          if (!ds_all.empty()) ds_all[static_cast<size_t>(row * P.tk + j)] = ds;
-          for (int64_t c = 0; c < P.d; ++c) {
-            dq[row * P.d + c] += P.scale * ds * P.k[(bh * P.tk + j) * P.d + c];
-            dk[(bh * P.tk + j) * P.d + c] += P.scale * ds * P.q[row * P.d + c];
-            dv[(bh * P.tk + j) * P.d + c] += pr[j] * kp * dout[row * P.d + c];
-          }
-        }
+  P.for_rows([&](int64_t bi, int64_t hi, int64_t i, int64_t row) {
+    const int64_t bh = bi * P.h + hi;
+    P.logits(bi, hi, i, x);
+    Problem::probs(x, lse[row], pr);
+    double dsum = 0;  // rowsum(dout * out)
+    for (int64_t c = 0; c < P.d; ++c) dsum += dout[row * P.d + c] * out[row * P.d + c];
+    for (int64_t j = 0; j < P.tk; ++j) {
+      const double kp = P.keep(bi, hi, i, j);
+      double dpd = 0;  // dout_i . v_j
+      for (int64_t c = 0; c < P.d; ++c) dpd += dout[row * P.d + c] * P.v[(bh * P.tk + j) * P.d + c];
+      const double ds = pr[j] * (dpd * kp - dsum);
+      if (!ds_all.empty()) ds_all[static_cast<size_t>(row * P.tk + j)] = ds;
+      for (int64_t c = 0; c < P.d; ++c) {
+        dq[row * P.d + c] += P.scale * ds * P.k[(bh * P.tk + j) * P.d + c];
+        dk[(bh * P.tk + j) * P.d + c] += P.scale * ds * P.q[row * P.d + c];
+        dv[(bh * P.tk + j) * P.d + c] += pr[j] * kp * dout[row * P.d + c];
       }
+    }
+  });
   put(a.dq, dq);
   put(a.dk, dk);
   put(a.dv, dv);

@@ -66,10 +66,6 @@ template <class T, class L>
 using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, L>;
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-__device__ inline float warp_max(float v) {
-  for (int o = kWarpSize / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
 __device__ inline float warp_sum(float v) {
   for (int o = kWarpSize / 2; o > 0; o /= 2) v += __shfl_xor_sync(kFullMask, v, o);
   return v;
@@ -119,6 +115,15 @@ __device__ inline void stage_rows(P dst, int ld, const T* src, int64_t r0, int64
   }
 }
 
+// Rows [r0, r0 + 64) of two (total, D) matrices into the block's shared tiles at byte offsets o1
+// and o2 (every thread of the block takes part).
+template <class T, int D, class B>
+__device__ inline void stage_block_pair(B smem, size_t o1, const T* src1, size_t o2, const T* src2,
+                                        int ld, int64_t r0, int64_t total) {
+  stage_rows<T, D>(smem_region<uint4>(smem, o1), ld, src1, r0, total, kTile, threadIdx.x, kThreads);
+  stage_rows<T, D>(smem_region<uint4>(smem, o2), ld, src2, r0, total, kTile, threadIdx.x, kThreads);
+}
+
 // A 16 x 16 float accumulator out through a per-warp tile: rows [r0, r0 + 16) x columns
 // [c0, c0 + 16) of a (rows, D) 16-bit matrix, rows past `rows` skipped.
 template <class T, int D, class P>
@@ -130,6 +135,26 @@ __device__ inline void store_tile(const FragC& f, P tile, T* dst, int64_t r0, in
     const int r = e / 16, c = e % 16;
     if (r0 + r < rows) dst[(r0 + r) * D + c0 + c] = from_acc<T>(float(tile[r * kLdT + c]));
   }
+  __syncwarp();
+}
+
+// s = a1 r1^T and t = a2 r2^T (16 x 16 each), r1 and r2 16 staged rows of `ld` elements read
+// transposed, into the warp's float tiles.
+template <class T, int ND, class P>
+__device__ inline void products_t(const FragA<T> (&a1)[ND], const T* r1, const FragA<T> (&a2)[ND],
+                                  const T* r2, int ld, P s_tile, P t_tile) {
+  FragC s, t;
+  wmma::fill_fragment(s, 0.0f);
+  wmma::fill_fragment(t, 0.0f);
+  for (int kk = 0; kk < ND; ++kk) {
+    FragB<T, wmma::col_major> fb;
+    wmma::load_matrix_sync(fb, r1 + kk * 16, ld);
+    wmma::mma_sync(s, a1[kk], fb, s);
+    wmma::load_matrix_sync(fb, r2 + kk * 16, ld);
+    wmma::mma_sync(t, a2[kk], fb, t);
+  }
+  wmma::store_matrix_sync(raw_ptr(s_tile), s, kLdT, wmma::mem_row_major);
+  wmma::store_matrix_sync(raw_ptr(t_tile), t, kLdT, wmma::mem_row_major);
   __syncwarp();
 }
 
@@ -179,8 +204,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
   }
   for (int64_t j0 = 0; j0 < a.tk; j0 += kTile) {
     __syncthreads();  // every warp is done with the previous tile
-    stage_rows<T, D>(smem_region<uint4>(smem, o_k), LDK, k, j0, a.tk, kTile, threadIdx.x, kThreads);
-    stage_rows<T, D>(smem_region<uint4>(smem, o_v), LDK, v, j0, a.tk, kTile, threadIdx.x, kThreads);
+    stage_block_pair<T, D>(smem, o_k, k, o_v, v, LDK, j0, a.tk);
     __syncthreads();
     if (!active) continue;
     // S = Q K^T (16 x 64): K^T is the staged K read column-major.
@@ -322,10 +346,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv(Args<T> a) {
   }
   for (int64_t i0 = 0; i0 < a.tq; i0 += kTile) {
     __syncthreads();
-    stage_rows<T, D>(smem_region<uint4>(smem, o_q), LDK, a.q + bh * a.tq * D, i0, a.tq, kTile,
-                     threadIdx.x, kThreads);
-    stage_rows<T, D>(smem_region<uint4>(smem, o_do), LDK, a.dout + bh * a.tq * D, i0, a.tq, kTile,
-                     threadIdx.x, kThreads);
+    stage_block_pair<T, D>(smem, o_q, a.q + bh * a.tq * D, o_do, a.dout + bh * a.tq * D, LDK, i0,
+                           a.tq);
     for (int e = threadIdx.x; e < kTile; e += kThreads) {
       const bool in = i0 + e < a.tq;
       sL[e] = in ? a.lse[bh * a.tq + i0 + e] : INFINITY;
@@ -335,19 +357,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv(Args<T> a) {
     if (!active) continue;
     for (int sub = 0; sub < kTile / 16 && i0 + sub * 16 < a.tq; ++sub) {
       // S^T = K_w Q_sub^T and dP_d^T = V_w dO_sub^T (16 keys x 16 queries).
-      FragC st, dpt;
-      wmma::fill_fragment(st, 0.0f);
-      wmma::fill_fragment(dpt, 0.0f);
-      for (int kk = 0; kk < ND; ++kk) {
-        FragB<T, wmma::col_major> fb;
-        wmma::load_matrix_sync(fb, raw_ptr(sQ) + sub * 16 * LDK + kk * 16, LDK);
-        wmma::mma_sync(st, fk[kk], fb, st);
-        wmma::load_matrix_sync(fb, raw_ptr(sdO) + sub * 16 * LDK + kk * 16, LDK);
-        wmma::mma_sync(dpt, fv[kk], fb, dpt);
-      }
-      wmma::store_matrix_sync(raw_ptr(sS), st, kLdT, wmma::mem_row_major);
-      wmma::store_matrix_sync(raw_ptr(sT), dpt, kLdT, wmma::mem_row_major);
-      __syncwarp();
+      products_t<T, ND>(fk, raw_ptr(sQ) + sub * 16 * LDK, fv, raw_ptr(sdO) + sub * 16 * LDK, LDK,
+                        sS, sT);
       for (int e = lane; e < 256; e += kWarpSize) {
         const int r = e / 16, c = e % 16;  // key r, query c
         const int qi = sub * 16 + c;
@@ -432,27 +443,14 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
     }
     for (int64_t j0 = 0; j0 < a.tk; j0 += kTile) {
       __syncthreads();
-      stage_rows<T, D>(smem_region<uint4>(smem, o_k), LDK, a.k + bh * a.tk * D, j0, a.tk, kTile,
-                       threadIdx.x, kThreads);
-      stage_rows<T, D>(smem_region<uint4>(smem, o_v), LDK, a.v + bh * a.tk * D, j0, a.tk, kTile,
-                       threadIdx.x, kThreads);
+      stage_block_pair<T, D>(smem, o_k, a.k + bh * a.tk * D, o_v, a.v + bh * a.tk * D, LDK, j0,
+                             a.tk);
       __syncthreads();
       if (!active) continue;
       for (int sub = 0; sub < kTile / 16 && j0 + sub * 16 < a.tk; ++sub) {
         // S = Q_w K_sub^T and dP_d = dO_w V_sub^T (16 queries x 16 keys).
-        FragC s, dp;
-        wmma::fill_fragment(s, 0.0f);
-        wmma::fill_fragment(dp, 0.0f);
-        for (int kk = 0; kk < ND; ++kk) {
-          FragB<T, wmma::col_major> fb;
-          wmma::load_matrix_sync(fb, raw_ptr(sK) + sub * 16 * LDK + kk * 16, LDK);
-          wmma::mma_sync(s, fq[kk], fb, s);
-          wmma::load_matrix_sync(fb, raw_ptr(sV) + sub * 16 * LDK + kk * 16, LDK);
-          wmma::mma_sync(dp, fdo[kk], fb, dp);
-        }
-        wmma::store_matrix_sync(raw_ptr(sS), s, kLdT, wmma::mem_row_major);
-        wmma::store_matrix_sync(raw_ptr(sT), dp, kLdT, wmma::mem_row_major);
-        __syncwarp();
+        products_t<T, ND>(fq, raw_ptr(sK) + sub * 16 * LDK, fdo, raw_ptr(sV) + sub * 16 * LDK, LDK,
+                          sS, sT);
         for (int e = lane; e < 256; e += kWarpSize) {
           const int r = e / 16, c = e % 16;  // query r, key c
           const int64_t i = i0 + r, j = j0 + sub * 16 + c;

@@ -44,6 +44,35 @@ double scaled_error(const Tensor& got, const Tensor& want) {
   return mx > 0 ? err / mx : err;
 }
 
+double largest(const Tensor& t) {
+  double m = 0;
+  for (double v : t.to(Device::cpu()).to(DType::f64).to_vector<double>())
+    m = std::max(m, std::abs(v));
+  return m;
+}
+
+// The error of each gradient in `got` against `want` (the same parameters in order), as
+// scaled_error; a gradient that is zero in exact arithmetic (a key bias under softmax's shift
+// invariance: below 1e-6 of the largest gradient) is compared with the largest instead of its own.
+std::vector<double> gradient_errors(const std::vector<Tensor>& got,
+                                    const std::vector<Tensor>& want) {
+  REQUIRE(got.size() == want.size());
+  double grad_max = 0;
+  for (const Tensor& w : want) grad_max = std::max(grad_max, largest(w));
+  std::vector<double> out;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double own = largest(want[i]), e = scaled_error(got[i], want[i]);
+    out.push_back(own > 1e-6 * grad_max ? e : e * own / grad_max);
+  }
+  return out;
+}
+
+std::vector<Tensor> gradients(const NamedTensors& params) {
+  std::vector<Tensor> out;
+  for (const auto& [name, p] : params) out.push_back(p.grad());
+  return out;
+}
+
 struct Tolerance {
   DType dtype;
   double loss, logits, grads;
@@ -86,21 +115,11 @@ TEST_CASE("bf16 and fp16 on the device track the CPU's f32 model for every prese
       scale(b.loss, loss_scale).backward();
       flat_gpu.grad().mul_(1.0 / loss_scale);
       const NamedTensors pa = cpu.named_parameters(), pb = gpu.named_parameters();
-      double grad_max = 0;  // over every parameter's gradient
-      for (const auto& [name, p] : pa)
-        for (double v : p.grad().to(DType::f64).to_vector<double>())
-          grad_max = std::max(grad_max, std::abs(v));
+      const std::vector<double> errors = gradient_errors(gradients(pb), gradients(pa));
       for (size_t i = 0; i < pa.size(); ++i) {
         INFO("gradient of " << pa[i].first);
         REQUIRE(pb[i].second.grad().dtype() == DType::f32);  // into the f32 slab
-        // A gradient that is zero in exact arithmetic (a key bias under softmax's shift
-        // invariance) is compared with the model's largest gradient instead of its own.
-        const Tensor& want = pa[i].second.grad();
-        double own = 0;
-        for (double v : want.to(DType::f64).to_vector<double>()) own = std::max(own, std::abs(v));
-        const double e = own > 1e-6 * grad_max
-                             ? scaled_error(pb[i].second.grad(), want)
-                             : scaled_error(pb[i].second.grad(), want) * own / grad_max;
+        const double e = errors[i];
         CHECK(e <= tol.grads);
         if (e > worst_grad) worst_grad = e, worst_grad_name = preset + " " + pa[i].first;
       }
@@ -192,26 +211,18 @@ TEST_CASE(
       a.loss.backward();
       b.loss.backward();
       const NamedTensors pa = cpu.named_parameters(), pb = gpu.named_parameters();
-      double grad_max = 0;
-      for (const auto& [name, p] : pa)
-        for (double v : p.grad().to(DType::f64).to_vector<double>())
-          grad_max = std::max(grad_max, std::abs(v));
+      const std::vector<double> errors = gradient_errors(gradients(pb), gradients(pa));
       for (size_t i = 0; i < pa.size(); ++i) {
         INFO("gradient of " << pa[i].first);
-        const Tensor& want = pa[i].second.grad();
-        double own = 0;
-        for (double v : want.to(DType::f64).to_vector<double>()) own = std::max(own, std::abs(v));
-        const double e = own > 1e-6 * grad_max
-                             ? scaled_error(pb[i].second.grad(), want)
-                             : scaled_error(pb[i].second.grad(), want) * own / grad_max;
-        CHECK(e <= 1e-1);
+        CHECK(errors[i] <= 1e-1);
       }
     }
     // Training mode with dropout: the fused run against the unfused one on the device (the same
     // masks, or the outputs would differ by O(1)).
     c.hidden_dropout = c.attention_dropout = 0.2;
-    std::vector<Tensor> res[2];
-    std::vector<std::string> names = {"loss", "logits"};
+    Tensor loss[2], logits[2];
+    std::vector<Tensor> grads[2];
+    std::vector<std::string> names;
     for (FusedAttention mode : {FusedAttention::never, FusedAttention::always}) {
       set_default_fused_attention(mode);
       models::BertForMaskedLM gpu(c, 7);
@@ -229,30 +240,21 @@ TEST_CASE(
       if (preset == "tupe_r" || preset == "bert_a")
         REQUIRE(flash == (mode == FusedAttention::always ? c.num_layers : 0));
       b.loss.backward();
-      std::vector<Tensor>& r = res[mode == FusedAttention::always];
-      r = {b.loss.detach(), b.logits.detach()};
+      const int k = mode == FusedAttention::always;
+      loss[k] = b.loss.detach();
+      logits[k] = b.logits.detach();
+      names.clear();
       for (const auto& [name, p] : gpu.named_parameters()) {
-        r.push_back(p.grad().clone());
-        if (mode == FusedAttention::never) names.push_back(name);
+        grads[k].push_back(p.grad().clone());
+        names.push_back(name);
       }
     }
-    CHECK(std::abs(res[1][0].item() - res[0][0].item()) <= 2e-2 * std::abs(res[0][0].item()));
-    auto largest = [](const Tensor& t) {
-      double m = 0;
-      for (double v : t.to(Device::cpu()).to(DType::f64).to_vector<double>())
-        m = std::max(m, std::abs(v));
-      return m;
-    };
-    double grad_max = 0;
-    for (size_t i = 2; i < res[0].size(); ++i) grad_max = std::max(grad_max, largest(res[0][i]));
-    for (size_t i = 1; i < res[0].size(); ++i) {
-      const double own = largest(res[0][i]);
-      INFO(names[i] << ": largest magnitude " << own);
-      // A gradient zero in exact arithmetic (the positional key bias) against the largest one.
-      const double e = i == 1 || own > 1e-6 * grad_max
-                           ? scaled_error(res[1][i], res[0][i])
-                           : scaled_error(res[1][i], res[0][i]) * own / grad_max;
-      CHECK(e <= (i == 1 ? 5e-2 : 1e-1));
+    CHECK(std::abs(loss[1].item() - loss[0].item()) <= 2e-2 * std::abs(loss[0].item()));
+    CHECK(scaled_error(logits[1], logits[0]) <= 5e-2);
+    const std::vector<double> errors = gradient_errors(grads[1], grads[0]);
+    for (size_t i = 0; i < errors.size(); ++i) {
+      INFO("gradient of " << names[i]);
+      CHECK(errors[i] <= 1e-1);
     }
   }
 }
