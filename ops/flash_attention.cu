@@ -46,10 +46,10 @@ constexpr int kTargetBlocks = 2 * 132;  // backward_q: about two blocks for each
 template <class T>
 struct Args {
   const T *q, *k, *v, *bias, *out, *dout;
-  const float *mask, *lse, *rowdot;
+  const float *mask, *lse;
   const uint8_t* bits;  // the forward's keep bits (backward, with dropout)
   T *o, *dq, *dk, *dv;
-  float *lse_out, *part, *rowdot_out;
+  float *lse_out, *part, *rowdot;         // rowdot: flash_rowdot writes it, the backward reads it
   uint8_t* bits_out;                      // the keep bits (forward, with dropout)
   int64_t batch, heads, tq, tk, groups4;  // groups4: bytes of keep bits a row, ceil(Tk / 4)
   int64_t bias_sh, bias_si, bias_sj;
@@ -122,6 +122,15 @@ __device__ inline void stage_block_pair(B smem, size_t o1, const T* src1, size_t
                                         int ld, int64_t r0, int64_t total) {
   stage_rows<T, D>(smem_region<uint4>(smem, o1), ld, src1, r0, total, kTile, threadIdx.x, kThreads);
   stage_rows<T, D>(smem_region<uint4>(smem, o2), ld, src2, r0, total, kTile, threadIdx.x, kThreads);
+}
+
+// Rows [r0, r0 + 16) of two (total, D) matrices into one warp's shared tiles at byte offsets o1
+// and o2 (the warp's lanes take part).
+template <class T, int D, class B>
+__device__ inline void stage_warp_pair(B smem, size_t o1, const T* src1, size_t o2, const T* src2,
+                                       int ld, int64_t r0, int64_t total, int lane) {
+  stage_rows<T, D>(smem_region<uint4>(smem, o1), ld, src1, r0, total, 16, lane, kWarpSize);
+  stage_rows<T, D>(smem_region<uint4>(smem, o2), ld, src2, r0, total, 16, lane, kWarpSize);
 }
 
 // A 16 x 16 float accumulator out through a per-warp tile: rows [r0, r0 + 16) x columns
@@ -284,7 +293,7 @@ __global__ void flash_rowdot(Args<T> a, int64_t rows, int d) {
   for (int c = lane; c < d; c += kWarpSize)
     s += to_acc(a.out[r * d + c]) * to_acc(a.dout[r * d + c]);
   s = warp_sum(s);
-  if (lane == 0) a.rowdot_out[r] = s;
+  if (lane == 0) a.rowdot[r] = s;
 }
 
 // dS of the element at (i, j) of a recomputed tile: P (dP_d kf - D_i), with P_d = P kf.
@@ -332,10 +341,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv(Args<T> a) {
   FragA<T> fk[ND], fv[ND];
   FragC dk[ND], dv[ND];
   if (active) {
-    stage_rows<T, D>(smem_region<uint4>(smem, o_k), LDK, a.k + bh * a.tk * D, j0, a.tk, 16, lane,
-                     kWarpSize);
-    stage_rows<T, D>(smem_region<uint4>(smem, o_v), LDK, a.v + bh * a.tk * D, j0, a.tk, 16, lane,
-                     kWarpSize);
+    stage_warp_pair<T, D>(smem, o_k, a.k + bh * a.tk * D, o_v, a.v + bh * a.tk * D, LDK, j0, a.tk,
+                          lane);
     __syncwarp();
     for (int kk = 0; kk < ND; ++kk) {
       wmma::load_matrix_sync(fk[kk], raw_ptr(sK) + kk * 16, LDK);
@@ -425,10 +432,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
     FragC dq[ND];
     if (active) {
       __syncwarp();  // the previous entry's tiles are read
-      stage_rows<T, D>(smem_region<uint4>(smem, o_q), LDK, a.q + bh * a.tq * D, i0, a.tq, 16, lane,
-                       kWarpSize);
-      stage_rows<T, D>(smem_region<uint4>(smem, o_do), LDK, a.dout + bh * a.tq * D, i0, a.tq, 16,
-                       lane, kWarpSize);
+      stage_warp_pair<T, D>(smem, o_q, a.q + bh * a.tq * D, o_do, a.dout + bh * a.tq * D, LDK, i0,
+                            a.tq, lane);
       if (lane < 16) {
         const bool in = i0 + lane < a.tq;
         sL[lane] = in ? a.lse[bh * a.tq + i0 + lane] : INFINITY;
@@ -590,13 +595,12 @@ void backward(const FlashAttentionBackward& t) {
     a.dv = dptr<T>(t.dv);
     // D_i = rowsum(dout * out).
     Tensor rowdot = Tensor::empty(Shape{bh * a.tq}, DType::f32, t.q.device());
-    a.rowdot_out = rowdot.data<float>();
+    a.rowdot = rowdot.data<float>();
     if (a.tq > 0) {
       const LaunchConfig cfg{dim3(static_cast<unsigned>((bh * a.tq + kWarps - 1) / kWarps)),
                              dim3(kThreads), 0, stream};
       ENGINE_LAUNCH(flash_rowdot<T>, cfg, a, bh * a.tq, static_cast<int>(d));
     }
-    a.rowdot = rowdot.data<float>();
     // Groups of batch entries for backward_q: enough blocks to fill the GPU; each group its own
     // partial of dbias.
     const int64_t q_blocks = int64_t(tiles(a.tq)) * a.heads;

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +36,12 @@ struct Case {
 // The probabilities are rounded to the 16-bit type before their products with V and K (as every
 // flash kernel does): outputs and dQ, dK, dV within that rounding of the double formulas.
 double tolerance(DType dt) { return dt == DType::bf16 ? 2e-2 : 4e-3; }
+
+// Each defined tensor of an argument struct replaced by its copy on the device.
+void to_gpu(std::initializer_list<Tensor*> tensors) {
+  for (Tensor* t : tensors)
+    if (t->defined()) *t = t->to(kGpu);
+}
 
 void check_kernels(const Case& c, DType dt) {
   INFO("B " << c.b << " groups " << c.groups << " H " << c.h << " Tq " << c.tq << " Tk " << c.tk
@@ -64,8 +71,7 @@ void check_kernels(const Case& c, DType dt) {
   flash_attention_forward_kernel(Device::cpu(), f);
 
   FlashAttentionForward fg = f;
-  for (Tensor* t : {&fg.q, &fg.k, &fg.v, &fg.key_mask})
-    if (t->defined()) *t = t->to(kGpu);
+  to_gpu({&fg.q, &fg.k, &fg.v, &fg.key_mask});
   if (c.bias) fg.bias = f.bias.contiguous().to(kGpu).slice(0, 0, 1).expand({c.h, c.tq, c.tk});
   fg.out = Tensor::empty(f.out.shape(), dt, kGpu);
   fg.lse = Tensor::empty(f.lse.shape(), DType::f32, kGpu);
@@ -111,15 +117,8 @@ void check_kernels(const Case& c, DType dt) {
   // bits each time.
   FlashAttentionBackward bg = bw;
   bg.batch_groups = c.groups;
-  bg.q = fg.q;
-  bg.k = fg.k;
-  bg.v = fg.v;
-  bg.bias = fg.bias;
-  bg.key_mask = fg.key_mask;
-  bg.out = f.out.to(kGpu);
-  bg.lse = f.lse.to(kGpu);
-  if (c.p > 0) bg.mask_bits = f.mask_bits.to(kGpu);
-  bg.dout = bw.dout.to(kGpu);
+  to_gpu({&bg.q, &bg.k, &bg.v, &bg.key_mask, &bg.out, &bg.lse, &bg.mask_bits, &bg.dout});
+  bg.bias = fg.bias;  // the head-broadcast view
   std::vector<Tensor> first;
   for (int run = 0; run < 2; ++run) {
     bg.dq = Tensor::empty(f.q.shape(), dt, kGpu);
