@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # record_step + perf_model.py on a small config (CTest record_step_dry_run, EMU_DRY_RUN=1): the
-# recorded GEMM FLOPs match the textbook count within 5% (the positional terms are the rest), every
-# op's launches are recorded with their shapes, the model script turns the record into its tables,
-# and the calibrated model still reproduces the H200 measurements of 5d401cc and 3928985 (--check:
-# the step within 25%, every op family of 1% of a step or more within 40%).
+# recorded GEMM FLOPs match the textbook count within 5% (the positional terms are the rest), the
+# launches of an encoder layer are reported, every op's launches are recorded with their shapes,
+# the model script turns the record into its tables, and the calibrated model still reproduces
+# the H200 measurements of 5d401cc and 3928985 (--check: the step within 25%, every op family of
+# 1% of a step or more within 40%).
 # usage: perf_model_check.sh RECORD_STEP CONFIG WORKDIR
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,6 +15,12 @@ mkdir -p "$work"
 ratio=$(sed -n 's/.*ratio \([0-9.]*\)$/\1/p' "$work/out.txt")
 if ! awk -v r="$ratio" 'BEGIN { exit !(r >= 0.99 && r <= 1.05) }'; then
   echo "FAIL: recorded / analytic FLOPs = '$ratio' (expected 0.99 .. 1.05)"
+  exit 1
+fi
+# the launches of one encoder layer (the step at one layer fewer subtracted) reported
+per_layer=$(sed -n 's/.*, \([0-9]*\) an encoder layer.*/\1/p' "$work/out.txt")
+if ! [ "${per_layer:-0}" -gt 0 ] 2>/dev/null; then
+  echo "FAIL: no launches per encoder layer reported ('$per_layer')"
   exit 1
 fi
 # every launch recorded as name:blocks:threads (the model times launches)

@@ -36,7 +36,8 @@ const char* kUsage = R"(usage: record_step --config CFG --batch-size B --seq-len
 Records the device work of one training step of the config's model (forward, backward,
 gradient statistics, clipping, AdamW) on cuda:0 as CSV: index, op, kernel launches, library
 GEMMs, minimum bytes, FLOPs, shapes, and each launch as kernel:blocks:threads; prints the
-device memory held between steps and the peak during the step (the allocator's counts). In
+device memory held between steps and the peak during the step (the allocator's counts), and
+the launches an encoder layer makes (a second step recorded at one layer fewer). In
 build-emu/, run with EMU_DRY_RUN=1 (nothing executes; the record and the memory counts are
 exact, the values are not). bench/perf_model.py turns the CSV into predicted times.
 --version prints the version and git commit; -h, --help this text.
@@ -89,18 +90,17 @@ data::MlmBatch random_batch(int64_t b, int64_t t, int64_t vocab, bool segments) 
       "record_step");
 }
 
-int run(const Args& a) {
-  engine::Config cfg = engine::Config::load_file(a.config);
-  for (const auto& s : a.sets) cfg.set_assignment(s);
-  const models::PretrainConfig pc = models::PretrainConfig::read(cfg);
-  models::BertConfig mc = pc.model;
-  mc.max_positions = std::max(mc.max_positions, a.seq);
-  const engine::Device gpu = engine::Device::cuda(0);
-  engine::check_device(gpu);
-  const engine::DType compute = engine::precision_dtype(a.precision);
+// One optimizer step of a model of config `mc` on cuda:0, recorded after a warm-up step.
+struct Recorded {
+  std::vector<engine::WorkRecord> records;
+  engine::StepStats stats;
+  double seconds = 0;
+  int64_t held = 0, peak = 0, predicted = 0;  // device bytes; the batch's predicted tokens
+};
 
-  std::printf("building %lld layers, width %lld, vocab %lld on the CPU...\n",
-              (long long)mc.num_layers, (long long)mc.hidden_size, (long long)mc.vocab_size);
+Recorded record(const models::PretrainConfig& pc, const models::BertConfig& mc, const Args& a,
+                engine::DType compute) {
+  const engine::Device gpu = engine::Device::cuda(0);
   models::BertForMaskedLM model(mc, pc.seed);
   model.train(true);
   engine::FlatParameters flat(model.named_parameters(), gpu);
@@ -125,17 +125,43 @@ int run(const Args& a) {
   device.synchronize(0);
   engine::Allocator& memory = engine::allocator_for(gpu);
   memory.reset_peak();
-  const int64_t held = memory.stats().live_bytes;  // between steps: the state of the run
+  Recorded r;
+  r.held = memory.stats().live_bytes;  // between steps: the state of the run
   const auto t0 = std::chrono::steady_clock::now();
   engine::start_work_recording();
-  const engine::StepStats stats = step();
-  const std::vector<engine::WorkRecord> records = engine::stop_work_recording();
+  r.stats = step();
+  r.records = engine::stop_work_recording();
   device.synchronize(0);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ENGINE_CHECK(stats.applied,
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.peak = memory.stats().peak_bytes;
+  r.predicted = batch.num_predicted();
+  ENGINE_CHECK(r.stats.applied,
                "[record_step] the recorded step was skipped (non-finite gradients), "
                "so its record lacks the optimizer");
+  return r;
+}
+
+int64_t launches_of(const std::vector<engine::WorkRecord>& records) {
+  int64_t n = 0;
+  for (const engine::WorkRecord& r : records) n += r.launches + r.gemms;
+  return n;
+}
+
+int run(const Args& a) {
+  engine::Config cfg = engine::Config::load_file(a.config);
+  for (const auto& s : a.sets) cfg.set_assignment(s);
+  const models::PretrainConfig pc = models::PretrainConfig::read(cfg);
+  models::BertConfig mc = pc.model;
+  mc.max_positions = std::max(mc.max_positions, a.seq);
+  engine::check_device(engine::Device::cuda(0));
+  const engine::DType compute = engine::precision_dtype(a.precision);
+
+  std::printf("building %lld layers, width %lld, vocab %lld on the CPU...\n",
+              (long long)mc.num_layers, (long long)mc.hidden_size, (long long)mc.vocab_size);
+  const Recorded main = record(pc, mc, a, compute);
+  const std::vector<engine::WorkRecord>& records = main.records;
+  const double seconds = main.seconds;
+  const int64_t held = main.held, peak = main.peak;
 
   std::ofstream out(a.out);
   ENGINE_CHECK(out, "[record_step] cannot write ", a.out);
@@ -166,13 +192,12 @@ int run(const Args& a) {
   // MLM head 6 (d^2 + d V). Positional terms and the gradient slab ops are not in it.
   const double d = double(mc.hidden_size), ffn = double(mc.ffn_size), l = double(mc.num_layers);
   const double tokens = double(a.batch * a.seq), t = double(a.seq), v = double(mc.vocab_size);
-  const double predicted = double(batch.num_predicted());
+  const double predicted = double(main.predicted);
   const double analytic = tokens * (6 * (4 * d * d + 2 * d * ffn) * l + 12 * t * d * l) +
                           predicted * 6 * (d * d + d * v);
   // Device memory: the allocator's own counts, the same on a GPU and in the emulation's dry run
   // (no allocation depends on the device's speed); comparable with PyTorch's
   // torch.cuda.max_memory_allocated.
-  const int64_t peak = memory.stats().peak_bytes;
   const double gib = double(int64_t(1) << 30);
   std::printf(
       "device memory: %.2f GiB held between steps (parameters, gradients, optimizer state, the "
@@ -189,6 +214,19 @@ int run(const Args& a) {
 #endif
   std::printf("analytic model FLOPs %.4e, recorded GEMM FLOPs %.4e, ratio %.4f\n", analytic, flops,
               flops / analytic);
+  // Launches per encoder layer: the same step at one layer fewer, the difference (every layer
+  // issues the same work); the rest is the embeddings, the head, the loss and the optimizer.
+  if (mc.num_layers >= 2) {
+    models::BertConfig fewer = mc;
+    fewer.num_layers = mc.num_layers - 1;
+    const int64_t all = launches_of(records),
+                  less = launches_of(record(pc, fewer, a, compute).records);
+    std::printf(
+        "launches: %lld a step (kernels and GEMMs), %lld an encoder layer (forward and backward), "
+        "%lld outside the layers (a step at %lld layers: %lld)\n",
+        (long long)all, (long long)(all - less), (long long)(all - (all - less) * mc.num_layers),
+        (long long)fewer.num_layers, (long long)less);
+  }
   return 0;
 }
 

@@ -34,6 +34,28 @@ struct CUstream_st {
   std::deque<Op> queue;
   uint64_t enqueued = 0, done = 0;
   bool destroyed = false;
+  // Stream capture (cudaStreamBeginCapture): while `capture` is set, work is recorded into that
+  // graph instead of queued. `capture_origin`: the stream whose capture this one joined through a
+  // captured event (itself for the stream that began it).
+  CUgraph_st* capture = nullptr;
+  CUstream_st* capture_origin = nullptr;
+};
+
+// A captured graph: its work in capture order (a valid serialisation of the real graph's
+// dependencies: every stream that joined the capture appended to the one list in the order the
+// host enqueued it). `invalid`: a prohibited call during the capture; EndCapture fails.
+struct CUgraph_st {
+  struct Node {
+    std::function<void()> work;  // null: an event record or wait (ordering only)
+    const char* what;
+  };
+  std::vector<Node> nodes;
+  bool invalid = false;
+  uint64_t serial = 0;   // names the capture for the events recorded in it
+  bool relaxed = false;  // cudaStreamCaptureModeRelaxed: cudaMalloc allowed during it
+};
+struct CUgraphExec_st {
+  std::vector<CUgraph_st::Node> nodes;
 };
 
 struct CUevent_st {
@@ -41,6 +63,7 @@ struct CUevent_st {
   uint64_t seq = 0;  // done when stream->done >= seq
   bool timing = true;
   double time_ms = 0;
+  uint64_t captured = 0;  // last recorded inside the capture of this serial (0: outside one)
 };
 
 namespace emu {
@@ -156,8 +179,36 @@ std::vector<std::pair<CUstream_st*, uint64_t>> implicit_deps(CUstream_st* s) {
   return deps;
 }
 
+// A capture is active on device d (on any of its streams); `strict`: one not begun in the relaxed
+// mode (the global and thread-local modes are both applied as the global one).
+bool capturing_on(int d, bool strict = false) {
+  for (CUstream_st* o : rt().streams[d])
+    if (o->capture && !(strict && o->capture->relaxed)) return true;
+  return false;
+}
+
+// A call the real runtime refuses while a capture is active on the device (in the global capture
+// mode, the engine's): a synchronising call, cudaFree, work on the legacy stream. It invalidates
+// every capture of the device (their EndCapture then fails) and gives the call's error.
+cudaError_t refuse_during_capture(int d) {
+  for (CUstream_st* o : rt().streams[d])
+    if (o->capture) o->capture->invalid = true;
+  return cudaErrorStreamCaptureUnsupported;
+}
+
 void enqueue(CUstream_st* s, std::function<void()> work, const char* what,
              std::vector<std::pair<CUstream_st*, uint64_t>> extra = {}) {
+  if (s->capture) {  // recorded, not run: the graph's launches run it
+    s->capture->nodes.push_back(CUgraph_st::Node{std::move(work), what});
+    return;
+  }
+  if (s->legacy && capturing_on(s->device)) {
+    // The legacy stream orders itself against the capturing streams: the real runtime fails
+    // the call (cudaErrorStreamCaptureImplicit) and the capture; the work is dropped.
+    refuse_during_capture(s->device);
+    fail(cudaErrorStreamCaptureImplicit);
+    return;
+  }
   auto deps = implicit_deps(s);
   deps.insert(deps.end(), extra.begin(), extra.end());
   s->queue.push_back(CUstream_st::Op{std::move(work), what, std::move(deps)});
@@ -345,6 +396,8 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   EMU_LOCK;
   auto& r = rt();
   const int d = emu::t_device;
+  // A "potentially unsafe" call during a capture not begun in the relaxed mode.
+  if (emu::capturing_on(d, true)) return fail(emu::refuse_during_capture(d));
   if (r.used[d] + size > emu::device_memory_cap()) {
     *ptr = nullptr;
     return fail(cudaErrorMemoryAllocation);
@@ -374,6 +427,8 @@ cudaError_t cudaFree(void* ptr) {
   auto& r = rt();
   auto it = r.allocations.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == r.allocations.end()) return fail(cudaErrorInvalidValue);
+  if (emu::capturing_on(it->second.device))
+    return fail(emu::refuse_during_capture(it->second.device));
   // cudaFree synchronises the device: work still queued may use the memory.
   emu::flush_device(it->second.device);
   r.used[it->second.device] -= it->second.bytes;
@@ -426,6 +481,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
   EMU_LOCK;
+  if (emu::capturing_on(emu::t_device)) return fail(emu::refuse_during_capture(emu::t_device));
   if (cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, nullptr); e != cudaSuccess) return e;
   emu::flush_device(emu::t_device);
   return rt().sticky == cudaSuccess ? cudaSuccess : fail(rt().sticky);
@@ -442,6 +498,8 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t stream)
   return cudaSuccess;
 }
 cudaError_t cudaMemset(void* dst, int value, size_t n) {
+  EMU_LOCK;
+  if (emu::capturing_on(emu::t_device)) return fail(emu::refuse_during_capture(emu::t_device));
   return cudaMemsetAsync(dst, value, n, nullptr);
 }
 
@@ -465,6 +523,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (!stream || stream == cudaStreamLegacy || stream == cudaStreamPerThread ||
       !emu::valid_stream(stream))
     return fail(cudaErrorInvalidResourceHandle);
+  if (stream->capture) return fail(emu::refuse_during_capture(stream->device));
   // Work already queued completes (the real call returns at once and lets it finish).
   emu::flush_to(stream, stream->enqueued);
   auto& v = rt().streams[stream->device];
@@ -477,6 +536,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   EMU_LOCK;
   CUstream_st* s = emu::resolve(stream);
   if (!emu::valid_stream(s)) return fail(cudaErrorInvalidResourceHandle);
+  if (s->capture) return fail(emu::refuse_during_capture(s->device));
   emu::flush_to(s, s->enqueued);
   return rt().sticky == cudaSuccess ? cudaSuccess : fail(rt().sticky);
 }
@@ -486,12 +546,14 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   if (!lock.owns_lock()) return cudaErrorNotReady;
   CUstream_st* s = emu::resolve(stream);
   if (!emu::valid_stream(s)) return fail(cudaErrorInvalidResourceHandle);
+  if (s->capture) return fail(emu::refuse_during_capture(s->device));
   emu::flush_to(s, s->enqueued);  // progress: a polling loop must see the work finish
   return rt().sticky == cudaSuccess ? cudaSuccess : fail(rt().sticky);
 }
 
 cudaError_t cudaDeviceSynchronize() {
   EMU_LOCK;
+  if (emu::capturing_on(emu::t_device)) return fail(emu::refuse_during_capture(emu::t_device));
   emu::flush_device(emu::t_device);
   return rt().sticky == cudaSuccess ? cudaSuccess : fail(rt().sticky);
 }
@@ -558,12 +620,14 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   emu::enqueue(s, nullptr, "cudaEventRecord");
   event->stream = s;
   event->seq = s->enqueued;
+  event->captured = s->capture ? s->capture->serial : 0;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (!event) return fail(cudaErrorInvalidResourceHandle);
   EMU_LOCK;
+  if (event->captured) return fail(cudaErrorCapturedEvent);
   if (event->stream) emu::flush_to(event->stream, event->seq);
   return rt().sticky == cudaSuccess ? cudaSuccess : fail(rt().sticky);
 }
@@ -572,6 +636,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (!event) return fail(cudaErrorInvalidResourceHandle);
   std::unique_lock<std::recursive_mutex> lock(rt().mu, std::try_to_lock);
   if (!lock.owns_lock()) return cudaErrorNotReady;
+  if (event->captured) return fail(cudaErrorCapturedEvent);
   if (event->stream) emu::flush_to(event->stream, event->seq);
   return rt().sticky == cudaSuccess ? cudaSuccess : fail(rt().sticky);
 }
@@ -588,7 +653,118 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   EMU_LOCK;
   CUstream_st* s = emu::resolve(stream);
   if (!emu::valid_stream(s)) return fail(cudaErrorInvalidResourceHandle);
+  if (event->captured) {
+    // An event of a capture: the waiting stream joins that capture (a fork), or orders itself
+    // inside it; a stream capturing another graph cannot (the real runtime's merge error).
+    CUstream_st* origin = event->stream->capture_origin;
+    if (!event->stream->capture || event->stream->capture->serial != event->captured)
+      return fail(cudaErrorCapturedEvent);  // that capture has ended
+    if (s->capture && s->capture != event->stream->capture) {
+      s->capture->invalid = event->stream->capture->invalid = true;
+      return fail(cudaErrorStreamCaptureMerge);
+    }
+    if (!s->capture) {
+      s->capture = event->stream->capture;
+      s->capture_origin = origin;
+    }
+    emu::enqueue(s, nullptr, "cudaStreamWaitEvent");
+    return cudaSuccess;
+  }
+  if (s->capture) {
+    // Waiting inside a capture on work outside it: the real runtime's isolation error.
+    s->capture->invalid = true;
+    return fail(cudaErrorStreamCaptureIsolation);
+  }
   if (event->stream) emu::enqueue(s, nullptr, "cudaStreamWaitEvent", {{event->stream, event->seq}});
+  return cudaSuccess;
+}
+
+// ---- stream capture and graphs ----------------------------------------------------------------
+// Capture records what the engine enqueues on the stream (kernels, copies, memsets, cuBLASLt
+// products, collectives) as the closures the stream would have run, without running them; a
+// launch of the instantiated graph enqueues them again, in capture order, on the launch's stream.
+// The relaxed mode (the engine's) allows cudaMalloc during a capture; the other two refuse it as
+// the global mode does. Every mode refuses what conflicts with a capture: synchronising with a
+// capturing stream or the device, cudaFree, a host wait on a captured event.
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  EMU_LOCK;
+  CUstream_st* s = emu::resolve(stream);
+  if (!emu::valid_stream(s)) return fail(cudaErrorInvalidResourceHandle);
+  if (s->legacy) return fail(cudaErrorStreamCaptureUnsupported);  // the legacy stream cannot
+  if (s->capture) return fail(cudaErrorIllegalState);
+  static uint64_t serial = 0;
+  s->capture = new CUgraph_st;
+  s->capture->serial = ++serial;
+  s->capture->relaxed = mode == cudaStreamCaptureModeRelaxed;
+  s->capture_origin = s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  if (!graph) return fail(cudaErrorInvalidValue);
+  EMU_LOCK;
+  CUstream_st* s = emu::resolve(stream);
+  if (!emu::valid_stream(s)) return fail(cudaErrorInvalidResourceHandle);
+  if (!s->capture) return fail(cudaErrorIllegalState);
+  if (s->capture_origin != s) return fail(cudaErrorStreamCaptureUnmatched);
+  CUgraph_st* g = s->capture;
+  for (int d = 0; d < rt().devices; ++d)
+    for (CUstream_st* o : rt().streams[d])
+      if (o->capture == g) o->capture = nullptr, o->capture_origin = nullptr;
+  if (g->invalid) {
+    delete g;
+    *graph = nullptr;
+    return fail(cudaErrorStreamCaptureInvalidated);
+  }
+  *graph = g;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  if (!status) return fail(cudaErrorInvalidValue);
+  EMU_LOCK;
+  CUstream_st* s = emu::resolve(stream);
+  if (!emu::valid_stream(s)) return fail(cudaErrorInvalidResourceHandle);
+  *status = !s->capture           ? cudaStreamCaptureStatusNone
+            : s->capture->invalid ? cudaStreamCaptureStatusInvalidated
+                                  : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+// The node count only (nodes must be null): what the engine reports as launches per graph.
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* count) {
+  if (!graph || !count || nodes) return fail(cudaErrorInvalidValue);
+  EMU_LOCK;
+  size_t n = 0;
+  for (const auto& node : graph->nodes) n += node.work != nullptr;
+  *count = n;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (!exec || !graph) return fail(cudaErrorInvalidValue);
+  EMU_LOCK;
+  *exec = new CUgraphExec_st{graph->nodes};
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (!exec) return fail(cudaErrorInvalidValue);
+  EMU_LOCK;
+  CUstream_st* s = emu::resolve(stream);
+  if (!emu::valid_stream(s)) return fail(cudaErrorInvalidResourceHandle);
+  for (const auto& node : exec->nodes) emu::enqueue(s, node.work, node.what);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
   return cudaSuccess;
 }
 
@@ -632,6 +808,14 @@ const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorNotReady";
     case cudaErrorNoDevice:
       return "cudaErrorNoDevice";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureImplicit:
+      return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent:
+      return "cudaErrorCapturedEvent";
     default:
       return "cudaErrorUnknown";
   }
@@ -665,6 +849,14 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "no CUDA-capable device is detected";
     case cudaErrorInvalidMemcpyDirection:
       return "invalid copy direction for memcpy";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent:
+      return "operation not permitted on an event last recorded in a capturing stream";
     default:
       return "unknown error";
   }

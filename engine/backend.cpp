@@ -25,6 +25,17 @@ void Backend::copy_to_host(void* dst, const void* src, size_t nbytes, int device
   read_to_host(dst, src, nbytes, device_index);
 }
 
+void Backend::begin_capture(int) {
+  ENGINE_FAIL("[graph] the ", name(),
+              " backend cannot capture device work into a graph (CUDA "
+              "devices can)");
+}
+
+std::unique_ptr<Backend::Graph> Backend::end_capture(int, bool keep) {
+  ENGINE_CHECK(!keep, "[graph] the ", name(), " backend has no capture to end");
+  return nullptr;
+}
+
 TransferCounts transfer_counts() {
   return {g_to_host.load(std::memory_order_relaxed), g_from_host.load(std::memory_order_relaxed)};
 }

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 
 #include "engine/allocator.h"
 #include "engine/tensor.h"
@@ -35,6 +37,19 @@ class Backend {
   // Contiguous byte transfers between host memory and this device, counted (transfer_counts()).
   void copy_from_host(void* dst, const void* src, size_t nbytes, int device_index);
   void copy_to_host(void* dst, const void* src, size_t nbytes, int device_index);
+
+  // Graph capture (engine/graph.h has the rules): between begin_capture and end_capture the
+  // device work queued on the device is recorded instead of run, and end_capture returns it as a
+  // Graph (keep = false: discards it, never throws). A backend without graphs throws from
+  // begin_capture (the default).
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+    virtual void replay() = 0;             // queues the recorded work once more
+    virtual int64_t launches() const = 0;  // its kernels, copies and library calls
+  };
+  virtual void begin_capture(int device_index);
+  virtual std::unique_ptr<Graph> end_capture(int device_index, bool keep);
 
  protected:
   virtual void write_from_host(void* dst, const void* src, size_t nbytes, int device_index) = 0;

@@ -10,6 +10,7 @@
 #include "engine/device.h"
 #include "engine/dtype.h"
 #include "engine/error.h"
+#include "engine/graph.h"
 #include "engine/loss_scaler.h"
 #include "engine/module.h"
 #include "engine/optim.h"

@@ -3,11 +3,38 @@
 
 #include <cmath>
 
+#include "engine/error.h"
+
 namespace engine {
 
 Generator& default_generator() {
   static Generator g;
   return g;
+}
+
+void Generator::begin_device_offsets(const uint64_t* base) {
+  ENGINE_CHECK(base != nullptr, "[rng] begin_device_offsets needs the device word of the offset");
+  ENGINE_CHECK(base_ == nullptr,
+               "[rng] the generator hands out device offsets already "
+               "(end_device_offsets first)");
+  base_ = base;
+  capture_start_ = offset_;
+}
+
+uint64_t Generator::end_device_offsets() {
+  ENGINE_CHECK(base_ != nullptr, "[rng] end_device_offsets without begin_device_offsets");
+  const uint64_t blocks = offset_ - capture_start_;
+  offset_ = capture_start_;
+  base_ = nullptr;
+  capture_start_ = 0;
+  return blocks;
+}
+
+void check_host_state(const PhiloxState& s, const char* op) {
+  ENGINE_CHECK(s.base == nullptr, "[", op,
+               "] a CPU kernel was given a Philox state whose offset "
+               "lives in device memory (its generator is in begin_device_offsets' mode, for a "
+               "graph capture on a GPU): draw CPU randomness from another generator");
 }
 
 // Both fills draw word k of the stream for value k (uniform) or words 2k and 2k + 1 (normal), as
@@ -26,6 +53,7 @@ constexpr int64_t kHeavyMin = 4096;
 
 void fill_normal(Generator& gen, double mean, double std, double* out, int64_t n) {
   const PhiloxState s = gen.reserve_words(2 * static_cast<uint64_t>(n));
+  check_host_state(s, "fill_normal");
   constexpr double kTwoPi = 6.283185307179586476925286766559;
   auto normal = [&](uint32_t w0, uint32_t w1) {
     const double u1 = (static_cast<double>(w0) + 1.0) / 4294967296.0;  // (0, 1]: log is finite
@@ -44,6 +72,7 @@ void fill_normal(Generator& gen, double mean, double std, double* out, int64_t n
 
 void fill_uniform(Generator& gen, double* out, int64_t n) {
   const PhiloxState s = gen.reserve_words(static_cast<uint64_t>(n));
+  check_host_state(s, "fill_uniform");
   const int64_t blocks = (n + 3) / 4;
 #pragma omp parallel for schedule(static) if (n >= 4 * kHeavyMin)
   for (int64_t b = 0; b < blocks; ++b) {

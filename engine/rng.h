@@ -18,7 +18,17 @@ namespace engine {
 struct PhiloxState {
   uint64_t seed = 0;
   uint64_t offset = 0;  // in 128-bit blocks (4 words)
+  // Graph capture (Generator::begin_device_offsets): a device word added to `offset` when the
+  // kernel runs, so each replay of a captured graph draws from where the generator stands then.
+  // Null outside a capture; CPU kernels refuse a state that has one (check_host_state).
+  const uint64_t* base = nullptr;
 };
+
+// The block counter of a state: `offset`, plus the device word `base` points to when set (read
+// where the draw happens: a kernel of a captured graph).
+ENGINE_HD uint64_t philox_offset(const PhiloxState& s) {
+  return s.base ? s.offset + *s.base : s.offset;
+}
 
 ENGINE_HD void philox4x32_10(const uint32_t ctr_in[4], const uint32_t key_in[2], uint32_t out[4]) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
@@ -57,7 +67,7 @@ ENGINE_HD void philox_block(uint64_t seed, uint64_t counter, uint32_t out[4]) {
 // Word i of the stream that starts at `s`.
 ENGINE_HD uint32_t philox_word(PhiloxState s, uint64_t i) {
   uint32_t w[4];
-  philox_block(s.seed, s.offset + i / 4, w);
+  philox_block(s.seed, philox_offset(s) + i / 4, w);
   return w[i % 4];
 }
 
@@ -83,15 +93,32 @@ class Generator {
   }
   PhiloxState state() const { return {seed_, offset_}; }
   PhiloxState reserve_words(uint64_t n) {
-    PhiloxState s{seed_, offset_};
+    PhiloxState s{seed_, offset_ - capture_start_, base_};
     offset_ += (n + 3) / 4;
     return s;
   }
+  // Advances the offset by `blocks` (4 words each), as reserving them would.
+  void skip_blocks(uint64_t blocks) { offset_ += blocks; }
+
+  // Graph capture (engine/graph.h). Between begin_device_offsets(base) and end_device_offsets(),
+  // the states handed out are relative to the offset at begin, with `base` (a device u64) added
+  // by the kernels when they run. Before each replay the caller sets *base to offset() (one
+  // kernel: base_tensor.fill_(double(gen.offset())), exact below 2^53) and afterwards calls
+  // skip_blocks(blocks_per_replay). end_device_offsets() returns the blocks the captured work
+  // reserved and puts the offset back where it was at begin (the capture ran nothing).
+  void begin_device_offsets(const uint64_t* base);
+  uint64_t end_device_offsets();
 
  private:
   uint64_t seed_;
   uint64_t offset_ = 0;
+  const uint64_t* base_ = nullptr;
+  uint64_t capture_start_ = 0;
 };
+
+// CPU kernels: the state must not name a device word (a CPU op met a generator in its device-
+// offset mode). Throws naming the op.
+void check_host_state(const PhiloxState& s, const char* op);
 
 // The process-wide generator used when an op is given none.
 Generator& default_generator();

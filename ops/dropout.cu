@@ -22,9 +22,10 @@ template <class Write>
 __global__ void philox_blocks(int64_t n, uint32_t threshold, PhiloxState s, Write write) {
   const int64_t blocks = (n + 3) / 4;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const uint64_t offset = philox_offset(s);
   for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < blocks; b += stride) {
     uint32_t w[4];
-    philox_block(s.seed, s.offset + static_cast<uint64_t>(b), w);
+    philox_block(s.seed, offset + static_cast<uint64_t>(b), w);
     const int64_t i0 = 4 * b;
     const int end = n - i0 < 4 ? static_cast<int>(n - i0) : 4;
     bool keep[4];

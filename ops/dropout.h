@@ -39,7 +39,7 @@ ENGINE_HD bool dropout_keep(uint32_t word, uint32_t threshold) { return (word >>
 ENGINE_HD void dropout_keep4(PhiloxState s, uint64_t i, uint32_t threshold, bool keep[4]) {
   uint32_t w[4];
   if (i % 4 == 0) {
-    philox_block(s.seed, s.offset + i / 4, w);
+    philox_block(s.seed, philox_offset(s) + i / 4, w);
   } else {
     for (int q = 0; q < 4; ++q) w[q] = philox_word(s, i + static_cast<uint64_t>(q));
   }

@@ -118,6 +118,7 @@ struct Problem {
 };
 
 void forward(const FlashAttentionForward& a) {
+  check_host_state(a.state, "flash_attention");
   const Problem P(a);
   ENGINE_CHECK(a.mask_bits.defined() == (a.p > 0),
                "[flash_attention] mask_bits must be given exactly when p > 0");
@@ -153,6 +154,7 @@ void forward(const FlashAttentionForward& a) {
 }
 
 void backward(const FlashAttentionBackward& a) {
+  check_host_state(a.state, "flash_attention_backward");
   Problem P(a);
   ENGINE_CHECK(a.mask_bits.defined() == (a.p > 0),
                "[flash_attention_backward] mask_bits must be given exactly when p > 0");

@@ -25,6 +25,7 @@ void sample_categorical(const Tensor& logits, double temperature, PhiloxState s,
   // then each row's argmax. kRows x C words is a whole number of Philox blocks, so a chunk's
   // words start at block offset + i0 * C / 4; the buffer stays kRows x C.
   constexpr int64_t kRows = 64;
+  check_host_state(s, "sample_categorical");
   std::vector<float> score(static_cast<size_t>(std::min(n, kRows) * c));
   dispatch_floating(logits.dtype(), "sample_categorical", [&]<class T>() {
     for (int64_t i0 = 0; i0 < n; i0 += kRows) {

@@ -135,7 +135,7 @@ struct RowLayout {
 __device__ inline void keep4(const RowDropout& d, uint64_t i0, bool keep[4]) {
   if (i0 % 4 == 0) {
     uint32_t w[4];
-    philox_block(d.state.seed, d.state.offset + i0 / 4, w);
+    philox_block(d.state.seed, philox_offset(d.state) + i0 / 4, w);
 #pragma unroll
     for (int q = 0; q < 4; ++q) keep[q] = dropout_keep(w[q], d.threshold);
     return;

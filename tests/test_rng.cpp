@@ -49,6 +49,30 @@ TEST_CASE("a (seed, offset) pair names a stream position", "[rng]") {
   REQUIRE(uniform_from_word(0) == 0.0f);
 }
 
+TEST_CASE("device offsets: states relative to the capture's start, read from a device word",
+          "[rng]") {
+  Generator g(42);
+  g.reserve_words(20);  // offset 5
+  uint64_t word = 5;    // stands for the device word a replay sets to the generator's offset
+  g.begin_device_offsets(&word);
+  const PhiloxState a = g.reserve_words(10), b = g.reserve_words(4);
+  CHECK(a.offset == 0);
+  CHECK(b.offset == 3);
+  CHECK(a.base == &word);
+  CHECK(philox_offset(b) == 8);
+  // The words a replay draws are the eager ones at the generator's position.
+  CHECK(philox_word(b, 2) == philox_word(PhiloxState{42, 8}, 2));
+  CHECK(g.end_device_offsets() == 4);
+  CHECK(g.offset() == 5);  // the capture ran nothing
+  CHECK(g.reserve_words(1).base == nullptr);
+  CHECK_THROWS_WITH(g.end_device_offsets(), Catch::Contains("without begin_device_offsets"));
+  // A CPU kernel refuses a state that names a device word.
+  g.begin_device_offsets(&word);
+  CHECK_THROWS_WITH(Tensor::randn({3}, g), Catch::Contains("[fill_normal] a CPU kernel"));
+  CHECK_THROWS_WITH(g.begin_device_offsets(&word), Catch::Contains("already"));
+  g.end_device_offsets();
+}
+
 TEST_CASE("normal and uniform draws have the right moments", "[rng]") {
   Generator g(7);
   const int64_t n = 200000;

@@ -156,6 +156,7 @@ inline void philox_words(uint64_t seed, uint64_t counter, uint32_t words[4 * kGr
 // kGroupBlocks at a time. f's loop over k is a plain loop the compiler vectorises.
 template <class F>
 void for_each_words(int64_t n, PhiloxState s, F&& f) {
+  check_host_state(s, "philox");
   const int64_t blocks = (n + 3) / 4;
   const int64_t groups = (blocks + kGroupBlocks - 1) / kGroupBlocks;
 #pragma omp parallel for schedule(static) if (blocks > kParallelBlocks)
@@ -175,6 +176,7 @@ inline int64_t stream_words_size(int64_t n) {
   return (blocks + kGroupBlocks - 1) / kGroupBlocks * kGroupBlocks * 4;
 }
 inline const uint32_t* stream_words(PhiloxState s, int64_t i0, int64_t n, uint32_t* buf) {
+  check_host_state(s, "philox");
   const int64_t first = i0 / 4, skip = i0 % 4;
   const int64_t blocks = (skip + n + 3) / 4;
   for (int64_t b = 0; b < blocks; b += kGroupBlocks)

@@ -18,7 +18,18 @@ namespace {
 struct BlockInfo {
   size_t size = 0;                          // its size class
   std::vector<cudaStream_t> other_streams;  // streams besides compute that used it
+  uint64_t pool = 0;                        // the capture pool it belongs to (0: none)
 };
+
+using FreeLists = std::map<size_t, std::vector<void*>>;  // size class -> free blocks
+
+void* take(FreeLists& lists, size_t size) {
+  auto it = lists.find(size);
+  if (it == lists.end() || it->second.empty()) return nullptr;
+  void* p = it->second.back();
+  it->second.pop_back();
+  return p;
+}
 
 // A freed block still in use by another stream: free once `events` have all completed.
 struct Pending {
@@ -36,15 +47,10 @@ class DeviceCachingAllocator final : public CachingAllocator {
     const size_t size = size_class(nbytes);
     std::lock_guard<std::mutex> lock(mu_);
     collect_pending();
-    void* p = nullptr;
-    auto it = free_.find(size);
-    if (it != free_.end() && !it->second.empty()) {
-      p = it->second.back();
-      it->second.pop_back();
-    } else {
-      p = driver_alloc(size, nbytes);
-    }
-    blocks_[p] = BlockInfo{size, {}};
+    void* p = open_pool_ ? take(pools_[open_pool_], size) : nullptr;
+    if (!p) p = take(free_, size);
+    if (!p) p = driver_alloc(size, nbytes);
+    blocks_[p] = BlockInfo{size, {}, open_pool_};
     live_ += static_cast<int64_t>(size);
     peak_ = std::max(peak_, live_);
     ++allocs_;
@@ -59,6 +65,14 @@ class DeviceCachingAllocator final : public CachingAllocator {
     BlockInfo info = std::move(it->second);
     blocks_.erase(it);
     live_ -= static_cast<int64_t>(info.size);
+    // A capture pool's block, or any block freed while a pool is open (the graph being captured
+    // may use it): kept in the pool. Its other streams' work is captured too (or already queued
+    // before the graph's replays), so it needs no event.
+    const uint64_t pool = info.pool ? info.pool : open_pool_;
+    if (pool && pools_.count(pool)) {
+      pools_[pool][info.size].push_back(p);
+      return;
+    }
     if (info.other_streams.empty()) {
       free_[info.size].push_back(p);
       return;
@@ -92,6 +106,32 @@ class DeviceCachingAllocator final : public CachingAllocator {
   void empty_cache() override {
     std::lock_guard<std::mutex> lock(mu_);
     release_cached();
+  }
+
+  uint64_t begin_pool() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ENGINE_CHECK(!open_pool_, "[alloc] cuda:", index_, ": a capture pool is open already (pool ",
+                 open_pool_, "): one graph capture at a time");
+    open_pool_ = ++pool_ids_;
+    pools_[open_pool_];
+    return open_pool_;
+  }
+  void end_pool() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_pool_ = 0;
+  }
+  void release_pool(uint64_t id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pools_.find(id);
+    if (it == pools_.end()) return;
+    for (auto& [size, ptrs] : it->second) {
+      auto& to = free_[size];
+      to.insert(to.end(), ptrs.begin(), ptrs.end());
+    }
+    pools_.erase(it);
+    for (auto& [p, info] : blocks_)
+      if (info.pool == id) info.pool = 0;
+    if (open_pool_ == id) open_pool_ = 0;
   }
 
   AllocatorStats stats() const override {
@@ -142,7 +182,8 @@ class DeviceCachingAllocator final : public CachingAllocator {
       bool done = true;
       for (cudaEvent_t e : p.events) {
         const cudaError_t q = cudaEventQuery(e);
-        if (q == cudaErrorNotReady) {
+        if (q == cudaErrorNotReady || q == cudaErrorCapturedEvent) {
+          if (q == cudaErrorCapturedEvent) cudaGetLastError();  // recorded inside a capture
           done = false;
           break;
         }
@@ -176,8 +217,10 @@ class DeviceCachingAllocator final : public CachingAllocator {
 
   int index_;
   mutable std::mutex mu_;
-  std::map<size_t, std::vector<void*>> free_;    // size class -> free blocks
+  FreeLists free_;                               // the cache
   std::unordered_map<void*, BlockInfo> blocks_;  // live blocks
+  std::map<uint64_t, FreeLists> pools_;          // capture pools' free blocks
+  uint64_t open_pool_ = 0, pool_ids_ = 0;
   std::vector<Pending> pending_;
   int64_t live_ = 0, peak_ = 0, allocs_ = 0, reserved_ = 0, driver_allocs_ = 0, driver_frees_ = 0;
 };

@@ -14,6 +14,7 @@
 #include "engine/cuda/check.h"
 #include "engine/cuda/context.h"
 #include "engine/cuda/device_error.cuh"
+#include "engine/cuda/graph.h"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/launch.h"
 #include "engine/cuda/reduce.cuh"
@@ -216,7 +217,13 @@ class CudaBackend final : public Backend {
                  device_count(), " CUDA devices visible)");
     return caching_allocator(index);
   }
+  void begin_capture(int index) override { cuda::begin_capture(index); }
+  std::unique_ptr<Graph> end_capture(int index, bool keep) override {
+    return cuda::end_capture(index, keep);
+  }
+
   void synchronize(int index) override {
+    refuse_in_capture(index, "synchronize()");
     ENGINE_CUDA_CHECK(cudaSetDevice(index));
     ENGINE_CUDA_CHECK(cudaDeviceSynchronize());
     raise_device_index_error(index);
@@ -455,6 +462,7 @@ class CudaBackend final : public Backend {
   // micro-batch) so queue behind its work instead of draining the stream. Writes over
   // kStageMax (a whole parameter slab at start) go through pageable memory and wait.
   void write_from_host(void* dst, const void* src, size_t n, int index) override {
+    refuse_in_capture(index, "a write of host values into a device tensor");
     DeviceGuard guard(index);
     cudaStream_t s = compute_stream(index);
     if (n > kStageMax) {
@@ -470,6 +478,7 @@ class CudaBackend final : public Backend {
     st.used = true;
   }
   void read_to_host(void* dst, const void* src, size_t n, int index) override {
+    refuse_in_capture(index, "a read of a device tensor on the host");
     DeviceGuard guard(index);
     cudaStream_t s = compute_stream(index);
     ENGINE_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, s));
@@ -478,6 +487,12 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // A host synchronisation cannot be part of a graph (engine/graph.h): one clear error.
+  static void refuse_in_capture(int index, const char* what) {
+    ENGINE_CHECK(!capturing(index), "[graph] ", what, " (cuda:", index,
+                 ") inside a graph capture: a captured step may not synchronise with the host; "
+                 "move it before or after DeviceGraph::capture");
+  }
   static constexpr size_t kStageMax = size_t(64) << 20;     // larger writes: pageable, waited
   static constexpr size_t kStageTotal = size_t(256) << 20;  // pinned staging per device, at most
   struct Stage {

@@ -113,3 +113,140 @@ TEST_CASE("a host-to-device write does not wait for the device, and frees the ho
     REQUIRE(more[size_t(k)].to(Device::cpu()).to_vector<float>() ==
             std::vector<float>(5000, float(k)));
 }
+
+TEST_CASE("stream capture records work without running it; each graph launch runs it again",
+          "[emulator]") {
+  const int n = 300;
+  float* d = nullptr;
+  REQUIRE(cudaMalloc(&d, n * 4) == cudaSuccess);
+  cudaStream_t s, side;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) == cudaSuccess);
+  std::vector<float> h(n, 1.0f), back(n, -1.0f);
+  REQUIRE(cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+
+  // Captured: a copy from host memory (read when the graph runs, not at capture), a kernel, and
+  // a fork to a second stream through an event and back.
+  float v = 5.0f;
+  float* dv = nullptr;
+  REQUIRE(cudaMalloc(&dv, 4) == cudaSuccess);
+  cudaEvent_t fork, join;
+  REQUIRE(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&join, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  REQUIRE(cudaStreamIsCapturing(s, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusActive);
+  ENGINE_LAUNCH(add_value, (LaunchConfig{dim3(2), dim3(256), 0, s}), d, n, 2.0f);
+  REQUIRE(cudaEventRecord(fork, s) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(side, fork, 0) == cudaSuccess);  // `side` joins the capture
+  REQUIRE(cudaStreamIsCapturing(side, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusActive);
+  ENGINE_LAUNCH(add_value, (LaunchConfig{dim3(2), dim3(256), 0, side}), d, n, 10.0f);
+  REQUIRE(cudaEventRecord(join, side) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(s, join, 0) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(dv, &v, 4, cudaMemcpyHostToDevice, s) == cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  REQUIRE(graph != nullptr);
+  REQUIRE(cudaStreamIsCapturing(side, &status) == cudaSuccess);
+  CHECK(status == cudaStreamCaptureStatusNone);
+  size_t nodes = 0;
+  REQUIRE(cudaGraphGetNodes(graph, nullptr, &nodes) == cudaSuccess);
+  CHECK(nodes == 3);  // two kernels and the copy (event nodes only order)
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  REQUIRE(cudaMemcpy(back.data(), d, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK(back[0] == 1.0f);  // capture ran nothing
+
+  cudaGraphExec_t exec = nullptr;
+  REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  for (int replay = 1; replay <= 3; ++replay) {
+    v = 100.0f * replay;  // the copy node reads the host value at launch time
+    REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+    float got = 0;
+    REQUIRE(cudaMemcpy(back.data(), d, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    REQUIRE(cudaMemcpy(&got, dv, 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(back[n - 1] == 1.0f + 12.0f * replay);
+    CHECK(got == v);
+  }
+  REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
+  REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+  REQUIRE(cudaEventDestroy(fork) == cudaSuccess);
+  REQUIRE(cudaEventDestroy(join) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(side) == cudaSuccess);
+  REQUIRE(cudaFree(dv) == cudaSuccess);
+  REQUIRE(cudaFree(d) == cudaSuccess);
+}
+
+TEST_CASE("a synchronising call during a capture fails it, as the real runtime does",
+          "[emulator]") {
+  float* d = nullptr;
+  REQUIRE(cudaMalloc(&d, 64) == cudaSuccess);
+  float host[16] = {};
+  cudaStream_t s;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  CHECK(cudaStreamBeginCapture(nullptr, cudaStreamCaptureModeGlobal) ==
+        cudaErrorStreamCaptureUnsupported);  // not the legacy stream
+  cudaGetLastError();
+  CHECK(cudaStreamEndCapture(s, &graph) == cudaErrorIllegalState);  // none begun
+  cudaGetLastError();
+
+  // Each of these inside a capture: the call fails and so does the capture's end.
+  for (int call = 0; call < 4; ++call) {
+    INFO("call " << call);
+    REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaErrorIllegalState);
+    ENGINE_LAUNCH(add_value, (LaunchConfig{dim3(1), dim3(16), 0, s}), d, 16, 1.0f);
+    cudaError_t e = cudaSuccess;
+    switch (call) {
+      case 0:
+        e = cudaStreamSynchronize(s);
+        break;
+      case 1:
+        e = cudaMemcpy(host, d, 64, cudaMemcpyDeviceToHost);
+        break;
+      case 2:
+        e = cudaDeviceSynchronize();
+        break;
+      case 3:
+        e = cudaFree(d);
+        break;
+    }
+    CHECK(e == cudaErrorStreamCaptureUnsupported);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    REQUIRE(cudaStreamIsCapturing(s, &status) == cudaSuccess);
+    CHECK(status == cudaStreamCaptureStatusInvalidated);
+    CHECK(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
+    CHECK(graph == nullptr);
+    cudaGetLastError();
+  }
+  // cudaMalloc: refused in the global mode, allowed in the relaxed one.
+  void* extra = nullptr;
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  CHECK(cudaMalloc(&extra, 64) == cudaErrorStreamCaptureUnsupported);
+  CHECK(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated);
+  cudaGetLastError();
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+  CHECK(cudaMalloc(&extra, 64) == cudaSuccess);
+  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  CHECK(cudaGraphDestroy(graph) == cudaSuccess);
+  REQUIRE(cudaFree(extra) == cudaSuccess);
+  // An event recorded inside a capture cannot be waited for by the host.
+  cudaEvent_t e;
+  REQUIRE(cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  REQUIRE(cudaEventRecord(e, s) == cudaSuccess);
+  CHECK(cudaEventSynchronize(e) == cudaErrorCapturedEvent);
+  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  CHECK(cudaGraphDestroy(graph) == cudaSuccess);
+  cudaGetLastError();
+  // Nothing captured ran; the stream works as before.
+  ENGINE_LAUNCH(add_value, (LaunchConfig{dim3(1), dim3(16), 0, s}), d, 16, 1.0f);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  REQUIRE(cudaEventDestroy(e) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(s) == cudaSuccess);
+  REQUIRE(cudaFree(d) == cudaSuccess);
+}
