@@ -69,32 +69,68 @@ AdamW::AdamW(FlatParameters& params, AdamWOptions options,
   decay_mask_ = Tensor::from_vector(mask, {params.numel()}, data.device());
 }
 
-void AdamW::step(double lr, double grad_scale) {
-  ENGINE_CHECK(std::isfinite(lr) && lr >= 0, "[adamw] step lr must be a finite value >= 0, got ",
-               lr);
-  ENGINE_CHECK(std::isfinite(grad_scale) && grad_scale > 0,
-               "[adamw] step grad_scale must be a finite value > 0, got ", grad_scale);
+void AdamW::check_slabs() const {
   const Tensor& data = params_.data();
   const Tensor& grad = params_.grad();
   ENGINE_CHECK(
       grad.dtype() == DType::f32 && grad.numel() == data.numel() && grad.device() == data.device(),
       "[adamw] gradient slab ", describe(grad), " does not match the parameter slab ",
       describe(data));
-  ++step_;
-  // As torch.optim.AdamW computes them in Python (doubles): beta ** step with a float step.
-  const double t = static_cast<double>(step_);
-  const double bias_correction1 = 1.0 - std::pow(options_.beta1, t);
-  const double bias_correction2 = 1.0 - std::pow(options_.beta2, t);
+}
+
+namespace {
+
+// As torch.optim.AdamW computes them in Python (doubles): beta ** step with a float step.
+AdamWStepScalars scalars_of(const AdamWOptions& o, double lr, int64_t step) {
+  const double t = static_cast<double>(step);
   AdamWStepScalars s;
-  s.beta1 = options_.beta1;
-  s.beta2 = options_.beta2;
-  s.eps = options_.eps;
-  s.decay_factor = 1.0 - lr * options_.weight_decay;
-  s.step_size = lr / bias_correction1;
-  s.bias_correction2_sqrt = std::sqrt(bias_correction2);
+  s.beta1 = o.beta1;
+  s.beta2 = o.beta2;
+  s.eps = o.eps;
+  s.decay_factor = 1.0 - lr * o.weight_decay;
+  s.step_size = lr / (1.0 - std::pow(o.beta1, t));
+  s.bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, t));
+  return s;
+}
+
+}  // namespace
+
+void AdamW::step(double lr, double grad_scale) {
+  ENGINE_CHECK(std::isfinite(lr) && lr >= 0, "[adamw] step lr must be a finite value >= 0, got ",
+               lr);
+  ENGINE_CHECK(std::isfinite(grad_scale) && grad_scale > 0,
+               "[adamw] step grad_scale must be a finite value > 0, got ", grad_scale);
+  check_slabs();
+  ++step_;
+  AdamWStepScalars s = scalars_of(options_, lr, step_);
   s.grad_scale = grad_scale;
   NoGrad ng;
-  adamw_kernel(data.device(), data, grad, exp_avg_, exp_avg_sq_, decay_mask_, s);
+  const Tensor& data = params_.data();
+  adamw_kernel(data.device(), data, params_.grad(), exp_avg_, exp_avg_sq_, decay_mask_, s);
+}
+
+std::array<double, 3> AdamW::next_step_scalars(double lr) const {
+  ENGINE_CHECK(std::isfinite(lr) && lr >= 0, "[adamw] step lr must be a finite value >= 0, got ",
+               lr);
+  const AdamWStepScalars s = scalars_of(options_, lr, step_ + 1);
+  return {s.decay_factor, s.step_size, s.bias_correction2_sqrt};
+}
+
+void AdamW::step_on_device(const Tensor& controls, double clip_norm) {
+  ENGINE_CHECK(std::isfinite(clip_norm) && clip_norm >= 0,
+               "[adamw] clip_norm must be 0 (off) or positive, got ", clip_norm);
+  check_slabs();
+  const Tensor& data = params_.data();
+  ENGINE_CHECK(controls.defined() && controls.dtype() == DType::f64 && controls.numel() == 5 &&
+                   controls.is_contiguous() && controls.device() == data.device(),
+               "[adamw] step_on_device: the controls must be a contiguous (5) f64 tensor on ",
+               data.device().str(), ", got ",
+               controls.defined() ? describe(controls) : std::string("an undefined tensor"));
+  AdamWStepScalars s = scalars_of(options_, 0.0, 1);  // betas and eps; the rest from `controls`
+  s.controls = controls;
+  s.clip_norm = clip_norm;
+  NoGrad ng;
+  adamw_kernel(data.device(), data, params_.grad(), exp_avg_, exp_avg_sq_, decay_mask_, s);
 }
 
 NamedTensors AdamW::state() const {

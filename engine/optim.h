@@ -4,10 +4,13 @@
 // the number of parameters. Clipping, unscaling and the whole step: train/trainer.h.
 #pragma once
 
+#include <array>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
 
+#include "engine/hd.h"
 #include "engine/kernel.h"
 #include "engine/module.h"
 #include "engine/tensor.h"
@@ -47,6 +50,19 @@ class AdamW {
   void step(double lr, double grad_scale = 1.0);
   void step() { step(options_.lr); }
   int64_t step_count() const { return step_; }
+
+  // The step with its per-step numbers in device memory, for a step captured once and replayed as
+  // a graph (train/trainer.h). `controls` is a contiguous (5) f64 tensor on the slab's device:
+  //   [decay_factor, step_size, bias_correction2_sqrt, sum of squared gradients, non-finite count]
+  // The first three are next_step_scalars(lr), written before each replay; the last two are
+  // unscale_and_check_'s statistics, written by the step itself. The kernel reads them where it
+  // runs: it changes nothing when the count is > 0 or the norm sqrt(sum) is not finite (the step
+  // is skipped), and otherwise multiplies each gradient by clip_coefficient(norm, clip_norm)
+  // (clip_norm 0: by 1), the bits of step(lr, that coefficient). It does not count the step: the
+  // caller reads the statistics afterwards and calls count_step() when it was applied.
+  void step_on_device(const Tensor& controls, double clip_norm);
+  std::array<double, 3> next_step_scalars(double lr) const;
+  void count_step() { ++step_; }
   const AdamWOptions& options() const { return options_; }
 
   // Checkpoint state: "optim.exp_avg" and "optim.exp_avg_sq" (the live f32 slabs, not copies:
@@ -63,6 +79,8 @@ class AdamW {
   Tensor exp_avg_, exp_avg_sq_;
   Tensor decay_mask_;  // u8, slab layout: 1 where weight decay applies
   int64_t step_ = 0;
+
+  void check_slabs() const;
 };
 
 // The scalars of one AdamW step, computed on the host in double as PyTorch computes them in
@@ -73,7 +91,33 @@ struct AdamWStepScalars {
   double step_size = 0;              // lr / (1 - beta1^t)
   double bias_correction2_sqrt = 1;  // sqrt(1 - beta2^t)
   double grad_scale = 1;             // g = grad * f32(grad_scale) (clipping), exact when 1
+  // AdamW::step_on_device: when defined, the (5) f64 controls on the slab's device, which replace
+  // decay_factor, step_size, bias_correction2_sqrt and grad_scale (resolve_adamw_controls).
+  Tensor controls;
+  double clip_norm = 0;
 };
+
+// The clipping rule, once: max_norm / (norm + 1e-6) when that is below 1, else 1 (torch clamps the
+// coefficient to 1; multiplying by 1 changes nothing).
+ENGINE_HD double clip_coefficient(double norm, double max_norm) {
+  const double coef = max_norm / (norm + 1e-6);
+  return coef < 1.0 ? coef : 1.0;
+}
+
+// What the kernels make of the device controls (AdamW::step_on_device), on the host and on the
+// device alike: false when the step is skipped, else the scalars with grad_scale the clipping
+// coefficient, as the trainer computes them on the host from the same statistics.
+ENGINE_HD bool resolve_adamw_controls(const double* c, double clip_norm, double& decay_factor,
+                                      double& step_size, double& bias_correction2_sqrt,
+                                      double& grad_scale) {
+  const double norm = ::sqrt(c[3]);
+  if (c[4] > 0 || !(norm <= 1.7976931348623157e308)) return false;  // inf or NaN: skipped
+  decay_factor = c[0];
+  step_size = c[1];
+  bias_correction2_sqrt = c[2];
+  grad_scale = clip_norm > 0 ? clip_coefficient(norm, clip_norm) : 1.0;
+  return true;
+}
 
 // ---- learning-rate schedule -------------------------------------------------------------------
 

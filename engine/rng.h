@@ -7,11 +7,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define ENGINE_HD __host__ __device__ __forceinline__
-#else
-#define ENGINE_HD inline
-#endif
+#include "engine/hd.h"
 
 namespace engine {
 

@@ -28,8 +28,23 @@ Tensor unscale_and_check_(const Tensor& grad, double inv_scale) {
                "[unscale_and_check_] inv_scale must be finite and > 0, got ", inv_scale);
   NoGrad ng;
   Tensor stats = Tensor::empty({2}, DType::f64, grad.device());
-  unscale_check_kernel(grad.device(), grad, inv_scale, stats);
+  unscale_check_kernel(grad.device(), grad, inv_scale, Tensor(), stats);
   return stats;
+}
+
+void unscale_and_check_(const Tensor& grad, const Tensor& inv_scale, const Tensor& stats) {
+  check_slab(grad, "unscale_and_check_");
+  const auto check_scalars = [&](const Tensor& t, int64_t n, const char* what) {
+    ENGINE_CHECK(t.defined() && t.dtype() == DType::f64 && t.numel() == n && t.is_contiguous() &&
+                     t.device() == grad.device(),
+                 "[unscale_and_check_] ", what, " must be a contiguous (", n, ") f64 tensor on ",
+                 grad.device().str(), ", got ",
+                 t.defined() ? describe(t) : std::string("an undefined tensor"));
+  };
+  check_scalars(inv_scale, 1, "inv_scale");
+  check_scalars(stats, 2, "stats");
+  NoGrad ng;
+  unscale_check_kernel(grad.device(), grad, 1.0, inv_scale, stats);
 }
 
 void scale_(const Tensor& grad, double factor) {
@@ -47,7 +62,9 @@ namespace {
 constexpr int64_t kParallelMin = ::engine::cpu::kParallelMinElems;  // engine/cpu/parallel.h
 constexpr int64_t kChunk = 1 << 15;  // the fixed summation chunks (gradients.h)
 
-void unscale_check(const Tensor& x, double inv_scale, const Tensor& stats) {
+void unscale_check(const Tensor& x, double inv_scale, const Tensor& inv_scale_device,
+                   const Tensor& stats) {
+  if (inv_scale_device.defined()) inv_scale = inv_scale_device.data<double>()[0];
   dispatch_floating(x.dtype(), "unscale_and_check_", [&]<class T>() {
     T* px = x.data<T>();
     const int64_t n = x.numel();

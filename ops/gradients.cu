@@ -23,9 +23,14 @@ constexpr int kBlocks = 1024;  // partials; also the threads of the final pass
 // Each thread takes 16-byte vectors i, i + stride, ... (V elements each, V = 16 / sizeof(T); the
 // slab's base is aligned) and the tail of n % V elements goes to the first threads, one each.
 template <class T>
-__global__ void unscale_check_vec(T* x, int64_t n, T factor, bool unscale, double* sums,
-                                  double* bad) {
+__global__ void unscale_check_vec(T* x, int64_t n, T factor, bool unscale,
+                                  const double* factor_device, double* sums, double* bad) {
   constexpr int V = 16 / sizeof(T);
+  if (factor_device != nullptr) {  // a graph's per-step scale, read where the kernel runs
+    const double f = *factor_device;
+    factor = static_cast<T>(f);
+    unscale = f != 1.0;
+  }
   double acc = 0, nonfinite = 0;
   auto one = [&](T& slot) {
     T v = slot;
@@ -80,7 +85,8 @@ __global__ void scale_kernel_impl(T* x, int64_t n, T factor) {
     x[i] = x[i] * factor;
 }
 
-void unscale_check(const Tensor& x, double inv_scale, const Tensor& stats) {
+void unscale_check(const Tensor& x, double inv_scale, const Tensor& inv_scale_device,
+                   const Tensor& stats) {
   DeviceGuard guard(x.device().index);
   cudaStream_t stream = compute_stream(x.device().index);
   check_slab(x, "unscale_and_check_");
@@ -97,7 +103,9 @@ void unscale_check(const Tensor& x, double inv_scale, const Tensor& stats) {
   dispatch_device_floating(x.dtype(), "unscale_and_check_", [&]<class T>() {
     ENGINE_LAUNCH(unscale_check_vec<T>, (LaunchConfig{dim3(blocks), dim3(kThreads), 0, stream}),
                   static_cast<T*>(x.raw_data()), x.numel(), static_cast<T>(inv_scale),
-                  inv_scale != 1.0, sums, sums + kBlocks);
+                  inv_scale != 1.0,
+                  inv_scale_device.defined() ? inv_scale_device.data<double>() : nullptr, sums,
+                  sums + kBlocks);
   });
   ENGINE_LAUNCH(unscale_check_finish, (LaunchConfig{dim3(1), dim3(kBlocks), 0, stream}), sums,
                 sums + kBlocks, blocks, stats.data<double>());

@@ -17,15 +17,23 @@ namespace engine {
 // Not recorded by autograd.
 Tensor unscale_and_check_(const Tensor& grad, double inv_scale = 1.0);
 
+// The same with the factor read on the device, where the kernel runs, from `inv_scale` (a (1) f64
+// tensor on grad's device: a graph-captured step sets it before each replay, train/trainer.h), and
+// the statistics written into `stats` ((2) f64, contiguous, on grad's device). The factor is not
+// checked on the host: it must be finite and > 0; unscaling is skipped when it is 1, as above.
+void unscale_and_check_(const Tensor& grad, const Tensor& inv_scale, const Tensor& stats);
+
 // grad *= factor in place (contiguous floating; the factor rounded to grad's dtype, as
 // torch.nn.utils.clip_grad_norm_ multiplies by its coefficient). Not recorded by autograd.
 void scale_(const Tensor& grad, double factor);
 
 // ---- kernels (one table per launch; backends register implementations) ----------------------
-// stats (2) f64 contiguous on x's device; x contiguous floating, scaled in place first when
-// inv_scale != 1.
-inline Kernel<void(const Tensor& x, double inv_scale, const Tensor& stats)> unscale_check_kernel{
-    "unscale_and_check_"};
+// stats (2) f64 contiguous on x's device; x contiguous floating, scaled in place first when the
+// factor != 1. The factor is inv_scale_device[0] (f64 on x's device) when that is defined, else
+// inv_scale.
+inline Kernel<void(const Tensor& x, double inv_scale, const Tensor& inv_scale_device,
+                   const Tensor& stats)>
+    unscale_check_kernel{"unscale_and_check_"};
 inline Kernel<void(const Tensor& x, double factor)> scale_kernel{"scale_"};
 
 }  // namespace engine

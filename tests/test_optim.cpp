@@ -2,6 +2,7 @@
 // update, hand-computed first steps, checkpoint state, gradient clipping and the linear schedule.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -295,6 +296,47 @@ TEST_CASE("adamw's grad_scale is scale_ then a step, bit for bit, leaving the sl
   }
   REQUIRE(a.state()[0].second.to_vector<float>() == b.state()[0].second.to_vector<float>());
   REQUIRE(a.state()[1].second.to_vector<float>() == b.state()[1].second.to_vector<float>());
+}
+
+TEST_CASE("adamw's device controls give step()'s bits, clip and skip included", "[optim]") {
+  // step_on_device reads [decay, step size, bc2 sqrt, sum of squares, non-finite count] where the
+  // kernel runs: the same bits as step(lr, clip_coefficient(norm, clip_norm)); a count > 0 or a
+  // non-finite norm changes nothing.
+  NamedTensors pa = make_params(4), pb = make_params(4);
+  FlatParameters fa(pa), fb(pb);
+  AdamW a(fa, AdamWOptions{}, decays), b(fb, AdamWOptions{}, decays);
+  const double clip_norm = 2.0;
+  const double inf = std::numeric_limits<double>::infinity();
+  const struct {
+    double sum_squares, nonfinite;
+    bool applied;
+  } cases[] = {{16.0, 0, true}, {1.0, 0, true}, {16.0, 2, false}, {inf, 0, false}, {9.0, 0, true}};
+  int t = 0;
+  for (const auto& c : cases) {
+    INFO("sum of squares " << c.sum_squares << ", non-finite " << c.nonfinite);
+    set_grads(fa, ++t);
+    fb.grad().copy_(fa.grad());
+    const double lr = 1e-2 * t;
+    const std::array<double, 3> next = b.next_step_scalars(lr);
+    const Tensor controls = Tensor::from_vector(
+        std::vector<double>{next[0], next[1], next[2], c.sum_squares, c.nonfinite}, {5});
+    const std::vector<float> before = fb.data().to_vector<float>();
+    b.step_on_device(controls, clip_norm);
+    if (c.applied) {
+      a.step(lr, clip_coefficient(std::sqrt(c.sum_squares), clip_norm));
+      b.count_step();
+    } else {
+      REQUIRE(fb.data().to_vector<float>() == before);
+    }
+    REQUIRE(fa.data().to_vector<float>() == fb.data().to_vector<float>());
+    REQUIRE(a.step_count() == b.step_count());
+  }
+  REQUIRE(a.state()[1].second.to_vector<float>() == b.state()[1].second.to_vector<float>());
+  REQUIRE_THROWS_WITH(
+      b.step_on_device(Tensor::zeros({4}, DType::f64), 1.0),
+      Contains("[adamw] step_on_device: the controls must be a contiguous (5) f64"));
+  REQUIRE_THROWS_WITH(b.step_on_device(Tensor::zeros({5}, DType::f64), -1.0),
+                      Contains("[adamw] clip_norm must be 0 (off) or positive"));
 }
 
 TEST_CASE("clip_grad_norm returns the norm and scales above max_norm", "[optim]") {

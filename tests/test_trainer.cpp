@@ -249,7 +249,8 @@ TEST_CASE("Trainer: clipping scales the gradients to clip_norm before AdamW", "[
   CHECK(values(fc.data()) == values(fm.data()));
 }
 
-TEST_CASE("Trainer: one host read per step, none per micro-batch", "[trainer][host_sync]") {
+TEST_CASE("Trainer: one host read and one upload per step, none per micro-batch",
+          "[trainer][host_sync]") {
   const Data d;
   AdamWOptions adam;
   Regression model(6);
@@ -265,8 +266,8 @@ TEST_CASE("Trainer: one host read per step, none per micro-batch", "[trainer][ho
   const TransferCounts before = transfer_counts();
   for (int i = 0; i < 4; ++i) t.step(3, loss_of, w);
   const TransferCounts after = transfer_counts();
-  CHECK(after.to_host - before.to_host == 4);
-  CHECK(after.from_host - before.from_host == 0);
+  CHECK(after.to_host - before.to_host == 4);      // the statistics, at the step's end
+  CHECK(after.from_host - before.from_host == 4);  // the step block, at its start
 }
 
 TEST_CASE("Trainer: bad arguments are named", "[trainer]") {
@@ -291,6 +292,13 @@ TEST_CASE("Trainer: bad arguments are named", "[trainer]") {
              }),
              Contains("gave no scalar loss"));
   CHECK_THAT(error_of([&] { t.set_steps_taken(-1); }), Contains("steps taken must be >= 0"));
+  TrainerOptions graph;
+  graph.cuda_graph = true;
+  Trainer tg(flat, adam, {}, constant_lr(1e-3), graph);
+  CHECK_THAT(error_of([&] {
+               tg.step(1, [&](int64_t) { return Tensor::zeros({1}); }, {&one, 1});
+             }),
+             Contains("[trainer] cuda_graph needs the parameters on a CUDA device, got cpu"));
 }
 
 TEST_CASE("TrainingLoop::run: the hooks at their cadences, in order", "[trainer][loop]") {

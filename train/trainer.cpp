@@ -1,12 +1,15 @@
 // The training step (see trainer.h).
 #include "train/trainer.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
 #include <vector>
 
 #include "engine/autocast.h"
 #include "engine/autograd.h"
+#include "engine/backend.h"
 #include "engine/error.h"
 #include "ops/elementwise.h"
 #include "ops/gradients.h"
@@ -43,6 +46,80 @@ void Trainer::set_steps_taken(int64_t steps) {
   steps_ = steps;
 }
 
+// The step block (f64, on the gradients' device), uploaded whole at the step's start; the step
+// writes [5, 8) (the upload's zeros there start the loss sum at 0):
+//   0 1 / loss_scale           1 the generator's offset (graph mode)
+//   2 3 4 AdamW's decay factor, step size, sqrt(bias correction 2) (AdamW::next_step_scalars)
+//   5 6 the gradients' sum of squares and non-finite count (with 2-4: AdamW's controls)
+//   7 sum_m weight_m * loss_m
+//   8 .. 8+M  loss_scale * weight_m       8+M .. 8+2M  weight_m
+namespace {
+constexpr int64_t kInvScale = 0, kOffset = 1, kControls = 2, kStats = 5, kLoss = 7, kMicro = 8;
+}  // namespace
+
+void Trainer::upload_block(int64_t micro_batches, std::span<const double> weights,
+                           const StepStats& s) {
+  std::vector<double> h(size_t(kMicro + 2 * micro_batches), 0.0);
+  h[kInvScale] = 1.0 / s.loss_scale;
+  h[kOffset] = graph_gen_ != nullptr ? static_cast<double>(graph_gen_->offset()) : 0.0;
+  const std::array<double, 3> adam = optimizer_->next_step_scalars(s.lr);
+  std::copy(adam.begin(), adam.end(), h.begin() + kControls);
+  for (int64_t m = 0; m < micro_batches; ++m) {
+    h[size_t(kMicro + m)] = s.loss_scale * weights[size_t(m)];
+    h[size_t(kMicro + micro_batches + m)] = weights[size_t(m)];
+  }
+  const Device device = params_.grad().device();
+  if (!block_.defined() || block_.numel() != int64_t(h.size()))
+    block_ = Tensor::empty(Shape{int64_t(h.size())}, DType::f64, device);
+  // One counted host-to-device write into the block's fixed address (a graph reads it there).
+  backend(device.type)
+      .copy_from_host(block_.raw_data(), h.data(), h.size() * sizeof(double), device.index);
+}
+
+// The step's device work, the same every step: run eagerly, or recorded into a graph.
+void Trainer::device_step(int64_t micro_batches, const std::function<Tensor(int64_t)>& loss_of,
+                          bool in_graph) {
+  const Tensor& grad = params_.grad();
+  const auto at = [&](int64_t i, int64_t n = 1) { return block_.slice(0, i, i + n); };
+  {
+    NoGrad ng;
+    if (in_graph) offset_word_.copy_(at(kOffset));  // exact below 2^53 blocks
+  }
+  params_.zero_grad();
+  Tensor loss_sum = at(kLoss);
+  // Autocast's casts of the parameters read one 16-bit copy of the slab (engine/autocast.h),
+  // made at the first of them and kept for every micro-batch; the slab changes only after them.
+  auto cast_once = std::make_unique<AutocastSlab>(params_.data());
+  for (int64_t m = 0; m < micro_batches; ++m) {
+    const Tensor loss = loss_of(m);
+    ENGINE_CHECK(loss.defined() && loss.numel() == 1, "[trainer] micro-batch ", m,
+                 " gave no scalar loss (got ",
+                 loss.defined() ? describe(loss) : std::string("undefined"), ")");
+    // loss_scale * weight_m, rounded to the loss's dtype as a scalar factor would be.
+    Tensor multiplier = at(kMicro + m);
+    {
+      NoGrad ng;
+      loss_sum.add_(loss.detach().to(DType::f64).reshape({1}) * at(kMicro + micro_batches + m));
+      if (loss.dtype() != DType::f64) multiplier = multiplier.to(loss.dtype());
+    }
+    if (m + 1 == micro_batches) reducer_->begin();  // only the last backward reduces
+    (loss * multiplier.reshape(loss.shape())).backward();
+  }
+  cast_once.reset();  // before anything writes the slab
+  reducer_->finish();
+  NoGrad ng;
+  unscale_and_check_(grad, at(kInvScale), at(kStats, 2));
+  optimizer_->step_on_device(at(kControls, 5), options_.clip_norm);
+}
+
+void Trainer::drop_graph() {
+  graph_ = DeviceGraph();
+  graph_micro_batches_ = 0;
+  warmed_up_ = false;
+}
+
+int64_t Trainer::graph_launches() const { return graph_.launches(); }
+
 StepStats Trainer::step(int64_t micro_batches, const std::function<Tensor(int64_t)>& loss_of,
                         std::span<const double> weights) {
   ENGINE_CHECK(micro_batches >= 1, "[trainer] a step needs at least one micro-batch, got ",
@@ -52,59 +129,56 @@ StepStats Trainer::step(int64_t micro_batches, const std::function<Tensor(int64_
   StepStats s;
   s.lr = learning_rate_(steps_);
   s.loss_scale = scaler_.scale();
-  const Tensor& grad = params_.grad();
-  params_.zero_grad();
-  // sum_m weight_m * loss_m in double on the gradients' device: the number a host sum of the
-  // losses read one by one would give, without reading any of them.
-  Tensor loss_sum = Tensor::zeros({1}, DType::f64, grad.device());
-  // Autocast's casts of the parameters read one 16-bit copy of the slab (engine/autocast.h),
-  // made at the first of them and kept for every micro-batch; the slab changes only after them.
-  auto cast_once = std::make_unique<AutocastSlab>(params_.data());
-  for (int64_t m = 0; m < micro_batches; ++m) {
-    const Tensor loss = loss_of(m);
-    ENGINE_CHECK(loss.defined() && loss.numel() == 1, "[trainer] micro-batch ", m,
-                 " gave no scalar loss (got ",
-                 loss.defined() ? describe(loss) : std::string("undefined"), ")");
-    const double w = weights[size_t(m)];
-    {
-      NoGrad ng;
-      loss_sum.add_(loss.detach().to(DType::f64).reshape({1}), w);
+  const Device device = params_.grad().device();
+  if (!options_.cuda_graph) {
+    upload_block(micro_batches, weights, s);
+    device_step(micro_batches, loss_of, false);
+  } else {
+    ENGINE_CHECK(device.type == DeviceType::CUDA,
+                 "[trainer] cuda_graph needs the parameters on a CUDA device, got ", device.str());
+    ENGINE_CHECK(comm_.size() == 1,
+                 "[trainer] cuda_graph runs on one rank (the gradient "
+                 "all-reduce is not captured), got ",
+                 comm_.size(), " ranks");
+    if (graph_.defined() && graph_micro_batches_ != micro_batches) drop_graph();
+    if (!warmed_up_) {  // the first step eagerly: it fills the caches a capture must not build
+      upload_block(micro_batches, weights, s);
+      device_step(micro_batches, loss_of, false);
+      warmed_up_ = true;
+    } else {
+      if (!graph_.defined()) {
+        if (!offset_word_.defined()) offset_word_ = Tensor::zeros({1}, DType::i64, device);
+        upload_block(micro_batches, weights, s);  // the block's address is the graph's
+        if (graph_gen_ != nullptr)
+          graph_gen_->begin_device_offsets(
+              reinterpret_cast<const uint64_t*>(offset_word_.data<int64_t>()));
+        try {
+          graph_ = DeviceGraph::capture(device, [&] { device_step(micro_batches, loss_of, true); });
+        } catch (...) {
+          if (graph_gen_ != nullptr) graph_gen_->end_device_offsets();
+          throw;
+        }
+        graph_blocks_ = graph_gen_ != nullptr ? graph_gen_->end_device_offsets() : 0;
+        graph_micro_batches_ = micro_batches;
+        ++graph_captures_;
+      }
+      upload_block(micro_batches, weights, s);
+      graph_.replay();
+      if (graph_gen_ != nullptr) graph_gen_->skip_blocks(graph_blocks_);
     }
-    if (m + 1 == micro_batches) reducer_->begin();  // only the last backward reduces
-    (loss * (s.loss_scale * w)).backward();
   }
-  cast_once.reset();  // before anything writes the slab
-  reducer_->finish();
   s.comm_exposed_s = reducer_->last_exposed_s();
 
-  // The one read-back of the step: [weighted loss, sum of squares, non-finite count], gathered on
-  // the device with the backend's copies.
-  Tensor stats = Tensor::empty({3}, DType::f64, grad.device());
-  {
-    NoGrad ng;
-    stats.slice(0, 0, 1).copy_(loss_sum);
-    stats.slice(0, 1, 3).copy_(unscale_and_check_(grad, 1.0 / s.loss_scale));
-  }
-  const std::vector<double> v = stats.to_vector<double>();
-  s.loss = comm_.all_reduce(v[0]);  // the gradients are summed already; the loss on the host
-  s.grad_norm = std::sqrt(v[1]);
-  const bool nonfinite = v[2] > 0 || !std::isfinite(s.grad_norm);
-  double clip = 1.0;
-  if (!nonfinite && options_.clip_norm > 0) {
-    // torch clamps the coefficient to 1 and always multiplies; multiplying by 1 changes nothing.
-    // AdamW multiplies each gradient by it as it reads it: the bits of scale_(grad, coef) and
-    // then the step, without a pass over the slab (the slab keeps the unclipped gradients).
-    clip = clip_coefficient(s.grad_norm, options_.clip_norm);
-  }
+  // The step's one read-back, after AdamW: [sum of squares, non-finite count, weighted loss].
+  const std::vector<double> v = block_.slice(0, kStats, kLoss + 1).to_vector<double>();
+  s.loss = comm_.all_reduce(v[2]);  // the gradients are summed already; the loss on the host
+  s.grad_norm = std::sqrt(v[0]);
+  // The rule AdamW applied on the device (resolve_adamw_controls): skipped when not finite.
+  const bool nonfinite = v[1] > 0 || !std::isfinite(s.grad_norm);
   s.applied = scaler_.update(nonfinite);
-  if (s.applied) optimizer_->step(s.lr, clip);
+  if (s.applied) optimizer_->count_step();
   ++steps_;
   return s;
-}
-
-double clip_coefficient(double norm, double max_norm) {
-  const double coef = max_norm / (norm + 1e-6);
-  return coef < 1.0 ? coef : 1.0;
 }
 
 double clip_grad_norm(FlatParameters& params, double max_norm) {

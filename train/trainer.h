@@ -23,9 +23,25 @@
 // ranks x accumulation k train exactly like one rank with an n*k times larger batch; finetuning
 // weights each rank's mean by its share of the global batch.
 //
-// Host synchronisation: nothing in a step reads a tensor on the host but that one read of three
-// numbers, between backward and the optimizer (a GPU waits for one kernel launch there). The
-// loss is accumulated on the device in double, so it is the same number a host sum would give.
+// Device-resident step numbers: everything a step needs that changes from step to step (the loss
+// scale and its inverse, each micro-batch's weight, AdamW's learning-rate-derived scalars, the
+// dropout generator's offset) is written to one small f64 block on the gradients' device by one
+// upload at the step's start; the statistics, the clipping coefficient and the decision to skip
+// are computed on the device (AdamW::step_on_device reads them where it runs). So the device work
+// of a step is the same every step, and the step's one host read is at its end: the weighted
+// loss, the squared norm and the non-finite count, after AdamW. The loss is accumulated on the
+// device in double, the number a host sum of the losses would give.
+//
+// Graph mode (TrainerOptions::cuda_graph, CUDA, one rank): the first step runs eagerly (it builds
+// the caches: position constants, autotuned kernels, the allocator's blocks); the second is
+// captured as one CUDA graph (engine/graph.h) and replayed; every later step replays it: one
+// launch for the forward, backward, statistics and AdamW of all micro-batches. The contract is
+// CUDA graphs': loss_of(m) must read device tensors that keep their addresses and shapes from
+// step to step (the caller copies each new batch into them, in place, before step()), must not
+// read a device tensor on the host, and must draw random numbers only from the generator given
+// to set_graph_generator (its offset then lives in the block, so each replay draws new masks,
+// the ones an eager step at that offset would). A different number of micro-batches, or
+// drop_graph(), starts over: one eager step, then a new capture.
 #pragma once
 
 #include <cstdint>
@@ -36,9 +52,11 @@
 
 #include "engine/comm.h"
 #include "engine/data_parallel.h"
+#include "engine/graph.h"
 #include "engine/loss_scaler.h"
 #include "engine/module.h"
 #include "engine/optim.h"
+#include "engine/rng.h"
 
 namespace engine {
 
@@ -46,6 +64,7 @@ struct TrainerOptions {
   double clip_norm = 1.0;  // global L2 norm clipping (torch.nn.utils.clip_grad_norm_); 0 = off
   LossScalerOptions loss_scale;  // dynamic loss scaling (fp16); off by default
   int64_t bucket_mb = 25;        // data parallelism: gradient all-reduce bucket size (MiB)
+  bool cuda_graph = false;       // capture the step once, replay it (see above)
 };
 
 // The learning rate of the next step, given the optimizer steps already taken (including skipped
@@ -89,7 +108,21 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
   FlatParameters& parameters() { return params_; }
 
+  // Graph mode (see the top of the file): the generator loss_of draws from (null: none).
+  void set_graph_generator(Generator* gen) { graph_gen_ = gen; }
+  // Graph mode: the next step runs eagerly (refilling any cache), the one after captures afresh;
+  // call it when the inputs moved or changed shape, or after other work may have replaced a
+  // tensor the step reads (a model's cached constants).
+  void drop_graph();
+  // Launches one replay runs (kernels, copies, GEMMs); 0 before the capture.
+  int64_t graph_launches() const;
+  int64_t graph_captures() const { return graph_captures_; }  // so far
+
  private:
+  void upload_block(int64_t micro_batches, std::span<const double> weights, const StepStats& s);
+  void device_step(int64_t micro_batches, const std::function<Tensor(int64_t)>& loss_of,
+                   bool in_graph);
+
   FlatParameters& params_;
   Communicator& comm_;
   TrainerOptions options_;
@@ -98,11 +131,17 @@ class Trainer {
   LossScaler scaler_;
   std::unique_ptr<GradReducer> reducer_;
   int64_t steps_ = 0;
+  // The step's numbers on the gradients' device (layout: trainer.cpp) and the dropout offset's
+  // device word (a graph reads it as a u64).
+  Tensor block_, offset_word_;
+  // Graph mode.
+  Generator* graph_gen_ = nullptr;
+  bool warmed_up_ = false;
+  DeviceGraph graph_;
+  int64_t graph_micro_batches_ = 0;
+  uint64_t graph_blocks_ = 0;  // Philox blocks one replay draws
+  int64_t graph_captures_ = 0;
 };
-
-// The clipping rule, once: max_norm / (norm + 1e-6) when that is below 1, else 1 (torch clamps the
-// coefficient to 1; multiplying by 1 changes nothing).
-double clip_coefficient(double norm, double max_norm);
 
 // torch.nn.utils.clip_grad_norm_ over a whole gradient slab, on its device: returns the L2 norm
 // before clipping (one read of the statistics) and scales the slab by max_norm / (norm + 1e-6)

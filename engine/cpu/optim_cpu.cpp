@@ -30,17 +30,22 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
   float* m = exp_avg.data<float>();
   float* v = exp_avg_sq.data<float>();
   const uint8_t* mask = decay_mask.data<uint8_t>();
+  AdamWStepScalars r = s;  // with the device controls resolved (a graph's step)
+  if (s.controls.defined() &&
+      !resolve_adamw_controls(s.controls.data<double>(), s.clip_norm, r.decay_factor, r.step_size,
+                              r.bias_correction2_sqrt, r.grad_scale))
+    return;  // a gradient was not finite: the step is skipped
   // PyTorch passes each Python-float scalar to an f32 tensor op, which rounds it to f32 first;
   // 1 - beta is computed in double before rounding, as in Python.
-  const float decay = static_cast<float>(s.decay_factor);
-  const float beta1 = static_cast<float>(s.beta1),
-              one_minus_beta1 = static_cast<float>(1.0 - s.beta1);
-  const float beta2 = static_cast<float>(s.beta2),
-              one_minus_beta2 = static_cast<float>(1.0 - s.beta2);
-  const float bc2_sqrt = static_cast<float>(s.bias_correction2_sqrt);
-  const float eps = static_cast<float>(s.eps);
-  const float neg_step_size = static_cast<float>(-s.step_size);
-  const float grad_scale = static_cast<float>(s.grad_scale);  // as scale_ rounds its factor
+  const float decay = static_cast<float>(r.decay_factor);
+  const float beta1 = static_cast<float>(r.beta1),
+              one_minus_beta1 = static_cast<float>(1.0 - r.beta1);
+  const float beta2 = static_cast<float>(r.beta2),
+              one_minus_beta2 = static_cast<float>(1.0 - r.beta2);
+  const float bc2_sqrt = static_cast<float>(r.bias_correction2_sqrt);
+  const float eps = static_cast<float>(r.eps);
+  const float neg_step_size = static_cast<float>(-r.step_size);
+  const float grad_scale = static_cast<float>(r.grad_scale);  // as scale_ rounds its factor
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     // Same operations, same order as torch.optim.AdamW's single-tensor path:

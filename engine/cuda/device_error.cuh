@@ -4,8 +4,9 @@
 // later CUDA call). The kernel skips the element and records the first bad index of the device
 // here, in mapped (zero-copy) host memory; the CUDA backend raises it as one engine::Error
 // naming the op, the index, its position and the valid range at its next host read or
-// synchronisation. The training step's one host read comes before AdamW, so a step that met a
-// bad index applies no update. Included by .cu files only.
+// synchronisation. The training step's AdamW reads this record and skips its update when it
+// holds an index (engine/cuda/optim.cu), and the step's one host read, after AdamW, raises it: a
+// step that met a bad index applies no update. Included by .cu files only.
 #pragma once
 
 #include <cuda_runtime.h>

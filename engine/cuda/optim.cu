@@ -1,6 +1,7 @@
 // The CUDA kernel of the AdamW step (engine/optim.h): one fused elementwise pass over the flat
 // parameter slab in 16-byte vectors (param, grad, exp_avg, exp_avg_sq f32 and the u8 decay mask: 17
-// bytes read and 12 written per element, nothing else). Every f32 operation rounds on its own in
+// bytes read and 12 written per element, nothing else; with device controls, AdamW::step_on_device,
+// one single-thread kernel resolves them first). Every f32 operation rounds on its own in
 // the CPU kernel's (PyTorch's) order: products go through mul_rn, which nvcc never contracts into
 // an FMA, and sqrt and division are IEEE-rounded (nvcc's defaults, -prec-sqrt / -prec-div), so CPU
 // and CUDA steps give the same bits.
@@ -9,6 +10,7 @@
 #include <cstdint>
 
 #include "engine/cuda/context.h"
+#include "engine/cuda/device_error.cuh"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/launch.h"
 #include "engine/optim.h"
@@ -37,8 +39,40 @@ __device__ inline void adamw_one(float& p, float g, float& m, float& v, uint8_t 
 
 // Four elements a thread: 16-byte loads and stores of p, g, m, v and 4 bytes of the mask (the
 // slabs are aligned); the n % 4 tail one element a thread.
+// The device controls of AdamW::step_on_device, resolved once by one thread (not by each of the
+// step's threads: double sqrt and division, and a read of mapped host memory): the step's scalars
+// rounded to f32 as the host rounds them, or skip. A bad index recorded by the step's kernels
+// (device_error.cuh, raised at the step's one read, after AdamW) skips it too: a step that met
+// one applies no update.
+struct AdamWResolved {
+  AdamWFloats s;
+  int32_t skip;
+};
+
+__global__ void adamw_resolve(const double* controls, double clip_norm, AdamWFloats s,
+                              const volatile DeviceIndexError* bad_index, AdamWResolved* out) {
+  double decay, step_size, bc2_sqrt, grad_scale;
+  const bool apply =
+      bad_index->check == 0 &&
+      resolve_adamw_controls(controls, clip_norm, decay, step_size, bc2_sqrt, grad_scale);
+  if (apply) {
+    s.decay = static_cast<float>(decay);
+    s.neg_step_size = static_cast<float>(-step_size);
+    s.bc2_sqrt = static_cast<float>(bc2_sqrt);
+    s.grad_scale = static_cast<float>(grad_scale);
+  }
+  out->s = s;
+  out->skip = apply ? 0 : 1;
+}
+
+// `resolved` (AdamW::step_on_device): the scalars adamw_resolve wrote; the whole grid returns
+// when the step is skipped.
 __global__ void adamw_vec4(float* p, const float* g, float* m, float* v, const uint8_t* mask,
-                           int64_t n, AdamWFloats s) {
+                           int64_t n, AdamWFloats s, const AdamWResolved* resolved) {
+  if (resolved != nullptr) {
+    if (resolved->skip != 0) return;
+    s = resolved->s;
+  }
   const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = first; i < n / 4; i += stride) {
@@ -75,10 +109,22 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
     ENGINE_CHECK(reinterpret_cast<uintptr_t>(t->raw_data()) % 16 == 0,
                  "[adamw] the CUDA kernel needs 16-byte aligned slabs, got ", describe(*t));
   const int threads = kElementwiseThreads;
+  const int index = param.device().index;
+  cudaStream_t stream = compute_stream(index);
+  Tensor resolved;  // the device controls' scalars (AdamW::step_on_device)
+  if (s.controls.defined()) {
+    resolved = Tensor::empty(Shape{int64_t(sizeof(AdamWResolved))}, DType::u8, param.device());
+    ENGINE_LAUNCH(adamw_resolve, (LaunchConfig{dim3(1), dim3(1), 0, stream}),
+                  dptr<const double>(s.controls), s.clip_norm, f,
+                  static_cast<const volatile DeviceIndexError*>(device_index_error(index)),
+                  static_cast<AdamWResolved*>(resolved.raw_data()));
+  }
   const LaunchConfig cfg{dim3(grid_blocks(n / 4 > 0 ? n / 4 : 1, threads)), dim3(threads), 0,
-                         compute_stream(param.device().index)};
-  ENGINE_LAUNCH(adamw_vec4, cfg, dptr<float>(param), dptr<const float>(grad), dptr<float>(exp_avg),
-                dptr<float>(exp_avg_sq), dptr<const uint8_t>(decay_mask), n, f);
+                         stream};
+  ENGINE_LAUNCH(
+      adamw_vec4, cfg, dptr<float>(param), dptr<const float>(grad), dptr<float>(exp_avg),
+      dptr<float>(exp_avg_sq), dptr<const uint8_t>(decay_mask), n, f,
+      resolved.defined() ? static_cast<const AdamWResolved*>(resolved.raw_data()) : nullptr);
 }
 
 }  // namespace

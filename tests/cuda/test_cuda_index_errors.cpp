@@ -3,13 +3,16 @@
 // (a trap is a sticky context failure). It records the index (engine/cuda/device_error.cuh) and the
 // backend raises one clear error at its next host read, naming the op, the index, its position
 // and the range; the device stays usable. Each case runs the op with one bad index, reads, and
-// expects the error, then checks that a good call afterwards works.
+// expects the error, then checks that a good call afterwards works. And the training step: one
+// that meets a bad index applies no update.
 #include <catch2/catch.hpp>
 
 #include <string>
 #include <vector>
 
+#include "engine/module.h"
 #include "ops/ops.h"
+#include "train/trainer.h"
 
 using namespace engine;
 using Catch::Contains;
@@ -62,4 +65,34 @@ TEST_CASE("a target outside the classes in cross_entropy is one clear error", "[
   Tensor targets = Tensor::from_vector(std::vector<int64_t>{0, 50}, {2}).to(kGpu);
   expect_index_error(cross_entropy(logits, targets),
                      "[cross_entropy] target 50 of row 1 is out of range for 5 classes");
+}
+
+TEST_CASE("a training step that meets a bad index applies no update, eagerly and in a graph",
+          "[cuda][trainer]") {
+  // AdamW runs before the step's one host read; it reads the device's index record and skips
+  // (engine/cuda/optim.cu), so the read raises the error with the weights as they were.
+  for (const bool graph : {false, true}) {
+    INFO("cuda_graph " << graph);
+    NamedTensors params = {{"table", Tensor::ones({5, 3}, DType::f32).set_requires_grad()},
+                           {"w", Tensor::ones({3}, DType::f32).set_requires_grad()}};
+    FlatParameters flat(params, kGpu);
+    TrainerOptions o;
+    o.cuda_graph = graph;
+    Trainer trainer(flat, AdamWOptions{}, {}, constant_lr(0.1), o);
+    const Tensor ids = Tensor::from_vector(std::vector<int64_t>{1, 2, 3}, {3}).to(kGpu);
+    const Tensor good = ids.clone();
+    const Tensor table = params[0].second, w = params[1].second;  // re-pointed at the slab
+    const auto loss_of = [&](int64_t) { return sum(embedding(table, ids) * w); };
+    const double one = 1.0;
+    for (int step = 0; step < 3; ++step) trainer.step(1, loss_of, {&one, 1});  // eager, capture
+    const std::vector<float> before = flat.data().to(Device::cpu()).to_vector<float>();
+    ids.copy_(Tensor::from_vector(std::vector<int64_t>{1, 9, 3}, {3}));  // in place
+    REQUIRE_THROWS_WITH(trainer.step(1, loss_of, {&one, 1}),
+                        Contains("[embedding] id 9 at position 1"));
+    REQUIRE(flat.data().to(Device::cpu()).to_vector<float>() == before);
+    REQUIRE(trainer.optimizer().step_count() == 3);
+    ids.copy_(good);  // the device and the trainer go on
+    REQUIRE(trainer.step(1, loss_of, {&one, 1}).applied);
+    REQUIRE(flat.data().to(Device::cpu()).to_vector<float>() != before);
+  }
 }

@@ -299,6 +299,16 @@ TEST_CASE("the AdamW step on the device equals the CPU step bit for bit", "[cuda
       adamw_kernel(Device::cpu(), p, grad, m, v, mk, s);
       adamw_kernel(kGpu, pg, grad.to(kGpu), mg, vg, mk.to(kGpu), s);
     }
+    // The device controls of a graph's step (AdamW::step_on_device): clipped, then skipped.
+    for (const double nonfinite : {0.0, 1.0}) {
+      AdamWStepScalars d = s;
+      d.clip_norm = 0.5;
+      const std::vector<double> c = {0.99, 2e-3, 0.05, 4.0, nonfinite};  // norm 2: clipped
+      d.controls = Tensor::from_vector(c, {5});
+      adamw_kernel(Device::cpu(), p, grad, m, v, mk, d);
+      d.controls = d.controls.to(kGpu);
+      adamw_kernel(kGpu, pg, grad.to(kGpu), mg, vg, mk.to(kGpu), d);
+    }
     require_equal(pg, p);
     require_equal(mg, m);
     require_equal(vg, v);
