@@ -30,6 +30,65 @@ MlmBatch MlmBatch::to(engine::Device device) const {
   return b;
 }
 
+bool StagedMlmBatch::stage(const MlmBatch& host, engine::Device device) {
+  ENGINE_CHECK(host.positions.defined() && host.positions.device().is_cpu() &&
+                   host.targets.defined() && host.targets.device().is_cpu(),
+               "[batch] a staged batch is copied from a host batch with positions and targets");
+  const int64_t m = host.num_predicted();
+  const auto same = [](const Tensor& dst, const Tensor& src) {
+    return dst.defined() == src.defined() &&
+           (!src.defined() || (dst.shape() == src.shape() && dst.dtype() == src.dtype()));
+  };
+  const int64_t capacity = positions_.defined() ? positions_.numel() : 0;
+  const bool fresh = !batch_.inputs.input_ids.defined() || m > capacity ||
+                     !same(batch_.inputs.input_ids, host.inputs.input_ids) ||
+                     !same(batch_.inputs.attention_mask, host.inputs.attention_mask) ||
+                     !same(batch_.inputs.token_type_ids, host.inputs.token_type_ids) ||
+                     !same(batch_.sentence_labels, host.sentence_labels);
+  if (m > capacity) {
+    const int64_t grown = (m + std::max<int64_t>(8, m / 8) + 7) / 8 * 8;
+    positions_ = Tensor::empty(engine::Shape{grown}, DType::i64);
+    targets_ = Tensor::empty(engine::Shape{grown}, DType::i64);
+  }
+  // The padded host tensors, written through their pointers (host memory: no transfer).
+  const Tensor pos = host.positions.to(DType::i64).contiguous();
+  const Tensor tgt = host.targets.to(DType::i64).contiguous();
+  int64_t* p = positions_.data<int64_t>();
+  int64_t* t = targets_.data<int64_t>();
+  std::copy_n(pos.data<int64_t>(), m, p);
+  std::copy_n(tgt.data<int64_t>(), m, t);
+  std::fill(p + m, p + positions_.numel(), int64_t{0});
+  std::fill(t + m, t + targets_.numel(), int64_t{-100});
+  if (fresh) {
+    MlmBatch padded = host;
+    padded.positions = positions_;
+    padded.targets = targets_;
+    batch_ = padded.to(device);
+    if (device.is_cpu()) {  // to() to the host shares the tensors: the staged ones are our own
+      const auto own = [](Tensor& x) {
+        if (x.defined()) x = x.clone();
+      };
+      for (Tensor* x :
+           {&batch_.inputs.input_ids, &batch_.inputs.attention_mask, &batch_.inputs.token_type_ids,
+            &batch_.sentence_labels, &batch_.positions, &batch_.targets})
+        own(*x);
+    }
+  } else {
+    const auto refill = [](const Tensor& dst, const Tensor& src) {
+      if (src.defined()) dst.copy_(src);
+    };
+    refill(batch_.inputs.input_ids, host.inputs.input_ids);
+    refill(batch_.inputs.attention_mask, host.inputs.attention_mask);
+    refill(batch_.inputs.token_type_ids, host.inputs.token_type_ids);
+    refill(batch_.sentence_labels, host.sentence_labels);
+    batch_.positions.copy_(positions_);
+    batch_.targets.copy_(targets_);
+  }
+  batch_.labels = host.labels;
+  batch_.num_tokens = host.num_tokens;
+  return fresh;
+}
+
 MlmBatch make_mlm_batch(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& labels,
                         const Tensor& token_type_ids, int64_t vocab_size,
                         const std::string& source) {

@@ -39,6 +39,27 @@ struct MlmBatch {
   MlmBatch to(engine::Device device) const;
 };
 
+// A masked-LM batch kept in fixed device tensors and refilled in place, for a training step
+// captured as a graph (train/trainer.h's graph mode), which reads its inputs at the capture's
+// addresses. The predicted positions are padded to a capacity (position 0 with target -100, which
+// the MLM loss ignores: its mean divides by the targets not ignored), so the (M) tensors keep
+// their shape from batch to batch: the capacity starts at the first batch's count plus an eighth
+// (at least 8, rounded up to 8) and grows the same way past it. batch().num_predicted() is the
+// capacity; weight micro-batches by the host batch's count.
+class StagedMlmBatch {
+ public:
+  // Copies the host batch `host` in (one upload per tensor, as to(device) makes). Returns true
+  // when the device tensors were (re)allocated — the first batch, another shape, a tensor present
+  // or absent where it was not, more predictions than the capacity —: a graph that read the old
+  // ones must be captured afresh.
+  bool stage(const MlmBatch& host, engine::Device device);
+  const MlmBatch& batch() const { return batch_; }
+
+ private:
+  MlmBatch batch_;
+  engine::Tensor positions_, targets_;  // the padded (capacity) host tensors
+};
+
 // An MlmBatch from host (B, T) tensors (any integer dtype; converted to i64): ids, the attention
 // mask (undefined: every position is a token), labels (-100 = not predicted) and optionally
 // segment ids. Labels are checked here, where batches are made: each must be -100 or an id in

@@ -23,6 +23,7 @@
 #include "engine/file_io.h"
 #include "engine/progress.h"
 #include "engine/safetensors.h"
+#include "models/objective.h"
 #include "train/loop.h"
 
 namespace models {
@@ -266,6 +267,18 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
   loop_options.trainer.clip_norm = o.clip_norm;
   loop_options.trainer.loss_scale = o.loss_scale;
   loop_options.trainer.bucket_mb = o.bucket_mb;
+  loop_options.trainer.cuda_graph = o.cuda_graph;
+  if (o.cuda_graph) {
+    ENGINE_CHECK(comm.size() == 1,
+                 "[pretrain] train.cuda_graph runs on one rank (the gradient "
+                 "all-reduce is not captured), got ",
+                 comm.size(), " ranks: set it false under mpirun");
+    const Objective* objective = objective_of_kind(model.kind());
+    ENGINE_CHECK(objective == nullptr || !objective->replacements,
+                 "[pretrain] train.cuda_graph: the ", objective ? objective->name : "",
+                 " objective writes its generator's samples at the predicted positions, which "
+                 "graph mode pads; set it false");
+  }
   loop_options.decay_bias_and_norm = o.decay_bias_and_norm;
   loop_options.progress = o.progress;
   engine::TrainingLoop loop(
@@ -276,6 +289,10 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
   const engine::Device device = loop.device();
   // Dropout stream (the init used `seed`); each rank its own.
   engine::Generator gen = dropout_generator(seed, comm.rank());
+  if (o.cuda_graph) trainer.set_graph_generator(&gen);
+  // Graph mode: the micro-batches' fixed device tensors (data::StagedMlmBatch).
+  std::vector<data::StagedMlmBatch> staged(o.cuda_graph ? size_t(o.accumulation) : 0);
+  int64_t graph_captures = 0;  // the trainer's, at the last step
   TrainerState st;
 
   // Temporary files of checkpoint writes that a kill interrupted: never complete, never used.
@@ -382,6 +399,9 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
   hooks.eval_in_step_line = true;
   hooks.evaluate = [&](int64_t step) {
     const ValidResult vr = validate(model, data, o.valid_batches, comm, compute);
+    // Validation may replace cached tensors a captured step reads (the position constants of
+    // another length): the next step runs eagerly, the one after captures afresh.
+    if (o.cuda_graph) trainer.drop_graph();
     result.last_valid_loss = vr.loss;
     char line[512];
     std::snprintf(line, sizeof line,
@@ -427,8 +447,15 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
     // exactly like one rank with batch n * b. The counts come with the batches (no device read).
     std::vector<data::MlmBatch> micro(size_t(o.accumulation));
     double counts[2] = {0, 0};  // masked tokens, tokens
-    for (auto& b : micro) {
-      b = data.next_train().to(device);
+    bool restaged = false;      // graph mode: new device tensors, so a new capture
+    for (size_t m = 0; m < micro.size(); ++m) {
+      data::MlmBatch& b = micro[m];
+      b = data.next_train();
+      if (o.cuda_graph) {
+        restaged |= staged[m].stage(b, device);
+      } else {
+        b = b.to(device);
+      }
       counts[0] += double(b.num_predicted());
       counts[1] += double(b.num_tokens);
     }
@@ -437,10 +464,21 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
     std::vector<double> weights;
     for (const auto& b : micro)
       weights.push_back(counts[0] > 0 ? double(b.num_predicted()) / counts[0] : 0.0);
+    if (restaged) trainer.drop_graph();
+    const auto input = [&](size_t m) -> const data::MlmBatch& {
+      return o.cuda_graph ? staged[m].batch() : micro[m];
+    };
     const engine::StepStats s = loop.step(
         o.accumulation,
-        [&](int64_t m) { return model.pretrain_forward(micro[size_t(m)], gen).loss; }, weights);
+        [&](int64_t m) { return model.pretrain_forward(input(size_t(m)), gen).loss; }, weights);
     const int64_t step = trainer.steps_taken();
+    if (trainer.graph_captures() != graph_captures) {
+      graph_captures = trainer.graph_captures();
+      result.graph_launches = trainer.graph_launches();
+      if (root)
+        std::printf("cuda graph: step %lld captured; each later step replays it (%lld launches)\n",
+                    (long long)step, (long long)result.graph_launches);
+    }
     const double loss = s.loss;
     comm_exposed_s += s.comm_exposed_s;
     st.tokens += tokens;
@@ -458,7 +496,7 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
         model.train(false);
         engine::Generator unused(0);
         for (size_t m = 0; m < micro.size(); ++m) {
-          const double l = model.pretrain_forward(micro[m], unused).loss.item();
+          const double l = model.pretrain_forward(input(m), unused).loss.item();
           if (std::isfinite(l)) continue;
           where = "on micro-batch " + std::to_string(m + 1) + " of " +
                   std::to_string(micro.size()) +

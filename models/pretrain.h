@@ -79,6 +79,10 @@ struct PretrainOptions {
   std::string out_dir = "runs/pretrain";
   bool progress = true;    // a progress bar when stderr is a terminal
   int64_t bucket_mb = 25;  // data parallelism: gradient all-reduce bucket size (MiB)
+  // CUDA, one rank: each optimizer step replays one captured CUDA graph (train/trainer.h's graph
+  // mode); the batches are staged into fixed device tensors, their predictions padded to a
+  // capacity (data::StagedMlmBatch). Not for objectives with generator replacements (electra).
+  bool cuda_graph = false;
   // Extra metadata for every checkpoint and model.safetensors (not from the config): pretrain_app
   // records the tokenizer ("engine.tokenizer", "engine.tokenizer_lower_case") for finetune_app.
   std::map<std::string, std::string> checkpoint_metadata;
@@ -94,6 +98,7 @@ struct PretrainResult {
   double last_valid_loss =
       std::numeric_limits<double>::quiet_NaN();  // NaN: no validation in this call
   std::string final_checkpoint;
+  int64_t graph_launches = 0;  // train.cuda_graph: the launches one replay runs (0: no graph)
 };
 
 // Runs (or, with resume, continues) pretraining. `config_text` is stored in checkpoints for the

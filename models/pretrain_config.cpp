@@ -93,6 +93,7 @@ PretrainOptions read_train_options(const engine::ConfigSection& t) {
   o.out_dir = t.get_string("out_dir", o.out_dir);
   o.progress = t.get_bool("progress", o.progress);
   o.bucket_mb = t.get_int("bucket_mb", o.bucket_mb);
+  o.cuda_graph = t.get_bool("cuda_graph", o.cuda_graph);
   t.finish();
   auto check = [&](bool ok, const char* key, const std::string& what) {
     ENGINE_CHECK(ok, "[config] ", t.where(key), ": ", what);
@@ -109,6 +110,9 @@ PretrainOptions read_train_options(const engine::ConfigSection& t) {
   check(o.keep_last >= 1, "keep_last", "must be at least 1");
   check(!o.out_dir.empty(), "out_dir", "must not be empty");
   check(o.bucket_mb >= 1, "bucket_mb", "must be at least 1");
+  check(!o.cuda_graph || o.device.is_cuda(), "cuda_graph",
+        "needs train.device: cuda (a CUDA graph replays device work), got train.device: " +
+            o.device.str());
   return o;
 }
 

@@ -522,6 +522,57 @@ TEST_CASE("MLM batch files are validated", "[bert][batch]") {
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("a staged MLM batch: padded predictions keep the loss, refills in place, grows",
+          "[bert][batch]") {
+  // data::StagedMlmBatch (train.cuda_graph's inputs), here on the CPU: the same code as on a
+  // device.
+  const BertConfig c = engine::testing::tiny_bert("tupe_r");
+  BertForMaskedLM model(c, 3);
+  model.train(false);
+  engine::Generator g(1);
+  const auto loss_of = [&](const data::MlmBatch& b) { return model.forward(b, g).loss.item(); };
+  const data::MlmBatch h1 = engine::testing::host_mlm_batch(3, 12, c.vocab_size, 1);
+  const std::vector<int64_t> h1_ids = h1.inputs.input_ids.to_vector<int64_t>();
+  data::StagedMlmBatch staged;
+  REQUIRE(staged.stage(h1, engine::Device::cpu()));  // the first: allocated
+  const int64_t m = h1.num_predicted(), capacity = staged.batch().num_predicted();
+  CHECK(capacity == (m + 8 + 7) / 8 * 8);
+  const std::vector<int64_t> pos = staged.batch().positions.to_vector<int64_t>(),
+                             tgt = staged.batch().targets.to_vector<int64_t>();
+  CHECK(std::vector<int64_t>(pos.begin(), pos.begin() + m) == h1.positions.to_vector<int64_t>());
+  CHECK(std::vector<int64_t>(tgt.begin(), tgt.begin() + m) == h1.targets.to_vector<int64_t>());
+  for (int64_t i = m; i < capacity; ++i) {
+    CHECK(pos[size_t(i)] == 0);
+    CHECK(tgt[size_t(i)] == -100);
+  }
+  CHECK(loss_of(staged.batch()) == Approx(loss_of(h1)).epsilon(1e-6));
+  // Another batch of the same shapes (seed 6: the same count, other tokens and targets): refilled
+  // in place, and the first host batch is left as it was.
+  const void* ids_at = staged.batch().inputs.input_ids.raw_data();
+  const data::MlmBatch h2 = engine::testing::host_mlm_batch(3, 12, c.vocab_size, 6);
+  REQUIRE_FALSE(staged.stage(h2, engine::Device::cpu()));
+  CHECK(staged.batch().inputs.input_ids.raw_data() == ids_at);
+  CHECK(staged.batch().inputs.input_ids.to_vector<int64_t>() ==
+        h2.inputs.input_ids.to_vector<int64_t>());
+  CHECK(h1.inputs.input_ids.to_vector<int64_t>() == h1_ids);
+  CHECK(loss_of(staged.batch()) == Approx(loss_of(h2)).epsilon(1e-6));
+  // More predictions than the capacity: allocated afresh, the capacity grown by an eighth (>= 8).
+  std::vector<int64_t> all(36, 3);  // every token but the last row's 3 padding positions
+  std::fill(all.end() - 3, all.end(), int64_t{-100});
+  const data::MlmBatch many = data::make_mlm_batch(h1.inputs.input_ids, h1.inputs.attention_mask,
+                                                   Tensor::from_vector(all, {3, 12}),
+                                                   h1.inputs.token_type_ids, c.vocab_size, "test");
+  REQUIRE(many.num_predicted() == 33);
+  REQUIRE(staged.stage(many, engine::Device::cpu()));
+  CHECK(staged.batch().num_predicted() == 48);
+  CHECK(loss_of(staged.batch()) == Approx(loss_of(many)).epsilon(1e-6));
+  // A smaller batch fits the grown capacity; another shape does not.
+  REQUIRE_FALSE(staged.stage(h1, engine::Device::cpu()));
+  CHECK(loss_of(staged.batch()) == Approx(loss_of(h1)).epsilon(1e-6));
+  REQUIRE(
+      staged.stage(engine::testing::host_mlm_batch(2, 12, c.vocab_size, 1), engine::Device::cpu()));
+}
+
 TEST_CASE("model.embedding_size: embeddings of their own width, projected; JSON only when set",
           "[bert][config]") {
   BertConfig c = engine::testing::tiny_bert("tupe_r");

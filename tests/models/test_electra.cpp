@@ -230,6 +230,19 @@ TEST_CASE("ELECTRA pretraining resumes with bit-identical losses", "[electra][pr
   fs::remove_all(b_dir);
 }
 
+TEST_CASE("train.cuda_graph refuses ELECTRA before any step, naming why", "[electra][pretrain]") {
+  // Graph mode pads the predicted positions; ELECTRA writes its generator's samples there.
+  ElectraForPretraining m(engine::testing::synthetic_bert(), half(), 5);
+  engine::testing::SyntheticSource data;
+  const fs::path dir = engine::testing::fresh_dir("electra_graph");
+  PretrainOptions o = engine::testing::short_pretrain(dir);
+  o.cuda_graph = true;
+  REQUIRE_THROWS_WITH(pretrain(m, data, o, engine::testing::short_pretrain_adam(), 5, false),
+                      Contains("[pretrain] train.cuda_graph: the electra objective writes its "
+                               "generator's samples at the predicted positions"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("the objective and electra sections of a pretraining config are checked",
           "[electra][config]") {
   auto read = [](const std::string& yaml) {

@@ -177,6 +177,10 @@ TEST_CASE("train options from YAML are checked", "[pretrain][config]") {
                       Contains("'ignore' is not one of: stop, skip"));
   REQUIRE_THROWS_WITH(parse("train:\n  loss_scale:\n    grow: 3\n"),
                       Contains("unknown key 'train.loss_scale.grow'"));
+  REQUIRE_FALSE(parse("train:\n  steps: 5\n").cuda_graph);
+  REQUIRE_THROWS_WITH(parse("train:\n  cuda_graph: true\n"),
+                      Contains("t.yaml:2: train.cuda_graph: needs train.device: cuda") &&
+                          Contains("got train.device: cpu"));
 }
 
 TEST_CASE("a pretraining config: every section read and checked in one place, errors at the key",

@@ -1,7 +1,8 @@
 // [cuda] The pretraining loop with train.device cuda: a run interrupted after step 10 resumes
 // from its step-8 checkpoint with bit-identical losses on the same device, and checkpoints are
 // portable: one saved by a device run resumes on the CPU (and a CPU one on the device), and the
-// continued losses track the uninterrupted run of the other device within f32 rounding.
+// continued losses track the uninterrupted run of the other device within f32 rounding. And the
+// same loop with train.cuda_graph.
 #include <unistd.h>
 #include <catch2/catch.hpp>
 
@@ -30,28 +31,33 @@ using Synthetic = engine::testing::SyntheticSource;
 fs::path fresh_dir(const std::string& name) {
   return engine::testing::fresh_dir("cuda_pretrain_" + name);
 }
-PretrainOptions options(const fs::path& dir, engine::Device device) {
-  return engine::testing::short_pretrain(dir, device);
+// `graph`: train.cuda_graph (each step after the second replays one captured graph).
+PretrainOptions options(const fs::path& dir, engine::Device device, bool graph = false) {
+  PretrainOptions o = engine::testing::short_pretrain(dir, device);
+  o.cuda_graph = graph;
+  return o;
 }
 engine::AdamWOptions adam() { return engine::testing::short_pretrain_adam(); }
 
-std::vector<double> full_run(engine::Device device) {
-  const fs::path dir = fresh_dir("full_" + device.str());
+PretrainResult full_run(engine::Device device, bool graph = false) {
+  const fs::path dir = fresh_dir("full_" + device.str() + (graph ? "_graph" : ""));
   BertForMaskedLM model(tiny(), 5);
   Synthetic data;
-  std::vector<double> losses = pretrain(model, data, options(dir, device), adam(), 5, false).losses;
+  PretrainResult r = pretrain(model, data, options(dir, device, graph), adam(), 5, false);
   fs::remove_all(dir);
-  return losses;
+  return r;
 }
 
 // Trains on `first` until a simulated crash after step 10, then resumes on `second` from the
 // step-8 checkpoint; the losses of steps 9..12.
-std::vector<double> crash_and_resume(engine::Device first, engine::Device second) {
-  const fs::path dir = fresh_dir("resume_" + first.str() + "_" + second.str());
+std::vector<double> crash_and_resume(engine::Device first, engine::Device second,
+                                     bool graph = false) {
+  const fs::path dir =
+      fresh_dir("resume_" + first.str() + "_" + second.str() + (graph ? "_graph" : ""));
   {
     BertForMaskedLM model(tiny(), 5);
     Synthetic data;
-    REQUIRE_THROWS_WITH(pretrain(model, data, options(dir, first), adam(), 5, false, "",
+    REQUIRE_THROWS_WITH(pretrain(model, data, options(dir, first, graph), adam(), 5, false, "",
                                  [](int64_t step, double) {
                                    if (step == 10) throw engine::Error("simulated crash");
                                  }),
@@ -59,7 +65,7 @@ std::vector<double> crash_and_resume(engine::Device first, engine::Device second
   }
   BertForMaskedLM model(tiny(), 999);  // a different init: everything comes from the checkpoint
   Synthetic data;
-  PretrainResult r = pretrain(model, data, options(dir, second), adam(), 5, true);
+  PretrainResult r = pretrain(model, data, options(dir, second, graph), adam(), 5, true);
   REQUIRE(r.start_step == 8);
   fs::remove_all(dir);
   return r.losses;
@@ -77,7 +83,8 @@ void require_tracks(const std::vector<double>& got, const std::vector<double>& w
 
 TEST_CASE("device pretraining resumes bit for bit, and checkpoints move between devices",
           "[cuda][models][pretrain]") {
-  const std::vector<double> gpu = full_run(kGpu), cpu = full_run(engine::Device::cpu());
+  const std::vector<double> gpu = full_run(kGpu).losses,
+                            cpu = full_run(engine::Device::cpu()).losses;
   REQUIRE(gpu.size() == 12);
   REQUIRE(gpu.back() < gpu.front());  // it learns
   require_tracks(gpu, cpu, 0, 1e-5);  // the two devices agree step by step
@@ -91,6 +98,27 @@ TEST_CASE("device pretraining resumes bit for bit, and checkpoints move between 
   const std::vector<double> to_gpu = crash_and_resume(engine::Device::cpu(), kGpu);
   require_tracks(to_cpu, cpu, 8, 1e-5);
   require_tracks(to_gpu, gpu, 8, 1e-5);
+}
+
+TEST_CASE(
+    "train.cuda_graph: pretraining replays one captured step, tracks the eager run, resumes bit "
+    "for bit",
+    "[cuda][models][pretrain][graph]") {
+  // Dropout on, 2 micro-batches whose predicted counts vary (the staged batches pad them to a
+  // capacity: the loss is the same mean, its sum in another order), validation and checkpoints
+  // between replays.
+  const PretrainResult eager_run = full_run(kGpu), graph_run = full_run(kGpu, true);
+  const std::vector<double>&eager = eager_run.losses, &graph = graph_run.losses;
+  REQUIRE(eager_run.graph_launches == 0);
+  REQUIRE(graph_run.graph_launches > 0);
+  REQUIRE(graph.size() == 12);
+  require_tracks(graph, eager, 0, 1e-5);
+  // Resumed in graph mode from step 8: step 9 runs eagerly, 10 is captured, 11-12 replay; the
+  // same bits as the uninterrupted graph run (step 1 eager, 2 captured, validation after 6, 7
+  // eager, 8 captured).
+  const std::vector<double> resumed = crash_and_resume(kGpu, kGpu, true);
+  REQUIRE(resumed.size() == 4);
+  for (size_t i = 0; i < 4; ++i) REQUIRE(resumed[i] == graph[8 + i]);
 }
 
 TEST_CASE("train.device names an existing device or the run stops with one clear error",
