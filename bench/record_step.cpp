@@ -37,7 +37,8 @@ Records the device work of one training step of the config's model (forward, bac
 gradient statistics, clipping, AdamW) on cuda:0 as CSV: index, op, kernel launches, library
 GEMMs, minimum bytes, FLOPs, shapes, and each launch as kernel:blocks:threads; prints the
 device memory held between steps and the peak during the step (the allocator's counts), and
-the launches an encoder layer makes (a second step recorded at one layer fewer). In
+the launches an encoder layer makes (a second step recorded at one layer fewer) and those of
+the step captured as one CUDA graph (the trainer's graph mode, a third step recorded). In
 build-emu/, run with EMU_DRY_RUN=1 (nothing executes; the record and the memory counts are
 exact, the values are not). bench/perf_model.py turns the CSV into predicted times.
 --version prints the version and git commit; -h, --help this text.
@@ -96,10 +97,13 @@ struct Recorded {
   engine::StepStats stats;
   double seconds = 0;
   int64_t held = 0, peak = 0, predicted = 0;  // device bytes; the batch's predicted tokens
+  int64_t graph_launches = 0;                 // graph mode: the launches one replay runs
 };
 
+// `graph`: the trainer's graph mode (train/trainer.h): the recorded step is the capture, then
+// its replay.
 Recorded record(const models::PretrainConfig& pc, const models::BertConfig& mc, const Args& a,
-                engine::DType compute) {
+                engine::DType compute, bool graph = false) {
   const engine::Device gpu = engine::Device::cuda(0);
   models::BertForMaskedLM model(mc, pc.seed);
   model.train(true);
@@ -107,10 +111,12 @@ Recorded record(const models::PretrainConfig& pc, const models::BertConfig& mc, 
   engine::TrainerOptions opt;
   opt.clip_norm = pc.train.clip_norm;
   opt.loss_scale.enabled = compute == engine::DType::f16;
+  opt.cuda_graph = graph;
   engine::Trainer trainer(flat, pc.optim, {}, engine::constant_lr(pc.optim.lr), opt);
   const data::MlmBatch batch =
       random_batch(a.batch, a.seq, mc.vocab_size, mc.type_vocab_size > 0).to(gpu);
   engine::Generator gen(1);
+  trainer.set_graph_generator(&gen);
   const double one = 1.0;
   auto step = [&] {
     return trainer.step(1,
@@ -135,6 +141,7 @@ Recorded record(const models::PretrainConfig& pc, const models::BertConfig& mc, 
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.peak = memory.stats().peak_bytes;
   r.predicted = batch.num_predicted();
+  r.graph_launches = trainer.graph_launches();
   ENGINE_CHECK(r.stats.applied,
                "[record_step] the recorded step was skipped (non-finite gradients), "
                "so its record lacks the optimizer");
@@ -227,6 +234,14 @@ int run(const Args& a) {
         (long long)all, (long long)(all - less), (long long)(all - (all - less) * mc.num_layers),
         (long long)fewer.num_layers, (long long)less);
   }
+  // The same step in the trainer's graph mode: forward, backward, statistics and AdamW captured
+  // once and replayed with one launch; the host's work a step is then one upload (the step
+  // block), one graph launch and one read.
+  const int64_t captured = record(pc, mc, a, compute, true).graph_launches;
+  std::printf(
+      "captured step: %lld launches replayed as one CUDA graph (the eager step: %lld); the host "
+      "issues 3 calls a step: the step block's upload, the graph's launch, the statistics' read\n",
+      (long long)captured, (long long)launches_of(records));
   return 0;
 }
 
