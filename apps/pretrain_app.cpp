@@ -107,8 +107,9 @@ Single-batch mode (dropout off unless --dropout, constant learning rate optim.lr
                       weights 1/M (default 1)
   --time              after the steps print "timing: <n> steps <ms> ms/step <r> tokens/s
                       peak_rss_mb <m>": the mean over every step after the first (the warm-up;
-                      tokens = batch rows x columns x micro-batches; bench/bench_step.py); on a
-                      device also "device_peak_mb <m>", the most device memory held at once
+                      with train.cuda_graph after the second, the capture; tokens = batch rows x
+                      columns x micro-batches; bench/bench_step.py); on a device also
+                      "device_peak_mb <m>", the most device memory held at once
 
 Other options:
   --config CFG        YAML config: seed:, model: (sizes, position.preset, ...), optim:, data:,

@@ -107,9 +107,17 @@ void run_single_batch(PretrainModel& model, const engine::AdamWOptions& adam, ui
   engine::TrainerOptions options;
   options.clip_norm = 0;
   options.loss_scale = train.loss_scale;  // fp16: dynamic loss scaling (train.loss_scale)
+  // train.cuda_graph: the batch is the same device tensors every step, so the step replays one
+  // captured graph after the first two (step 1 warms up, step 2 is captured).
+  options.cuda_graph = train.cuda_graph;
   engine::Trainer trainer(
       flat, adam, [](const std::string& n) { return !engine::default_no_decay(n); },
       engine::constant_lr(adam.lr), options);
+  if (train.cuda_graph) trainer.set_graph_generator(&gen);
+  const int64_t first_timed = train.cuda_graph ? 3 : 2;  // after the warm-up (and the capture)
+  ENGINE_CHECK(!o.timing || o.steps >= first_timed,
+               "[pretrain_app] --time with "
+               "train.cuda_graph needs --steps 3 or more (step 1 warms up, step 2 is captured)");
 
   if (!o.dump.empty()) {
     // Step 1's forwards and backwards (a copy of the stream: the steps below draw the same masks):
@@ -148,17 +156,20 @@ void run_single_batch(PretrainModel& model, const engine::AdamWOptions& adam, ui
   using Clock = std::chrono::steady_clock;
   Clock::time_point timed_from;
   for (int64_t k = 1; k <= o.steps; ++k) {
-    if (k == 2) timed_from = Clock::now();  // step 1 is the warm-up (allocator, caches)
+    if (k == first_timed) timed_from = Clock::now();  // step 1: allocator, caches
     // "step k loss v": the loss before step k's update.
     const engine::StepStats s = trainer.step(
         micro, [&](int64_t) { return forward(gen, nullptr).loss; }, weights);
     std::printf("step %lld loss %.9g%s\n", (long long)k, s.loss,
                 s.applied ? "" : " (skipped: inf/NaN gradients)");
+    if (train.cuda_graph && k == 2)
+      std::printf("cuda graph: step 2 captured; each later step replays it (%lld launches)\n",
+                  (long long)trainer.graph_launches());
     std::fflush(stdout);
   }
   if (o.timing) {
     const double s = std::chrono::duration<double>(Clock::now() - timed_from).count();
-    const int64_t n = o.steps - 1;
+    const int64_t n = o.steps - first_timed + 1;
     const double tokens = double(batch.inputs.input_ids.numel()) * double(micro) * double(n);
     struct rusage ru {};
     getrusage(RUSAGE_SELF, &ru);

@@ -4,8 +4,9 @@
 # (OUT_DIR defaults to $OUT, the device tool's returned folder, else gpu_check_out/). By priority:
 #   1. the machine (nvidia-smi);
 #   2. the engine's bf16 step, B = 32, dropout on: BERT-Base s128 and BERT-Large s512, TUPE-R and
-#      BERT-A (pretrain_app --batch-file --time), then PyTorch + HF BERT eager (full and
-#      masked-only head) and torch.compile on the same GPU;
+#      BERT-A (pretrain_app --batch-file --time), each eager and as one captured CUDA graph
+#      (train.cuda_graph), then PyTorch + HF BERT eager (full and masked-only head) and
+#      torch.compile on the same GPU;
 #   3. the cuda op tests and model tests on the GPU; the PyTorch reference of the model against
 #      pretrain_app --device cuda (every preset and option once, dropout masks bit for bit, and
 #      ELECTRA);
@@ -73,11 +74,16 @@ steps() {
     echo "== $1"
     "$B/pretrain_app.sh" --config "configs/$1.yaml" --batch-file "$WORK/batch_$2.safetensors" \
       --steps 20 --time --dropout --device cuda --set train.precision=bf16 || return 1
+    # The same step replayed as one captured CUDA graph (train.cuda_graph; timed after step 2).
+    echo "== $1 graph"
+    "$B/pretrain_app.sh" --config "configs/$1.yaml" --batch-file "$WORK/batch_$2.safetensors" \
+      --steps 14 --time --dropout --device cuda --set train.precision=bf16 \
+      --set train.cuda_graph=true || return 1
   done
 }
 export -f steps
 export WORK LOGS B
-stage steps 120 steps
+stage steps 180 steps
 hf_models="base128 large512"
 [[ "$SKIP" == *" compile "* ]] || hf_models="$hf_models base128c"
 stage hf 180 python3 tools/gpu/hf_bench.py $hf_models
