@@ -80,6 +80,11 @@ void AdamW::check_slabs() const {
 
 namespace {
 
+void check_lr(double lr) {
+  ENGINE_CHECK(std::isfinite(lr) && lr >= 0, "[adamw] step lr must be a finite value >= 0, got ",
+               lr);
+}
+
 // As torch.optim.AdamW computes them in Python (doubles): beta ** step with a float step.
 AdamWStepScalars scalars_of(const AdamWOptions& o, double lr, int64_t step) {
   const double t = static_cast<double>(step);
@@ -96,8 +101,7 @@ AdamWStepScalars scalars_of(const AdamWOptions& o, double lr, int64_t step) {
 }  // namespace
 
 void AdamW::step(double lr, double grad_scale) {
-  ENGINE_CHECK(std::isfinite(lr) && lr >= 0, "[adamw] step lr must be a finite value >= 0, got ",
-               lr);
+  check_lr(lr);
   ENGINE_CHECK(std::isfinite(grad_scale) && grad_scale > 0,
                "[adamw] step grad_scale must be a finite value > 0, got ", grad_scale);
   check_slabs();
@@ -110,8 +114,7 @@ void AdamW::step(double lr, double grad_scale) {
 }
 
 std::array<double, 3> AdamW::next_step_scalars(double lr) const {
-  ENGINE_CHECK(std::isfinite(lr) && lr >= 0, "[adamw] step lr must be a finite value >= 0, got ",
-               lr);
+  check_lr(lr);
   const AdamWStepScalars s = scalars_of(options_, lr, step_ + 1);
   return {s.decay_factor, s.step_size, s.bias_correction2_sqrt};
 }

@@ -247,6 +247,13 @@ std::string latest_checkpoint(const std::string& out_dir) {
   return list.empty() ? "" : list.back().second.string();
 }
 
+void report_graph_capture(const engine::Trainer& trainer, int64_t step, int64_t& captures) {
+  if (trainer.graph_captures() == captures) return;
+  captures = trainer.graph_captures();
+  std::printf("cuda graph: step %lld captured; each later step replays it (%lld launches)\n",
+              (long long)step, (long long)trainer.graph_launches());
+}
+
 PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainOptions& o,
                         const engine::AdamWOptions& adam, uint64_t seed, bool resume,
                         const std::string& config_text,
@@ -472,13 +479,8 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
         o.accumulation,
         [&](int64_t m) { return model.pretrain_forward(input(size_t(m)), gen).loss; }, weights);
     const int64_t step = trainer.steps_taken();
-    if (trainer.graph_captures() != graph_captures) {
-      graph_captures = trainer.graph_captures();
-      result.graph_launches = trainer.graph_launches();
-      if (root)
-        std::printf("cuda graph: step %lld captured; each later step replays it (%lld launches)\n",
-                    (long long)step, (long long)result.graph_launches);
-    }
+    if (root) report_graph_capture(trainer, step, graph_captures);
+    if (trainer.graph_launches() > 0) result.graph_launches = trainer.graph_launches();
     const double loss = s.loss;
     comm_exposed_s += s.comm_exposed_s;
     st.tokens += tokens;

@@ -20,6 +20,7 @@
 #include "models/bert.h"
 #include "models/checkpoint.h"
 #include "train/loop.h"
+#include "train/trainer.h"
 
 namespace models {
 
@@ -100,6 +101,10 @@ struct PretrainResult {
   std::string final_checkpoint;
   int64_t graph_launches = 0;  // train.cuda_graph: the launches one replay runs (0: no graph)
 };
+
+// train.cuda_graph: when `trainer` captured its step since `captures` was last updated, prints
+// "cuda graph: step <step> captured; each later step replays it (<n> launches)" and updates it.
+void report_graph_capture(const engine::Trainer& trainer, int64_t step, int64_t& captures);
 
 // Runs (or, with resume, continues) pretraining. `config_text` is stored in checkpoints for the
 // record. `on_step` (optional) sees (step, loss) after each step.

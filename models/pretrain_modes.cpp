@@ -155,6 +155,7 @@ void run_single_batch(PretrainModel& model, const engine::AdamWOptions& adam, ui
   }
   using Clock = std::chrono::steady_clock;
   Clock::time_point timed_from;
+  int64_t graph_captures = 0;
   for (int64_t k = 1; k <= o.steps; ++k) {
     if (k == first_timed) timed_from = Clock::now();  // step 1: allocator, caches
     // "step k loss v": the loss before step k's update.
@@ -162,9 +163,7 @@ void run_single_batch(PretrainModel& model, const engine::AdamWOptions& adam, ui
         micro, [&](int64_t) { return forward(gen, nullptr).loss; }, weights);
     std::printf("step %lld loss %.9g%s\n", (long long)k, s.loss,
                 s.applied ? "" : " (skipped: inf/NaN gradients)");
-    if (train.cuda_graph && k == 2)
-      std::printf("cuda graph: step 2 captured; each later step replays it (%lld launches)\n",
-                  (long long)trainer.graph_launches());
+    report_graph_capture(trainer, k, graph_captures);
     std::fflush(stdout);
   }
   if (o.timing) {
