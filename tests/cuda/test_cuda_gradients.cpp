@@ -47,3 +47,30 @@ TEST_CASE("unscale_and_check_ and scale_ on the device agree with the CPU", "[cu
   Tensor bad = Tensor::from_vector<float>({1, inf, nan, 2, -inf}, {5}).to(kGpu);
   REQUIRE(unscale_and_check_(bad).to_vector<double>()[1] == 3.0);
 }
+
+TEST_CASE(
+    "unscale_and_check_ with its factor in device memory agrees with the CPU and the host "
+    "factor",
+    "[cuda]") {
+  // The trainer's step block: the factor read where the kernel runs, the statistics written into
+  // a slice of the block. Factor 1 skips the unscaling, as the host factor does.
+  Generator g(9);
+  for (const double factor : {0.125, 1.0}) {
+    INFO("factor " << factor);
+    Tensor h = Tensor::randn({1000}, g, 0, 0.1);
+    Tensor d = h.to(kGpu), d_host = h.to(kGpu);
+    Tensor block_h = Tensor::from_vector<double>({factor, -1, -1, 7}, {4});
+    Tensor block_d = block_h.to(kGpu);
+    unscale_and_check_(h, block_h.slice(0, 0, 1), block_h.slice(0, 1, 3));
+    unscale_and_check_(d, block_d.slice(0, 0, 1), block_d.slice(0, 1, 3));
+    const std::vector<double> want = unscale_and_check_(d_host, factor).to_vector<double>();
+    const std::vector<double> got = block_d.to_vector<double>(), cpu = block_h.to_vector<double>();
+    REQUIRE(got[1] == want[0]);  // the same kernel as the host factor's: the same bits
+    REQUIRE(got[1] == Approx(cpu[1]).epsilon(1e-12));
+    REQUIRE(got[2] == 0.0);
+    REQUIRE(cpu[2] == 0.0);
+    REQUIRE(got[3] == 7.0);  // nothing written past the statistics
+    REQUIRE(d.to_vector<float>() == h.to_vector<float>());
+    REQUIRE(d.to_vector<float>() == d_host.to_vector<float>());
+  }
+}
