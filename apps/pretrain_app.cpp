@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -22,6 +23,7 @@
 #include "engine/config.h"
 #include "engine/error.h"
 #include "engine/optim.h"
+#include "engine/safetensors.h"
 #include "engine/threads.h"
 #include "models/bert.h"
 #include "models/checkpoint.h"
@@ -39,6 +41,7 @@ const char* kUsage = R"(usage: pretrain_app --config CFG [--set KEY=VALUE ...] [
                                     [--verbose]
        pretrain_app prepare --tokenizer TOK --input FILE [FILE ...] --out DIR [--valid-ratio R]
                             [--seed S] [--overwrite] [--quiet] [--cased]
+       pretrain_app --config CFG --export-batches DIR [--set KEY=VALUE ...]
        pretrain_app --config CFG --batch-file BATCH [--steps N] [--init CKPT] [--save OUT]
                     [--dump OUT] [--dropout] [--micro-batches M] [--time]
        pretrain_app eval --init CKPT --corpus DIR [--split valid|train] [--batches N]
@@ -56,6 +59,16 @@ every key).
 Pretraining on a prepared corpus (data.corpus in the config):
   --resume            continue from the newest checkpoint in train.out_dir (bit-identical losses)
   --out DIR           set train.out_dir
+  --export-batches DIR
+                      train nothing: write what the run would start from and read, for an
+                      outside trainer to replay (tools/reference/train_reference.py):
+                      DIR/init.safetensors (the initial weights, a pretraining checkpoint),
+                      DIR/train.safetensors (the first train.steps x train.accumulation
+                      training batches, rows in order: input_ids, labels (-100 = not
+                      predicted), attention_mask (u8), token_type_ids and sentence_labels when
+                      the run has them; i32 unless named) and DIR/valid.safetensors (the
+                      train.valid_batches validation batches, the same tensors); the batch size
+                      and counts in their metadata
 
 Data preparation:
   train-tokenizer     train a SentencePiece BPE vocabulary (default 32768) from text files
@@ -130,7 +143,7 @@ command line.
 )";
 
 struct Args {
-  std::string config, init, out, device;
+  std::string config, init, out, device, export_dir;
   std::vector<std::string> sets;
   models::SingleBatchOptions batch;  // --batch-file and the options of its mode
   bool steps_given = false, count_params = false, resume = false;
@@ -167,6 +180,8 @@ Args parse_args(int argc, char** argv) {
       a.resume = true;
     else if (arg == "--out")
       a.out = p.value();
+    else if (arg == "--export-batches")
+      a.export_dir = p.value();
     else if (arg == "--device")
       a.device = p.device_value().str();
     else if (arg == "--steps") {
@@ -184,6 +199,10 @@ Args parse_args(int argc, char** argv) {
         "single-batch mode (--batch-file)");
   if (a.batch.timing && a.batch.steps < 2)
     usage_error("--time needs --steps 2 or more (one warm-up step)");
+  if (!a.export_dir.empty() && (!a.batch.batch_file.empty() || a.resume || a.count_params))
+    usage_error(
+        "--export-batches reads the corpus of the config: not with --batch-file, --resume or "
+        "--count-params");
   if (!a.batch.batch_file.empty() && (a.resume || !a.out.empty()))
     usage_error("--resume and --out belong to corpus pretraining, not to --batch-file");
   return a;
@@ -252,6 +271,69 @@ class CorpusSource : public models::BatchSource {
   data::BatchStream train_;
   data::EvalBatches valid_;
 };
+
+// --export-batches: the initial weights and the batches a run would read, for an outside trainer
+// (tools/reference/train_reference.py) to replay step for step.
+class BatchWriter {
+ public:
+  void add(const data::MlmBatch& b) {
+    const int64_t rows = b.inputs.input_ids.size(0), t = b.inputs.input_ids.size(1);
+    ENGINE_CHECK(seq_len_ == 0 || seq_len_ == t, "[pretrain_app] --export-batches: batches of ", t,
+                 " columns after ", seq_len_);
+    seq_len_ = t;
+    rows_ += rows;
+    append(ids_, b.inputs.input_ids);
+    append(labels_, b.labels);
+    const std::vector<int64_t> mask = b.inputs.attention_mask.defined()
+                                          ? b.inputs.attention_mask.to_vector<int64_t>()
+                                          : std::vector<int64_t>(size_t(rows * t), 1);
+    for (int64_t v : mask) mask_.push_back(uint8_t(v != 0));
+    if (b.inputs.token_type_ids.defined()) append(types_, b.inputs.token_type_ids);
+    if (b.sentence_labels.defined()) append(order_, b.sentence_labels);
+  }
+  void save(const std::string& path, engine::SafetensorsMetadata meta) const {
+    using engine::Tensor;
+    const engine::Shape shape{rows_, seq_len_};
+    engine::NamedTensors t{{"input_ids", Tensor::from_vector(ids_, shape)},
+                           {"labels", Tensor::from_vector(labels_, shape)},
+                           {"attention_mask", Tensor::from_vector(mask_, shape)}};
+    if (!types_.empty()) t.emplace_back("token_type_ids", Tensor::from_vector(types_, shape));
+    if (!order_.empty())
+      t.emplace_back("sentence_labels", Tensor::from_vector(order_, engine::Shape{rows_}));
+    meta["rows"] = std::to_string(rows_);
+    engine::save_safetensors(path, t, meta);
+  }
+
+ private:
+  static void append(std::vector<int32_t>& out, const engine::Tensor& t) {
+    for (int64_t v : t.to_vector<int64_t>()) out.push_back(int32_t(v));
+  }
+  int64_t rows_ = 0, seq_len_ = 0;
+  std::vector<int32_t> ids_, labels_, types_, order_;
+  std::vector<uint8_t> mask_;
+};
+
+void export_batches(const std::string& dir, const models::PretrainModel& model,
+                    models::BatchSource& source, const models::PretrainOptions& o,
+                    int64_t batch_size) {
+  std::filesystem::create_directories(dir);
+  models::save_checkpoint(dir + "/init.safetensors", model);
+  const int64_t n = o.steps * o.accumulation;
+  BatchWriter train;
+  for (int64_t i = 0; i < n; ++i) train.add(source.next_train());
+  train.save(dir + "/train.safetensors", {{"batch_size", std::to_string(batch_size)},
+                                          {"steps", std::to_string(o.steps)},
+                                          {"accumulation", std::to_string(o.accumulation)}});
+  BatchWriter valid;
+  const std::vector<data::MlmBatch> vb = source.valid_batches(o.valid_batches);
+  for (const data::MlmBatch& b : vb) valid.add(b);
+  valid.save(dir + "/valid.safetensors",
+             {{"batch_size", std::to_string(batch_size)}, {"batches", std::to_string(vb.size())}});
+  std::printf(
+      "exported to %s: init.safetensors, train.safetensors (%lld steps x %lld x %lld "
+      "sequences), valid.safetensors (%zu batches)\n",
+      dir.c_str(), (long long)o.steps, (long long)o.accumulation, (long long)batch_size, vb.size());
+}
 
 int run(const Args& args) {
   engine::Config cfg =
@@ -331,6 +413,12 @@ int run(const Args& args) {
   bo.shard = comm.rank();
   bo.num_shards = comm.size();
   CorpusSource source(*corpus, *tokenizer, bo);
+  if (!args.export_dir.empty()) {
+    ENGINE_CHECK(comm.size() == 1,
+                 "[pretrain_app] --export-batches runs in one process: start it without mpirun");
+    export_batches(args.export_dir, model, source, train_opt, bo.batch_size);
+    return 0;
+  }
   if (comm.is_root()) {
     std::printf("corpus %s: %lld train / %lld valid tokens; batches of %lld x %lld%s\n",
                 data_opt.corpus.c_str(), (long long)corpus->train().num_tokens(),
