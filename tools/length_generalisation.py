@@ -6,7 +6,10 @@ usage: length_generalisation.py --app PRETRAIN_APP --corpus DIR --out PREFIX
                                 [--lengths 128,256,512] [--batch-size 8] [--bucket 32]
                                 [--train-length 128] RUN[=LABEL] [RUN[=LABEL] ...]
 
-RUN is a pretrain_app run directory (its model.safetensors) or a checkpoint file. Each model is
+RUN is a pretrain_app run directory (its model.safetensors) or a checkpoint file. RUNs given the
+same LABEL (the seeds of one preset) form one row: the mean ± the standard deviation over them
+(n - 1 in the denominator) of every figure, and one curve, their mean, with a band of ± one
+standard deviation. Each model is
 evaluated with `pretrain_app eval --seq-len T --by-position` on the corpus's validation split
 (every batch, the fixed validation masks) at every length; a model with a learned position table
 shorter than T refuses it (a usage error), shown as "n/a". Writes
@@ -68,7 +71,7 @@ def main():
     os.makedirs(work, exist_ok=True)
 
     results = []
-    for spec in args.runs:
+    for i, spec in enumerate(args.runs):
         run, _, label = spec.partition("=")
         model = os.path.join(run, "model.safetensors") if os.path.isdir(run) else run
         if not os.path.exists(model):
@@ -77,7 +80,7 @@ def main():
         r = {"label": label, "model": model, "lengths": {}}
         for t in lengths:
             e = evaluate(args.app, model, args.corpus, t, args.batch_size,
-                         os.path.join(work, f"{label}_{t}.csv".replace("/", "_")))
+                         os.path.join(work, f"{i:02d}_{label}_{t}.csv".replace("/", "_")))
             r["lengths"][t] = e
             print(f"{label:40s} T={t:4d} " + ("n/a (learned position table)" if e is None else
                   f"loss {e['loss']:.4f} ppl {e['perplexity']:.2f}"), flush=True)
@@ -86,21 +89,43 @@ def main():
     with open(args.out + ".json", "w") as f:
         json.dump({"lengths": lengths, "train_length": train, "corpus": args.corpus, "runs": results}, f)
 
-    fmt = lambda e: "n/a" if e is None else f"{e['loss']:.3f} ({e['perplexity']:.0f})"  # noqa: E731
+    groups = {}  # label -> its runs, in the order first given
+    for r in results:
+        groups.setdefault(r["label"], []).append(r)
+
+    def stats(values):
+        """'m' or 'm ± s' (3 decimals) of the defined values; None when there are none."""
+        v = [x for x in values if x is not None]
+        if not v:
+            return None
+        m = sum(v) / len(v)
+        if len(v) == 1:
+            return f"{m:.3f}"
+        s = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
+        return f"{m:.3f} ± {s:.3f}"
+
+    def cell(runs, t):
+        es = [r["lengths"][t] for r in runs]
+        if any(e is None for e in es):
+            return "n/a"
+        m = sum(e["loss"] for e in es) / len(es)
+        return f"{stats([e['loss'] for e in es])} ({math.exp(m):.0f})"
+
     lines = ["| model | " + " | ".join(f"T = {t}" for t in lengths) +
              f" | T = {longest}: positions < {train} | ≥ {train} |",
              "|---|" + "---|" * (len(lengths) + 2)]
-    for r in results:
-        e = r["lengths"][longest]
+    for label, runs in groups.items():
         inside = outside = "n/a"
-        if e is not None:
-            a, b = span_loss(e["by_position"], 0, train), span_loss(e["by_position"], train, longest)
-            inside, outside = (f"{a:.3f}" if a is not None else "-"), (f"{b:.3f}" if b is not None else "-")
-        lines.append(f"| {r['label']} | " + " | ".join(fmt(r["lengths"][t]) for t in lengths) +
+        if all(r["lengths"][longest] is not None for r in runs):
+            rows = [r["lengths"][longest]["by_position"] for r in runs]
+            inside = stats([span_loss(x, 0, train) for x in rows]) or "-"
+            outside = stats([span_loss(x, train, longest) for x in rows]) or "-"
+        name = label if len(runs) == 1 else f"{label} ({len(runs)} runs)"
+        lines.append(f"| {name} | " + " | ".join(cell(runs, t) for t in lengths) +
                      f" | {inside} | {outside} |")
     with open(args.out + ".md", "w") as f:
         f.write("MLM loss (perplexity) on the validation split; n/a: a learned position table "
-                "cannot represent the length.\n\n" + "\n".join(lines) + "\n")
+                "cannot represent the length; several runs of one label: mean ± std.\n\n" + "\n".join(lines) + "\n")
     print("\n".join(lines))
 
     try:
@@ -110,21 +135,32 @@ def main():
     except ImportError:
         sys.exit("length_generalisation: the picture needs matplotlib (apt-get install python3-matplotlib)")
     fig, ax = plt.subplots(figsize=(10, 4.8))
-    for r in results:
-        e = r["lengths"][longest]
-        if e is None:
-            e = max((v for v in r["lengths"].values() if v is not None), key=lambda v: len(v["by_position"]),
-                    default=None)
+    for label, runs in groups.items():
+        curves = []
+        for r in runs:
+            e = r["lengths"][longest]
             if e is None:
-                continue
-        rows = e["by_position"]
-        xs, ys = [], []
-        for lo in range(0, len(rows), args.bucket):
-            v = span_loss(rows, lo, lo + args.bucket)
-            if v is not None:
-                xs.append(lo + args.bucket / 2)
-                ys.append(v)
-        ax.plot(xs, ys, label=r["label"], linewidth=1.4)
+                e = max((v for v in r["lengths"].values() if v is not None),
+                        key=lambda v: len(v["by_position"]), default=None)
+                if e is None:
+                    continue
+            rows = e["by_position"]
+            curve = {}
+            for lo in range(0, len(rows), args.bucket):
+                v = span_loss(rows, lo, lo + args.bucket)
+                if v is not None:
+                    curve[lo + args.bucket / 2] = v
+            curves.append(curve)
+        xs = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+        if not xs:
+            continue
+        ys = [sum(c[x] for c in curves) / len(curves) for x in xs]
+        line, = ax.plot(xs, ys, label=label if len(curves) == 1 else f"{label} (mean of {len(curves)})",
+                        linewidth=1.4)
+        if len(curves) > 1:
+            sd = [math.sqrt(sum((c[x] - y) ** 2 for c in curves) / (len(curves) - 1)) for x, y in zip(xs, ys)]
+            ax.fill_between(xs, [y - d for y, d in zip(ys, sd)], [y + d for y, d in zip(ys, sd)],
+                            color=line.get_color(), alpha=0.2, linewidth=0)
     ax.axvline(train, color="gray", linestyle="--", linewidth=1)
     ax.text(train, ax.get_ylim()[0], f" trained at T = {train}", va="bottom", fontsize=8, color="gray")
     ax.set_xlabel(f"position in the sequence (mean over buckets of {args.bucket})")

@@ -220,6 +220,23 @@ try:
           p.stdout + p.stderr)
 except (OSError, KeyError, ValueError, IndexError) as e:
     check(False, f"length_generalisation.py writes its table and data ({e})", p.stdout + p.stderr)
+# Runs sharing a label (seeds) make one row of mean ± std: the same model twice has std 0, and the
+# mean of a model with a different one lies between them.
+p2 = subprocess.run([sys.executable, tool, "--app", app, "--corpus", P("corpus"), "--out", P("grouped"),
+                     "--lengths", "64,128", "--train-length", "64", P("rel") + "=twice", P("rel") + "=twice",
+                     P("rel") + "=mixed", P("alibi") + "=mixed"], capture_output=True, text=True)
+try:
+    with open(P("grouped.md")) as f:
+        table = f.read()
+    twice = next(line for line in table.splitlines() if line.startswith("| twice (2 runs) |"))
+    mixed = next(line for line in table.splitlines() if line.startswith("| mixed (2 runs) |"))
+    a, b = rel["128"]["loss"], alibi["128"]["loss"]
+    m = float(mixed.split("|")[3].split("±")[0])
+    check(twice.split("|")[3].strip().startswith(f"{a:.3f} ± 0.000")
+          and abs(m - (a + b) / 2) < 1e-3 and "±" in mixed.split("|")[5],
+          "length_generalisation.py: runs of one label make one row of mean ± std", table)
+except (OSError, StopIteration, ValueError, IndexError, NameError) as e:
+    check(False, f"length_generalisation.py groups runs of one label ({e})", p2.stdout + p2.stderr)
 try:
     import matplotlib  # noqa: F401
     check(p.returncode == 0 and os.path.getsize(P("lengths.png")) > 1000, "length_generalisation.py draws the curve",
