@@ -128,6 +128,9 @@ for preset in ("bert_a", "tupe_r"):
            if "loss" in r and not close(r["loss"], ref.get(r["step"], {}).get("loss", 1e9))]
     check(len([r for r in eng if "loss" in r]) == STEPS and not bad,
           f"{preset}: every step's loss equals the reference's", str(bad[:5]))
+    bad = [(r["step"], r["tokens"], ref.get(r["step"], {}).get("tokens")) for r in eng
+           if "loss" in r and r["tokens"] != ref.get(r["step"], {}).get("tokens")]
+    check(not bad, f"{preset}: the tokens seen agree at every step", str(bad[:5]))
     bad = [(r["step"], r["grad_norm"], ref[r["step"]]["grad_norm"]) for r in eng
            if "grad_norm" in r and not close(r["grad_norm"], ref[r["step"]]["grad_norm"], 1e-3)]
     check(not bad, f"{preset}: every step's gradient norm equals the reference's", str(bad[:5]))

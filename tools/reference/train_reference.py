@@ -18,8 +18,8 @@ engine's; with --no-dropout there is none, as with the config's dropouts at 0) a
 weighted by their share of the step's predicted tokens (the engine's rule).
 
 Writes one JSON line per logged or validated step to --out, in the engine's metrics.jsonl keys
-(step, loss, lr, grad_norm; valid_loss, valid_accuracy over every predicted token of the
-validation batches), and prints them.
+(step, loss, lr, grad_norm, tokens; valid_loss, valid_accuracy over every predicted token of the
+validation batches), and prints them; name it RUN/metrics.jsonl for tools/plot_curves.py.
 """
 import argparse
 import json
@@ -141,6 +141,7 @@ def main():
     everything = list(model.P.values())
     out = open(a.out, "w")
     t0 = time.time()
+    tokens = 0  # non-padding tokens seen, as the engine's metrics count them
     for k in range(1, steps + 1):
         model.native_dropout = not a.no_dropout
         opt.zero_grad(set_to_none=True)
@@ -148,6 +149,7 @@ def main():
                  for m in range(accum)]
         counts = [int((mb[3] != -100).sum()) for mb in micro]
         loss_step = 0.0
+        tokens += sum(int(mb[1].sum()) for mb in micro)
         for mb, c in zip(micro, counts):
             loss, _ = model.mlm(*mb)
             w = c / sum(counts)
@@ -161,10 +163,10 @@ def main():
             opt.step()
         rec = None
         if k % a.log_every == 0 or k == steps:
-            rec = {"step": k, "loss": loss_step, "lr": lr, "grad_norm": float(norm)}
+            rec = {"step": k, "loss": loss_step, "lr": lr, "grad_norm": float(norm), "tokens": tokens}
         if a.valid_every and (k % a.valid_every == 0 or k == steps):
             vl, va = validate(model, valid, batch)
-            rec = rec or {"step": k}
+            rec = rec or {"step": k, "tokens": tokens}
             rec.update({"valid_loss": vl, "valid_accuracy": va})
         if rec:
             rec["seconds"] = round(time.time() - t0, 1)
