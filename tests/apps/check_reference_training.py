@@ -138,6 +138,21 @@ for preset in ("bert_a", "tupe_r"):
     bad = [(s, v, ref.get(s, {}).get("valid_loss")) for s, v in ev
            if not close(v, ref.get(s, {}).get("valid_loss", 1e9))]
     check(len(ev) == 3 and not bad, f"{preset}: every validation equals the reference's", str(ev) + str(bad))
+    # tools/reference/position_use.py: the model as trained scores the engine's last validation
+    # loss; with its position rows shuffled, something else.
+    if preset == "bert_a":
+        p = subprocess.run([sys.executable, os.path.join(ref_dir, "position_use.py"),
+                            P(f"eng_{preset}", "model.safetensors"), exp, "--shuffles", "1"],
+                           capture_output=True, text=True)
+        try:
+            lines = p.stdout.splitlines()
+            trained = float(lines[0].split("valid loss ")[1])
+            shuffled = float(lines[1].split("valid loss ")[1].split()[0])
+            check(p.returncode == 0 and close(trained, ev[-1][1]) and shuffled != trained,
+                  "position_use.py: the trained model scores the engine's last validation loss",
+                  p.stdout + p.stderr)
+        except (IndexError, ValueError):
+            check(False, "position_use.py prints both losses", p.stdout + p.stderr)
     # The curves must move: a test of two frozen models would pass too.
     check(eng[-1]["loss"] < eng[0]["loss"] - 0.1, f"{preset}: the loss falls over the run",
           f"{eng[0]['loss']} -> {eng[-1]['loss']}")
