@@ -25,19 +25,7 @@ except ImportError as e:  # pragma: no cover
 
 import bert_reference as ref  # noqa: E402
 import safetensors_io as st  # noqa: E402
-
-
-def mlm_loss(model, valid, batch):
-    n = valid["input_ids"].shape[0]
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for b in range(0, n, batch):
-            rows = {k: v[b:b + batch].long() for k, v in valid.items()}
-            loss, logits = model.mlm(rows["input_ids"], rows["attention_mask"],
-                                     rows.get("token_type_ids"), rows["labels"])
-            total += loss.item() * logits.shape[0]
-            count += logits.shape[0]
-    return total / count
+from train_reference import validate  # noqa: E402
 
 
 def main():
@@ -61,7 +49,7 @@ def main():
     batch = int(vmeta["batch_size"])
     T = valid["input_ids"].shape[1]
     torch.set_num_threads(1)
-    base = mlm_loss(ref.Reference(cfg, params), valid, batch)
+    base = validate(ref.Reference(cfg, params), valid, batch)[0]
     print(f"as trained:               valid loss {base:.4f}")
     g = torch.Generator().manual_seed(a.seed)
     for k in range(a.shuffles):
@@ -69,7 +57,7 @@ def main():
         table = params["bert.position.table"].clone()
         table[:T] = table[torch.randperm(T, generator=g)]
         p["bert.position.table"] = table
-        loss = mlm_loss(ref.Reference(cfg, p), valid, batch)
+        loss = validate(ref.Reference(cfg, p), valid, batch)[0]
         print(f"positions shuffled ({k + 1}/{a.shuffles}): valid loss {loss:.4f} ({loss - base:+.4f})")
     return 0
 
