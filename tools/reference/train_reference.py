@@ -121,7 +121,7 @@ def main():
         die(f"{init}: no engine.model_config in its metadata (not an engine checkpoint)")
     cfg = json.loads(meta["engine.model_config"])
     train, tmeta = load_batches(os.path.join(a.export, "train.safetensors"), "training")
-    valid, vmeta = load_batches(os.path.join(a.export, "valid.safetensors"), "validation")
+    valid, _ = load_batches(os.path.join(a.export, "valid.safetensors"), "validation")
     batch = int(tmeta["batch_size"])
     total = int(tmeta["steps"])
     accum = int(tmeta["accumulation"])
