@@ -521,10 +521,13 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
   const int64_t steps_this_run = loop.run(o.steps, one_step, hooks);
   if (result.final_checkpoint.empty()) result.final_checkpoint = latest_checkpoint(o.out_dir);
   result.final_step = trainer.steps_taken();
-  // A weights-only model next to the checkpoints, for --init and finetuning.
-  if (root && steps_this_run > 0) {
+  // A weights-only model next to the checkpoints, for --init and finetuning. A resumed run with
+  // no steps left writes it too when it is missing: killed after its last checkpoint but before
+  // this file, it would otherwise report a model it never wrote.
+  const fs::path model_path = out_dir / "model.safetensors";
+  if (root && (steps_this_run > 0 || (resume && !fs::exists(model_path)))) {
     try {
-      save_checkpoint((out_dir / "model.safetensors").string(), model, o.checkpoint_metadata);
+      save_checkpoint(model_path.string(), model, o.checkpoint_metadata);
     } catch (const engine::Error& e) {
       ENGINE_FAIL("[pretrain] cannot write the final model: ", e.what(), ". The checkpoint ",
                   result.final_checkpoint, " holds the same weights");

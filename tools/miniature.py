@@ -7,7 +7,7 @@ usage: miniature.py --bin DIR --corpus DIR --glue DIR --out DIR [options]
 
 Stages (--stage all runs them all, pretrain the first two, report only the last; work already
 done in --out is skipped, so an interrupted sweep continues where it stopped — a pretraining run
-killed before its one checkpoint, at the last step, starts again):
+resumes from its last checkpoint, every --save-every steps, or starts again if it has none):
   pretrain   pretrain_app --config CONFIG --set model.position.preset=P --set seed=S ... for every
              preset P and seed S = 1..--seeds (OUT/pre_P_sS, log OUT/pre_P_sS.log);
   scratch    the random-initialisation models of --scratch presets: the same config, one step at a
@@ -235,6 +235,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--valid-every", type=int, default=250)
     ap.add_argument("--valid-batches", type=int, default=16)
+    ap.add_argument("--save-every", type=int, default=0,
+                    help="pretraining checkpoint interval (0: only at the last step); an interrupted run "
+                         "resumes from its last checkpoint")
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--lrs", default="1e-3,3e-4", help="finetuning learning rates, in the order they are run")
     ap.add_argument("--epochs", type=int, default=3)
@@ -286,7 +289,7 @@ def main():
             if kind == "pretrained":
                 sets = {"train.steps": args.steps, "train.warmup_steps": args.warmup,
                         "train.valid_every": args.valid_every, "train.valid_batches": args.valid_batches,
-                        "train.save_every": args.steps, "train.keep_last": 1, "train.log_every": 100}
+                        "train.save_every": args.save_every or args.steps, "train.keep_last": 1, "train.log_every": 100}
             else:
                 sets = {"train.steps": 1, "train.warmup_steps": 0, "optim.lr": 1e-30, "train.valid_every": 1,
                         "train.valid_batches": 1, "train.save_every": 1, "train.keep_last": 1}

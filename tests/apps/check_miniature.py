@@ -3,7 +3,7 @@
 2 presets x 2 seeds pretrained, a random-initialisation row, 2 finetuning learning rates; the table's
 means, stds, chosen learning rates, validation losses and majority row must equal what the runs'
 own files say; a second invocation runs nothing, one with a finetuning result removed runs just
-that one; a preset that does not exist and a missing GLUE folder end with one clear message.
+that one; a pretraining run with --save-every stopped after a checkpoint resumes from it; a preset that does not exist and a missing GLUE folder end with one clear message.
 
 usage: check_miniature.py BIN_DIR WORKDIR
 """
@@ -161,6 +161,25 @@ os.remove(os.path.join(out, "ft", "pre_bert_a_s2", "RTE_lr1e-3", "results.json")
 p = sweep()
 check(p.returncode == 0 and "29 of 30 jobs already done, 1 to run" in p.stdout
       and "pre_bert_a_s2 RTE lr 1e-3 done" in p.stdout, "a removed result is run again, alone", p.stdout + p.stderr)
+
+# ---- --save-every: a pretraining run stopped after its last checkpoint resumes from it ------------
+res = P("resume")
+rargs = base + ["--out", res, "--presets", "bert_a", "--scratch", "", "--seeds", "1", "--stage", "pretrain",
+                "--save-every", "10"]
+p = subprocess.run(rargs, capture_output=True, text=True)
+run_dir = os.path.join(res, "pre_bert_a_s1")
+ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) if os.path.isdir(os.path.join(run_dir, "checkpoints")) else []
+check(p.returncode == 0 and ckpts, "--save-every leaves the run's checkpoints", p.stdout + p.stderr + str(ckpts))
+if p.returncode == 0 and ckpts:
+    first = open(os.path.join(run_dir, "model.safetensors"), "rb").read()
+    os.remove(os.path.join(run_dir, "model.safetensors"))  # as if killed after its last checkpoint
+    p = subprocess.run(rargs, capture_output=True, text=True)
+    log = open(run_dir + ".log").read()
+    check(p.returncode == 0 and "resum" in log.lower(),
+          "the interrupted run resumes from its checkpoint", p.stdout + p.stderr + log[-600:])
+    check(os.path.exists(os.path.join(run_dir, "model.safetensors"))
+          and open(os.path.join(run_dir, "model.safetensors"), "rb").read() == first,
+          "the resumed run writes the same model")
 
 # ---- bad input: one clear message ----------------------------------------------------------------
 p = subprocess.run(base + ["--out", P("bad"), "--presets", "nosuch"], capture_output=True, text=True)

@@ -5,6 +5,8 @@
     shapes) and .png (valid PNG files, the grid's size), summary.json with every head's measures;
   - --checkpoints: the evolution of one head over two checkpoints of a run, whose frames are the
     single dumps' matrices;
+  - tools/poscorr_table.py: the measures of several checkpoints per label, mean and std over
+    them against the single dumps' summary.json, the patterns counted, bad labels and runs;
   - malformed or mismatched checkpoints and bad command lines end with one clear message naming
     the file, key or flag, exit 1 or 2, never a crash.
 
@@ -189,6 +191,53 @@ png_size(path("evo/evolution_tupe_term_head2.png"))
 run(["--checkpoints", r, r, "--out", path("evo_r"), "--matrix", "relative_bias", "--head", "3"], 0,
     "evolution_relative_bias_head3", "evolution of a bias row")
 check(read_npy(path("evo_r/evolution_relative_bias_head3.npy"))[0] == (2, 1, 63), "bias evolution frames (1, 2T - 1)")
+
+# ---- tools/poscorr_table.py: the measures per label over checkpoints -------------------------
+table_tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "poscorr_table.py")
+
+
+def table(args, code, expect, what):
+    p = subprocess.run([sys.executable, table_tool, "--app", app] + args, capture_output=True, text=True)
+    text = p.stdout + p.stderr
+    ok = p.returncode == code and expect in text and "Traceback" not in text
+    check(ok, f"poscorr_table {what}: exit {p.returncode} (want {code}), output {text.strip()[-400:]!r} (want {expect!r})")
+    return p
+
+
+table(["--out", path("table"), f"{a}=tupe", f"{b}=tupe", f"{r}=bert_r", "--max-positions", "20"], 0,
+      "| tupe | tupe_term | 2 x 4 |", "two seeds and one")
+tj = json.load(open(path("table/table.json")))
+rows = {(row["label"], row["matrix"]): row for row in tj["rows"]}
+check(sorted(rows) == sorted([("tupe", "tupe_term"), ("tupe", "probe_logits"), ("bert_r", "ape_dot"),
+                              ("bert_r", "ape_qk"), ("bert_r", "relative_bias"), ("bert_r", "probe_logits")]),
+      f"poscorr_table rows {sorted(rows)}")
+dumps = [json.load(open(path(f"table/tupe_{k}/summary.json"))) for k in (1, 2)]
+check([d["checkpoint"] for d in dumps] == [a, b] and dumps[0]["positions"] == 20, "poscorr_table dumps each checkpoint")
+for key in ("translation_invariance", "symmetry", "monotonic_window_forward", "pattern_local_mass"):
+    per = [sum(h[key] for h in d["matrices"]["tupe_term"]["heads"]) / 4 for d in dumps]
+    m = (per[0] + per[1]) / 2
+    sd = abs(per[0] - per[1]) / 2 ** 0.5  # n - 1 = 1
+    got = rows[("tupe", "tupe_term")]["measures"][key]
+    check(abs(got["mean"] - m) < 1e-12 and abs(got["std"] - sd) < 1e-12, f"poscorr_table {key}: {got} vs {m}, {sd}")
+pats = rows[("tupe", "tupe_term")]["patterns"]
+want = {}
+for d in dumps:
+    for h in d["matrices"]["tupe_term"]["heads"]:
+        want[h["pattern"]] = want.get(h["pattern"], 0) + 1
+check(pats == want and sum(pats.values()) == 8, f"poscorr_table pattern counts {pats} vs {want}")
+check(rows[("bert_r", "ape_dot")]["heads_per_checkpoint"] == 1 and rows[("bert_r", "ape_dot")]["patterns"] == {},
+      "a single matrix is one 'head' without a pattern")
+check(rows[("bert_r", "relative_bias")]["measures"]["translation_invariance"]["std"] is None,
+      "one checkpoint has no std")
+table(["--out", path("table_f"), f"{a}=tupe", "--matrices", "tupe_term"], 0, "| tupe | tupe_term | 1 x 4 |",
+      "--matrices")
+check("probe_logits" not in open(path("table_f/table.md")).read(), "--matrices keeps only the named matrix")
+table(["--out", path("table_x"), f"{a}=mixed", f"{r}=mixed"], 1, "missing from some of its checkpoints",
+      "a label over two presets")
+table(["--out", path("table_x"), path("nothing") + "=x"], 1, "no such run directory or checkpoint", "missing run")
+table(["--out", path("table_x"), work + "=x"], 1, "no model.safetensors in this run directory", "a folder without a model")
+table(["--out", path("table_x"), f"{a}=a/b"], 1, "the label may hold only", "bad label")
+table(["--out", path("table_x"), "--app", path("nothing"), a], 1, "not an executable", "bad --app")
 
 # ---- malformed and mismatched checkpoints ----------------------------------------------------
 out = ["--out", path("bad")]
