@@ -8,8 +8,9 @@
 //    per-link traffic of a ring all-reduce, comparable across rank counts).
 // 2. A BERT MLM training step (forward + backward) on each rank: without communication, with the
 //    gradient all-reduce started bucket by bucket during backward (what pretrain_app does), and
-//    with one all-reduce after backward. "exposed" is the communication time backward did not
-//    hide, also as a share of the step.
+//    with one all-reduce after backward; and the forward alone (backward = step - forward, for
+//    bench/scaling_model.py --check-bench-comm). "exposed" is the communication time backward did
+//    not hide, also as a share of the step.
 // Rank 0 prints; every rank runs the same work.
 #include <algorithm>
 #include <chrono>
@@ -187,9 +188,10 @@ int main(int argc, char** argv) {
                                engine::Tensor::from_vector<int64_t>(labels, {batch, seq}), {},
                                cfg.vocab_size, "bench_comm");
       std::vector<double> exposed;
-      auto step = [&](int mode) {  // 0: local, 1: overlapped, 2: after backward
+      auto step = [&](int mode) {  // 0: local, 1: overlapped, 2: after backward, 3: forward only
         flat.zero_grad();
         models::MlmOutput out = model.forward(mlm, gen);
+        if (mode == 3) return;
         if (mode == 1) reducer.begin();
         out.loss.backward();
         if (mode != 0) {
@@ -198,6 +200,7 @@ int main(int argc, char** argv) {
         }
       };
       const double local = timed_ms(comm, device, iters, [&] { step(0); });
+      const double forward = timed_ms(comm, device, iters, [&] { step(3); });
       exposed.clear();
       const double overlapped = timed_ms(comm, device, iters, [&] { step(1); });
       const double exp_overlapped = comm.all_reduce(median(exposed), engine::ReduceOp::max);
@@ -208,13 +211,14 @@ int main(int argc, char** argv) {
         std::printf(
             "\nBERT step: %lld layers, hidden %lld, %lld heads, batch %lld x %lld tokens, %lld "
             "parameters "
-            "(%.1f MiB of f32 gradients), %lld bucket%s of %.0f MiB\n",
+            "(%.1f MiB of f32 gradients), %lld bucket%s of %g MiB, vocab %lld\n",
             (long long)cfg.num_layers, (long long)cfg.hidden_size, (long long)cfg.num_heads,
             (long long)batch, (long long)seq, (long long)flat.numel(),
             double(flat.numel()) * 4 / 1048576.0, (long long)reducer.num_buckets(),
-            reducer.num_buckets() == 1 ? "" : "s", bucket_mb);
+            reducer.num_buckets() == 1 ? "" : "s", bucket_mb, (long long)cfg.vocab_size);
         std::printf("%-34s %10s %12s %10s\n", "mode", "step_ms", "exposed_ms", "exposed");
         std::printf("%-34s %10.2f %12s %10s\n", "no communication", local, "-", "-");
+        std::printf("%-34s %10.2f %12s %10s\n", "forward only", forward, "-", "-");
         std::printf("%-34s %10.2f %12.2f %9.1f%%\n", "all-reduce in buckets, overlapped",
                     overlapped, exp_overlapped, 100.0 * exp_overlapped / overlapped);
         std::printf("%-34s %10.2f %12.2f %9.1f%%\n", "one all-reduce after backward", after,

@@ -60,7 +60,7 @@ LOGS="$DIR/sanitizer-logs"
 rm -rf "$LOGS"
 mkdir -p "$LOGS"
 status=0
-RELEASE_ONLY='^golden_numerics$|^a 50 MB input prepares in bounded memory$|^miniature_tool$'
+RELEASE_ONLY='^golden_numerics$|^a 50 MB input prepares in bounded memory$|^miniature_tool$|^scaling_model$'
 ASAN_OPTIONS="log_path=$LOGS/asan:detect_leaks=1:allocator_may_return_null=1:check_initialization_order=1:strict_string_checks=1" \
   UBSAN_OPTIONS="log_path=$LOGS/ubsan:print_stacktrace=1:halt_on_error=1" \
   ctest --test-dir "$DIR" --output-on-failure -j "$JOBS" -E "$RELEASE_ONLY" "$@" || status=$?
