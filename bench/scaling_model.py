@@ -218,7 +218,11 @@ def fit_alpha_beta(sweep, n):
 
 
 def check_bench_comm(path):
-    text = open(path).read()
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()
+    except OSError as e:
+        sys.exit(f"scaling_model: --check-bench-comm {path}: cannot read it ({e})")
     n, sweep, cfg, vocab, rows, exposed = parse_bench_comm(text)
     layers, hidden, heads, batch, seq, numel, nb, bucket_mb = cfg.groups()
     layers, hidden, heads, seq = int(layers), int(hidden), int(heads), int(seq)

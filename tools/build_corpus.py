@@ -209,8 +209,11 @@ def main():
 
     status = 0
     if args.compare:
-        with open(args.compare, encoding="utf-8") as f:
-            ref = f.read().split("\n\n")[:-1]
+        try:
+            with open(args.compare, encoding="utf-8", errors="strict") as f:
+                ref = f.read().split("\n\n")[:-1]
+        except (OSError, UnicodeDecodeError) as e:
+            fail(f"--compare {args.compare}: cannot read it as UTF-8 text ({e})")
         start = 0
         for k in ORDER:
             if k in parts:
@@ -232,8 +235,11 @@ def main():
     if args.out:
         text = "".join("\n".join(d) + "\n\n" for k in ORDER for d in parts[k])
         data = text.encode("utf-8")
-        with open(args.out, "wb") as f:
-            f.write(data)
+        try:
+            with open(args.out, "wb") as f:
+                f.write(data)
+        except OSError as e:
+            fail(f"--out {args.out}: cannot write it ({e})")
         digest = hashlib.sha256(data).hexdigest()
         n_docs = sum(len(parts[k]) for k in ORDER)
         print(f"wrote {args.out}: {n_docs} documents, {text.count(chr(10))} lines (the blank ones too), "

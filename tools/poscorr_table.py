@@ -88,7 +88,10 @@ def main():
             sys.exit(f"poscorr_table: {spec}: the label may hold only letters, digits and _ . + -")
         groups.setdefault(label, []).append(checkpoint_of(run))
 
-    os.makedirs(args.out, exist_ok=True)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        sys.exit(f"poscorr_table: --out {args.out}: cannot create it ({e})")
     summaries = {}
     for label, ckpts in groups.items():
         summaries[label] = []

@@ -106,9 +106,12 @@ def main():
         share = "n/a" if r["share_of_target_steps"] is None else f"{100 * r['share_of_target_steps']:.0f}%"
         print(f"| {r['label']} | {per} | {ms} | {share} | {r['never']} |")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"target": target, "target_from": args.target_from, "target_steps": ref_steps,
-                       "rows": rows}, f, indent=1)
+        try:
+            with open(args.json, "w") as f:
+                json.dump({"target": target, "target_from": args.target_from, "target_steps": ref_steps,
+                           "rows": rows}, f, indent=1)
+        except OSError as e:
+            sys.exit(f"steps_to_loss: --json {args.json}: cannot write it ({e})")
 
 
 if __name__ == "__main__":

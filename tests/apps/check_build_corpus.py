@@ -135,6 +135,10 @@ check(code == 1 and "neither a folder, a .zip nor a tar archive" in text, "not a
 code, text = run(["--inaugural", P("inaugural"), "--out", P("x.txt")])
 check(code == 2 and "--out needs all four sources: missing --gutenberg, --state-union, --imdb" in text,
       "--out with missing sources", text)
+code, text = run(["--inaugural", P("inaugural"), "--compare", P("nowhere.txt")])
+check(code == 1 and "--compare" in text and "cannot read it" in text, "a missing --compare file", text)
+code, text = run(srcs + ["--out", P("no_dir", "corpus.txt"), "--no-check"])
+check(code == 1 and "--out" in text and "cannot write it" in text, "an --out that cannot be written", text)
 bc.IMDB_FOLDERS[0] = ("train/pos", 3)
 code, text = run(["--imdb", P("aclImdb_v1.tar.gz"), "--compare", P("corpus.txt")])
 check(code == 1 and "train/pos has 2 reviews, expected 3" in text, "a review folder of the wrong size", text)

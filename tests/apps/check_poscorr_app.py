@@ -237,6 +237,7 @@ table(["--out", path("table_x"), f"{a}=mixed", f"{r}=mixed"], 1, "missing from s
 table(["--out", path("table_x"), path("nothing") + "=x"], 1, "no such run directory or checkpoint", "missing run")
 table(["--out", path("table_x"), work + "=x"], 1, "no model.safetensors in this run directory", "a folder without a model")
 table(["--out", path("table_x"), f"{a}=a/b"], 1, "the label may hold only", "bad label")
+table(["--out", os.path.join(a, "sub"), a], 1, "cannot create it", "an --out under a file")
 table(["--out", path("table_x"), "--app", path("nothing"), a], 1, "not an executable", "bad --app")
 
 # ---- malformed and mismatched checkpoints ----------------------------------------------------

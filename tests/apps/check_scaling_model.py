@@ -117,6 +117,9 @@ with open(f.name, "w") as g:
 p = subprocess.run([sys.executable, tool, "--check-bench-comm", f.name], capture_output=True, text=True)
 check(p.returncode == 1 and "not bench_comm's output" in p.stderr and "Traceback" not in p.stderr, "not bench_comm's output",
       p.stderr)
+p = subprocess.run([sys.executable, tool, "--check-bench-comm", f.name + ".missing"], capture_output=True, text=True)
+check(p.returncode == 1 and "cannot read it" in p.stderr and "Traceback" not in p.stderr, "a missing bench_comm file",
+      p.stderr)
 p = subprocess.run([sys.executable, tool, "--gpus", "8,x"], capture_output=True, text=True)
 check(p.returncode == 2 and "--gpus expects a comma-separated list of integers" in p.stderr, "a bad --gpus", p.stderr)
 p = subprocess.run([sys.executable, tool, "--models", "huge"], capture_output=True, text=True)

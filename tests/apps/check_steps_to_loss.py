@@ -89,6 +89,8 @@ tool_run(["--target", "1", empty], 1, "no validation rows (valid_loss)", "no val
 broken = run_dir("broken", [(100, 3.0)], ["{not json"])
 tool_run(["--target", "1", broken], 1, "metrics.jsonl:3: not a JSON row", "broken line named")
 tool_run(["--target-from", "zz", f"{ref1}=ref"], 1, "--target-from zz: no run has that label (labels: ref)", "unknown label")
+tool_run(["--target", "1", ref1, "--json", os.path.join(work, "nowhere", "x.json")], 1, "cannot write it",
+         "an unwritable --json")
 tool_run([ref1], 2, "one of the arguments --target --target-from is required", "no target")
 tool_run(["--target", "1", "--target-from", "ref", ref1], 2, "not allowed with argument", "both targets")
 
