@@ -230,7 +230,6 @@ def check_bench_comm(path):
     params = bert_parameters(layers, hidden, heads, v, max(seq, 128))
     model_numel = sum(p for _, p, _ in params)
     bl = buckets(params, int(float(bucket_mb) * 1048576), 4)
-    a, busbw = fit_alpha_beta(sweep, n)
     # the sizes a step reduces: fit over the sweep's points at or below the largest bucket
     biggest = max(b for b, _ in bl)
     near = [p for p in sweep if p[0] <= 4 * biggest] or sweep

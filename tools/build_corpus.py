@@ -56,7 +56,8 @@ def fail(msg):
 
 
 class Source:
-    """A .zip, a .tar.gz or a folder, read by relative path (its top folder found by a member)."""
+    """A .zip, a .tar.gz or a folder, read by relative path (its top folder found by a member); a
+    tar's files are read into memory in one pass (aclImdb: ~130 MB)."""
 
     def __init__(self, path, flag, probe):
         self.path, self.flag = path, flag
@@ -68,9 +69,15 @@ class Source:
                 self.kind, self.archive = "zip", zipfile.ZipFile(path)
                 names = self.archive.namelist()
             else:
+                # One sequential pass keeps every file's bytes: reading 100,000 reviews in file-name
+                # order from a .tar.gz would seek backwards, and each backward seek decompresses
+                # the stream again from its start.
                 try:
-                    self.kind, self.archive = "tar", tarfile.open(path)
-                    self.members = {m.name: m for m in self.archive.getmembers() if m.isfile()}
+                    self.kind, self.members = "tar", {}
+                    with tarfile.open(path, "r|*") as archive:
+                        for m in archive:
+                            if m.isfile():
+                                self.members[m.name] = archive.extractfile(m).read()
                     names = list(self.members)
                 except tarfile.TarError:
                     fail(f"{flag} {path}: neither a folder, a .zip nor a tar archive")
@@ -112,7 +119,7 @@ class Source:
             fail(f"{self.flag} {self.path}: no {rel} in the archive")
         if self.kind == "zip":
             return self.archive.read(name)
-        return self.archive.extractfile(self.members[name]).read()
+        return self.members[name]
 
 
 def text_of(raw):
