@@ -50,7 +50,8 @@ Protocol (defaults: the TUPE / BERT papers'):
   --max-len N          default 128 (GLUE), 384 (SQuAD)
   --doc-stride N       SQuAD window stride, default 128; --max-query-len N (default 64)
   --warmup-ratio R     linear warmup over this share of the steps, then linear decay (0.06)
-  --weight-decay W     AdamW (betas 0.9, 0.98, eps 1e-6), not on biases and LayerNorms (0.01)
+  --optim NAME         adamw (default) or lamb (apex FusedLAMB's rule: engine/optim.h)
+  --weight-decay W     betas 0.9, 0.98, eps 1e-6, decay not on biases and LayerNorms (0.01)
   --clip-norm C        gradient clipping (default 1.0; 0 = off)
   --dropout P          encoder and head dropout (default: the checkpoint's hidden/attention)
   --evals-per-epoch N  dev evaluations per epoch (default 1); the best one is kept
@@ -144,7 +145,11 @@ models::FinetuneJob parse_args(int argc, char** argv) {
       a.warmup_ratio = p.double_value(0, 1);
     else if (arg == "--weight-decay")
       a.weight_decay = p.double_value(0, 1);
-    else if (arg == "--clip-norm")
+    else if (arg == "--optim") {
+      a.optimizer = p.value();
+      if (a.optimizer != "adamw" && a.optimizer != "lamb")
+        usage_error("--optim expects adamw or lamb, got '" + a.optimizer + "'");
+    } else if (arg == "--clip-norm")
       a.clip_norm = p.double_value(0, 1e9);
     else if (arg == "--dropout")
       a.dropout = p.double_value(0, 0.99);

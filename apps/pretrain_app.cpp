@@ -101,7 +101,7 @@ Single-batch mode (dropout off unless --dropout, constant learning rate optim.lr
                       labels (B,T; -100 = not predicted), optional token_type_ids (B,T);
                       ELECTRA: optional replacements (M), the generator's draws to use;
                       mlm_sop: sentence_labels (B; 1 swapped, 0 in order, -100 none)
-  --steps N           AdamW steps on that batch (default 0: evaluate only); prints
+  --steps N           optimizer steps (optim.name) on that batch (default 0: evaluate only); prints
                       "step <k> loss <value>" with the loss before step k's update
   --init CKPT         start from this pretraining checkpoint (bert_mlm, bert_mlm_sop or
                       electra: not a finetuned one; its stored model config is used; a model
@@ -344,7 +344,7 @@ int run(const Args& args) {
   const models::PretrainConfig pc = models::PretrainConfig::read(cfg);  // every section, checked
   const models::DataOptions& data_opt = pc.data;
   const uint64_t seed = pc.seed;
-  const engine::AdamWOptions& adam = pc.optim;
+  const engine::OptimizerOptions& adam = pc.optim;
   models::PretrainOptions train_opt = pc.train;
   const bool corpus_mode = args.batch.batch_file.empty() && !args.count_params;
 

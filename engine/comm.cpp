@@ -5,8 +5,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -82,10 +84,29 @@ MPI_Datatype mpi_type(DType t, const char* what) {
       return MPI_INT64_T;
     case DType::u8:
       return MPI_UINT8_T;
+    case DType::bf16:
+      return MPI_FLOAT;  // MPI has no bf16: reduced in f32, rounded once (all_reduce_now)
     default:
       ENGINE_FAIL("[comm] ", what, " of a ", dtype_name(t),
-                  " CPU tensor: MPI reduces f32, f64, i32, i64 and u8 (convert first)");
+                  " CPU tensor: MPI reduces f32, f64, bf16 (in f32), i32, i64 and u8 (convert "
+                  "first)");
   }
+}
+
+float bf16_bits_to_float(uint16_t b) {
+  const uint32_t u = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// Round to nearest even, as the engine's other bf16 conversions (a NaN stays a quiet NaN).
+uint16_t float_to_bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
 }
 
 MPI_Op mpi_op(ReduceOp op) {
@@ -177,6 +198,8 @@ class MpiCommunicator final : public Communicator {
     ENGINE_CHECK(t.is_contiguous(), "[comm] all_reduce needs a contiguous tensor");
     ENGINE_CHECK(op != ReduceOp::avg || is_floating(t.dtype()),
                  "[comm] all_reduce avg of an integer tensor");
+    ENGINE_CHECK(op != ReduceOp::avg || t.dtype() != DType::bf16,
+                 "[comm] all_reduce avg of a bf16 CPU tensor: reduce with sum and scale");
     mpi_type(t.dtype(), "all_reduce");  // checked here, on the caller's thread
     auto work = std::make_unique<MpiWork>(*this, t, op);
     if (!worker_.joinable()) {
@@ -192,6 +215,21 @@ class MpiCommunicator final : public Communicator {
   // Blocking all-reduce of `t` in chunks (the communication thread, or inline).
   void all_reduce_now(const Tensor& t, ReduceOp op) {
     const MPI_Datatype type = mpi_type(t.dtype(), "all_reduce");
+    if (t.dtype() == DType::bf16) {
+      // Widened to f32, reduced, rounded to bf16 once (what NCCL's bf16 sum of two ranks gives;
+      // more ranks round once here, once per hop there). Plain bit arithmetic: this runs on the
+      // communication thread, which launches no tensor ops.
+      uint16_t* p = static_cast<uint16_t*>(t.raw_data());
+      std::vector<float> wide(static_cast<size_t>(std::min(kChunk, t.numel())));
+      for (int64_t at = 0; at < t.numel(); at += kChunk) {
+        const int n = static_cast<int>(std::min(kChunk, t.numel() - at));
+        for (int i = 0; i < n; ++i) wide[size_t(i)] = bf16_bits_to_float(p[at + i]);
+        check(MPI_Allreduce(MPI_IN_PLACE, wide.data(), n, MPI_FLOAT, mpi_op(op), MPI_COMM_WORLD),
+              "MPI_Allreduce");
+        for (int i = 0; i < n; ++i) p[at + i] = float_to_bf16_bits(wide[size_t(i)]);
+      }
+      return;
+    }
     char* p = static_cast<char*>(t.raw_data());
     const size_t esize = dtype_size(t.dtype());
     for (int64_t at = 0; at < t.numel(); at += kChunk) {

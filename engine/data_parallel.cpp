@@ -4,14 +4,23 @@
 #include <algorithm>
 #include <chrono>
 
+#include "engine/autograd.h"
 #include "engine/error.h"
 
 namespace engine {
 
 GradReducer::GradReducer(const FlatParameters& flat, Communicator& comm, int64_t bucket_bytes,
-                         ReduceOp op)
+                         ReduceOp op, DType reduce_dtype)
     : flat_(flat), comm_(comm), op_(op) {
   ENGINE_CHECK(bucket_bytes > 0, "[ddp] bucket_bytes must be positive");
+  ENGINE_CHECK(reduce_dtype == flat.grad().dtype() ||
+                   (reduce_dtype == DType::bf16 && flat.grad().dtype() == DType::f32),
+               "[ddp] gradients of ", dtype_name(flat.grad().dtype()), " reduce in their own dtype",
+               " or, from f32, in bf16; got ", dtype_name(reduce_dtype));
+  ENGINE_CHECK(reduce_dtype == flat.grad().dtype() || op == ReduceOp::sum,
+               "[ddp] a bf16 gradient all-reduce sums (ReduceOp::sum): scale the loss instead");
+  if (reduce_dtype != flat.grad().dtype() && comm.size() > 1)
+    wire_ = Tensor::empty({flat.grad().numel()}, reduce_dtype, flat.grad().device());
   const auto& entries = flat.entries();
   const int64_t esize = static_cast<int64_t>(dtype_size(flat.grad().dtype()));
   const int64_t total = flat.grad().numel();
@@ -49,7 +58,14 @@ void GradReducer::on_leaf_ready(const TensorImpl* leaf) {
 void GradReducer::start_ready_buckets(bool all) {
   while (next_ < buckets_.size() && (all || buckets_[next_].ready >= buckets_[next_].params)) {
     const Bucket& b = buckets_[next_];
-    works_.push_back(comm_.all_reduce_async(flat_.grad().slice(0, b.begin, b.end), op_));
+    Tensor g = flat_.grad().slice(0, b.begin, b.end);
+    if (wire_.defined()) {  // bf16 on the wire: the rounded copy goes (stream-ordered after it)
+      Tensor w = wire_.slice(0, b.begin, b.end);
+      NoGrad ng;
+      w.copy_(g);
+      g = w;
+    }
+    works_.push_back(comm_.all_reduce_async(g, op_));
     ++next_;
   }
 }
@@ -62,6 +78,10 @@ void GradReducer::finish() {
     const auto t0 = std::chrono::steady_clock::now();
     start_ready_buckets(true);
     for (auto& w : works_) w->wait();
+    if (wire_.defined()) {  // widened back into the f32 slab
+      NoGrad ng;
+      flat_.grad().copy_(wire_);
+    }
     exposed_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   // Ready for the next step.

@@ -16,6 +16,12 @@
 //     loss.backward();
 //   }
 //   reducer.finish();                 // gradients are now summed over the ranks
+//
+// reduce_dtype bf16 sends each bucket as bf16 (half the bytes of the f32 slab): the bucket is
+// rounded into a bf16 copy as it starts, reduced (NCCL: bf16 natively; MPI: widened to f32,
+// reduced, rounded once) and widened back into the f32 slab at finish(). The slab, the
+// accumulation of micro-batches into it, clipping and the optimizer stay f32. One rank reduces
+// nothing and rounds nothing. Bucket sizes count the slab's f32 bytes either way.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +39,7 @@ namespace engine {
 class GradReducer {
  public:
   GradReducer(const FlatParameters& flat, Communicator& comm, int64_t bucket_bytes = 25 << 20,
-              ReduceOp op = ReduceOp::sum);
+              ReduceOp op = ReduceOp::sum, DType reduce_dtype = DType::f32);
 
   // Installs the leaf hook for the backward(s) that follow on this thread.
   void begin();
@@ -59,6 +65,7 @@ class GradReducer {
   const FlatParameters& flat_;
   Communicator& comm_;
   ReduceOp op_;
+  Tensor wire_;  // reduce_dtype bf16: the slab's bf16 copy that travels (undefined for f32)
   std::vector<Bucket> buckets_;  // in launch order
   std::unordered_map<const TensorImpl*, int> bucket_of_;
   std::vector<std::unique_ptr<CommWork>> works_;

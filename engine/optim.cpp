@@ -36,57 +36,133 @@ bool default_no_decay(const std::string& name) {
   return contains_norm(leaf) || contains_norm(owner);
 }
 
-// ---- AdamW ------------------------------------------------------------------------------------
+// ---- the optimizers' shared part --------------------------------------------------------------
 
-AdamW::AdamW(FlatParameters& params, AdamWOptions options,
-             std::function<bool(const std::string&)> decay)
-    : params_(params), options_(options) {
+Optimizer::Optimizer(const char* name, FlatParameters& params, OptimizerOptions options,
+                     const std::function<bool(const std::string&)>& decay)
+    : name_(name), params_(params), options_(std::move(options)) {
   const Tensor& data = params.data();
-  ENGINE_CHECK(data.dtype() == DType::f32, "[adamw] parameters must be f32 (the master copy), got ",
+  const std::string tag = std::string("[") + name + "] ";
+  ENGINE_CHECK(data.dtype() == DType::f32, tag, "parameters must be f32 (the master copy), got ",
                describe(data), "; keep f32 parameters and cast copies for compute");
-  ENGINE_CHECK(std::isfinite(options.lr) && options.lr >= 0, "[adamw] lr must be >= 0, got ",
-               options.lr);
-  ENGINE_CHECK(options.beta1 >= 0 && options.beta1 < 1, "[adamw] beta1 must be in [0, 1), got ",
-               options.beta1);
-  ENGINE_CHECK(options.beta2 >= 0 && options.beta2 < 1, "[adamw] beta2 must be in [0, 1), got ",
-               options.beta2);
-  ENGINE_CHECK(std::isfinite(options.eps) && options.eps >= 0, "[adamw] eps must be >= 0, got ",
-               options.eps);
-  ENGINE_CHECK(std::isfinite(options.weight_decay) && options.weight_decay >= 0,
-               "[adamw] weight_decay must be >= 0, got ", options.weight_decay);
+  ENGINE_CHECK(std::isfinite(options_.lr) && options_.lr >= 0, tag, "lr must be >= 0, got ",
+               options_.lr);
+  ENGINE_CHECK(options_.beta1 >= 0 && options_.beta1 < 1, tag, "beta1 must be in [0, 1), got ",
+               options_.beta1);
+  ENGINE_CHECK(options_.beta2 >= 0 && options_.beta2 < 1, tag, "beta2 must be in [0, 1), got ",
+               options_.beta2);
+  ENGINE_CHECK(std::isfinite(options_.eps) && options_.eps >= 0, tag, "eps must be >= 0, got ",
+               options_.eps);
+  ENGINE_CHECK(std::isfinite(options_.weight_decay) && options_.weight_decay >= 0, tag,
+               "weight_decay must be >= 0, got ", options_.weight_decay);
+  options_.name = name;
 
   exp_avg_ = Tensor::zeros({params.numel()}, DType::f32, data.device());
   exp_avg_sq_ = Tensor::zeros({params.numel()}, DType::f32, data.device());
-  // Decay is per parameter, but the kernel runs once over the slab: a u8 mask (one byte against
+  // Decay is per parameter, but the kernels run once over the slab: a u8 mask (one byte against
   // the 28 bytes of p, g, m and v each element already moves) keeps every kernel a flat
-  // elementwise loop with no entry lookup, on the CPU and in a future CUDA kernel alike. Padding
-  // is 0 (it holds zeros either way).
+  // elementwise loop with no entry lookup. Padding is 0 (it holds zeros either way).
   std::vector<uint8_t> mask(static_cast<size_t>(params.numel()), 0);
   for (const FlatParameters::Entry& e : params.entries()) {
     const bool on = !decay || decay(e.name);
+    decayed_.push_back(on);
     std::fill_n(mask.begin() + e.offset, e.numel, static_cast<uint8_t>(on ? 1 : 0));
   }
   decay_mask_ = Tensor::from_vector(mask, {params.numel()}, data.device());
 }
 
-void AdamW::check_slabs() const {
+Optimizer::~Optimizer() = default;
+
+void Optimizer::check_slabs() const {
   const Tensor& data = params_.data();
   const Tensor& grad = params_.grad();
   ENGINE_CHECK(
       grad.dtype() == DType::f32 && grad.numel() == data.numel() && grad.device() == data.device(),
-      "[adamw] gradient slab ", describe(grad), " does not match the parameter slab ",
+      "[", name_, "] gradient slab ", describe(grad), " does not match the parameter slab ",
       describe(data));
 }
 
 namespace {
 
-void check_lr(double lr) {
-  ENGINE_CHECK(std::isfinite(lr) && lr >= 0, "[adamw] step lr must be a finite value >= 0, got ",
-               lr);
+void check_lr(const char* name, double lr) {
+  ENGINE_CHECK(std::isfinite(lr) && lr >= 0, "[", name,
+               "] step lr must be a finite value >= 0, got ", lr);
 }
 
+}  // namespace
+
+void Optimizer::step(double lr, double grad_scale) {
+  check_lr(name_, lr);
+  ENGINE_CHECK(std::isfinite(grad_scale) && grad_scale > 0, "[", name_,
+               "] step grad_scale must be a finite value > 0, got ", grad_scale);
+  check_slabs();
+  ++step_;
+  NoGrad ng;
+  apply(lr, grad_scale, Tensor(), 0.0);
+}
+
+void Optimizer::step_on_device(const Tensor& controls, double clip_norm) {
+  ENGINE_CHECK(std::isfinite(clip_norm) && clip_norm >= 0, "[", name_,
+               "] clip_norm must be 0 (off) or positive, got ", clip_norm);
+  check_slabs();
+  const Tensor& data = params_.data();
+  ENGINE_CHECK(controls.defined() && controls.dtype() == DType::f64 && controls.numel() == 5 &&
+                   controls.is_contiguous() && controls.device() == data.device(),
+               "[", name_, "] step_on_device: the controls must be a contiguous (5) f64 tensor on ",
+               data.device().str(), ", got ",
+               controls.defined() ? describe(controls) : std::string("an undefined tensor"));
+  NoGrad ng;
+  apply(0.0, 1.0, controls, clip_norm);
+}
+
+NamedTensors Optimizer::state() const {
+  return {{"optim.exp_avg", exp_avg_},
+          {"optim.exp_avg_sq", exp_avg_sq_},
+          {"optim.step", Tensor::scalar(static_cast<double>(step_), DType::i64)}};
+}
+
+void Optimizer::load_state(const NamedTensors& state) {
+  const Tensor* found[3] = {nullptr, nullptr, nullptr};
+  const char* names[3] = {"optim.exp_avg", "optim.exp_avg_sq", "optim.step"};
+  for (const auto& [name, t] : state) {
+    if (name.rfind("optim.", 0) != 0) continue;  // model weights etc. of a whole checkpoint
+    int k = 0;
+    while (k < 3 && name != names[k]) ++k;
+    ENGINE_CHECK(k < 3, "[", name_, "] load_state: unknown optimizer state '", name,
+                 "' (expected optim.exp_avg, optim.exp_avg_sq, optim.step)");
+    ENGINE_CHECK(found[k] == nullptr, "[", name_, "] load_state: '", name, "' is given twice");
+    ENGINE_CHECK(t.defined(), "[", name_, "] load_state: '", name, "' is undefined");
+    found[k] = &t;
+  }
+  for (int k = 0; k < 3; ++k)
+    ENGINE_CHECK(found[k] != nullptr, "[", name_, "] load_state: '", names[k], "' is missing");
+  for (int k = 0; k < 2; ++k) {
+    const Tensor& t = *found[k];
+    ENGINE_CHECK(t.dtype() == DType::f32 && t.shape() == Shape{params_.numel()}, "[", name_,
+                 "] load_state: '", names[k], "' is ", describe(t), " but this optimizer's is (",
+                 params_.numel(), ") f32 (saved for other parameters?)");
+  }
+  const Tensor& st = *found[2];
+  ENGINE_CHECK(st.dtype() == DType::i64 && st.numel() == 1, "[", name_,
+               "] load_state: 'optim.step' is ", describe(st), " but should be an i64 scalar");
+  const double step = st.item();
+  ENGINE_CHECK(step >= 0, "[", name_, "] load_state: 'optim.step' is ", step, ", expected >= 0");
+  NoGrad ng;
+  exp_avg_.copy_(*found[0]);
+  exp_avg_sq_.copy_(*found[1]);
+  step_ = static_cast<int64_t>(step);
+}
+
+// ---- AdamW ------------------------------------------------------------------------------------
+
+AdamW::AdamW(FlatParameters& params, OptimizerOptions options,
+             std::function<bool(const std::string&)> decay)
+    : Optimizer("adamw", params, std::move(options), decay) {}
+
+namespace {
+
 // As torch.optim.AdamW computes them in Python (doubles): beta ** step with a float step.
-AdamWStepScalars scalars_of(const AdamWOptions& o, double lr, int64_t step) {
+AdamWStepScalars adamw_scalars(const OptimizerOptions& o, double lr, int64_t step) {
   const double t = static_cast<double>(step);
   AdamWStepScalars s;
   s.beta1 = o.beta1;
@@ -100,79 +176,95 @@ AdamWStepScalars scalars_of(const AdamWOptions& o, double lr, int64_t step) {
 
 }  // namespace
 
-void AdamW::step(double lr, double grad_scale) {
-  check_lr(lr);
-  ENGINE_CHECK(std::isfinite(grad_scale) && grad_scale > 0,
-               "[adamw] step grad_scale must be a finite value > 0, got ", grad_scale);
-  check_slabs();
-  ++step_;
-  AdamWStepScalars s = scalars_of(options_, lr, step_);
-  s.grad_scale = grad_scale;
-  NoGrad ng;
+void AdamW::apply(double lr, double grad_scale, const Tensor& controls, double clip_norm) {
   const Tensor& data = params_.data();
+  // With device controls: the betas and eps; the rest from `controls`.
+  AdamWStepScalars s =
+      adamw_scalars(options_, controls.defined() ? 0.0 : lr, controls.defined() ? 1 : step_);
+  s.grad_scale = grad_scale;
+  s.controls = controls;
+  s.clip_norm = clip_norm;
   adamw_kernel(data.device(), data, params_.grad(), exp_avg_, exp_avg_sq_, decay_mask_, s);
 }
 
 std::array<double, 3> AdamW::next_step_scalars(double lr) const {
-  check_lr(lr);
-  const AdamWStepScalars s = scalars_of(options_, lr, step_ + 1);
+  check_lr(name_, lr);
+  const AdamWStepScalars s = adamw_scalars(options_, lr, step_ + 1);
   return {s.decay_factor, s.step_size, s.bias_correction2_sqrt};
 }
 
-void AdamW::step_on_device(const Tensor& controls, double clip_norm) {
-  ENGINE_CHECK(std::isfinite(clip_norm) && clip_norm >= 0,
-               "[adamw] clip_norm must be 0 (off) or positive, got ", clip_norm);
-  check_slabs();
+// ---- LAMB -------------------------------------------------------------------------------------
+
+Lamb::Lamb(FlatParameters& params, OptimizerOptions options,
+           std::function<bool(const std::string&)> decay)
+    : Optimizer("lamb", params, std::move(options), decay) {
+  // The chunks: each entry cut into kLambChunk pieces (entries start 16-aligned, so every chunk
+  // starts on a 16-byte vector).
+  std::vector<int64_t> chunks, first;
+  std::vector<uint8_t> trust;
+  const auto& entries = params.entries();
+  for (size_t k = 0; k < entries.size(); ++k) {
+    first.push_back(static_cast<int64_t>(chunks.size() / 3));
+    for (int64_t at = 0; at < entries[k].numel; at += kLambChunk) {
+      chunks.push_back(entries[k].offset + at);
+      chunks.push_back(std::min(kLambChunk, entries[k].numel - at));
+      chunks.push_back(static_cast<int64_t>(k));
+    }
+    // apex: the ratio where the group's decay is non-zero, or everywhere with use_nvlamb.
+    trust.push_back(options_.trust_ratio_all || (decayed()[k] && options_.weight_decay != 0) ? 1
+                                                                                             : 0);
+  }
+  layout_.num_chunks = static_cast<int64_t>(chunks.size() / 3);
+  layout_.num_tensors = static_cast<int64_t>(entries.size());
+  first.push_back(layout_.num_chunks);
+  const Device dev = params.data().device();
+  if (chunks.empty()) chunks.assign(3, 0);  // no elements at all: a placeholder, never read
+  layout_.chunks = Tensor::from_vector(chunks, {int64_t(chunks.size())}, dev);
+  layout_.tensor_chunks = Tensor::from_vector(first, {int64_t(first.size())}, dev);
+  layout_.trust = Tensor::from_vector(trust, {int64_t(trust.size())}, dev);
+  layout_.partials = Tensor::zeros({2 * std::max<int64_t>(1, layout_.num_chunks)}, DType::f64, dev);
+  layout_.step_scales = Tensor::zeros({layout_.num_tensors}, DType::f32, dev);
+}
+
+namespace {
+
+// As apex computes them on the host: 1 - beta^t (bias_correction=1).
+LambStepScalars lamb_scalars(const OptimizerOptions& o, double lr, int64_t step) {
+  const double t = static_cast<double>(step);
+  LambStepScalars s;
+  s.beta1 = o.beta1;
+  s.beta2 = o.beta2;
+  s.eps = o.eps;
+  s.weight_decay = o.weight_decay;
+  s.lr = lr;
+  s.bias_correction1 = 1.0 - std::pow(o.beta1, t);
+  s.bias_correction2 = 1.0 - std::pow(o.beta2, t);
+  return s;
+}
+
+}  // namespace
+
+std::array<double, 3> Lamb::next_step_scalars(double lr) const {
+  check_lr(name_, lr);
+  const LambStepScalars s = lamb_scalars(options_, lr, step_ + 1);
+  return {s.lr, s.bias_correction1, s.bias_correction2};
+}
+
+void Lamb::apply(double lr, double grad_scale, const Tensor& controls, double clip_norm) {
   const Tensor& data = params_.data();
-  ENGINE_CHECK(controls.defined() && controls.dtype() == DType::f64 && controls.numel() == 5 &&
-                   controls.is_contiguous() && controls.device() == data.device(),
-               "[adamw] step_on_device: the controls must be a contiguous (5) f64 tensor on ",
-               data.device().str(), ", got ",
-               controls.defined() ? describe(controls) : std::string("an undefined tensor"));
-  AdamWStepScalars s = scalars_of(options_, 0.0, 1);  // betas and eps; the rest from `controls`
+  LambStepScalars s =
+      lamb_scalars(options_, controls.defined() ? 0.0 : lr, controls.defined() ? 1 : step_);
+  s.grad_scale = grad_scale;
   s.controls = controls;
   s.clip_norm = clip_norm;
-  NoGrad ng;
-  adamw_kernel(data.device(), data, params_.grad(), exp_avg_, exp_avg_sq_, decay_mask_, s);
+  lamb_kernel(data.device(), data, params_.grad(), exp_avg_, exp_avg_sq_, decay_mask_, layout_, s);
 }
 
-NamedTensors AdamW::state() const {
-  return {{"optim.exp_avg", exp_avg_},
-          {"optim.exp_avg_sq", exp_avg_sq_},
-          {"optim.step", Tensor::scalar(static_cast<double>(step_), DType::i64)}};
-}
-
-void AdamW::load_state(const NamedTensors& state) {
-  const Tensor* found[3] = {nullptr, nullptr, nullptr};
-  const char* names[3] = {"optim.exp_avg", "optim.exp_avg_sq", "optim.step"};
-  for (const auto& [name, t] : state) {
-    if (name.rfind("optim.", 0) != 0) continue;  // model weights etc. of a whole checkpoint
-    int k = 0;
-    while (k < 3 && name != names[k]) ++k;
-    ENGINE_CHECK(k < 3, "[adamw] load_state: unknown optimizer state '", name,
-                 "' (expected optim.exp_avg, optim.exp_avg_sq, optim.step)");
-    ENGINE_CHECK(found[k] == nullptr, "[adamw] load_state: '", name, "' is given twice");
-    ENGINE_CHECK(t.defined(), "[adamw] load_state: '", name, "' is undefined");
-    found[k] = &t;
-  }
-  for (int k = 0; k < 3; ++k)
-    ENGINE_CHECK(found[k] != nullptr, "[adamw] load_state: '", names[k], "' is missing");
-  for (int k = 0; k < 2; ++k) {
-    const Tensor& t = *found[k];
-    ENGINE_CHECK(t.dtype() == DType::f32 && t.shape() == Shape{params_.numel()},
-                 "[adamw] load_state: '", names[k], "' is ", describe(t),
-                 " but this optimizer's is (", params_.numel(),
-                 ") f32 (saved for other parameters?)");
-  }
-  const Tensor& st = *found[2];
-  ENGINE_CHECK(st.dtype() == DType::i64 && st.numel() == 1, "[adamw] load_state: 'optim.step' is ",
-               describe(st), " but should be an i64 scalar");
-  const double step = st.item();
-  ENGINE_CHECK(step >= 0, "[adamw] load_state: 'optim.step' is ", step, ", expected >= 0");
-  NoGrad ng;
-  exp_avg_.copy_(*found[0]);
-  exp_avg_sq_.copy_(*found[1]);
-  step_ = static_cast<int64_t>(step);
+std::unique_ptr<Optimizer> make_optimizer(FlatParameters& params, const OptimizerOptions& options,
+                                          std::function<bool(const std::string&)> decay) {
+  if (options.name == "adamw") return std::make_unique<AdamW>(params, options, std::move(decay));
+  if (options.name == "lamb") return std::make_unique<Lamb>(params, options, std::move(decay));
+  ENGINE_FAIL("[optimizer] unknown optimizer '", options.name, "' (expected adamw or lamb)");
 }
 
 // ---- learning-rate schedule -------------------------------------------------------------------

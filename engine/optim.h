@@ -1,14 +1,18 @@
-// Optimizer pieces over a FlatParameters: AdamW (torch.optim.AdamW's arithmetic, amsgrad off) and
-// the linear warmup/decay learning rate schedule (transformers' get_linear_schedule_with_warmup).
-// The update runs as one kernel launch over the contiguous slabs, so its cost does not grow with
-// the number of parameters. Clipping, unscaling and the whole step: train/trainer.h.
+// Optimizer pieces over a FlatParameters: AdamW (torch.optim.AdamW's arithmetic, amsgrad off),
+// LAMB (You et al. 2019, as NVIDIA's BERT runs it: apex's FusedLAMB) and the linear warmup/decay
+// learning rate schedule (transformers' get_linear_schedule_with_warmup). Each update runs over the
+// contiguous slabs in a fixed number of kernel launches (AdamW one, LAMB three), so its cost does
+// not grow with the number of parameters. Clipping, unscaling and the whole step:
+// train/trainer.h.
 #pragma once
 
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/hd.h"
 #include "engine/kernel.h"
@@ -17,30 +21,40 @@
 
 namespace engine {
 
-// ---- AdamW ------------------------------------------------------------------------------------
+// ---- the optimizers -----------------------------------------------------------------------------
 
-struct AdamWOptions {
+// The hyperparameters of both optimizers (AdamW's defaults; NVIDIA's BERT runs LAMB with the same
+// betas, eps and decay).
+struct OptimizerOptions {
   double lr = 1e-4;  // the default for step(); a schedule usually passes its own lr each step
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-6;
   double weight_decay = 0.01;
+  std::string name = "adamw";  // make_optimizer: "adamw" | "lamb"
+  // LAMB: false applies the trust ratio to the tensors weight decay applies to (apex FusedLAMB's
+  // default, use_nvlamb=False, which NVIDIA's BERT pretraining uses: biases and LayerNorms step
+  // at lr); true to every tensor (NVLAMB). AdamW ignores it.
+  bool trust_ratio_all = false;
 };
+using AdamWOptions = OptimizerOptions;  // the name before LAMB; the same struct
 
 // True for parameters that conventionally get no weight decay: biases (the parameter's own name,
 // after the last '.', ends in "bias": "qkv.bias", "mlm.decoder_bias") and normalisation weights
 // (the parameter's name or its owning module's name, the component before it, contains "norm" in
 // any case: "encoder.layer.0.attention_norm.weight", "embeddings.LayerNorm.weight"). Pass
-// `[](const std::string& n) { return !default_no_decay(n); }` as AdamW's `decay`.
+// `[](const std::string& n) { return !default_no_decay(n); }` as the optimizer's `decay`.
 bool default_no_decay(const std::string& name);
 
-class AdamW {
+// What AdamW and LAMB share: Adam's two moment slabs, the decay mask, the step count, checkpoint
+// state and the step's entry points. The parameter slab must be f32 (the master copy); the
+// moment slabs are zero f32 slabs with its layout and device.
+class Optimizer {
  public:
-  // Keeps a reference to `params` (which must outlive it). `decay(entry name)` says whether weight
-  // decay applies to that parameter; an empty function means all of them. The parameter slab must
-  // be f32 (the master copy). The moment slabs are zero f32 slabs with the parameter slab's layout
-  // and device.
-  AdamW(FlatParameters& params, AdamWOptions options,
-        std::function<bool(const std::string&)> decay = {});
+  virtual ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  const char* name() const { return name_; }  // "adamw" | "lamb": messages and checkpoints
 
   // One update with learning rate `lr` (from a schedule) from the gradients in the grad slab, each
   // multiplied by `grad_scale` first (rounded to f32: the bits scale_(grad, grad_scale) and then a
@@ -53,35 +67,103 @@ class AdamW {
 
   // The step with its per-step numbers in device memory, for a step captured once and replayed as
   // a graph (train/trainer.h). `controls` is a contiguous (5) f64 tensor on the slab's device:
-  //   [decay_factor, step_size, bias_correction2_sqrt, sum of squared gradients, non-finite count]
-  // The first three are next_step_scalars(lr), written before each replay; the last two are
-  // unscale_and_check_'s statistics, written by the step itself. The kernel reads them where it
-  // runs: it changes nothing when the count is > 0 or the norm sqrt(sum) is not finite (the step
-  // is skipped), and otherwise multiplies each gradient by clip_coefficient(norm, clip_norm)
+  //   [s0, s1, s2, sum of squared gradients, non-finite count]
+  // s0-s2 are next_step_scalars(lr), written before each replay; the last two are
+  // unscale_and_check_'s statistics, written by the step itself. The kernels read them where they
+  // run: they change nothing when the count is > 0 or the norm sqrt(sum) is not finite (the step
+  // is skipped), and otherwise multiply each gradient by clip_coefficient(norm, clip_norm)
   // (clip_norm 0: by 1), the bits of step(lr, that coefficient). It does not count the step: the
   // caller reads the statistics afterwards and calls count_step() when it was applied.
   void step_on_device(const Tensor& controls, double clip_norm);
-  std::array<double, 3> next_step_scalars(double lr) const;
+  // AdamW: [decay factor, step size, sqrt(bias correction 2)]; LAMB: [lr, bias correction 1,
+  // bias correction 2], for the step after the ones taken.
+  virtual std::array<double, 3> next_step_scalars(double lr) const = 0;
   void count_step() { ++step_; }
-  const AdamWOptions& options() const { return options_; }
+  const OptimizerOptions& options() const { return options_; }
 
   // Checkpoint state: "optim.exp_avg" and "optim.exp_avg_sq" (the live f32 slabs, not copies:
-  // write them out before the next step) and "optim.step" (a fresh i64 scalar).
+  // write them out before the next step) and "optim.step" (a fresh i64 scalar). Both optimizers
+  // keep the same three: which one wrote them is the caller's to record (models/pretrain.cpp
+  // keeps name() in the checkpoint's metadata).
   NamedTensors state() const;
   // Copies the three entries above into this optimizer (any device; the moments must be f32 of
   // the slab's shape, the step an i64 scalar >= 0). Names outside "optim." are ignored, so a whole
   // checkpoint can be passed; a missing, repeated or unknown "optim." name is an error.
   void load_state(const NamedTensors& state);
 
- private:
+ protected:
+  // `decay(entry name)` says whether weight decay applies to that parameter; an empty function
+  // means all of them. Keeps a reference to `params` (which must outlive it).
+  Optimizer(const char* name, FlatParameters& params, OptimizerOptions options,
+            const std::function<bool(const std::string&)>& decay);
+  // The update: host scalars from (lr, grad_scale) at step_count(), or with `controls` defined,
+  // the device controls (step_on_device).
+  virtual void apply(double lr, double grad_scale, const Tensor& controls, double clip_norm) = 0;
+  // Whether weight decay applies to each entry, in entry order.
+  const std::vector<bool>& decayed() const { return decayed_; }
+
+  const char* name_;
   FlatParameters& params_;
-  AdamWOptions options_;
+  OptimizerOptions options_;
   Tensor exp_avg_, exp_avg_sq_;
   Tensor decay_mask_;  // u8, slab layout: 1 where weight decay applies
+  std::vector<bool> decayed_;
   int64_t step_ = 0;
 
+ private:
   void check_slabs() const;
 };
+
+// torch.optim.AdamW's update.
+class AdamW final : public Optimizer {
+ public:
+  AdamW(FlatParameters& params, OptimizerOptions options,
+        std::function<bool(const std::string&)> decay = {});
+  std::array<double, 3> next_step_scalars(double lr) const override;
+
+ private:
+  void apply(double lr, double grad_scale, const Tensor& controls, double clip_norm) override;
+};
+
+// LAMB's chunking of the slab, on the slab's device, built once (Lamb's constructor).
+inline constexpr int64_t kLambChunk = 4096;  // elements; a chunk never crosses a tensor
+inline constexpr int64_t kLambLanes = 256;   // the CUDA block's threads; the CPU sums as they do
+struct LambLayout {
+  Tensor chunks;         // i64 (3 x chunks): each chunk's start, length and tensor (entry) index
+  Tensor tensor_chunks;  // i64 (tensors + 1): each tensor's first chunk, then the chunk count
+  Tensor trust;          // u8 (tensors): 1 where the trust ratio applies
+  Tensor partials;       // f64 (2 x chunks) scratch: each chunk's sums of p^2 and u^2
+  Tensor step_scales;    // f32 (tensors) scratch: -(lr x ratio) of each tensor
+  int64_t num_chunks = 0, num_tensors = 0;
+};
+
+// LAMB as apex's FusedLAMB computes it (MOMENT_MODE_1, bias correction on, grad averaging on),
+// NVIDIA's BERT pretraining optimizer. Per element, with g the (clipped) gradient:
+//   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+//   u = (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps) + wd p   (wd where decay applies)
+// then per tensor, from that tensor's norms ||p|| and ||u|| (before the update):
+//   ratio = ||p|| / ||u||, or 1 when either is 0 or the trust ratio does not apply to it
+//   (options.trust_ratio_all; by default it applies where wd != 0 applies)
+//   p -= lr * ratio * u
+// Three launches, whatever the number of tensors: moments, u and per-chunk partial sums of p^2
+// and u^2 (chunks of kLambChunk elements that never cross a tensor); one block per tensor adds
+// its chunks and makes lr * ratio; the update (u recomputed from the stored moments: the same
+// bits, no slab of its own). Every sum in f64 in a fixed order, the CPU's the CUDA blocks' own, so
+// a step gives the same bits on either backend and from run to run.
+class Lamb final : public Optimizer {
+ public:
+  Lamb(FlatParameters& params, OptimizerOptions options,
+       std::function<bool(const std::string&)> decay = {});
+  std::array<double, 3> next_step_scalars(double lr) const override;
+
+ private:
+  void apply(double lr, double grad_scale, const Tensor& controls, double clip_norm) override;
+  LambLayout layout_;
+};
+
+// options.name's optimizer: "adamw" or "lamb" (anything else is an error naming both).
+std::unique_ptr<Optimizer> make_optimizer(FlatParameters& params, const OptimizerOptions& options,
+                                          std::function<bool(const std::string&)> decay = {});
 
 // The scalars of one AdamW step, computed on the host in double as PyTorch computes them in
 // Python; kernels round them to f32 where PyTorch's tensor ops do.
@@ -117,6 +199,13 @@ ENGINE_HD bool resolve_adamw_controls(const double* c, double clip_norm, double&
   bias_correction2_sqrt = c[2];
   grad_scale = clip_norm > 0 ? clip_coefficient(norm, clip_norm) : 1.0;
   return true;
+}
+
+// LAMB's trust ratio from a tensor's sums of squares (of p and of its update u), on the host and on
+// the device alike: ||p|| / ||u|| where it applies and both are non-zero, else 1.
+ENGINE_HD double lamb_trust_ratio(double sum_p2, double sum_u2, bool applies) {
+  const double wn = ::sqrt(sum_p2), un = ::sqrt(sum_u2);
+  return applies && wn > 0 && un > 0 ? wn / un : 1.0;
 }
 
 // ---- learning-rate schedule -------------------------------------------------------------------
@@ -160,5 +249,34 @@ class LinearSchedule {
 inline Kernel<void(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                    const Tensor& exp_avg_sq, const Tensor& decay_mask, const AdamWStepScalars& s)>
     adamw_kernel{"adamw"};
+
+// The scalars of one LAMB step, host doubles (the kernels round lr x ratio, the bias corrections,
+// the betas, eps, weight decay and grad_scale to f32 where the update uses them).
+struct LambStepScalars {
+  double beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  double lr = 0;
+  double bias_correction1 = 1, bias_correction2 = 1;  // 1 - beta^t
+  double grad_scale = 1;
+  // Lamb::step_on_device: the (5) f64 controls [lr, bias correction 1, bias correction 2, sum of
+  // squares, non-finite count], resolved by resolve_adamw_controls' rule (the first three in the
+  // place of its decay factor, step size and sqrt(bias correction 2)).
+  Tensor controls;
+  double clip_norm = 0;
+};
+
+// One LAMB step over whole slabs (param, grad, exp_avg, exp_avg_sq f32 and decay_mask u8, 1-D,
+// contiguous, one numel) with the layout's chunks. Per element, in f32 in this order:
+//   g = grad * f32(grad_scale)
+//   m = m * f32(beta1) + f32(1 - beta1) * g
+//   v = v * f32(beta2) + f32(1 - beta2) * g * g
+//   u = (m / f32(bc1)) / (sqrt(v / f32(bc2)) + f32(eps)) + (mask ? f32(wd) * p : 0)
+//   p = p + f32(-(lr * ratio)) * u
+// each chunk's sums of double(p)^2 and double(u)^2 in kLambLanes lanes (lane t: elements
+// 4 (t + 256 k) + j, k then j ascending) added in block_sum's butterfly order; each tensor's sums
+// over its chunks likewise (lane t: chunks t, t + 256, ...); ratio = sqrt(P) / sqrt(U) in f64.
+inline Kernel<void(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                   const Tensor& exp_avg_sq, const Tensor& decay_mask, const LambLayout& layout,
+                   const LambStepScalars& s)>
+    lamb_kernel{"lamb"};
 
 }  // namespace engine

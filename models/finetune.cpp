@@ -128,12 +128,13 @@ FinetuneResult finetune(BertForFinetuning& model, const std::vector<EncodedExamp
   const int64_t total = per_epoch * o.epochs;
   const int64_t steps = o.max_steps > 0 ? std::min(o.max_steps, total) : total;
 
-  engine::AdamWOptions adam;
+  engine::OptimizerOptions adam;
   adam.lr = o.lr;
   adam.beta1 = o.beta1;
   adam.beta2 = o.beta2;
   adam.eps = o.eps;
   adam.weight_decay = o.weight_decay;
+  adam.name = o.optimizer;
   const engine::LinearSchedule schedule =
       engine::LinearSchedule::with_warmup_ratio(o.lr, o.warmup_ratio, total);
   engine::LoopOptions loop_options;

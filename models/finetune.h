@@ -1,7 +1,7 @@
 // The finetuning loop, in the library so users can drive it from their own programs (finetune_app
-// is one such program): AdamW with a linear warmup then linear decay to 0, shuffled batches padded
-// to their longest row, gradient clipping, evaluation on dev during training and the best weights
-// by the task's score kept (restored into the model at the end). Data parallel over
+// is one such program): AdamW (or LAMB) with a linear warmup then linear decay to 0, shuffled
+// batches padded to their longest row, gradient clipping, evaluation on dev during training and the
+// best weights by the task's score kept (restored into the model at the end). Data parallel over
 // engine::world() like the pretraining loop.
 //
 // Also: batched prediction (sharded over the ranks, gathered on every rank) and the summary of a
@@ -29,7 +29,8 @@ struct FinetuneOptions {
   double warmup_ratio = 0.06;  // of the total steps, then linear decay to 0
   double weight_decay = 0.01;  // not on biases and LayerNorms
   double beta1 = 0.9, beta2 = 0.98, eps = 1e-6;
-  double clip_norm = 1.0;  // 0 = off; a step with inf/NaN gradients is skipped
+  std::string optimizer = "adamw";  // adamw | lamb (engine::make_optimizer)
+  double clip_norm = 1.0;           // 0 = off; a step with inf/NaN gradients is skipped
   int64_t evals_per_epoch =
       1;  // dev evaluations per epoch (at evenly spaced steps, the last at its end)
   int64_t max_steps =

@@ -177,6 +177,7 @@ void run_finetune_job(FinetuneJob args) {
   s.loop.batch_size = args.batch_size;
   s.loop.warmup_ratio = args.warmup_ratio;
   s.loop.weight_decay = args.weight_decay;
+  s.loop.optimizer = args.optimizer;
   s.loop.clip_norm = args.clip_norm;
   s.loop.evals_per_epoch = args.evals_per_epoch;
   s.loop.log_every = args.log_every;

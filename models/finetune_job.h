@@ -23,6 +23,7 @@ struct FinetuneJob {
   std::string dump;       // the single-batch dump file (dropout off, then stop); "": none
   engine::Device device = engine::Device::cpu();
   std::string precision = "f32";
+  std::string optimizer = "adamw";  // adamw | lamb
   std::vector<double> lrs = {2e-5, 3e-5, 4e-5, 5e-5};
   std::vector<uint64_t> seeds = {1, 2, 3, 4, 5};
   // -1: the task's default (epochs: 2 SQuAD, 5 MNLI / QNLI / QQP, 10 others; max_len: the

@@ -150,6 +150,7 @@ void save_training_checkpoint(const fs::path& path, const PretrainModel& model,
   // Weights + state, config in the metadata; temp file, fsync, rename.
   meta["engine.data_position"] = data.position();
   meta["engine.run_config"] = config_text;
+  meta["engine.optimizer"] = trainer.optimizer().name();
   save_checkpoint(path.string(), model, meta, state);
 }
 
@@ -170,6 +171,15 @@ void load_training_checkpoint(const fs::path& path, PretrainModel& model, engine
                  it == c.metadata.end() ? std::string("is missing") : it->second,
                  " differs from the config's ", value);
   }
+  // Both optimizers keep the same moments: the name tells them apart (a checkpoint from before
+  // LAMB has none and was AdamW's).
+  auto opt = c.metadata.find("engine.optimizer");
+  const std::string saved_by = opt == c.metadata.end() ? "adamw" : opt->second;
+  ENGINE_CHECK(
+      saved_by == trainer.optimizer().name(), "[pretrain] ", path.string(),
+      ": the checkpoint was trained with optim.name ", saved_by, " but the config says ",
+      trainer.optimizer().name(),
+      " (resume with the same optimizer, or start a new run from its weights with --init)");
   trainer.optimizer().load_state(c.tensors);
   trainer.scaler().load_state(c.tensors);
   auto need = [&](const char* name) {
@@ -255,7 +265,7 @@ void report_graph_capture(const engine::Trainer& trainer, int64_t step, int64_t&
 }
 
 PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainOptions& o,
-                        const engine::AdamWOptions& adam, uint64_t seed, bool resume,
+                        const engine::OptimizerOptions& adam, uint64_t seed, bool resume,
                         const std::string& config_text,
                         const std::function<void(int64_t, double)>& on_step) {
   engine::Communicator& comm = engine::world();
@@ -274,6 +284,8 @@ PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainO
   loop_options.trainer.clip_norm = o.clip_norm;
   loop_options.trainer.loss_scale = o.loss_scale;
   loop_options.trainer.bucket_mb = o.bucket_mb;
+  loop_options.trainer.grad_reduce_dtype =
+      o.grad_reduce_dtype == "bf16" ? engine::DType::bf16 : engine::DType::f32;
   loop_options.trainer.cuda_graph = o.cuda_graph;
   if (o.cuda_graph) {
     ENGINE_CHECK(comm.size() == 1,

@@ -78,8 +78,9 @@ struct PretrainOptions {
   int64_t save_every = 500;  // 0 = only at the end
   int64_t keep_last = 3;
   std::string out_dir = "runs/pretrain";
-  bool progress = true;    // a progress bar when stderr is a terminal
-  int64_t bucket_mb = 25;  // data parallelism: gradient all-reduce bucket size (MiB)
+  bool progress = true;                   // a progress bar when stderr is a terminal
+  int64_t bucket_mb = 25;                 // data parallelism: gradient all-reduce bucket size (MiB)
+  std::string grad_reduce_dtype = "f32";  // f32 | bf16: the all-reduce's dtype on the wire
   // CUDA, one rank: each optimizer step replays one captured CUDA graph (train/trainer.h's graph
   // mode); the batches are staged into fixed device tensors, their predictions padded to a
   // capacity (data::StagedMlmBatch). Not for objectives with generator replacements (electra).
@@ -115,7 +116,7 @@ void report_graph_capture(const engine::Trainer& trainer, int64_t step, int64_t&
 // last micro-batch's backward, the loss is the mean over every masked token of the global batch;
 // validation batches are spread over the ranks; only rank 0 writes checkpoints, metrics and logs.
 PretrainResult pretrain(PretrainModel& model, BatchSource& data, const PretrainOptions& options,
-                        const engine::AdamWOptions& adam, uint64_t seed, bool resume,
+                        const engine::OptimizerOptions& adam, uint64_t seed, bool resume,
                         const std::string& config_text = "",
                         const std::function<void(int64_t, double)>& on_step = {});
 

@@ -8,13 +8,15 @@
 
 namespace models {
 
-engine::AdamWOptions read_optim_options(const engine::ConfigSection& t) {
-  engine::AdamWOptions o;
+engine::OptimizerOptions read_optim_options(const engine::ConfigSection& t) {
+  engine::OptimizerOptions o;
   o.lr = t.get_double("lr", o.lr);
   o.beta1 = t.get_double("beta1", o.beta1);
   o.beta2 = t.get_double("beta2", o.beta2);
   o.eps = t.get_double("eps", o.eps);
   o.weight_decay = t.get_double("weight_decay", o.weight_decay);
+  o.name = t.get_string("name", o.name);
+  const std::string trust = t.get_string("trust_ratio", "decayed");
   t.finish();
   auto check = [&](bool ok, const char* key, const std::string& what) {
     ENGINE_CHECK(ok, "[config] ", t.where(key), ": ", what);
@@ -25,6 +27,12 @@ engine::AdamWOptions read_optim_options(const engine::ConfigSection& t) {
   check(std::isfinite(o.eps) && o.eps >= 0, "eps", "must be a finite value >= 0");
   check(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "weight_decay",
         "must be a finite value >= 0");
+  check(o.name == "adamw" || o.name == "lamb", "name",
+        "must be adamw or lamb, got '" + o.name + "'");
+  check(trust == "decayed" || trust == "all", "trust_ratio",
+        "must be decayed (LAMB's ratio where weight decay applies, apex's default) or all, got '" +
+            trust + "'");
+  o.trust_ratio_all = trust == "all";
   return o;
 }
 
@@ -93,6 +101,7 @@ PretrainOptions read_train_options(const engine::ConfigSection& t) {
   o.out_dir = t.get_string("out_dir", o.out_dir);
   o.progress = t.get_bool("progress", o.progress);
   o.bucket_mb = t.get_int("bucket_mb", o.bucket_mb);
+  o.grad_reduce_dtype = t.get_choice("grad_reduce_dtype", o.grad_reduce_dtype, {"f32", "bf16"});
   o.cuda_graph = t.get_bool("cuda_graph", o.cuda_graph);
   t.finish();
   auto check = [&](bool ok, const char* key, const std::string& what) {

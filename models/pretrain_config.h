@@ -38,7 +38,7 @@ struct PretrainConfig {
   // data.segment_pairs) or electra (models/electra.h)
   std::string objective = "mlm";
   ElectraConfig electra;  // the `electra:` section (objective: electra only)
-  engine::AdamWOptions optim;
+  engine::OptimizerOptions optim;
   DataOptions data;
   PretrainOptions train;
 
@@ -61,7 +61,7 @@ struct PretrainConfig {
 std::unique_ptr<PretrainModel> load_pretrain_model(const std::string& checkpoint);
 
 // The sections on their own (each is what read() uses).
-engine::AdamWOptions read_optim_options(const engine::ConfigSection& optim);
+engine::OptimizerOptions read_optim_options(const engine::ConfigSection& optim);
 DataOptions read_data_options(const engine::ConfigSection& data);
 PretrainOptions read_train_options(const engine::ConfigSection& train);
 // `key` of section `s` as a device ("cpu", "cuda", "cuda:N"); the error names file, line and key.

@@ -71,7 +71,7 @@ std::vector<engine::Tensor> dropout_masks(const engine::Tensor& loss) {
 
 }  // namespace
 
-void run_single_batch(PretrainModel& model, const engine::AdamWOptions& adam, uint64_t seed,
+void run_single_batch(PretrainModel& model, const engine::OptimizerOptions& adam, uint64_t seed,
                       const PretrainOptions& train, const SingleBatchOptions& o) {
   const BertConfig& config = model.config();
   const engine::Device device = train.device;

@@ -30,7 +30,7 @@ struct SingleBatchOptions {
 // Runs the single-batch mode on `model` (already initialised or loaded) with `train`'s device,
 // precision and loss scaling: the library's training step (Trainer) at the constant learning rate
 // adam.lr, without clipping (the PyTorch reference runs plain AdamW).
-void run_single_batch(PretrainModel& model, const engine::AdamWOptions& adam, uint64_t seed,
+void run_single_batch(PretrainModel& model, const engine::OptimizerOptions& adam, uint64_t seed,
                       const PretrainOptions& train, const SingleBatchOptions& options);
 
 struct CorpusEvalOptions {

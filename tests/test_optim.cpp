@@ -1,10 +1,13 @@
-// The optimizer pieces: AdamW against a double-precision transcription of torch.optim.AdamW's
-// update, hand-computed first steps, checkpoint state, gradient clipping and the linear schedule.
+// The optimizer pieces: AdamW and LAMB against double-precision transcriptions of their updates
+// (torch.optim.AdamW's, apex FusedLAMB's), hand-computed first steps, checkpoint state, gradient
+// clipping and the linear schedule.
 #include <catch2/catch.hpp>
 
 #include <array>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <string>
 
 #include "engine/optim.h"
 #include "ops/ops.h"
@@ -67,7 +70,7 @@ TEST_CASE("default_no_decay picks biases and norm weights", "[optim]") {
 TEST_CASE("adamw matches a double-precision reference over several steps", "[optim]") {
   NamedTensors ps = make_params(7);
   FlatParameters flat(ps);
-  AdamWOptions opt;
+  OptimizerOptions opt;
   opt.beta1 = 0.85;
   opt.beta2 = 0.98;
   opt.eps = 1e-6;
@@ -133,7 +136,7 @@ TEST_CASE("adamw matches a double-precision reference over several steps", "[opt
 TEST_CASE("adamw decays only the chosen entries", "[optim]") {
   NamedTensors ps = make_params(11);
   FlatParameters flat(ps);
-  AdamWOptions opt;
+  OptimizerOptions opt;
   opt.weight_decay = 0.5;
   AdamW adamw(flat, opt, decays);
   std::vector<float> before = flat.data().to_vector<float>();
@@ -162,7 +165,7 @@ TEST_CASE("adamw first step by hand: update is lr * g / (|g| + eps)", "[optim]")
   NamedTensors ps = {{"w", Tensor::from_vector<float>({1.0f}, {1}).set_requires_grad()},
                      {"b_bias", Tensor::from_vector<float>({0.5f}, {1}).set_requires_grad()}};
   FlatParameters flat(ps);
-  AdamWOptions opt;
+  OptimizerOptions opt;
   opt.weight_decay = 0.01;
   opt.eps = 1e-6;
   AdamW adamw(flat, opt, decays);
@@ -188,48 +191,52 @@ TEST_CASE("adamw first step by hand: update is lr * g / (|g| + eps)", "[optim]")
   REQUIRE(std::abs(ps[1].second.item() - 0.5 - 0.1) < 1e-6);
 }
 
-TEST_CASE("adamw state round trip continues identically", "[optim]") {
-  AdamWOptions opt;
-  opt.lr = 3e-3;
-  NamedTensors ps = make_params(3);
-  FlatParameters flat(ps);
-  AdamW a(flat, opt, decays);
-  for (int t = 1; t <= 3; ++t) {
-    set_grads(flat, t);
-    a.step(1e-2 * t);
-  }
-  // state() hands out the live slabs: copy them, as a checkpoint writer does.
-  NamedTensors saved;
-  for (auto& [name, t] : a.state()) saved.emplace_back(name, t.clone());
-  saved.emplace_back("model.params", flat.data().clone());  // other names are ignored
-  for (int t = 4; t <= 6; ++t) {
-    set_grads(flat, t);
-    a.step();  // options().lr
-  }
+TEST_CASE("adamw and lamb: a state round trip continues identically", "[optim]") {
+  for (const char* name : {"adamw", "lamb"}) {
+    INFO(name);
+    OptimizerOptions opt;
+    opt.lr = 3e-3;
+    opt.name = name;
+    NamedTensors ps = make_params(3);
+    FlatParameters flat(ps);
+    std::unique_ptr<Optimizer> a = make_optimizer(flat, opt, decays);
+    REQUIRE(std::string(a->name()) == name);
+    for (int t = 1; t <= 3; ++t) {
+      set_grads(flat, t);
+      a->step(1e-2 * t);
+    }
+    // state() hands out the live slabs: copy them, as a checkpoint writer does.
+    NamedTensors saved;
+    for (auto& [n, t] : a->state()) saved.emplace_back(n, t.clone());
+    saved.emplace_back("model.params", flat.data().clone());  // other names are ignored
+    for (int t = 4; t <= 6; ++t) {
+      set_grads(flat, t);
+      a->step();  // options().lr
+    }
 
-  NamedTensors qs = make_params(99);  // other values, overwritten below
-  FlatParameters flat2(qs);
-  {
-    NoGrad ng;
-    flat2.data().copy_(saved.back().second);
+    NamedTensors qs = make_params(99);  // other values, overwritten below
+    FlatParameters flat2(qs);
+    {
+      NoGrad ng;
+      flat2.data().copy_(saved.back().second);
+    }
+    std::unique_ptr<Optimizer> b = make_optimizer(flat2, opt, decays);
+    b->load_state(saved);
+    REQUIRE(b->step_count() == 3);
+    for (int t = 4; t <= 6; ++t) {
+      set_grads(flat2, t);
+      b->step();
+    }
+    REQUIRE(b->step_count() == a->step_count());
+    REQUIRE(flat2.data().to_vector<float>() == flat.data().to_vector<float>());
+    REQUIRE(b->state()[0].second.to_vector<float>() == a->state()[0].second.to_vector<float>());
+    REQUIRE(b->state()[1].second.to_vector<float>() == a->state()[1].second.to_vector<float>());
   }
-  AdamW b(flat2, opt, decays);
-  b.load_state(saved);
-  REQUIRE(b.step_count() == 3);
-  for (int t = 4; t <= 6; ++t) {
-    set_grads(flat2, t);
-    b.step();
-  }
-  REQUIRE(b.step_count() == a.step_count());
-  REQUIRE(flat2.data().to_vector<float>() == flat.data().to_vector<float>());
-  REQUIRE(b.state()[0].second.to_vector<float>() == a.state()[0].second.to_vector<float>());
-  REQUIRE(b.state()[1].second.to_vector<float>() == a.state()[1].second.to_vector<float>());
 }
-
 TEST_CASE("adamw errors", "[optim][errors]") {
   NamedTensors ps = make_params(5);
   FlatParameters flat(ps);
-  AdamW a(flat, AdamWOptions{});
+  AdamW a(flat, OptimizerOptions{});
   const int64_t n = flat.numel();
   auto with = [&](const std::string& name, Tensor t) {
     NamedTensors st = a.state();
@@ -263,12 +270,12 @@ TEST_CASE("adamw errors", "[optim][errors]") {
   NamedTensors d = {{"w", Tensor::ones({4}, DType::f64).set_requires_grad()}};
   FlatParameters flat64(d);
   REQUIRE_THROWS_WITH(
-      AdamW(flat64, AdamWOptions{}),
+      AdamW(flat64, OptimizerOptions{}),
       Contains("[adamw] parameters must be f32 (the master copy), got (16) f64 cpu"));
-  AdamWOptions bad;
+  OptimizerOptions bad;
   bad.beta2 = 1.0;
   REQUIRE_THROWS_WITH(AdamW(flat, bad), Contains("[adamw] beta2 must be in [0, 1)"));
-  bad = AdamWOptions{};
+  bad = OptimizerOptions{};
   bad.weight_decay = -0.1;
   REQUIRE_THROWS_WITH(AdamW(flat, bad), Contains("[adamw] weight_decay must be >= 0"));
   REQUIRE_THROWS_WITH(a.step(std::numeric_limits<double>::quiet_NaN()),
@@ -278,67 +285,242 @@ TEST_CASE("adamw errors", "[optim][errors]") {
   REQUIRE(a.step_count() == 0);
 }
 
-TEST_CASE("adamw's grad_scale is scale_ then a step, bit for bit, leaving the slab", "[optim]") {
-  NamedTensors pa = make_params(3), pb = make_params(3);
-  FlatParameters fa(pa), fb(pb);
-  AdamW a(fa, AdamWOptions{}), b(fb, AdamWOptions{});
-  Generator g(5);
-  for (int step = 1; step <= 3; ++step) {
-    const Tensor grad = Tensor::randn({fa.numel()}, g);
-    fa.grad().copy_(grad);
-    fb.grad().copy_(grad);
-    const double coef = step == 2 ? 1.0 : 0.3 / step;
-    a.step(1e-2, coef);
-    scale_(fb.grad(), coef);
-    b.step(1e-2);
-    REQUIRE(fa.data().to_vector<float>() == fb.data().to_vector<float>());
-    REQUIRE(fa.grad().to_vector<float>() == grad.to_vector<float>());  // the slab is not scaled
-  }
-  REQUIRE(a.state()[0].second.to_vector<float>() == b.state()[0].second.to_vector<float>());
-  REQUIRE(a.state()[1].second.to_vector<float>() == b.state()[1].second.to_vector<float>());
-}
-
-TEST_CASE("adamw's device controls give step()'s bits, clip and skip included", "[optim]") {
-  // step_on_device reads [decay, step size, bc2 sqrt, sum of squares, non-finite count] where the
-  // kernel runs: the same bits as step(lr, clip_coefficient(norm, clip_norm)); a count > 0 or a
-  // non-finite norm changes nothing.
-  NamedTensors pa = make_params(4), pb = make_params(4);
-  FlatParameters fa(pa), fb(pb);
-  AdamW a(fa, AdamWOptions{}, decays), b(fb, AdamWOptions{}, decays);
-  const double clip_norm = 2.0;
-  const double inf = std::numeric_limits<double>::infinity();
-  const struct {
-    double sum_squares, nonfinite;
-    bool applied;
-  } cases[] = {{16.0, 0, true}, {1.0, 0, true}, {16.0, 2, false}, {inf, 0, false}, {9.0, 0, true}};
-  int t = 0;
-  for (const auto& c : cases) {
-    INFO("sum of squares " << c.sum_squares << ", non-finite " << c.nonfinite);
-    set_grads(fa, ++t);
-    fb.grad().copy_(fa.grad());
-    const double lr = 1e-2 * t;
-    const std::array<double, 3> next = b.next_step_scalars(lr);
-    const Tensor controls = Tensor::from_vector(
-        std::vector<double>{next[0], next[1], next[2], c.sum_squares, c.nonfinite}, {5});
-    const std::vector<float> before = fb.data().to_vector<float>();
-    b.step_on_device(controls, clip_norm);
-    if (c.applied) {
-      a.step(lr, clip_coefficient(std::sqrt(c.sum_squares), clip_norm));
-      b.count_step();
-    } else {
-      REQUIRE(fb.data().to_vector<float>() == before);
+TEST_CASE("adamw and lamb: grad_scale is scale_ then a step, bit for bit, leaving the slab",
+          "[optim]") {
+  for (const char* name : {"adamw", "lamb"}) {
+    INFO(name);
+    OptimizerOptions opt;
+    opt.name = name;
+    NamedTensors pa = make_params(3), pb = make_params(3);
+    FlatParameters fa(pa), fb(pb);
+    std::unique_ptr<Optimizer> a = make_optimizer(fa, opt), b = make_optimizer(fb, opt);
+    Generator g(5);
+    for (int step = 1; step <= 3; ++step) {
+      const Tensor grad = Tensor::randn({fa.numel()}, g);
+      fa.grad().copy_(grad);
+      fb.grad().copy_(grad);
+      const double coef = step == 2 ? 1.0 : 0.3 / step;
+      a->step(1e-2, coef);
+      scale_(fb.grad(), coef);
+      b->step(1e-2);
+      REQUIRE(fa.data().to_vector<float>() == fb.data().to_vector<float>());
+      REQUIRE(fa.grad().to_vector<float>() == grad.to_vector<float>());  // the slab is not scaled
     }
-    REQUIRE(fa.data().to_vector<float>() == fb.data().to_vector<float>());
-    REQUIRE(a.step_count() == b.step_count());
+    REQUIRE(a->state()[0].second.to_vector<float>() == b->state()[0].second.to_vector<float>());
+    REQUIRE(a->state()[1].second.to_vector<float>() == b->state()[1].second.to_vector<float>());
   }
-  REQUIRE(a.state()[1].second.to_vector<float>() == b.state()[1].second.to_vector<float>());
-  REQUIRE_THROWS_WITH(
-      b.step_on_device(Tensor::zeros({4}, DType::f64), 1.0),
-      Contains("[adamw] step_on_device: the controls must be a contiguous (5) f64"));
-  REQUIRE_THROWS_WITH(b.step_on_device(Tensor::zeros({5}, DType::f64), -1.0),
-                      Contains("[adamw] clip_norm must be 0 (off) or positive"));
 }
 
+TEST_CASE("adamw and lamb: the device controls give step()'s bits, clip and skip included",
+          "[optim]") {
+  // step_on_device reads [s0, s1, s2, sum of squares, non-finite count] where the kernels run: the
+  // same bits as step(lr, clip_coefficient(norm, clip_norm)); a count > 0 or a non-finite norm
+  // changes nothing.
+  for (const char* name : {"adamw", "lamb"}) {
+    INFO(name);
+    OptimizerOptions opt;
+    opt.name = name;
+    NamedTensors pa = make_params(4), pb = make_params(4);
+    FlatParameters fa(pa), fb(pb);
+    std::unique_ptr<Optimizer> a = make_optimizer(fa, opt, decays),
+                               b = make_optimizer(fb, opt, decays);
+    const double clip_norm = 2.0;
+    const double inf = std::numeric_limits<double>::infinity();
+    const struct {
+      double sum_squares, nonfinite;
+      bool applied;
+    } cases[] = {
+        {16.0, 0, true}, {1.0, 0, true}, {16.0, 2, false}, {inf, 0, false}, {9.0, 0, true}};
+    int t = 0;
+    for (const auto& c : cases) {
+      INFO("sum of squares " << c.sum_squares << ", non-finite " << c.nonfinite);
+      set_grads(fa, ++t);
+      fb.grad().copy_(fa.grad());
+      const double lr = 1e-2 * t;
+      const std::array<double, 3> next = b->next_step_scalars(lr);
+      const Tensor controls = Tensor::from_vector(
+          std::vector<double>{next[0], next[1], next[2], c.sum_squares, c.nonfinite}, {5});
+      const std::vector<float> before = fb.data().to_vector<float>();
+      b->step_on_device(controls, clip_norm);
+      if (c.applied) {
+        a->step(lr, clip_coefficient(std::sqrt(c.sum_squares), clip_norm));
+        b->count_step();
+      } else {
+        REQUIRE(fb.data().to_vector<float>() == before);
+      }
+      REQUIRE(fa.data().to_vector<float>() == fb.data().to_vector<float>());
+      REQUIRE(a->step_count() == b->step_count());
+    }
+    REQUIRE(a->state()[1].second.to_vector<float>() == b->state()[1].second.to_vector<float>());
+    const std::string tag = std::string("[") + name + "] ";
+    REQUIRE_THROWS_WITH(
+        b->step_on_device(Tensor::zeros({4}, DType::f64), 1.0),
+        Contains(tag + "step_on_device: the controls must be a contiguous (5) f64"));
+    REQUIRE_THROWS_WITH(b->step_on_device(Tensor::zeros({5}, DType::f64), -1.0),
+                        Contains(tag + "clip_norm must be 0 (off) or positive"));
+  }
+}
+
+// ---- LAMB ---------------------------------------------------------------------------------------
+
+TEST_CASE("lamb matches a double-precision reference over several steps", "[optim]") {
+  // apex FusedLAMB's update in double: per tensor, u = m_hat / (sqrt(v_hat) + eps) + wd p, the
+  // trust ratio ||p|| / ||u|| where decay applies (or everywhere: trust_ratio_all), p -= lr ratio
+  // u.
+  for (const bool all : {false, true}) {
+    INFO("trust_ratio_all " << all);
+    NamedTensors ps = make_params(7);
+    FlatParameters flat(ps);
+    OptimizerOptions opt;
+    opt.beta1 = 0.85;
+    opt.beta2 = 0.98;
+    opt.eps = 1e-6;
+    opt.weight_decay = 0.1;
+    opt.trust_ratio_all = all;
+    Lamb lamb(flat, opt, decays);
+    const int64_t n = flat.numel();
+    std::vector<double> p(static_cast<size_t>(n)), m(p.size(), 0.0), v(p.size(), 0.0);
+    {
+      const std::vector<float> p0 = flat.data().to_vector<float>();
+      std::copy(p0.begin(), p0.end(), p.begin());
+    }
+    double worst = 0;
+    for (int t = 1; t <= 5; ++t) {
+      set_grads(flat, t);
+      const double lr = 0.02 * t, scale = t == 3 ? 0.25 : 1.0;
+      const std::vector<float> g = flat.grad().to_vector<float>();
+      const double bc1 = 1 - std::pow(opt.beta1, t), bc2 = 1 - std::pow(opt.beta2, t);
+      for (const auto& e : flat.entries()) {
+        const bool decay = decays(e.name);
+        std::vector<double> u(static_cast<size_t>(e.numel));
+        double pn = 0, un = 0;
+        for (int64_t k = 0; k < e.numel; ++k) {
+          const size_t i = static_cast<size_t>(e.offset + k);
+          const double gi = g[i] * scale;
+          m[i] = opt.beta1 * m[i] + (1 - opt.beta1) * gi;
+          v[i] = opt.beta2 * v[i] + (1 - opt.beta2) * gi * gi;
+          u[size_t(k)] = (m[i] / bc1) / (std::sqrt(v[i] / bc2) + opt.eps) +
+                         (decay ? opt.weight_decay * p[i] : 0.0);
+          pn += p[i] * p[i];
+          un += u[size_t(k)] * u[size_t(k)];
+        }
+        const double ratio =
+            (all || decay) && pn > 0 && un > 0 ? std::sqrt(pn) / std::sqrt(un) : 1.0;
+        for (int64_t k = 0; k < e.numel; ++k) p[size_t(e.offset + k)] -= lr * ratio * u[size_t(k)];
+      }
+      lamb.step(lr, scale);
+      const std::vector<float> got = flat.data().to_vector<float>();
+      for (const auto& e : flat.entries()) {
+        double max_ref = 0, max_err = 0;
+        for (int64_t k = 0; k < e.numel; ++k) {
+          const size_t i = static_cast<size_t>(e.offset + k);
+          max_ref = std::max(max_ref, std::abs(p[i]));
+          max_err = std::max(max_err, std::abs(got[i] - p[i]));
+        }
+        INFO("step " << t << " " << e.name);
+        CHECK(max_err <= 1e-6 * max_ref);
+        worst = std::max(worst, max_err / max_ref);
+      }
+    }
+    // The padding stays zero.
+    const std::vector<float> got = flat.data().to_vector<float>();
+    for (const auto& e : flat.entries())
+      for (int64_t i = e.offset + e.numel; i % 16 != 0; ++i) CHECK(got[size_t(i)] == 0.0f);
+    WARN("lamb vs double reference, 5 steps: worst relative error " << worst);
+  }
+}
+
+TEST_CASE("lamb first step by hand: the trust ratio, 1 where a norm is 0 or it does not apply",
+          "[optim]") {
+  // Step 1: m_hat = g, v_hat = g^2, so u = g / (|g| + eps) (+ wd p). With p = (3, 4), g = (1, -1)
+  // and no decay term, ||p|| = 5, ||u|| = sqrt(2) / (1 + eps): p - lr (5 / sqrt 2) (1, -1) exactly
+  // (the eps cancels) where the ratio applies, p - lr u where it does not.
+  const double lr = 0.1, eps = 1e-6;
+  for (const bool all : {false, true}) {
+    INFO("trust_ratio_all " << all);
+    NamedTensors ps = {{"w", Tensor::from_vector<float>({3, 4}, {2}).set_requires_grad()},
+                       {"z.weight", Tensor::zeros({3}).set_requires_grad()},
+                       {"b.bias", Tensor::from_vector<float>({1, 1}, {2}).set_requires_grad()}};
+    FlatParameters flat(ps);
+    OptimizerOptions opt;
+    opt.weight_decay = 0.5;
+    opt.eps = eps;
+    opt.trust_ratio_all = all;
+    // Only z decays: w and b get their ratio from trust_ratio_all alone.
+    Lamb lamb(flat, opt, [](const std::string& n) { return n == "z.weight"; });
+    std::vector<float> g(static_cast<size_t>(flat.numel()), 0.0f);
+    const float gw[] = {1, -1}, gz[] = {1, -3, 5}, gb[] = {2, 2};
+    const float* gs[] = {gw, gz, gb};
+    for (size_t k = 0; k < 3; ++k)
+      for (int64_t i = 0; i < flat.entries()[k].numel; ++i)
+        g[size_t(flat.entries()[k].offset + i)] = gs[k][i];
+    flat.grad().copy_(Tensor::from_vector(g, {flat.numel()}));
+    lamb.step(lr);
+    const std::vector<float> w = ps[0].second.to_vector<float>();
+    const std::vector<float> z = ps[1].second.to_vector<float>();
+    const std::vector<float> b = ps[2].second.to_vector<float>();
+    const double u1 = 1.0 / (1.0 + eps);
+    if (all) {
+      CHECK(w[0] == Approx(3 - lr * 5 / std::sqrt(2.0)).epsilon(1e-6));
+      CHECK(w[1] == Approx(4 + lr * 5 / std::sqrt(2.0)).epsilon(1e-6));
+      // b: ||p|| = sqrt 2, ||u|| = sqrt 2 * 2 / (2 + eps): p - lr (1, 1).
+      CHECK(b[0] == Approx(1 - lr).epsilon(1e-6));
+    } else {
+      CHECK(w[0] == Approx(3 - lr * u1).epsilon(1e-6));
+      CHECK(w[1] == Approx(4 + lr * u1).epsilon(1e-6));
+      CHECK(b[0] == Approx(1 - lr * (2.0 / (2.0 + eps))).epsilon(1e-6));
+    }
+    // z decays but is 0: ||p|| = 0, ratio 1, p = -lr u with u = g / (|g| + eps) (wd p = 0).
+    CHECK(z[0] == Approx(-lr * 1 / (1 + eps)).epsilon(1e-6));
+    CHECK(z[1] == Approx(lr * 3 / (3 + eps)).epsilon(1e-6));
+    CHECK(z[2] == Approx(-lr * 5 / (5 + eps)).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("lamb's chunks: a tensor across several chunks has one trust ratio", "[optim]") {
+  // 3 x 4096 + 5 elements: four chunks, the last partial and not a multiple of 4. Step 1 against
+  // the double formula with the whole tensor's norms.
+  Generator gen(11);
+  const int64_t n = 3 * 4096 + 5;
+  NamedTensors ps = {{"big.weight", Tensor::randn({n}, gen, 0, 0.5).set_requires_grad()}};
+  FlatParameters flat(ps);
+  OptimizerOptions opt;
+  Lamb lamb(flat, opt);
+  const std::vector<float> p0 = flat.data().to_vector<float>();
+  std::vector<float> gv = Tensor::randn({n}, gen).to_vector<float>();
+  gv.resize(size_t(flat.numel()), 0.0f);
+  flat.grad().copy_(Tensor::from_vector(gv, {flat.numel()}));
+  lamb.step(0.05);
+  const std::vector<float> got = flat.data().to_vector<float>();
+  double pn = 0, un = 0;
+  std::vector<double> u(static_cast<size_t>(n));
+  for (size_t i = 0; i < size_t(n); ++i) {
+    u[i] = gv[i] / (std::abs(double(gv[i])) + opt.eps) + opt.weight_decay * p0[i];
+    pn += double(p0[i]) * p0[i];
+    un += u[i] * u[i];
+  }
+  const double ratio = std::sqrt(pn) / std::sqrt(un);
+  double max_err = 0;
+  for (size_t i = 0; i < size_t(n); ++i)
+    max_err = std::max(max_err, std::abs(got[i] - (p0[i] - 0.05 * ratio * u[i])));
+  CHECK(max_err < 1e-6);
+  for (size_t i = size_t(n); i < got.size(); ++i) CHECK(got[i] == 0.0f);  // padding
+}
+
+TEST_CASE("make_optimizer names both and refuses others", "[optim][errors]") {
+  NamedTensors ps = make_params(5);
+  FlatParameters flat(ps);
+  OptimizerOptions opt;
+  CHECK(std::string(make_optimizer(flat, opt)->name()) == "adamw");
+  opt.name = "lamb";
+  CHECK(std::string(make_optimizer(flat, opt)->name()) == "lamb");
+  opt.name = "sgd";
+  REQUIRE_THROWS_WITH(make_optimizer(flat, opt),
+                      Contains("[optimizer] unknown optimizer 'sgd' (expected adamw or lamb)"));
+  opt = OptimizerOptions{};
+  opt.beta1 = 1.5;
+  REQUIRE_THROWS_WITH(Lamb(flat, opt), Contains("[lamb] beta1 must be in [0, 1)"));
+}
 TEST_CASE("clip_grad_norm returns the norm and scales above max_norm", "[optim]") {
   NamedTensors ps = {{"a", Tensor::zeros({2}).set_requires_grad()},
                      {"b", Tensor::zeros({1}).set_requires_grad()}};
@@ -430,7 +612,7 @@ TEST_CASE("linear schedule: warmup then linear decay, transformers' values", "[o
 TEST_CASE("linear schedule drives adamw", "[optim]") {
   NamedTensors ps = make_params(21);
   FlatParameters flat(ps);
-  AdamW adamw(flat, AdamWOptions{}, decays);
+  AdamW adamw(flat, OptimizerOptions{}, decays);
   LinearSchedule sched(1e-2, 2, 5);
   std::vector<float> before = flat.data().to_vector<float>();
   set_grads(flat, 1);

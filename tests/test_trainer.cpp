@@ -135,7 +135,7 @@ TEST_CASE("gradient ops refuse what is not a floating contiguous slab", "[traine
 
 TEST_CASE("Trainer: weighted micro-batches train like one batch", "[trainer]") {
   const Data d;
-  AdamWOptions adam;
+  OptimizerOptions adam;
   adam.lr = 0.05;
   Regression whole(5), parts(5);
   FlatParameters fw(whole.named_parameters()), fp(parts.named_parameters());
@@ -164,7 +164,7 @@ TEST_CASE("Trainer: weighted micro-batches train like one batch", "[trainer]") {
 
 TEST_CASE("Trainer: a power-of-two loss scale trains bit for bit like none", "[trainer]") {
   const Data d;
-  AdamWOptions adam;
+  OptimizerOptions adam;
   adam.lr = 0.01;
   TrainerOptions scaled;
   scaled.loss_scale.enabled = true;
@@ -189,7 +189,7 @@ TEST_CASE("Trainer: a power-of-two loss scale trains bit for bit like none", "[t
 
 TEST_CASE("Trainer: inf/NaN gradients skip the step and back the scale off", "[trainer]") {
   const Data d;
-  AdamWOptions adam;
+  OptimizerOptions adam;
   adam.lr = 0.01;
   TrainerOptions o;
   o.loss_scale.enabled = true;
@@ -228,7 +228,7 @@ TEST_CASE("Trainer: inf/NaN gradients skip the step and back the scale off", "[t
 
 TEST_CASE("Trainer: clipping scales the gradients to clip_norm before AdamW", "[trainer]") {
   const Data d;
-  AdamWOptions adam;
+  OptimizerOptions adam;
   adam.lr = 0.1;
   adam.weight_decay = 0;
   TrainerOptions o;
@@ -252,7 +252,7 @@ TEST_CASE("Trainer: clipping scales the gradients to clip_norm before AdamW", "[
 TEST_CASE("Trainer: one host read and one upload per step, none per micro-batch",
           "[trainer][host_sync]") {
   const Data d;
-  AdamWOptions adam;
+  OptimizerOptions adam;
   Regression model(6);
   FlatParameters flat(model.named_parameters());
   Trainer t(flat, adam, {}, constant_lr(1e-3));
@@ -273,7 +273,7 @@ TEST_CASE("Trainer: one host read and one upload per step, none per micro-batch"
 TEST_CASE("Trainer: bad arguments are named", "[trainer]") {
   Regression model(1);
   FlatParameters flat(model.named_parameters());
-  AdamWOptions adam;
+  OptimizerOptions adam;
   TrainerOptions o;
   o.clip_norm = -1;
   CHECK_THAT(error_of([&] { Trainer(flat, adam, {}, constant_lr(1e-3), o); }),
@@ -303,7 +303,7 @@ TEST_CASE("Trainer: bad arguments are named", "[trainer]") {
 
 TEST_CASE("TrainingLoop::run: the hooks at their cadences, in order", "[trainer][loop]") {
   const Data d;
-  AdamWOptions adam;
+  OptimizerOptions adam;
   adam.lr = 0.05;
   LoopOptions options;
   options.progress = false;

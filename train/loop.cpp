@@ -36,8 +36,8 @@ const LoopOptions& checked(const LoopOptions& o) {
 
 }  // namespace
 
-TrainingLoop::TrainingLoop(const NamedTensors& params, const AdamWOptions& adam, LearningRate lr,
-                           const LoopOptions& o, Communicator& comm)
+TrainingLoop::TrainingLoop(const NamedTensors& params, const OptimizerOptions& adam,
+                           LearningRate lr, const LoopOptions& o, Communicator& comm)
     : comm_(comm),
       compute_(compute_dtype(checked(o).device, o.precision)),
       flat_(params, o.device),

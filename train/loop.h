@@ -102,7 +102,7 @@ class TrainingLoop {
  public:
   // Moves `params` into slabs on options.device (every handle re-pointed) and builds the Trainer
   // on `comm`; `lr(steps taken)` is the schedule.
-  TrainingLoop(const NamedTensors& params, const AdamWOptions& adam, LearningRate lr,
+  TrainingLoop(const NamedTensors& params, const OptimizerOptions& adam, LearningRate lr,
                const LoopOptions& options, Communicator& comm = world());
 
   // One optimizer step (Trainer::step), each micro-batch's forward under autocast(compute()).

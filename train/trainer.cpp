@@ -22,21 +22,22 @@ LearningRate constant_lr(double lr) {
   return [lr](int64_t) { return lr; };
 }
 
-Trainer::Trainer(FlatParameters& params, const AdamWOptions& adam,
+Trainer::Trainer(FlatParameters& params, const OptimizerOptions& optim,
                  std::function<bool(const std::string&)> decay, LearningRate learning_rate,
                  const TrainerOptions& options, Communicator& comm)
     : params_(params),
       comm_(comm),
       options_(options),
       learning_rate_(std::move(learning_rate)),
-      optimizer_(std::make_unique<AdamW>(params, adam, std::move(decay))),
+      optimizer_(make_optimizer(params, optim, std::move(decay))),
       scaler_(options.loss_scale) {
   ENGINE_CHECK(std::isfinite(options.clip_norm) && options.clip_norm >= 0,
                "[trainer] clip_norm must be 0 (off) or positive, got ", options.clip_norm);
   ENGINE_CHECK(options.bucket_mb >= 1, "[trainer] bucket_mb must be at least 1, got ",
                options.bucket_mb);
   ENGINE_CHECK(learning_rate_ != nullptr, "[trainer] no learning rate given");
-  reducer_ = std::make_unique<GradReducer>(params, comm, options.bucket_mb << 20);
+  reducer_ = std::make_unique<GradReducer>(params, comm, options.bucket_mb << 20, ReduceOp::sum,
+                                           options.grad_reduce_dtype);
 }
 
 Trainer::~Trainer() = default;
@@ -49,8 +50,8 @@ void Trainer::set_steps_taken(int64_t steps) {
 // The step block (f64, on the gradients' device), uploaded whole at the step's start; the step
 // writes [5, 8) (the upload's zeros there start the loss sum at 0):
 //   0 1 / loss_scale           1 the generator's offset (graph mode)
-//   2 3 4 AdamW's decay factor, step size, sqrt(bias correction 2) (AdamW::next_step_scalars)
-//   5 6 the gradients' sum of squares and non-finite count (with 2-4: AdamW's controls)
+//   2 3 4 the optimizer's three step scalars (Optimizer::next_step_scalars)
+//   5 6 the gradients' sum of squares and non-finite count (with 2-4: the optimizer's controls)
 //   7 sum_m weight_m * loss_m
 //   8 .. 8+M  loss_scale * weight_m       8+M .. 8+2M  weight_m
 namespace {
@@ -169,11 +170,12 @@ StepStats Trainer::step(int64_t micro_batches, const std::function<Tensor(int64_
   }
   s.comm_exposed_s = reducer_->last_exposed_s();
 
-  // The step's one read-back, after AdamW: [sum of squares, non-finite count, weighted loss].
+  // The step's one read-back, after the optimizer: [sum of squares, non-finite count, weighted
+  // loss].
   const std::vector<double> v = block_.slice(0, kStats, kLoss + 1).to_vector<double>();
   s.loss = comm_.all_reduce(v[2]);  // the gradients are summed already; the loss on the host
   s.grad_norm = std::sqrt(v[0]);
-  // The rule AdamW applied on the device (resolve_adamw_controls): skipped when not finite.
+  // The rule the optimizer applied on the device (resolve_adamw_controls): skipped when not finite.
   const bool nonfinite = v[1] > 0 || !std::isfinite(s.grad_norm);
   s.applied = scaler_.update(nonfinite);
   if (s.applied) optimizer_->count_step();
@@ -189,7 +191,7 @@ double clip_grad_norm(FlatParameters& params, double max_norm) {
   const double norm = std::sqrt(stats[0]);
   if (!std::isfinite(norm)) return norm;
   const double coef = clip_coefficient(norm, max_norm);
-  if (coef < 1.0) scale_(grad, coef);  // the step applies the same coefficient inside AdamW
+  if (coef < 1.0) scale_(grad, coef);  // the step applies the same coefficient inside the optimizer
   return norm;
 }
 

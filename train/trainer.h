@@ -2,8 +2,8 @@
 // pretraining loop, the finetuning loop and pretrain_app's single-batch mode (and usable from a
 // program of your own):
 //
-//   engine::Trainer trainer(flat, adam, decay, options);     // AdamW, scaler, reducer, schedule
-//   for (...) {
+//   engine::Trainer trainer(flat, optim, decay, options);    // optimizer, scaler, reducer,
+//   schedule for (...) {
 //     engine::StepStats s = trainer.step(micro_batches, [&](int64_t m) { return loss_of(m); },
 //     weights); log(s.loss, s.grad_norm, s.lr, s.applied);
 //   }
@@ -14,9 +14,10 @@
 // their non-finite elements with their squared norm in one pass (ops/gradients.h, on the
 // gradients' device); read back ONE small tensor (the weighted loss, the squared norm, the
 // non-finite count); skip the step when a gradient is not finite (the loss scaler backs off),
-// else clip to clip_norm and run AdamW at the schedule's learning rate (the clipping coefficient
-// applied by AdamW as it reads each gradient: no pass of its own over the slab, which keeps the
-// unclipped gradients); update the scaler.
+// else clip to clip_norm and run the optimizer (optim.name: AdamW or LAMB, engine/optim.h) at the
+// schedule's learning rate (the clipping coefficient applied by the optimizer as it reads each
+// gradient: no pass of its own over the slab, which keeps the unclipped gradients); update the
+// scaler.
 //
 // Weights: the step's loss is sum_m weight_m * loss_m, summed over the ranks. Pretraining weights
 // each micro-batch's mean MLM loss by its share of the global count of predicted tokens, so n
@@ -24,22 +25,22 @@
 // weights each rank's mean by its share of the global batch.
 //
 // Device-resident step numbers: everything a step needs that changes from step to step (the loss
-// scale and its inverse, each micro-batch's weight, AdamW's learning-rate-derived scalars, the
-// dropout generator's offset) is written to one small f64 block on the gradients' device by one
+// scale and its inverse, each micro-batch's weight, the optimizer's learning-rate-derived scalars,
+// the dropout generator's offset) is written to one small f64 block on the gradients' device by one
 // upload at the step's start; the statistics, the clipping coefficient and the decision to skip
-// are computed on the device (AdamW::step_on_device reads them where it runs). So the device work
-// of a step is the same every step, and the step's one host read is at its end: the weighted
-// loss, the squared norm and the non-finite count, after AdamW. The loss is accumulated on the
-// device in double, the number a host sum of the losses would give.
+// are computed on the device (Optimizer::step_on_device reads them where it runs). So the device
+// work of a step is the same every step, and the step's one host read is at its end: the weighted
+// loss, the squared norm and the non-finite count, after the optimizer. The loss is accumulated on
+// the device in double, the number a host sum of the losses would give.
 //
 // Graph mode (TrainerOptions::cuda_graph, CUDA, one rank): the first step runs eagerly (it builds
 // the caches: position constants, autotuned kernels, the allocator's blocks); the second is
 // captured as one CUDA graph (engine/graph.h) and replayed; every later step replays it: one
-// launch for the forward, backward, statistics and AdamW of all micro-batches. The contract is
-// CUDA graphs': loss_of(m) must read device tensors that keep their addresses and shapes from
-// step to step (the caller copies each new batch into them, in place, before step()), must not
-// read a device tensor on the host, and must draw random numbers only from the generator given
-// to set_graph_generator (its offset then lives in the block, so each replay draws new masks,
+// launch for the forward, backward, statistics and optimizer step of all micro-batches. The
+// contract is CUDA graphs': loss_of(m) must read device tensors that keep their addresses and
+// shapes from step to step (the caller copies each new batch into them, in place, before step()),
+// must not read a device tensor on the host, and must draw random numbers only from the generator
+// given to set_graph_generator (its offset then lives in the block, so each replay draws new masks,
 // the ones an eager step at that offset would). A different number of micro-batches, or
 // drop_graph(), starts over: one eager step, then a new capture.
 #pragma once
@@ -64,7 +65,10 @@ struct TrainerOptions {
   double clip_norm = 1.0;  // global L2 norm clipping (torch.nn.utils.clip_grad_norm_); 0 = off
   LossScalerOptions loss_scale;  // dynamic loss scaling (fp16); off by default
   int64_t bucket_mb = 25;        // data parallelism: gradient all-reduce bucket size (MiB)
-  bool cuda_graph = false;       // capture the step once, replay it (see above)
+  // The gradient all-reduce's dtype on the wire: f32, or bf16 (half the bytes; the slab stays
+  // f32: engine/data_parallel.h).
+  DType grad_reduce_dtype = DType::f32;
+  bool cuda_graph = false;  // capture the step once, replay it (see above)
 };
 
 // The learning rate of the next step, given the optimizer steps already taken (including skipped
@@ -84,9 +88,10 @@ struct StepStats {
 
 class Trainer {
  public:
-  // Keeps a reference to `params` and `comm` (both must outlive it). `decay(entry name)` says
-  // whether weight decay applies (AdamW's rule; empty = everywhere).
-  Trainer(FlatParameters& params, const AdamWOptions& adam,
+  // Keeps a reference to `params` and `comm` (both must outlive it). `optim.name` picks the
+  // optimizer (make_optimizer); `decay(entry name)` says whether weight decay applies (empty =
+  // everywhere).
+  Trainer(FlatParameters& params, const OptimizerOptions& optim,
           std::function<bool(const std::string&)> decay, LearningRate learning_rate,
           const TrainerOptions& options = {}, Communicator& comm = world());
   ~Trainer();
@@ -101,8 +106,8 @@ class Trainer {
   int64_t steps_taken() const { return steps_; }
   void set_steps_taken(int64_t steps);
 
-  AdamW& optimizer() { return *optimizer_; }
-  const AdamW& optimizer() const { return *optimizer_; }
+  Optimizer& optimizer() { return *optimizer_; }
+  const Optimizer& optimizer() const { return *optimizer_; }
   LossScaler& scaler() { return scaler_; }
   const LossScaler& scaler() const { return scaler_; }
   const TrainerOptions& options() const { return options_; }
@@ -127,7 +132,7 @@ class Trainer {
   Communicator& comm_;
   TrainerOptions options_;
   LearningRate learning_rate_;
-  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<Optimizer> optimizer_;
   LossScaler scaler_;
   std::unique_ptr<GradReducer> reducer_;
   int64_t steps_ = 0;

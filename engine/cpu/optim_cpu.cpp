@@ -1,4 +1,5 @@
-// The CPU kernel of the AdamW step (engine/optim.h): one OpenMP pass over the contiguous slabs.
+// The CPU kernels of the AdamW step (one OpenMP pass over the contiguous slabs) and of the LAMB
+// step (three passes, its sums in the CUDA kernels' order: engine/optim.h).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -65,9 +66,130 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
   }
 }
 
+// ---- LAMB -------------------------------------------------------------------------------------
+
+// block_sum's order (engine/cuda/kernels.cuh) for kLambLanes values: a butterfly within each warp
+// of 32 (lane l adds lane l ^ o for o = 16, 8, 4, 2, 1; all lanes end equal, addition commutes),
+// then the same over the warps' results padded with zeros. Exact zeros added change nothing.
+double butterfly32(double* w) {
+  double next[32];
+  for (int o = 16; o > 0; o /= 2) {
+    for (int l = 0; l < 32; ++l) next[l] = w[l] + w[l ^ o];
+    std::copy(next, next + 32, w);
+  }
+  return w[0];
+}
+
+double block_sum_order(double* lanes) {
+  static_assert(kLambLanes % 32 == 0 && kLambLanes <= 1024);
+  double warps[32] = {};
+  for (int w = 0; w < int(kLambLanes / 32); ++w) warps[w] = butterfly32(lanes + 32 * w);
+  return butterfly32(warps);
+}
+
+struct LambFloats {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, bc1, bc2, eps, wd, grad_scale;
+};
+
+// One element's moments (updated in place when `store`) and its update u, every operation rounded
+// on its own in the order of engine/optim.h (this file has no FMA contraction).
+inline float lamb_update(float p, float g, float& m, float& v, uint8_t decay, const LambFloats& f) {
+  const float gi = g * f.grad_scale;
+  const float mi = m * f.beta1 + f.one_minus_beta1 * gi;
+  const float vi = v * f.beta2 + f.one_minus_beta2 * gi * gi;
+  m = mi;
+  v = vi;
+  const float adam = (mi / f.bc1) / (std::sqrt(vi / f.bc2) + f.eps);
+  return decay != 0 ? adam + f.wd * p : adam;
+}
+
+// The update again from moments already stored: the same operations, so the same bits.
+inline float lamb_update_stored(float p, float m, float v, uint8_t decay, const LambFloats& f) {
+  const float adam = (m / f.bc1) / (std::sqrt(v / f.bc2) + f.eps);
+  return decay != 0 ? adam + f.wd * p : adam;
+}
+
+void lamb(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+          const Tensor& decay_mask, const LambLayout& layout, const LambStepScalars& s) {
+  const int64_t n = param.numel();
+  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask})
+    ENGINE_ASSERT(t->is_contiguous() && t->numel() == n);
+  double lr = s.lr, bc1 = s.bias_correction1, bc2 = s.bias_correction2, grad_scale = s.grad_scale;
+  if (s.controls.defined() &&
+      !resolve_adamw_controls(s.controls.data<double>(), s.clip_norm, lr, bc1, bc2, grad_scale))
+    return;  // a gradient was not finite: the step is skipped
+  const LambFloats f{static_cast<float>(s.beta1),   static_cast<float>(1.0 - s.beta1),
+                     static_cast<float>(s.beta2),   static_cast<float>(1.0 - s.beta2),
+                     static_cast<float>(bc1),       static_cast<float>(bc2),
+                     static_cast<float>(s.eps),     static_cast<float>(s.weight_decay),
+                     static_cast<float>(grad_scale)};
+  float* p = param.data<float>();
+  const float* g = grad.data<float>();
+  float* m = exp_avg.data<float>();
+  float* v = exp_avg_sq.data<float>();
+  const uint8_t* mask = decay_mask.data<uint8_t>();
+  const int64_t* chunks = layout.chunks.data<int64_t>();
+  const int64_t* first = layout.tensor_chunks.data<int64_t>();
+  const uint8_t* trust = layout.trust.data<uint8_t>();
+  double* partials = layout.partials.data<double>();
+  float* step_scales = layout.step_scales.data<float>();
+  const int64_t num_chunks = layout.num_chunks;
+  const bool threaded = n > kParallelMin;
+
+  // 1. Moments, and each chunk's sums of p^2 and u^2 as the CUDA block adds them: lane t takes
+  // elements 4 (t + kLambLanes k) + j (its 16-byte vectors in turn), then block_sum's order.
+#pragma omp parallel for schedule(static) if (threaded)
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    const int64_t start = chunks[3 * c], len = chunks[3 * c + 1];
+    double sp[kLambLanes], su[kLambLanes];
+    for (int64_t t = 0; t < kLambLanes; ++t) {
+      double a = 0, b = 0;
+      for (int64_t k = 0; 4 * (t + kLambLanes * k) < len; ++k)
+        for (int64_t j = 0; j < 4; ++j) {
+          const int64_t e = 4 * (t + kLambLanes * k) + j;
+          if (e >= len) break;
+          const int64_t i = start + e;
+          const float u = lamb_update(p[i], g[i], m[i], v[i], mask[i], f);
+          const double pd = p[i], ud = u;
+          a += pd * pd;
+          b += ud * ud;
+        }
+      sp[t] = a;
+      su[t] = b;
+    }
+    partials[2 * c] = block_sum_order(sp);
+    partials[2 * c + 1] = block_sum_order(su);
+  }
+  // 2. Each tensor's norms from its chunks (lane t: chunks t, t + kLambLanes, ...) and its step
+  // scale -(lr x ratio).
+  for (int64_t k = 0; k < layout.num_tensors; ++k) {
+    double sp[kLambLanes], su[kLambLanes];
+    for (int64_t t = 0; t < kLambLanes; ++t) {
+      double a = 0, b = 0;
+      for (int64_t c = first[k] + t; c < first[k + 1]; c += kLambLanes) {
+        a += partials[2 * c];
+        b += partials[2 * c + 1];
+      }
+      sp[t] = a;
+      su[t] = b;
+    }
+    step_scales[k] = static_cast<float>(
+        -(lr * lamb_trust_ratio(block_sum_order(sp), block_sum_order(su), trust[k] != 0)));
+  }
+  // 3. The update.
+#pragma omp parallel for schedule(static) if (threaded)
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    const int64_t start = chunks[3 * c], len = chunks[3 * c + 1];
+    const float scale = step_scales[chunks[3 * c + 2]];
+    for (int64_t i = start; i < start + len; ++i)
+      p[i] = p[i] + scale * lamb_update_stored(p[i], m[i], v[i], mask[i], f);
+  }
+}
+
 }  // namespace cpu
 
 ENGINE_REGISTER_KERNEL(adamw_kernel, DeviceType::CPU, cpu::adamw);
+ENGINE_REGISTER_KERNEL(lamb_kernel, DeviceType::CPU, cpu::lamb);
 
 }  // namespace
 }  // namespace engine

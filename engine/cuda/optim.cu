@@ -1,10 +1,10 @@
-// The CUDA kernel of the AdamW step (engine/optim.h): one fused elementwise pass over the flat
-// parameter slab in 16-byte vectors (param, grad, exp_avg, exp_avg_sq f32 and the u8 decay mask: 17
-// bytes read and 12 written per element, nothing else; with device controls, AdamW::step_on_device,
-// one single-thread kernel resolves them first). Every f32 operation rounds on its own in
-// the CPU kernel's (PyTorch's) order: products go through mul_rn, which nvcc never contracts into
-// an FMA, and sqrt and division are IEEE-rounded (nvcc's defaults, -prec-sqrt / -prec-div), so CPU
-// and CUDA steps give the same bits.
+// The CUDA kernels of the AdamW step (engine/optim.h; LAMB's at the end): one fused elementwise
+// pass over the flat parameter slab in 16-byte vectors (param, grad, exp_avg, exp_avg_sq f32 and
+// the u8 decay mask: 17 bytes read and 12 written per element, nothing else; with device controls,
+// AdamW::step_on_device, one single-thread kernel resolves them first). Every f32 operation rounds
+// on its own in the CPU kernel's (PyTorch's) order: products go through mul_rn, which nvcc never
+// contracts into an FMA, and sqrt and division are IEEE-rounded (nvcc's defaults, -prec-sqrt /
+// -prec-div), so CPU and CUDA steps give the same bits.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -127,8 +127,201 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
       resolved.defined() ? static_cast<const AdamWResolved*>(resolved.raw_data()) : nullptr);
 }
 
+// ---- LAMB -------------------------------------------------------------------------------------
+// Three launches (engine/optim.h): lamb_moments (a block per chunk of kLambChunk elements: the
+// moments, and the chunk's sums of p^2 and u^2), lamb_ratios (a block per tensor: its chunks'
+// sums, the trust ratio, -(lr x ratio)), lamb_apply (a block per chunk: the update). A chunk is
+// 1,024 16-byte vectors, 4 per thread of 256: coalesced, and BERT-Base's slab makes ~27,000 blocks.
+// The sums are f64 with products rounded on their own (mul_rn) in block_sum's order, the order
+// the CPU kernel follows, so both give the same bits.
+
+struct LambFloats {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, bc1, bc2, eps, wd, grad_scale;
+};
+
+struct LambResolved {
+  LambFloats f;
+  double lr;
+  int32_t skip;
+};
+
+static_assert(kLambLanes == 256 && kLambChunk == 4 * 4 * kLambLanes,
+              "a chunk is 4 vectors of 4 elements per thread");
+
+__device__ inline float lamb_adam(float m, float v, const LambFloats& f) {
+  return (m / f.bc1) / (dmath::sqrt(v / f.bc2) + f.eps);
+}
+
+// One element: its moments updated in place; returns u.
+__device__ inline float lamb_one(float p, float g, float& m, float& v, uint8_t decay,
+                                 const LambFloats& f) {
+  g = dmath::mul_rn(g, f.grad_scale);
+  m = dmath::mul_rn(m, f.beta1) + dmath::mul_rn(f.one_minus_beta1, g);
+  v = dmath::mul_rn(v, f.beta2) + dmath::mul_rn(dmath::mul_rn(f.one_minus_beta2, g), g);
+  const float adam = lamb_adam(m, v, f);
+  return decay != 0 ? adam + dmath::mul_rn(f.wd, p) : adam;
+}
+
+__device__ inline float lamb_stored(float p, float m, float v, uint8_t decay, const LambFloats& f) {
+  const float adam = lamb_adam(m, v, f);
+  return decay != 0 ? adam + dmath::mul_rn(f.wd, p) : adam;
+}
+
+__global__ void lamb_resolve(const double* controls, double clip_norm, LambFloats f,
+                             const volatile DeviceIndexError* bad_index, LambResolved* out) {
+  double lr = 0, bc1 = 1, bc2 = 1, grad_scale = 1;
+  const bool apply = bad_index->check == 0 &&
+                     resolve_adamw_controls(controls, clip_norm, lr, bc1, bc2, grad_scale);
+  if (apply) {
+    f.bc1 = static_cast<float>(bc1);
+    f.bc2 = static_cast<float>(bc2);
+    f.grad_scale = static_cast<float>(grad_scale);
+  }
+  out->f = f;
+  out->lr = lr;
+  out->skip = apply ? 0 : 1;
+}
+
+__global__ void lamb_moments(const float* p, const float* g, float* m, float* v,
+                             const uint8_t* mask, const int64_t* chunks, double* partials,
+                             LambFloats f, const LambResolved* resolved) {
+  if (resolved != nullptr) {
+    if (resolved->skip != 0) return;
+    f = resolved->f;
+  }
+  const int64_t c = blockIdx.x;
+  const int64_t start = chunks[3 * c], len = chunks[3 * c + 1];
+  double a = 0, b = 0;
+  auto add = [&](float pf, float uf) {
+    const double pd = pf, ud = uf;
+    a = a + dmath::mul_rn(pd, pd);
+    b = b + dmath::mul_rn(ud, ud);
+  };
+  for (int k = 0; k < 4; ++k) {
+    const int64_t e = 4 * (threadIdx.x + int64_t(kLambLanes) * k);  // within the chunk
+    if (e >= len) break;
+    const int64_t i = start + e;
+    if (e + 4 <= len) {  // a whole 16-byte vector (chunks start 16-byte aligned)
+      const Vec<float, 4> pv = *reinterpret_cast<const Vec<float, 4>*>(p + i);
+      const Vec<float, 4> gv = *reinterpret_cast<const Vec<float, 4>*>(g + i);
+      Vec<float, 4> mv = *reinterpret_cast<Vec<float, 4>*>(m + i);
+      Vec<float, 4> vv = *reinterpret_cast<Vec<float, 4>*>(v + i);
+      const Vec<uint8_t, 4> dv = *reinterpret_cast<const Vec<uint8_t, 4>*>(mask + i);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        add(pv.v[j], lamb_one(pv.v[j], gv.v[j], mv.v[j], vv.v[j], dv.v[j], f));
+      *reinterpret_cast<Vec<float, 4>*>(m + i) = mv;
+      *reinterpret_cast<Vec<float, 4>*>(v + i) = vv;
+    } else {  // the chunk's last, partial vector
+      for (int64_t j = 0; e + j < len; ++j)
+        add(p[i + j], lamb_one(p[i + j], g[i + j], m[i + j], v[i + j], mask[i + j], f));
+    }
+  }
+  a = block_sum(a);
+  b = block_sum(b);
+  if (threadIdx.x == 0) {
+    partials[2 * c] = a;
+    partials[2 * c + 1] = b;
+  }
+}
+
+__global__ void lamb_ratios(const int64_t* first, const uint8_t* trust, const double* partials,
+                            float* step_scales, double lr, const LambResolved* resolved) {
+  if (resolved != nullptr) {
+    if (resolved->skip != 0) return;
+    lr = resolved->lr;
+  }
+  const int64_t k = blockIdx.x;
+  double a = 0, b = 0;
+  for (int64_t c = first[k] + threadIdx.x; c < first[k + 1]; c += kLambLanes) {
+    a = a + partials[2 * c];
+    b = b + partials[2 * c + 1];
+  }
+  a = block_sum(a);
+  b = block_sum(b);
+  if (threadIdx.x == 0)
+    step_scales[k] = static_cast<float>(-(lr * lamb_trust_ratio(a, b, trust[k] != 0)));
+}
+
+__global__ void lamb_apply(float* p, const float* m, const float* v, const uint8_t* mask,
+                           const int64_t* chunks, const float* step_scales, LambFloats f,
+                           const LambResolved* resolved) {
+  if (resolved != nullptr) {
+    if (resolved->skip != 0) return;
+    f = resolved->f;
+  }
+  const int64_t c = blockIdx.x;
+  const int64_t start = chunks[3 * c], len = chunks[3 * c + 1];
+  const float scale = step_scales[chunks[3 * c + 2]];
+  for (int k = 0; k < 4; ++k) {
+    const int64_t e = 4 * (threadIdx.x + int64_t(kLambLanes) * k);
+    if (e >= len) break;
+    const int64_t i = start + e;
+    if (e + 4 <= len) {
+      Vec<float, 4> pv = *reinterpret_cast<Vec<float, 4>*>(p + i);
+      const Vec<float, 4> mv = *reinterpret_cast<const Vec<float, 4>*>(m + i);
+      const Vec<float, 4> vv = *reinterpret_cast<const Vec<float, 4>*>(v + i);
+      const Vec<uint8_t, 4> dv = *reinterpret_cast<const Vec<uint8_t, 4>*>(mask + i);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        pv.v[j] =
+            pv.v[j] + dmath::mul_rn(scale, lamb_stored(pv.v[j], mv.v[j], vv.v[j], dv.v[j], f));
+      *reinterpret_cast<Vec<float, 4>*>(p + i) = pv;
+    } else {
+      for (int64_t j = 0; e + j < len; ++j)
+        p[i + j] = p[i + j] +
+                   dmath::mul_rn(scale, lamb_stored(p[i + j], m[i + j], v[i + j], mask[i + j], f));
+    }
+  }
+}
+
+void lamb(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+          const Tensor& decay_mask, const LambLayout& layout, const LambStepScalars& s) {
+  if (layout.num_chunks == 0) return;
+  DeviceGuard guard(param.device().index);
+  const LambFloats f{static_cast<float>(s.beta1),
+                     static_cast<float>(1.0 - s.beta1),
+                     static_cast<float>(s.beta2),
+                     static_cast<float>(1.0 - s.beta2),
+                     static_cast<float>(s.bias_correction1),
+                     static_cast<float>(s.bias_correction2),
+                     static_cast<float>(s.eps),
+                     static_cast<float>(s.weight_decay),
+                     static_cast<float>(s.grad_scale)};
+  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask})
+    ENGINE_CHECK(reinterpret_cast<uintptr_t>(t->raw_data()) % 16 == 0,
+                 "[lamb] the CUDA kernels need 16-byte aligned slabs, got ", describe(*t));
+  const int index = param.device().index;
+  cudaStream_t stream = compute_stream(index);
+  Tensor resolved;
+  if (s.controls.defined()) {
+    resolved = Tensor::empty(Shape{int64_t(sizeof(LambResolved))}, DType::u8, param.device());
+    ENGINE_LAUNCH(lamb_resolve, (LaunchConfig{dim3(1), dim3(1), 0, stream}),
+                  dptr<const double>(s.controls), s.clip_norm, f,
+                  static_cast<const volatile DeviceIndexError*>(device_index_error(index)),
+                  static_cast<LambResolved*>(resolved.raw_data()));
+  }
+  const LambResolved* r =
+      resolved.defined() ? static_cast<const LambResolved*>(resolved.raw_data()) : nullptr;
+  const dim3 threads(kLambLanes);
+  const dim3 chunk_grid(static_cast<unsigned>(layout.num_chunks));
+  ENGINE_LAUNCH(lamb_moments, (LaunchConfig{chunk_grid, threads, 0, stream}),
+                dptr<const float>(param), dptr<const float>(grad), dptr<float>(exp_avg),
+                dptr<float>(exp_avg_sq), dptr<const uint8_t>(decay_mask),
+                dptr<const int64_t>(layout.chunks), dptr<double>(layout.partials), f, r);
+  ENGINE_LAUNCH(lamb_ratios,
+                (LaunchConfig{dim3(static_cast<unsigned>(layout.num_tensors)), threads, 0, stream}),
+                dptr<const int64_t>(layout.tensor_chunks), dptr<const uint8_t>(layout.trust),
+                dptr<const double>(layout.partials), dptr<float>(layout.step_scales), s.lr, r);
+  ENGINE_LAUNCH(lamb_apply, (LaunchConfig{chunk_grid, threads, 0, stream}), dptr<float>(param),
+                dptr<const float>(exp_avg), dptr<const float>(exp_avg_sq),
+                dptr<const uint8_t>(decay_mask), dptr<const int64_t>(layout.chunks),
+                dptr<const float>(layout.step_scales), f, r);
+}
+
 }  // namespace
 
 ENGINE_REGISTER_KERNEL(adamw_kernel, DeviceType::CUDA, adamw);
+ENGINE_REGISTER_KERNEL(lamb_kernel, DeviceType::CUDA, lamb);
 
 }  // namespace engine::cuda

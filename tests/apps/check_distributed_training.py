@@ -7,7 +7,9 @@
   2. a rank killed with SIGKILL mid-run ends the whole job non-zero within 60 s; the last
      checkpoint is intact, and `--resume` on 2 ranks continues from it to the same losses as an
      uninterrupted 2-rank run;
-  3. a config error or a bad flag ends a 2-rank job with one message (no MPI_Abort).
+  3. a config error or a bad flag ends a 2-rank job with one message (no MPI_Abort);
+  and LAMB (optim.name: lamb) on 2 ranks equals one process with the global batch likewise;
+  train.grad_reduce_dtype: bf16 (bf16 all-reduce) follows the f32 run's losses within 5e-3.
 
 With --device cuda (the emulation build's pretrain_app: the emulated GPU, gradients through the
 NCCL shim's buckets on the communication stream) every run is on the device, and the 2-rank
@@ -73,7 +75,8 @@ def losses(out_dir):
         return {r["step"]: r["loss"] for r in map(json.loads, f)}
 
 
-def write_config(name, batch_size, accumulation, steps, save_every, dropout):
+def write_config(name, batch_size, accumulation, steps, save_every, dropout, optim="adamw",
+                 reduce_dtype="f32"):
     path = P(name)
     with open(path, "w") as f:
         f.write(f"""seed: 9
@@ -88,7 +91,8 @@ model:
   position:
     preset: tupe_r
 optim:
-  lr: 1.0e-3
+  name: {optim}
+  lr: {3e-3 if optim == "lamb" else 1e-3}
 data:
   corpus: {P("corpus")}
   seq_len: 64
@@ -103,6 +107,7 @@ train:
   save_every: {save_every}
   keep_last: 3
   progress: false
+  grad_reduce_dtype: {reduce_dtype}
 """)
     return path
 
@@ -133,6 +138,16 @@ for label, (ranks, cfg) in runs.items():
                       and "2 local ranks" in m.group(2),
                       f"{label}: threads per rank = cores / local ranks ({cores} cores), printed at start",
                       m.group(0) if m else p.stdout[-1500:])
+# LAMB: the all-reduced gradient is the global batch's, so its per-tensor norms and update are too.
+lamb_runs = {"LAMB, one rank, batch 8": (None, write_config("np1_lamb.yaml", 8, 1, 5, 0, 0.0, "lamb")),
+             "LAMB, 2 ranks, batch 4": (2, write_config("np2_lamb.yaml", 4, 1, 5, 0, 0.0, "lamb"))}
+lamb_params = {}
+for label, (ranks, cfg) in lamb_runs.items():
+    out = P(label.replace(" ", "_").replace(",", ""))
+    p = launch(ranks, ["--config", cfg, "--out", out])
+    check(p.returncode == 0, f"{label}: 5 steps", p.stdout[-3000:] + p.stderr[-3000:])
+    if p.returncode == 0:
+        lamb_params[label] = (read_safetensors(os.path.join(out, "model.safetensors")), losses(out))
 if device != "cpu":
     # The same 2-rank run on the CPU: MPI all-reduce of CPU gradients instead of NCCL on the device.
     out = P("2_ranks_batch_4_cpu")
@@ -141,10 +156,11 @@ if device != "cpu":
     if p.returncode == 0:
         params["2 ranks, batch 4 (CPU, MPI)"] = (read_safetensors(os.path.join(out, "model.safetensors")),
                                                 losses(out))
-ref_label = "one rank, batch 8"
-if ref_label in params:
-    ref, ref_loss = params[ref_label]
-    for label, (got, got_loss) in params.items():
+for ref_label, group in (("one rank, batch 8", params), ("LAMB, one rank, batch 8", lamb_params)):
+    if ref_label not in group:
+        continue
+    ref, ref_loss = group[ref_label]
+    for label, (got, got_loss) in group.items():
         if label == ref_label:
             continue
         worst, worst_name = 0.0, ""
@@ -155,10 +171,32 @@ if ref_label in params:
             if err > worst:
                 worst, worst_name = err, name
         check(worst <= 1e-5 and set(got) == set(ref),
-              f"{label} vs one rank, batch 8: worst relative parameter error {worst:.2e} ({worst_name})")
+              f"{label} vs {ref_label}: worst relative parameter error {worst:.2e} ({worst_name})")
         step_err = max(abs(got_loss[s] - ref_loss[s]) / abs(ref_loss[s]) for s in ref_loss)
         check(step_err <= 1e-5, f"{label}: step losses match (worst relative error {step_err:.2e})",
               f"{got_loss} vs {ref_loss}")
+
+# ---- 1b. bf16 gradients on the wire train like f32 ---------------------------------------------
+# train.grad_reduce_dtype: bf16 rounds each bucket to bf16 for the all-reduce (the slab, clipping
+# and AdamW stay f32): not the f32 run's bits, but its training curve within a few per mille.
+bf16_steps = 30 if device == "cpu" else 12
+curves = {}
+for dt in ("f32", "bf16"):
+    out = P(f"reduce_{dt}")
+    p = launch(2, ["--config", write_config(f"reduce_{dt}.yaml", 4, 1, bf16_steps, 0, 0.0, "adamw", dt),
+                   "--out", out])
+    check(p.returncode == 0, f"2 ranks, gradients all-reduced in {dt}: {bf16_steps} steps",
+          p.stdout[-3000:] + p.stderr[-3000:])
+    if p.returncode == 0:
+        curves[dt] = (losses(out), read_safetensors(os.path.join(out, "model.safetensors")))
+if len(curves) == 2:
+    (lf, pf), (lb, pb) = curves["f32"], curves["bf16"]
+    rel = max(abs(lb[s] - lf[s]) / abs(lf[s]) for s in lf)
+    moved = any(a != b for n in pf for a, b in zip(pf[n], pb[n]))
+    check(rel <= 5e-3 and lb[bf16_steps] < lb[1] - 0.05 and moved,
+          f"bf16 all-reduce trains like f32: worst relative loss difference {rel:.2e} over "
+          f"{bf16_steps} steps, loss {lb[1]:.4f} -> {lb[bf16_steps]:.4f} (f32 {lf[bf16_steps]:.4f}), "
+          f"parameters {'differ' if moved else 'IDENTICAL (no rounding?)'}", f"{lb} vs {lf}")
 
 # ---- 2. a killed rank ------------------------------------------------------------------------------
 # Checkpoints every 4 steps; rank 1 dies once steps 4 and 8 are saved. The emulated device runs

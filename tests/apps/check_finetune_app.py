@@ -292,6 +292,14 @@ write("glue/STS-B/test.tsv", tsv([(i,) + r[:-1] for i, r in enumerate(stsb(7))],
 run(["glue/STS-B", *CKPT, "--data-dir", path("glue"), "--out", path("out_stsb"), *SHORT], 0, "pearson", "glue/STS-B")
 sub = open(path("out_stsb", "submission", "STS-B.tsv")).read().splitlines() if os.path.exists(path("out_stsb", "submission", "STS-B.tsv")) else []
 check(len(sub) == 8 and all(float(l.split("\t")[1]) == float(l.split("\t")[1]) for l in sub[1:]), "STS-B.tsv: 7 scores")
+# LAMB from the command line: trains (its own numbers: not AdamW's) and a wrong name is refused.
+run(["glue/STS-B", *CKPT, "--data-dir", path("glue"), "--out", path("out_stsb_lamb"), "--optim", "lamb",
+     *SHORT], 0, "pearson", "glue/STS-B with --optim lamb")
+adam_res = open(path("out_stsb", "results.json")).read() if os.path.exists(path("out_stsb", "results.json")) else ""
+lamb_res = open(path("out_stsb_lamb", "results.json")).read() if os.path.exists(path("out_stsb_lamb", "results.json")) else ""
+check(lamb_res != "" and lamb_res != adam_res, "--optim lamb: results of its own")
+run(["glue/RTE", *CKPT, "--data-dir", path("glue"), "--optim", "sgd"], 2, "--optim expects adamw or lamb, got 'sgd'",
+    "bad --optim")
 
 cola = lambda n: [("src", i % 2, "", sentence()) for i in range(n)]  # noqa: E731
 write("glue/CoLA/train.tsv", "".join("\t".join(map(str, r)) + "\n" for r in cola(40)))

@@ -20,7 +20,7 @@ int main() {
   NamedTensors params = {{"w", Tensor::zeros({2, 3}).set_requires_grad()}};
   FlatParameters flat(params);
   LinearSchedule schedule(0.05, 5, 100);
-  Trainer trainer(flat, AdamWOptions{}, {}, [&](int64_t s) { return schedule.lr(s); });
+  Trainer trainer(flat, OptimizerOptions{}, {}, [&](int64_t s) { return schedule.lr(s); });
   const double weight = 1.0;
   auto loss_of = [&](int64_t) {
     Tensor d = linear(x, params[0].second) - y;

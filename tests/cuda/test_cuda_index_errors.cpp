@@ -78,7 +78,7 @@ TEST_CASE("a training step that meets a bad index applies no update, eagerly and
     FlatParameters flat(params, kGpu);
     TrainerOptions o;
     o.cuda_graph = graph;
-    Trainer trainer(flat, AdamWOptions{}, {}, constant_lr(0.1), o);
+    Trainer trainer(flat, OptimizerOptions{}, {}, constant_lr(0.1), o);
     const Tensor ids = Tensor::from_vector(std::vector<int64_t>{1, 2, 3}, {3}).to(kGpu);
     const Tensor good = ids.clone();
     const Tensor table = params[0].second, w = params[1].second;  // re-pointed at the slab

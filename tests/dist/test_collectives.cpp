@@ -76,7 +76,14 @@ TEST_CASE("all_reduce: sum, avg, max, min over f32, f64 and i64", "[dist]") {
   // Non-contiguous tensors and unsupported dtypes are refused with a message.
   Tensor wide = Tensor::zeros({4, 4});
   CHECK_THROWS_WITH(comm().all_reduce(wide.transpose(0, 1)), Catch::Contains("contiguous"));
-  CHECK_THROWS_WITH(comm().all_reduce(Tensor::zeros({2}, DType::bf16)), Catch::Contains("bf16"));
+  CHECK_THROWS_WITH(comm().all_reduce(Tensor::zeros({2}, DType::f16)), Catch::Contains("f16"));
+  CHECK_THROWS_WITH(comm().all_reduce(Tensor::zeros({2}, DType::bf16), ReduceOp::avg),
+                    Catch::Contains("avg of a bf16 CPU tensor"));
+  // bf16 sums in f32 and rounds once: 1 + 2^-1 + 2^-7 (a bf16 value) on each of 2 ranks sums to
+  // a bf16 value exactly; 1 + 2^-7 + 2^-9 rounds to bf16 first.
+  Tensor h = Tensor::full({3}, 1.5078125, DType::bf16);
+  comm().all_reduce(h);
+  if (n == 2) CHECK(h.to(DType::f64).to_vector<double>()[2] == 3.015625);
   comm().barrier();
 }
 
@@ -130,6 +137,36 @@ TEST_CASE("GradReducer: bucketed sums equal the all-reduced gradients, started d
   loss_of(p, rank_input(r, 1)).backward();
   reducer.finish();
   CHECK(flat.grad().to_vector<float>() == got);
+}
+
+TEST_CASE("GradReducer in bf16: each bucket rounded, summed in f32, rounded once; f32 slab",
+          "[dist]") {
+  const int r = comm().rank();
+  engine::NamedTensors p = make_params(7);
+  engine::FlatParameters flat(p);
+  engine::GradReducer reducer(flat, comm(), 16 * 4, ReduceOp::sum, DType::bf16);
+  // Expected: the bf16 roundings of every rank's gradient, summed in f32, rounded to bf16.
+  flat.zero_grad();
+  loss_of(p, rank_input(r, 0)).backward();
+  const Tensor local = flat.grad().clone();
+  Tensor expected = local.to(DType::bf16).to(DType::f32);
+  comm().all_reduce(expected, ReduceOp::sum);
+  expected = expected.to(DType::bf16).to(DType::f32);
+  Tensor exact = local.clone();
+  comm().all_reduce(exact, ReduceOp::sum);
+
+  flat.zero_grad();
+  reducer.begin();
+  loss_of(p, rank_input(r, 0)).backward();
+  reducer.finish();
+  CHECK(reducer.last_started_early() >= 2);
+  REQUIRE(flat.grad().dtype() == DType::f32);
+  CHECK(flat.grad().to_vector<float>() == expected.to_vector<float>());
+  CHECK(flat.grad().to_vector<float>() != exact.to_vector<float>());  // it did round
+  REQUIRE_THROWS_WITH(engine::GradReducer(flat, comm(), 64, ReduceOp::avg, DType::bf16),
+                      Catch::Contains("[ddp] a bf16 gradient all-reduce sums (ReduceOp::sum)"));
+  REQUIRE_THROWS_WITH(engine::GradReducer(flat, comm(), 64, ReduceOp::sum, DType::f16),
+                      Catch::Contains("reduce in their own dtype or, from f32, in bf16; got f16"));
 }
 
 TEST_CASE("a NaN gradient on one rank is seen by every rank", "[dist]") {

@@ -135,8 +135,8 @@ inline models::PretrainOptions short_pretrain(const std::filesystem::path& dir,
   return o;
 }
 
-inline AdamWOptions short_pretrain_adam() {
-  AdamWOptions a;
+inline OptimizerOptions short_pretrain_adam() {
+  OptimizerOptions a;
   a.lr = 3e-3;
   return a;
 }

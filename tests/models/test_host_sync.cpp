@@ -45,7 +45,7 @@ TEST_CASE(
     BertForMaskedLM model(tiny(preset, reset), 3);
     model.train(true);
     engine::FlatParameters flat(model.named_parameters());
-    engine::AdamWOptions adam;
+    engine::OptimizerOptions adam;
     engine::Trainer trainer(flat, adam, {}, engine::constant_lr(1e-3));
     engine::Generator gen(5);
     std::vector<data::MlmBatch> micro;
@@ -90,7 +90,7 @@ TEST_CASE("host_sync: the pretraining loop reads back one tensor per step",
   BertForMaskedLM model(tiny("tupe_r"), 1);
   Source source;
   std::vector<int64_t> reads;
-  pretrain(model, source, o, engine::AdamWOptions{}, 1, false, "",
+  pretrain(model, source, o, engine::OptimizerOptions{}, 1, false, "",
            [&](int64_t, double) { reads.push_back(engine::transfer_counts().to_host); });
   REQUIRE(reads.size() == 6);
   for (size_t s = 2; s + 1 < reads.size(); ++s) {

@@ -1,6 +1,6 @@
 // The pretraining loop with a synthetic batch source: the loss falls, a run interrupted after a
-// checkpoint resumes with bit-identical losses, keep_last prunes old checkpoints, metrics.jsonl
-// holds one object per log step, and bad options are clear errors.
+// checkpoint resumes with bit-identical losses (AdamW and LAMB), keep_last prunes old checkpoints,
+// metrics.jsonl holds one object per log step, and bad options are clear errors.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -29,61 +29,80 @@ fs::path fresh_dir(const std::string& name) {
   return engine::testing::fresh_dir("pretrain_" + name);
 }
 PretrainOptions options(const fs::path& dir) { return engine::testing::short_pretrain(dir); }
-engine::AdamWOptions adam() { return engine::testing::short_pretrain_adam(); }
+engine::OptimizerOptions adam() { return engine::testing::short_pretrain_adam(); }
 
 }  // namespace
 
-TEST_CASE("pretraining resumes with bit-identical losses", "[pretrain]") {
-  const fs::path a_dir = fresh_dir("a"), b_dir = fresh_dir("b");
-  std::vector<double> full;
-  {
-    BertForMaskedLM model(tiny(), 5);
-    Synthetic data;
-    full = pretrain(model, data, options(a_dir), adam(), 5, false).losses;
-  }
-  REQUIRE(full.size() == 12);
-  REQUIRE(full.back() < full.front());  // it learns
+TEST_CASE("pretraining resumes with bit-identical losses, with AdamW and with LAMB", "[pretrain]") {
+  std::vector<double> adamw_losses;
+  for (const std::string optim : {"adamw", "lamb"}) {
+    INFO(optim);
+    engine::OptimizerOptions opt = adam();
+    opt.name = optim;
+    const fs::path a_dir = fresh_dir("a"), b_dir = fresh_dir("b");
+    std::vector<double> full;
+    {
+      BertForMaskedLM model(tiny(), 5);
+      Synthetic data;
+      full = pretrain(model, data, options(a_dir), opt, 5, false).losses;
+    }
+    REQUIRE(full.size() == 12);
+    REQUIRE(full.back() < full.front());  // it learns
+    if (optim == "adamw")
+      adamw_losses = full;
+    else
+      REQUIRE(full[2] != adamw_losses[2]);  // step 1 has lr 0; then LAMB is not AdamW
 
-  // Interrupted after step 10 (the last checkpoint is step 8), then resumed in a new "process".
-  {
-    BertForMaskedLM model(tiny(), 5);
-    Synthetic data;
-    REQUIRE_THROWS_WITH(pretrain(model, data, options(b_dir), adam(), 5, false, "",
-                                 [](int64_t step, double) {
-                                   if (step == 10) throw engine::Error("simulated crash");
-                                 }),
-                        Contains("simulated crash"));
+    // Interrupted after step 10 (the last checkpoint is step 8), then resumed in a new "process".
+    {
+      BertForMaskedLM model(tiny(), 5);
+      Synthetic data;
+      REQUIRE_THROWS_WITH(pretrain(model, data, options(b_dir), opt, 5, false, "",
+                                   [](int64_t step, double) {
+                                     if (step == 10) throw engine::Error("simulated crash");
+                                   }),
+                          Contains("simulated crash"));
+    }
+    REQUIRE(latest_checkpoint(b_dir.string()).find("step_00000008") != std::string::npos);
+    std::vector<double> resumed;
+    {
+      BertForMaskedLM model(tiny(), 999);  // a different init: everything comes from the checkpoint
+      Synthetic data;
+      PretrainResult r = pretrain(model, data, options(b_dir), opt, 5, true);
+      REQUIRE(r.start_step == 8);
+      resumed = r.losses;
+    }
+    REQUIRE(resumed.size() == 4);
+    for (size_t i = 0; i < 4; ++i) {
+      INFO("step " << 9 + i);
+      REQUIRE(resumed[i] == full[8 + i]);  // bit for bit
+    }
+    // keep_last 2: steps 8 and 12 remain.
+    int n = 0;
+    for (auto& e : fs::directory_iterator(b_dir / "checkpoints"))
+      n += e.path().extension() == ".safetensors";
+    REQUIRE(n == 2);
+    // metrics.jsonl: one line per step 1..12 (steps 9, 10 of the crashed run re-logged once).
+    std::ifstream in(b_dir / "metrics.jsonl");
+    std::string line;
+    std::vector<std::string> lines;
+    while (std::getline(in, line)) lines.push_back(line);
+    REQUIRE(lines.size() == 12);
+    REQUIRE(lines[5].find("\"valid_loss\"") != std::string::npos);
+    REQUIRE(lines[11].find("\"step\": 12,") != std::string::npos);
+    REQUIRE(fs::exists(b_dir / "model.safetensors"));
+    if (optim == "lamb") {  // its checkpoint refuses AdamW, naming both
+      BertForMaskedLM model(tiny(), 5);
+      Synthetic data;
+      PretrainOptions o = options(b_dir);
+      o.steps = 16;
+      REQUIRE_THROWS_WITH(pretrain(model, data, o, adam(), 5, true),
+                          Contains("the checkpoint was trained with optim.name lamb but the config "
+                                   "says adamw"));
+    }
+    fs::remove_all(a_dir);
+    fs::remove_all(b_dir);
   }
-  REQUIRE(latest_checkpoint(b_dir.string()).find("step_00000008") != std::string::npos);
-  std::vector<double> resumed;
-  {
-    BertForMaskedLM model(tiny(), 999);  // a different init: everything comes from the checkpoint
-    Synthetic data;
-    PretrainResult r = pretrain(model, data, options(b_dir), adam(), 5, true);
-    REQUIRE(r.start_step == 8);
-    resumed = r.losses;
-  }
-  REQUIRE(resumed.size() == 4);
-  for (size_t i = 0; i < 4; ++i) {
-    INFO("step " << 9 + i);
-    REQUIRE(resumed[i] == full[8 + i]);  // bit for bit
-  }
-  // keep_last 2: steps 8 and 12 remain.
-  int n = 0;
-  for (auto& e : fs::directory_iterator(b_dir / "checkpoints"))
-    n += e.path().extension() == ".safetensors";
-  REQUIRE(n == 2);
-  // metrics.jsonl: one line per step 1..12 (steps 9, 10 of the crashed run re-logged once).
-  std::ifstream in(b_dir / "metrics.jsonl");
-  std::string line;
-  std::vector<std::string> lines;
-  while (std::getline(in, line)) lines.push_back(line);
-  REQUIRE(lines.size() == 12);
-  REQUIRE(lines[5].find("\"valid_loss\"") != std::string::npos);
-  REQUIRE(lines[11].find("\"step\": 12,") != std::string::npos);
-  REQUIRE(fs::exists(b_dir / "model.safetensors"));
-  fs::remove_all(a_dir);
-  fs::remove_all(b_dir);
 }
 
 TEST_CASE("pretraining refuses to overwrite a run and to resume nothing", "[pretrain][errors]") {
@@ -209,6 +228,15 @@ TEST_CASE("a pretraining config: every section read and checked in one place, er
                       Contains("p.yaml:2: optim.beta1: must be in [0, 1)"));
   REQUIRE_THROWS_WITH(read("optim:\n  weight_decay: -0.1\n"), Contains("optim.weight_decay"));
   REQUIRE_THROWS_WITH(read("optim:\n  momentum: 0.9\n"), Contains("unknown key 'optim.momentum'"));
+  CHECK(c.optim.name == "adamw");
+  const PretrainConfig lamb = read("optim:\n  name: lamb\n  trust_ratio: all\n");
+  CHECK(lamb.optim.name == "lamb");
+  CHECK(lamb.optim.trust_ratio_all);
+  CHECK_FALSE(read("optim:\n  name: lamb\n").optim.trust_ratio_all);
+  REQUIRE_THROWS_WITH(read("optim:\n  name: sgd\n"),
+                      Contains("p.yaml:2: optim.name: must be adamw or lamb, got 'sgd'"));
+  REQUIRE_THROWS_WITH(read("optim:\n  trust_ratio: some\n"),
+                      Contains("p.yaml:2: optim.trust_ratio: must be decayed"));
   REQUIRE_THROWS_WITH(read("data:\n  seq_len: 2\n"),
                       Contains("p.yaml:2: data.seq_len: must be at least 3"));
   REQUIRE_THROWS_WITH(read("data:\n  batch_size: 0\n"),

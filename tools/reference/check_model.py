@@ -6,8 +6,9 @@
      parameter's gradient) and `pretrain_app --init init --steps N` (the loss trajectory);
   3. loads the same checkpoint and batch into bert_reference.Reference and compares: loss,
      logits and every gradient (relative error max|a - b| / max|b| per tensor), then N AdamW
-     steps' losses. Exit 0 when every error is within --tol, 1 otherwise, 77 when PyTorch is
-     missing (CTest reports the test as skipped, with the reason printed).
+     (--optim lamb: LAMB, lamb_reference.py) steps' losses. Exit 0 when every error is within
+     --tol, 1 otherwise, 77 when PyTorch is missing (CTest reports the test as skipped, with the
+     reason printed).
 
 With --dropout both sides train with dropout on (pretrain_app --dropout): the reference draws
 its masks from its own re-derivation of the engine's stream (dropout_reference.py), the dump is
@@ -39,6 +40,7 @@ except ImportError as e:  # pragma: no cover
 
 import bert_reference as ref  # noqa: E402
 import dropout_reference as dref  # noqa: E402
+import lamb_reference  # noqa: E402
 import safetensors_io as st  # noqa: E402
 
 
@@ -68,6 +70,8 @@ def write_config(path, preset, args):
     if shaw:  # clip below T so that the clipping is exercised
         lines.append("    rpe_clip: 6")
     lines += ["optim:", f"  lr: {args.lr}", "  weight_decay: 0.01", "  eps: 1.0e-6"]
+    if getattr(args, "optim", "adamw") != "adamw":
+        lines.append(f"  name: {args.optim}")
     if getattr(args, "sop", False):
         lines = ["objective: mlm_sop"] + lines + ["data:", "  segment_pairs: true"]
     with open(path, "w") as f:
@@ -117,13 +121,15 @@ def rel_err(a, b):
     return (a - b).abs().max().item() / max(b.abs().max().item(), FLOOR)
 
 
-def adamw(P, lr):
-    """torch AdamW over the leaves P (name -> tensor) with the engine's decay groups and eps."""
+def adamw(P, lr, name="adamw"):
+    """torch AdamW (or lamb_reference.Lamb) over the leaves P (name -> tensor) with the engine's
+    decay groups and eps."""
     decay = [p for n, p in P.items() if not ref.no_weight_decay(n)]
     no_decay = [p for n, p in P.items() if ref.no_weight_decay(n)]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                              {"params": no_decay, "weight_decay": 0.0}],
-                             lr=lr, betas=(0.9, 0.999), eps=1e-6)
+    groups = [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
+    if name == "lamb":
+        return lamb_reference.Lamb(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
 
 
 def report(errors, problems, tol):
@@ -175,6 +181,8 @@ def main(argv=None):
     ap.add_argument("--hidden-dropout", type=float, default=0.1)
     ap.add_argument("--attention-dropout", type=float, default=0.2)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--optim", default="adamw", choices=["adamw", "lamb"],
+                    help="optim.name: the N steps with AdamW or LAMB (lamb_reference.py)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--sop", action="store_true",
                     help="objective mlm_sop: MLM + sentence-order prediction (the batch labelled)")
@@ -274,10 +282,10 @@ def main(argv=None):
         errors.append(("grad." + name, rel_err(g, p.grad if p.grad is not None else torch.zeros_like(p))))
     extra = [n for n in dump if n.startswith("grad.") and n[5:] not in model.P]
 
-    # N AdamW steps from the same start, decay groups by the same rule.
+    # N AdamW (--optim lamb: LAMB) steps from the same start, decay groups by the same rule.
     model = ref.Reference(cfg, params)
     stream = new_stream()  # the steps continue one stream; the dump drew from a copy
-    opt = adamw(model.P, args.lr)
+    opt = adamw(model.P, args.lr, args.optim)
     ref_losses = []
     for _ in range(args.steps):
         opt.zero_grad()

@@ -53,7 +53,7 @@ TEST_CASE("20 pretraining steps on the device track the CPU run step by step", "
     models::BertForMaskedLM cpu(c, 3), gpu(c, 3);
     FlatParameters flat_cpu(cpu.named_parameters());
     FlatParameters flat_gpu(gpu.named_parameters(), kGpu);
-    AdamWOptions adam;
+    OptimizerOptions adam;
     adam.lr = 2e-3;
     adam.weight_decay = 0.01;
     const LinearSchedule schedule(adam.lr, 4, 20);

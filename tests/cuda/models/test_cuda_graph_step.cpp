@@ -111,85 +111,91 @@ void copy_batch(data::MlmBatch& dst, const data::MlmBatch& src) {
 }  // namespace
 
 TEST_CASE(
-    "Trainer in graph mode: forward, backward, statistics and AdamW of 2 micro-batches replay "
-    "the eager trainer's steps bit for bit, clipping, loss scaling and a skipped step included",
+    "Trainer in graph mode: forward, backward, statistics and AdamW (or LAMB) of 2 micro-batches "
+    "replay the eager trainer's steps bit for bit, clipping, loss scaling and a skipped step "
+    "included",
     "[cuda][models][graph]") {
-  models::BertConfig c = engine::testing::tiny_bert("tupe_r", "paper", 0.2);
-  c.hidden_size = 64;  // 2 heads of width 32: bf16 takes the fused attention kernels
-  c.ffn_size = 64;
-  c.validate();
-  models::BertForMaskedLM eager_model(c, 3), graph_model(c, 3);
-  eager_model.train(true);
-  graph_model.train(true);
-  FlatParameters fe(eager_model.named_parameters(), kGpu), fg(graph_model.named_parameters(), kGpu);
-  AdamWOptions adam;
-  const auto decay = [](const std::string& n) { return !default_no_decay(n); };
-  const LinearSchedule schedule(2e-3, 3, 12);  // the learning rate changes every step
-  const LearningRate lr = [&](int64_t s) { return schedule.lr(s); };
-  TrainerOptions o;
-  o.clip_norm = 0.5;  // active: the gradients' norm is above it
-  o.loss_scale.enabled = true;
-  o.loss_scale.init_scale = 1024;
-  o.loss_scale.growth_interval = 2;  // the scale changes during the replays
-  TrainerOptions og = o;
-  og.cuda_graph = true;
-  Trainer te(fe, adam, decay, lr, o), tg(fg, adam, decay, lr, og);
-  Generator ge(11), gg(11);
-  tg.set_graph_generator(&gg);
-  // The graph's inputs: fixed device tensors, refilled in place before each step; micro-batch m
-  // predicts the same positions every step (host_mlm_batch's seed % 5), other tokens and targets.
-  const auto host_batch = [&](int step, int64_t m) {
-    return engine::testing::host_mlm_batch(3, 12, c.vocab_size, uint64_t(1 + m + 5 * step));
-  };
-  std::vector<data::MlmBatch> inputs = {host_batch(0, 0).to(kGpu), host_batch(0, 1).to(kGpu)};
-  Tensor poison_e = Tensor::ones({1}, DType::f32, kGpu), poison_g = poison_e.clone();
-  for (int step = 0; step < 6; ++step) {
-    INFO("step " << step);
-    const double bad = step == 4 ? std::numeric_limits<double>::quiet_NaN() : 1.0;
-    poison_e.fill_(bad);
-    poison_g.fill_(bad);
-    const std::vector<double> weights = {0.25 + 0.1 * step, 0.75 - 0.1 * step};
-    std::vector<data::MlmBatch> eager_inputs;
-    for (int64_t m = 0; m < 2; ++m) {
-      const data::MlmBatch h = host_batch(step, m);
-      eager_inputs.push_back(h.to(kGpu));
-      copy_batch(inputs[size_t(m)], h);
-    }
-    // Micro-batch m's loss (bf16, times the poison) of a model on its inputs.
-    const auto loss_of = [](const models::BertForMaskedLM& model,
-                            const std::vector<data::MlmBatch>& in, Generator& gen,
-                            const Tensor& poison) {
-      return [&model, &in, &gen, &poison](int64_t m) {
-        Autocast autocast(DType::bf16);
-        return model.forward(in[size_t(m)], gen).loss * poison;
-      };
+  for (const char* optim : {"adamw", "lamb"}) {
+    INFO(optim);
+    models::BertConfig c = engine::testing::tiny_bert("tupe_r", "paper", 0.2);
+    c.hidden_size = 64;  // 2 heads of width 32: bf16 takes the fused attention kernels
+    c.ffn_size = 64;
+    c.validate();
+    models::BertForMaskedLM eager_model(c, 3), graph_model(c, 3);
+    eager_model.train(true);
+    graph_model.train(true);
+    FlatParameters fe(eager_model.named_parameters(), kGpu),
+        fg(graph_model.named_parameters(), kGpu);
+    OptimizerOptions adam;
+    adam.name = optim;
+    const auto decay = [](const std::string& n) { return !default_no_decay(n); };
+    const LinearSchedule schedule(2e-3, 3, 12);  // the learning rate changes every step
+    const LearningRate lr = [&](int64_t s) { return schedule.lr(s); };
+    TrainerOptions o;
+    o.clip_norm = 0.5;  // active: the gradients' norm is above it
+    o.loss_scale.enabled = true;
+    o.loss_scale.init_scale = 1024;
+    o.loss_scale.growth_interval = 2;  // the scale changes during the replays
+    TrainerOptions og = o;
+    og.cuda_graph = true;
+    Trainer te(fe, adam, decay, lr, o), tg(fg, adam, decay, lr, og);
+    Generator ge(11), gg(11);
+    tg.set_graph_generator(&gg);
+    // The graph's inputs: fixed device tensors, refilled in place before each step; micro-batch m
+    // predicts the same positions every step (host_mlm_batch's seed % 5), other tokens and targets.
+    const auto host_batch = [&](int step, int64_t m) {
+      return engine::testing::host_mlm_batch(3, 12, c.vocab_size, uint64_t(1 + m + 5 * step));
     };
-    const StepStats a = te.step(2, loss_of(eager_model, eager_inputs, ge, poison_e), weights);
-    const TransferCounts t0 = transfer_counts();
-    const StepStats b = tg.step(2, loss_of(graph_model, inputs, gg, poison_g), weights);
-    const TransferCounts t1 = transfer_counts();
-    if (step >= 1) {                        // the first builds and uploads the position constants
-      CHECK(t1.to_host - t0.to_host == 1);  // the statistics, at the end
-      // The step block at the start; the capture's step also zeroes the offset's word.
-      CHECK(t1.from_host - t0.from_host == (step == 1 ? 2 : 1));
+    std::vector<data::MlmBatch> inputs = {host_batch(0, 0).to(kGpu), host_batch(0, 1).to(kGpu)};
+    Tensor poison_e = Tensor::ones({1}, DType::f32, kGpu), poison_g = poison_e.clone();
+    for (int step = 0; step < 6; ++step) {
+      INFO("step " << step);
+      const double bad = step == 4 ? std::numeric_limits<double>::quiet_NaN() : 1.0;
+      poison_e.fill_(bad);
+      poison_g.fill_(bad);
+      const std::vector<double> weights = {0.25 + 0.1 * step, 0.75 - 0.1 * step};
+      std::vector<data::MlmBatch> eager_inputs;
+      for (int64_t m = 0; m < 2; ++m) {
+        const data::MlmBatch h = host_batch(step, m);
+        eager_inputs.push_back(h.to(kGpu));
+        copy_batch(inputs[size_t(m)], h);
+      }
+      // Micro-batch m's loss (bf16, times the poison) of a model on its inputs.
+      const auto loss_of = [](const models::BertForMaskedLM& model,
+                              const std::vector<data::MlmBatch>& in, Generator& gen,
+                              const Tensor& poison) {
+        return [&model, &in, &gen, &poison](int64_t m) {
+          Autocast autocast(DType::bf16);
+          return model.forward(in[size_t(m)], gen).loss * poison;
+        };
+      };
+      const StepStats a = te.step(2, loss_of(eager_model, eager_inputs, ge, poison_e), weights);
+      const TransferCounts t0 = transfer_counts();
+      const StepStats b = tg.step(2, loss_of(graph_model, inputs, gg, poison_g), weights);
+      const TransferCounts t1 = transfer_counts();
+      if (step >= 1) {                        // the first builds and uploads the position constants
+        CHECK(t1.to_host - t0.to_host == 1);  // the statistics, at the end
+        // The step block at the start; the capture's step also zeroes the offset's word.
+        CHECK(t1.from_host - t0.from_host == (step == 1 ? 2 : 1));
+      }
+      CHECK((tg.graph_launches() > 0) == (step >= 1));  // captured at the second step
+      CHECK(b.applied == (step != 4));
+      CHECK(b.applied == a.applied);
+      CHECK(b.lr == a.lr);
+      CHECK(b.loss_scale == a.loss_scale);
+      if (b.applied) {
+        CHECK(b.loss == a.loss);
+        CHECK(b.grad_norm == a.grad_norm);
+        CHECK(b.grad_norm > o.clip_norm);
+      }
+      CHECK(gg.offset() == ge.offset());
+      require_equal(fg.data(), fe.data());
+      CHECK(tg.optimizer().step_count() == te.optimizer().step_count());
     }
-    CHECK((tg.graph_launches() > 0) == (step >= 1));  // captured at the second step
-    CHECK(b.applied == (step != 4));
-    CHECK(b.applied == a.applied);
-    CHECK(b.lr == a.lr);
-    CHECK(b.loss_scale == a.loss_scale);
-    if (b.applied) {
-      CHECK(b.loss == a.loss);
-      CHECK(b.grad_norm == a.grad_norm);
-      CHECK(b.grad_norm > o.clip_norm);
-    }
-    CHECK(gg.offset() == ge.offset());
-    require_equal(fg.data(), fe.data());
-    CHECK(tg.optimizer().step_count() == te.optimizer().step_count());
+    CHECK(te.graph_launches() == 0);
+    CHECK(tg.graph_captures() == 1);
+    CHECK(tg.scaler().skipped_steps() == 1);
+    std::printf("graph-mode trainer step (tiny BERT, 2 micro-batches, bf16, %s): %lld launches\n",
+                optim, (long long)tg.graph_launches());
   }
-  CHECK(te.graph_launches() == 0);
-  CHECK(tg.graph_captures() == 1);
-  CHECK(tg.scaler().skipped_steps() == 1);
-  std::printf("graph-mode trainer step (tiny BERT, 2 micro-batches, bf16): %lld launches\n",
-              (long long)tg.graph_launches());
 }

@@ -34,7 +34,7 @@ StepCost measure(const models::BertConfig& c, int steps, int64_t micro) {
   models::BertForMaskedLM model(c, 3);
   model.train(true);
   FlatParameters flat(model.named_parameters(), kGpu);
-  Trainer trainer(flat, AdamWOptions{}, {}, constant_lr(1e-3));
+  Trainer trainer(flat, OptimizerOptions{}, {}, constant_lr(1e-3));
   Generator gen(5);
   std::vector<data::MlmBatch> batches;
   for (int64_t m = 0; m < micro; ++m)

@@ -142,7 +142,7 @@ TEST_CASE(
   opt.loss_scale.enabled = true;
   opt.loss_scale.init_scale = 1048576.0;  // 2^20: the fp16 gradients of the logits overflow
   opt.loss_scale.growth_interval = 2;
-  Trainer trainer(flat, AdamWOptions{}, {}, constant_lr(1e-3), opt);
+  Trainer trainer(flat, OptimizerOptions{}, {}, constant_lr(1e-3), opt);
   const data::MlmBatch batch = engine::testing::host_mlm_batch(2, 10, c.vocab_size, 1).to(kGpu);
   Generator gen(1);
   const double one = 1.0;

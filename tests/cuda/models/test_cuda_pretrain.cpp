@@ -37,7 +37,7 @@ PretrainOptions options(const fs::path& dir, engine::Device device, bool graph =
   o.cuda_graph = graph;
   return o;
 }
-engine::AdamWOptions adam() { return engine::testing::short_pretrain_adam(); }
+engine::OptimizerOptions adam() { return engine::testing::short_pretrain_adam(); }
 
 PretrainResult full_run(engine::Device device, bool graph = false) {
   const fs::path dir = fresh_dir("full_" + device.str() + (graph ? "_graph" : ""));
