@@ -7,7 +7,8 @@
   3. --export-batches writes the initial weights and the batches the run read; the reference
      trains on them with PyTorch's AdamW, clipping and schedule;
   4. every step's loss, the gradient norm and each validation must agree (f32, relative 2e-4
-     after 24 steps), for BERT-A and TUPE-R;
+     after 24 steps), for BERT-A and TUPE-R with AdamW and TUPE-R with LAMB (optim.name: lamb,
+     against tools/reference/lamb_reference.py);
   5. the export's shapes and metadata, and bad uses refused with a message.
 
 Exit 77 (skipped) when PyTorch is missing.
@@ -47,8 +48,11 @@ p = make_corpus(app, work)
 check(p.returncode == 0, "prepare a corpus", p.stdout + p.stderr)
 
 
-def config(preset):
-    path = P(f"{preset}.yaml")
+LR = {"adamw": 3e-3, "lamb": 2e-2}  # LAMB's step is lr x ||w|| / ||u||: rates of its own
+
+
+def config(preset, optim="adamw"):
+    path = P(f"{preset}_{optim}.yaml")
     with open(path, "w") as f:
         f.write(f"""seed: 3
 model:
@@ -62,7 +66,8 @@ model:
   position:
     preset: {preset}
 optim:
-  lr: 3.0e-3
+  name: {optim}
+  lr: {LR[optim]}
   weight_decay: 0.01
 data:
   corpus: {P("corpus")}
@@ -86,8 +91,10 @@ def close(a, b, tol=2e-4):
     return abs(a - b) <= tol * max(1.0, abs(b))
 
 
-for preset in ("bert_a", "tupe_r"):
-    cfg = config(preset)
+for preset, optim in (("bert_a", "adamw"), ("tupe_r", "adamw"), ("tupe_r", "lamb")):
+    cfg = config(preset, optim)
+    if optim != "adamw":  # the same checks, the labels and files named by the optimizer
+        preset = f"{preset}+{optim}"
     p = run(["--config", cfg, "--out", P(f"eng_{preset}")])
     if not check(p.returncode == 0, f"{preset}: the engine trains", p.stdout + p.stderr):
         continue
@@ -117,8 +124,8 @@ for preset in ("bert_a", "tupe_r"):
 
     out = P(f"ref_{preset}.jsonl")
     p = subprocess.run([sys.executable, os.path.join(ref_dir, "train_reference.py"), "--export", exp,
-                        "--lr", "3e-3", "--warmup", "5", "--clip", "0.5", "--log-every", "1",
-                        "--valid-every", "8", "--no-dropout", "--out", out],
+                        "--lr", str(LR[optim]), "--warmup", "5", "--clip", "0.5", "--log-every", "1",
+                        "--valid-every", "8", "--no-dropout", "--optim", optim, "--out", out],
                        capture_output=True, text=True)
     if not check(p.returncode == 0, f"{preset}: the reference trains on the export", p.stdout + p.stderr):
         continue

@@ -11,7 +11,7 @@ What it shares with the engine is only what it reads: the initial weights (DIR/i
 and the batches (DIR/train.safetensors: train.steps x train.accumulation micro-batches in the
 order the run reads them; DIR/valid.safetensors: the run's validation batches). Everything else is
 PyTorch's: torch.optim.AdamW (betas 0.9/0.999, eps 1e-6, weight decay on every tensor but biases
-and LayerNorms), torch.nn.utils.clip_grad_norm_, the linear warmup/decay of
+and LayerNorms; --optim lamb: lamb_reference.Lamb with the same groups), torch.nn.utils.clip_grad_norm_, the linear warmup/decay of
 transformers.get_linear_schedule_with_warmup (step k, counted from 1, uses lr(k - 1): the first
 step's rate is 0 when there is a warmup), F.dropout at the model's rates (its masks are not the
 engine's; with --no-dropout there is none, as with the config's dropouts at 0) and micro-batches
@@ -39,6 +39,7 @@ except ImportError as e:  # pragma: no cover
     sys.exit(77)
 
 import bert_reference as ref  # noqa: E402
+import lamb_reference  # noqa: E402
 import safetensors_io as st  # noqa: E402
 
 
@@ -100,6 +101,8 @@ def main():
                     help="steps to train (default: all exported); the schedule's length is always "
                          "the exported run's train.steps")
     ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--optim", default="adamw", choices=["adamw", "lamb"],
+                    help="optim.name: torch.optim.AdamW or lamb_reference.Lamb (apex's rule)")
     ap.add_argument("--clip", type=float, default=1.0, help="train.clip_norm (0: none)")
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--valid-every", type=int, default=500)
@@ -134,9 +137,12 @@ def main():
     model = ref.Reference(cfg, params)
     decay = [p for n, p in model.P.items() if not ref.no_weight_decay(n)]
     no_decay = [p for n, p in model.P.items() if ref.no_weight_decay(n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.999), eps=1e-6)
+    groups = [{"params": decay, "weight_decay": a.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    if a.optim == "lamb":
+        opt = lamb_reference.Lamb(groups, lr=a.lr, betas=(0.9, 0.999), eps=1e-6)
+    else:
+        opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.999), eps=1e-6)
     lr_at = linear_schedule(a.lr, a.warmup, total)
     everything = list(model.P.values())
     out = open(a.out, "w")
