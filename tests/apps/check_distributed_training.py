@@ -121,33 +121,31 @@ runs = {
     "2 ranks, batch 4": (2, write_config("np2.yaml", 4, 1, 5, 0, 0.0)),
     "2 ranks, batch 2, accumulation 2": (2, write_config("np2acc.yaml", 2, 2, 5, 0, 0.0)),
 }
-params = {}
-for label, (ranks, cfg) in runs.items():
+def train_5(label, ranks, cfg):
+    """Runs a 5-step config; -> (parameters, losses), or None when it failed (a check says so)."""
     out = P(label.replace(" ", "_").replace(",", ""))
     p = launch(ranks, ["--config", cfg, "--out", out])
     check(p.returncode == 0, f"{label}: 5 steps", p.stdout[-3000:] + p.stderr[-3000:])
-    if p.returncode == 0:
-        params[label] = (read_safetensors(os.path.join(out, "model.safetensors")), losses(out))
-        if ranks:
-            check(f"global batch: 2 ranks x" in p.stdout, f"{label}: the global batch is reported", p.stdout[-1500:])
-            if "OMP_NUM_THREADS" not in os.environ:
-                # The node's cores shared by its ranks: no oversubscription, said at start.
-                m = re.search(r"^threads: (\d+) per rank \((.*)\)", p.stdout, re.M)
-                cores = len(os.sched_getaffinity(0))
-                check(m is not None and 1 <= int(m.group(1)) <= max(1, cores // 2)
-                      and "2 local ranks" in m.group(2),
-                      f"{label}: threads per rank = cores / local ranks ({cores} cores), printed at start",
-                      m.group(0) if m else p.stdout[-1500:])
+    if p.returncode != 0:
+        return None
+    if ranks:
+        check(f"global batch: 2 ranks x" in p.stdout, f"{label}: the global batch is reported", p.stdout[-1500:])
+        if "OMP_NUM_THREADS" not in os.environ:
+            # The node's cores shared by its ranks: no oversubscription, said at start.
+            m = re.search(r"^threads: (\d+) per rank \((.*)\)", p.stdout, re.M)
+            cores = len(os.sched_getaffinity(0))
+            check(m is not None and 1 <= int(m.group(1)) <= max(1, cores // 2)
+                  and "2 local ranks" in m.group(2),
+                  f"{label}: threads per rank = cores / local ranks ({cores} cores), printed at start",
+                  m.group(0) if m else p.stdout[-1500:])
+    return read_safetensors(os.path.join(out, "model.safetensors")), losses(out)
+
+
+params = {label: r for label, (ranks, cfg) in runs.items() if (r := train_5(label, ranks, cfg))}
 # LAMB: the all-reduced gradient is the global batch's, so its per-tensor norms and update are too.
 lamb_runs = {"LAMB, one rank, batch 8": (None, write_config("np1_lamb.yaml", 8, 1, 5, 0, 0.0, "lamb")),
              "LAMB, 2 ranks, batch 4": (2, write_config("np2_lamb.yaml", 4, 1, 5, 0, 0.0, "lamb"))}
-lamb_params = {}
-for label, (ranks, cfg) in lamb_runs.items():
-    out = P(label.replace(" ", "_").replace(",", ""))
-    p = launch(ranks, ["--config", cfg, "--out", out])
-    check(p.returncode == 0, f"{label}: 5 steps", p.stdout[-3000:] + p.stderr[-3000:])
-    if p.returncode == 0:
-        lamb_params[label] = (read_safetensors(os.path.join(out, "model.safetensors")), losses(out))
+lamb_params = {label: r for label, (ranks, cfg) in lamb_runs.items() if (r := train_5(label, ranks, cfg))}
 if device != "cpu":
     # The same 2-rank run on the CPU: MPI all-reduce of CPU gradients instead of NCCL on the device.
     out = P("2_ranks_batch_4_cpu")
