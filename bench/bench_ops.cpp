@@ -10,6 +10,7 @@
 #include <exception>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,8 @@
 #include "apps/cli.h"
 #include "engine/backend.h"
 #include "engine/cpu/gemm.h"
+#include "engine/module.h"
+#include "engine/optim.h"
 #include "ops/ops.h"
 
 using namespace engine;
@@ -412,6 +415,49 @@ Tensor param(const Shape& s, Generator& g) {
   return Tensor::randn(s, g, 0.0, 0.02).set_requires_grad();
 }
 
+// One optimizer step over BERT-Base's parameter list (12 layers, vocabulary 30522; --quick: 2
+// layers, 8000 words): AdamW's one pass (29 bytes an element) against LAMB's two (42) and their
+// per-tensor sums; the rate counts those bytes.
+void bench_optimizers(bool quick) {
+  if (!selected("optimizer")) return;
+  Generator g(3);
+  const int64_t D = 768, F = 3072, layers = quick ? 2 : 12, V = quick ? 8000 : 30522;
+  NamedTensors ps = {{"emb.word.weight", param({V, D}, g)},
+                     {"emb.position.weight", param({512, D}, g)},
+                     {"emb.norm.weight", param({D}, g)},
+                     {"emb.norm.bias", param({D}, g)}};
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string p = "layer." + std::to_string(l) + ".";
+    for (auto [name, shape] :
+         std::vector<std::pair<std::string, Shape>>{{"qkv.weight", {3 * D, D}},
+                                                    {"qkv.bias", {3 * D}},
+                                                    {"out.weight", {D, D}},
+                                                    {"out.bias", {D}},
+                                                    {"attention_norm.weight", {D}},
+                                                    {"attention_norm.bias", {D}},
+                                                    {"ffn1.weight", {F, D}},
+                                                    {"ffn1.bias", {F}},
+                                                    {"ffn2.weight", {D, F}},
+                                                    {"ffn2.bias", {D}},
+                                                    {"ffn_norm.weight", {D}},
+                                                    {"ffn_norm.bias", {D}}})
+      ps.emplace_back(p + name, param(shape, g));
+  }
+  FlatParameters flat(ps);
+  flat.grad().copy_(Tensor::randn({flat.numel()}, g, 0.0, 1e-3));
+  const double n = static_cast<double>(flat.numel());
+  for (const char* name : {"adamw", "lamb"}) {
+    OptimizerOptions o;
+    o.name = name;
+    std::unique_ptr<Optimizer> opt =
+        make_optimizer(flat, o, [](const std::string& k) { return !default_no_decay(k); });
+    const std::string label = std::string("optimizer step ") + name + " (BERT-Base, " +
+                              std::to_string(static_cast<long long>(n / 1e6)) + "M parameters)";
+    report(label.c_str(), time_ms([&] { opt->step(1e-4); }),
+           (name == std::string("adamw") ? 29.0 : 42.0) * n * 1e-9, "GB/s");
+  }
+}
+
 void run(bool quick) {
   Generator g(0);
   const int64_t B = quick ? 2 : 8, T = 128, D = 768, H = 12, F = 3072, V = 30522;
@@ -602,6 +648,7 @@ void run(bool quick) {
   bench_sum_to("sum_to_tiny_bias (16*T,128)->(128)", Tensor::randn({16 * T, 128}, g), {128});
   Tensor sb = Tensor::randn({SB, H, T, T}, g);
   bench_sum_to("sum_to_batch (B,12,128,128)->(1,12,128,128)", sb, {1, H, T, T});
+  bench_optimizers(quick);
 }
 
 }  // namespace

@@ -224,6 +224,7 @@ Lamb::Lamb(FlatParameters& params, OptimizerOptions options,
   layout_.trust = Tensor::from_vector(trust, {int64_t(trust.size())}, dev);
   layout_.partials = Tensor::zeros({2 * std::max<int64_t>(1, layout_.num_chunks)}, DType::f64, dev);
   layout_.step_scales = Tensor::zeros({layout_.num_tensors}, DType::f32, dev);
+  if (dev.is_cpu()) layout_.updates = Tensor::zeros({params.numel()}, DType::f32, dev);
 }
 
 namespace {

@@ -134,6 +134,10 @@ struct LambLayout {
   Tensor trust;          // u8 (tensors): 1 where the trust ratio applies
   Tensor partials;       // f64 (2 x chunks) scratch: each chunk's sums of p^2 and u^2
   Tensor step_scales;    // f32 (tensors) scratch: -(lr x ratio) of each tensor
+  // CPU only: f32, slab layout: each element's u, kept from the first pass to the last (on the
+  // CPU the update's divisions and square root cost more than the slab's bytes; the CUDA kernels
+  // recompute u, the same bits, and need no slab).
+  Tensor updates;
   int64_t num_chunks = 0, num_tensors = 0;
 };
 
@@ -147,9 +151,9 @@ struct LambLayout {
 //   p -= lr * ratio * u
 // Three launches, whatever the number of tensors: moments, u and per-chunk partial sums of p^2
 // and u^2 (chunks of kLambChunk elements that never cross a tensor); one block per tensor adds
-// its chunks and makes lr * ratio; the update (u recomputed from the stored moments: the same
-// bits, no slab of its own). Every sum in f64 in a fixed order, the CPU's the CUDA blocks' own, so
-// a step gives the same bits on either backend and from run to run.
+// its chunks and makes lr * ratio; the update (u recomputed from the stored moments on the device,
+// kept in a slab on the CPU: the same bits either way). Every sum in f64 in a fixed order, the
+// CPU's the CUDA blocks' own, so a step gives the same bits on either backend and from run to run.
 class Lamb final : public Optimizer {
  public:
   Lamb(FlatParameters& params, OptimizerOptions options,

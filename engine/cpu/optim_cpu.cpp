@@ -103,12 +103,6 @@ inline float lamb_update(float p, float g, float& m, float& v, uint8_t decay, co
   return decay != 0 ? adam + f.wd * p : adam;
 }
 
-// The update again from moments already stored: the same operations, so the same bits.
-inline float lamb_update_stored(float p, float m, float v, uint8_t decay, const LambFloats& f) {
-  const float adam = (m / f.bc1) / (std::sqrt(v / f.bc2) + f.eps);
-  return decay != 0 ? adam + f.wd * p : adam;
-}
-
 void lamb(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
           const Tensor& decay_mask, const LambLayout& layout, const LambStepScalars& s) {
   const int64_t n = param.numel();
@@ -133,30 +127,46 @@ void lamb(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const 
   const uint8_t* trust = layout.trust.data<uint8_t>();
   double* partials = layout.partials.data<double>();
   float* step_scales = layout.step_scales.data<float>();
+  ENGINE_ASSERT(layout.updates.defined() && layout.updates.numel() == n);
+  float* updates = layout.updates.data<float>();
   const int64_t num_chunks = layout.num_chunks;
   const bool threaded = n > kParallelMin;
 
-  // 1. Moments, and each chunk's sums of p^2 and u^2 as the CUDA block adds them: lane t takes
-  // elements 4 (t + kLambLanes k) + j (its 16-byte vectors in turn), then block_sum's order.
+  // 1. Moments and each element's u into the updates slab (a flat loop that vectorises), then the
+  // chunk's sums of p^2 and u^2 as the CUDA block adds them: lane t takes elements
+  // 4 (t + kLambLanes k) + j, k then j ascending (its 16-byte vectors in turn), then block_sum's
+  // order. The lanes are independent, so the loops run over t innermost (vectorised) and each
+  // lane still adds in its own order.
 #pragma omp parallel for schedule(static) if (threaded)
   for (int64_t c = 0; c < num_chunks; ++c) {
     const int64_t start = chunks[3 * c], len = chunks[3 * c + 1];
-    double sp[kLambLanes], su[kLambLanes];
-    for (int64_t t = 0; t < kLambLanes; ++t) {
-      double a = 0, b = 0;
-      for (int64_t k = 0; 4 * (t + kLambLanes * k) < len; ++k)
-        for (int64_t j = 0; j < 4; ++j) {
-          const int64_t e = 4 * (t + kLambLanes * k) + j;
-          if (e >= len) break;
-          const int64_t i = start + e;
-          const float u = lamb_update(p[i], g[i], m[i], v[i], mask[i], f);
-          const double pd = p[i], ud = u;
-          a += pd * pd;
-          b += ud * ud;
+    float* ub = updates + start;
+    float* pc = p + start;
+    const float* gc = g + start;
+    float* mc = m + start;
+    float* vc = v + start;
+    const uint8_t* dc = mask + start;
+#pragma omp simd
+    for (int64_t e = 0; e < len; ++e) ub[e] = lamb_update(pc[e], gc[e], mc[e], vc[e], dc[e], f);
+    alignas(64) double sp[kLambLanes] = {}, su[kLambLanes] = {};
+    for (int64_t k = 0; k < kLambChunk / (4 * kLambLanes); ++k)
+      for (int64_t j = 0; j < 4; ++j) {
+        const int64_t first_e = 4 * kLambLanes * k + j;
+        if (first_e + 4 * (kLambLanes - 1) < len) {  // every lane has its element
+#pragma omp simd
+          for (int64_t t = 0; t < kLambLanes; ++t) {
+            const double pd = pc[first_e + 4 * t], ud = ub[first_e + 4 * t];
+            sp[t] += pd * pd;
+            su[t] += ud * ud;
+          }
+        } else {
+          for (int64_t t = 0; t < kLambLanes && first_e + 4 * t < len; ++t) {
+            const double pd = pc[first_e + 4 * t], ud = ub[first_e + 4 * t];
+            sp[t] += pd * pd;
+            su[t] += ud * ud;
+          }
         }
-      sp[t] = a;
-      su[t] = b;
-    }
+      }
     partials[2 * c] = block_sum_order(sp);
     partials[2 * c + 1] = block_sum_order(su);
   }
@@ -181,8 +191,10 @@ void lamb(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const 
   for (int64_t c = 0; c < num_chunks; ++c) {
     const int64_t start = chunks[3 * c], len = chunks[3 * c + 1];
     const float scale = step_scales[chunks[3 * c + 2]];
-    for (int64_t i = start; i < start + len; ++i)
-      p[i] = p[i] + scale * lamb_update_stored(p[i], m[i], v[i], mask[i], f);
+    float* pc = p + start;
+    const float* uc = updates + start;
+#pragma omp simd
+    for (int64_t e = 0; e < len; ++e) pc[e] = pc[e] + scale * uc[e];
   }
 }
 
