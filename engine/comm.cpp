@@ -8,11 +8,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <Eigen/Core>
 
 #include "engine/error.h"
 #include "engine/threads.h"
@@ -93,20 +94,12 @@ MPI_Datatype mpi_type(DType t, const char* what) {
   }
 }
 
+// The CPU backend's bf16 conversions (Eigen's: round to nearest even), on raw bits.
 float bf16_bits_to_float(uint16_t b) {
-  const uint32_t u = uint32_t(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+  return static_cast<float>(Eigen::numext::bit_cast<Eigen::bfloat16>(b));
 }
-
-// Round to nearest even, as the engine's other bf16 conversions (a NaN stays a quiet NaN).
 uint16_t float_to_bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  return Eigen::numext::bit_cast<uint16_t>(Eigen::bfloat16(f));
 }
 
 MPI_Op mpi_op(ReduceOp op) {

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "engine/cuda/context.h"
 #include "engine/cuda/device_error.cuh"
@@ -17,6 +18,13 @@
 
 namespace engine::cuda {
 namespace {
+
+// Both optimizers' kernels read the slabs in 16-byte vectors.
+void require_aligned_slabs(const char* op, std::initializer_list<const Tensor*> slabs) {
+  for (const Tensor* t : slabs)
+    ENGINE_CHECK(reinterpret_cast<uintptr_t>(t->raw_data()) % 16 == 0, "[", op,
+                 "] the CUDA kernels need 16-byte aligned slabs, got ", describe(*t));
+}
 
 struct AdamWFloats {
   float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size,
@@ -105,9 +113,7 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
       static_cast<float>(1.0 - s.beta2),  static_cast<float>(s.bias_correction2_sqrt),
       static_cast<float>(s.eps),          static_cast<float>(-s.step_size),
       static_cast<float>(s.grad_scale)};
-  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask})
-    ENGINE_CHECK(reinterpret_cast<uintptr_t>(t->raw_data()) % 16 == 0,
-                 "[adamw] the CUDA kernel needs 16-byte aligned slabs, got ", describe(*t));
+  require_aligned_slabs("adamw", {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask});
   const int threads = kElementwiseThreads;
   const int index = param.device().index;
   cudaStream_t stream = compute_stream(index);
@@ -288,9 +294,7 @@ void lamb(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const 
                      static_cast<float>(s.eps),
                      static_cast<float>(s.weight_decay),
                      static_cast<float>(s.grad_scale)};
-  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask})
-    ENGINE_CHECK(reinterpret_cast<uintptr_t>(t->raw_data()) % 16 == 0,
-                 "[lamb] the CUDA kernels need 16-byte aligned slabs, got ", describe(*t));
+  require_aligned_slabs("lamb", {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask});
   const int index = param.device().index;
   cudaStream_t stream = compute_stream(index);
   Tensor resolved;
