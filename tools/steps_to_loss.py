@@ -2,7 +2,7 @@
 """The step at which each pretraining run first reaches a validation MLM loss: the TUPE paper's
 "TUPE-A reaches BERT's final loss in 30% of the steps" claim, per run and as mean ± std per label.
 
-usage: steps_to_loss.py (--target LOSS | --target-from LABEL) [--json FILE] RUN[=LABEL] ...
+usage: steps_to_loss.py [--target LOSS | --target-from LABEL] [--at STEPS] [--json FILE] RUN[=LABEL] ...
 
 RUN is a pretrain_app run directory (its metrics.jsonl) or a metrics.jsonl file; RUNs given the
 same LABEL (the seeds of one preset) form one row. --target-from LABEL takes as the target the
@@ -12,6 +12,11 @@ loss between that validation and the one before it (the step itself when the fir
 already reaches it). The row gives each run's step, the mean ± std over runs that reached it (n - 1
 in the denominator), that as a share of the target label's steps (its runs' last step), and how
 many never did. Prints a Markdown table; --json writes every figure.
+
+--at STEP,STEP,... prints a table (after the target's, when one is given): per label, the mean
+validation loss at each of those steps over its runs (every run must have a validation at each),
+then the mean ± std of the runs' final losses and each run's final loss, in the order given (a
+run whose last validation comes before the others' says at which step).
 """
 import argparse
 import json
@@ -63,27 +68,15 @@ def mean_std(xs):
     return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else None)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", metavar="RUN[=LABEL]")
-    g = ap.add_mutually_exclusive_group(required=True)
-    g.add_argument("--target", type=float, help="the validation loss to reach")
-    g.add_argument("--target-from", metavar="LABEL", help="the mean final validation loss of LABEL's runs")
-    ap.add_argument("--json", help="write every figure here")
-    args = ap.parse_args()
-
-    groups = {}
-    for spec in args.runs:
-        run, _, label = spec.partition("=")
-        groups.setdefault(label or os.path.basename(os.path.normpath(run)), []).append((run, read_curve(run)))
-    if args.target_from is not None:
-        if args.target_from not in groups:
-            sys.exit(f"steps_to_loss: --target-from {args.target_from}: no run has that label "
+def target_table(groups, target_loss, target_from):
+    if target_from is not None:
+        if target_from not in groups:
+            sys.exit(f"steps_to_loss: --target-from {target_from}: no run has that label "
                      f"(labels: {', '.join(groups)})")
-        target = sum(c[-1][1] for _, c in groups[args.target_from]) / len(groups[args.target_from])
-        ref_steps = max(c[-1][0] for _, c in groups[args.target_from])
+        target = sum(c[-1][1] for _, c in groups[target_from]) / len(groups[target_from])
+        ref_steps = max(c[-1][0] for _, c in groups[target_from])
     else:
-        target, ref_steps = args.target, None
+        target, ref_steps = target_loss, None
 
     rows = []
     for label, runs in groups.items():
@@ -95,7 +88,7 @@ def main():
                      "mean": m, "std": sd, "never": len(steps) - len(reached),
                      "share_of_target_steps": (m / ref_steps if (m is not None and ref_steps) else None)})
 
-    head = f"target validation loss {target:.4f}" + (f" (the mean final loss of {args.target_from}, "
+    head = f"target validation loss {target:.4f}" + (f" (the mean final loss of {target_from}, "
                                                       f"{ref_steps} steps)" if ref_steps else "")
     print(head + "\n")
     print("| label | step per run | mean ± std | share of the target's steps | never reached |")
@@ -105,11 +98,74 @@ def main():
         ms = "n/a" if r["mean"] is None else (f"{r['mean']:.0f}" + (f" ± {r['std']:.0f}" if r["std"] is not None else ""))
         share = "n/a" if r["share_of_target_steps"] is None else f"{100 * r['share_of_target_steps']:.0f}%"
         print(f"| {r['label']} | {per} | {ms} | {share} | {r['never']} |")
+    return {"target": target, "target_from": target_from, "target_steps": ref_steps, "rows": rows}
+
+
+def loss_at_table(groups, at):
+    """Per label: the mean validation loss at each step of `at`, the runs' final losses."""
+    rows = []
+    for label, runs in groups.items():
+        means = []
+        for step in at:
+            vals = []
+            for run, c in runs:
+                d = dict(c)
+                if step not in d:
+                    sys.exit(f"steps_to_loss: --at {step}: {run} has no validation at step {step} "
+                             f"(its validations: {c[0][0]} .. {c[-1][0]})")
+                vals.append(d[step])
+            means.append(sum(vals) / len(vals))
+        finals = [c[-1][1] for _, c in runs]
+        m, sd = mean_std(finals)
+        rows.append({"label": label, "runs": [r for r, _ in runs], "steps": at, "mean_loss": means,
+                     "final_losses": finals, "last_steps": [c[-1][0] for _, c in runs],
+                     "final_mean": m, "final_std": sd})
+    last = max(x for r in rows for x in r["last_steps"])
+    print(f"\nmean validation loss per label at the given steps; final (step {last:,}): mean ± std over runs, "
+          "then per run (a run that ended earlier says at which step)\n")
+    print("| label | " + " | ".join(f"{s:,}" for s in at) + " | final | final per run |")
+    print("|---|" + "---:|" * (len(at) + 1) + "---|")
+    for r in rows:
+        fin = f"{r['final_mean']:.3f}" + (f" ± {r['final_std']:.3f}" if r["final_std"] is not None else "")
+        print(f"| {r['label']} | " + " | ".join(f"{x:.2f}" for x in r["mean_loss"]) + f" | {fin} | "
+              + ", ".join(f"{x:.4f}" + (f" (step {n:,})" if n != last else "")
+                          for x, n in zip(r["final_losses"], r["last_steps"])) + " |")
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", metavar="RUN[=LABEL]")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--target", type=float, help="the validation loss to reach")
+    g.add_argument("--target-from", metavar="LABEL", help="the mean final validation loss of LABEL's runs")
+    ap.add_argument("--at", metavar="STEPS", help="comma-separated steps: the mean validation loss at each, per label")
+    ap.add_argument("--json", help="write every figure here")
+    args = ap.parse_args()
+    at = None
+    if args.at is not None:
+        try:
+            at = [int(x) for x in args.at.split(",")]
+        except ValueError:
+            ap.error(f"--at {args.at}: expected comma-separated whole steps, e.g. 1000,2000,4000")
+        if not at or any(x < 0 for x in at):
+            ap.error(f"--at {args.at}: expected comma-separated whole steps, e.g. 1000,2000,4000")
+    if args.target is None and args.target_from is None and at is None:
+        ap.error("one of the arguments --target --target-from --at is required")
+
+    groups = {}
+    for spec in args.runs:
+        run, _, label = spec.partition("=")
+        groups.setdefault(label or os.path.basename(os.path.normpath(run)), []).append((run, read_curve(run)))
+    out = {}
+    if args.target is not None or args.target_from is not None:
+        out.update(target_table(groups, args.target, args.target_from))
+    if at is not None:
+        out["at"] = loss_at_table(groups, at)
     if args.json:
         try:
             with open(args.json, "w") as f:
-                json.dump({"target": target, "target_from": args.target_from, "target_steps": ref_steps,
-                           "rows": rows}, f, indent=1)
+                json.dump(out, f, indent=1)
         except OSError as e:
             sys.exit(f"steps_to_loss: --json {args.json}: cannot write it ({e})")
 

@@ -6,6 +6,8 @@
     it are counted, not averaged;
   - --target-from LABEL: the mean of LABEL's final losses, and the share of its steps;
   - a resumed run's repeated steps keep the last row; training rows without valid_loss are skipped;
+  - --at STEPS: the mean loss per label at given steps, the finals' mean ± std and each run's
+    final, alone or beside a target table; a run without a validation at a step is named;
   - bad input (no file, no validation rows, a broken line, an unknown label) ends with one message
     naming the file, line or label, exit 1 or 2, never a traceback.
 
@@ -91,7 +93,27 @@ tool_run(["--target", "1", broken], 1, "metrics.jsonl:3: not a JSON row", "broke
 tool_run(["--target-from", "zz", f"{ref1}=ref"], 1, "--target-from zz: no run has that label (labels: ref)", "unknown label")
 tool_run(["--target", "1", ref1, "--json", os.path.join(work, "nowhere", "x.json")], 1, "cannot write it",
          "an unwritable --json")
-tool_run([ref1], 2, "one of the arguments --target --target-from is required", "no target")
+# --at: ref's means at 500 and 1000 are (6+5)/2 and (4+3)/2; finals 4.0 and 3.0 -> 3.500 ± 0.707.
+out_at = os.path.join(work, "at.json")
+p = tool_run(["--at", "500,1000", f"{ref1}=ref", f"{ref2}=ref", "--json", out_at], 0,
+             "| ref | 5.50 | 3.50 | 3.500 ± 0.707 | 4.0000, 3.0000 |", "--at alone")
+check("target validation loss" not in p.stdout, "--at alone prints no target table")
+at = json.load(open(out_at))
+check("target" not in at and at["at"][0]["mean_loss"] == [5.5, 3.5] and at["at"][0]["final_losses"] == [4.0, 3.0],
+      f"--at json {at}")
+# beside a target, and a one-run label (no std); the resumed run's step 400 is its last row (3.0)
+p = tool_run(["--target", "3.5", "--at", "200,400", f"{resumed}=resumed"], 0, "| resumed | 4.00 | 3.00 | 3.000 | 3.0000 |",
+             "--at beside --target")
+check("target validation loss 3.5000" in p.stdout, "--at beside --target keeps the target table")
+# a run that ended before the others says so: fast2's last validation is at 200, fast1's at 600
+tool_run(["--at", "200", f"{fast1}=fast", f"{fast2}=fast"], 0, "| fast | 3.75 | 2.500 ± 0.707 | 2.0000, 3.0000 (step 200) |",
+         "--at, a run that ended earlier")
+tool_run(["--at", "500,700", f"{ref1}=ref"], 1, "--at 700: " + ref1 + " has no validation at step 700 (its validations: 500 .. 1000)",
+         "--at a step without a validation")
+tool_run(["--at", "5x0", ref1], 2, "--at 5x0: expected comma-separated whole steps", "--at not steps")
+tool_run(["--at", "-5", ref1], 2, "--at -5: expected comma-separated whole steps", "--at a negative step")
+
+tool_run([ref1], 2, "one of the arguments --target --target-from --at is required", "no target")
 tool_run(["--target", "1", "--target-from", "ref", ref1], 2, "not allowed with argument", "both targets")
 
 print("ok" if not failures else f"{len(failures)} failures")
