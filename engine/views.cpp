@@ -125,6 +125,30 @@ Tensor empty_in_layout(const Shape& shape, const std::vector<int64_t>& strides, 
   return Tensor::empty(ordered, dtype, device).permute(inverse);
 }
 
+// The tensor whose slices along a new dimension `dim` are g[0], g[1], ... (one storage, one
+// dtype, shape and strides, their first elements a fixed positive step apart), as a view; undefined
+// when they are not. Views with a zero stride (an expand) are refused: their elements are not
+// each their own.
+Tensor stacked_view(const std::vector<Tensor>& g, int64_t dim) {
+  const Tensor& g0 = g[0];
+  const int64_t step = g[1].storage_offset() - g0.storage_offset();
+  if (step <= 0) return Tensor();
+  for (size_t i = 0; i < g.size(); ++i) {
+    const Tensor& gi = g[i];
+    if (!gi.shares_storage(g0) || gi.dtype() != g0.dtype() || gi.shape() != g0.shape() ||
+        gi.strides() != g0.strides() ||
+        gi.storage_offset() - g0.storage_offset() != static_cast<int64_t>(i) * step)
+      return Tensor();
+  }
+  for (size_t d = 0; d < g0.shape().size(); ++d)
+    if (g0.shape()[d] > 1 && g0.strides()[d] == 0) return Tensor();
+  Shape shape = g0.shape();
+  std::vector<int64_t> strides = g0.strides();
+  shape.insert(shape.begin() + dim, static_cast<int64_t>(g.size()));
+  strides.insert(strides.begin() + dim, step);
+  return make_view(g0, shape, strides, g0.storage_offset());
+}
+
 // unbind: every index along `dim` as one output of one node, so the backward writes the
 // gradients into one tensor once (slices would each make a zero tensor of the input's size, copy
 // their part in, and then be summed: BERT's q, k, v split moved ~7x the bytes).
@@ -141,6 +165,12 @@ struct UnbindNode : Node {
       all = all && gi.defined();
     }
     if (!any) return {Tensor()};
+    // Gradients that are already the slices of one tensor along a dimension of its own (the
+    // fused attention's dq, dk, dv): that tensor is the input's gradient, no copy.
+    if (all && g.size() > 1) {
+      Tensor whole = stacked_view(g, dim);
+      if (whole.defined() && whole.shape() == m.shape) return {whole};
+    }
     Tensor out = empty_in_layout(m.shape, in_strides, any->dtype(), m.device);
     if (!all) out.fill_(0.0);
     for (size_t i = 0; i < g.size(); ++i)

@@ -8,10 +8,12 @@
 //   dQ = scale dS K,  dK = scale dS^T Q,  dbias = sum of dS over the broadcast dims.
 #include "ops/attention.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <numeric>
 #include <string>
 
 #include <omp.h>
@@ -134,6 +136,57 @@ struct AttentionNode : Node {
   void release_saved() override { q = k = v = probs = dropped = Tensor(); }
 };
 
+// An empty tensor of `shape` whose dims are laid out in the order of `strides` (outermost
+// first, ties in dim order), contiguous in that order: the fused path's results in their
+// operands' layout, so that the heads' merge after the forward and the split before it (a
+// permute of the projection's output) hand the GEMMs around them views, not copies.
+Tensor empty_in_order(const Shape& shape, const std::vector<int64_t>& strides, DType dtype,
+                      Device device) {
+  const size_t n = shape.size();
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return strides[a] > strides[b]; });
+  Shape ordered(n);
+  std::vector<int64_t> inverse(n);
+  for (size_t j = 0; j < n; ++j) {
+    ordered[j] = shape[order[j]];
+    inverse[order[j]] = static_cast<int64_t>(j);
+  }
+  return Tensor::empty(ordered, dtype, device).permute(inverse);
+}
+
+// An operand as the fused kernels take it: itself where its layout fits, else a contiguous copy.
+Tensor in_fused_layout(const Tensor& t) {
+  return flash_attention_layout_fits(t) ? t : t.contiguous();
+}
+
+// dq, dk and dv in q's, k's and v's layouts; when q, k and v are the three slices of one tensor
+// along a dimension of its own (the projection's (B, T, 3, H, D) output unbound), their gradients
+// are the three slices of one tensor laid out the same way, which the unbind's backward hands on
+// without a copy.
+void gradients_in_layout(FlashAttentionBackward& a) {
+  const Device dev = a.q.device();
+  const int64_t step = a.k.storage_offset() - a.q.storage_offset();
+  if (a.q.shares_storage(a.k) && a.q.shares_storage(a.v) && a.q.shape() == a.k.shape() &&
+      a.q.shape() == a.v.shape() && a.q.strides() == a.k.strides() &&
+      a.q.strides() == a.v.strides() && step > 0 &&
+      a.v.storage_offset() - a.k.storage_offset() == step) {
+    Shape shape3 = a.q.shape();
+    std::vector<int64_t> strides3 = a.q.strides();
+    shape3.insert(shape3.begin(), 3);
+    strides3.insert(strides3.begin(), step);
+    const Tensor g = empty_in_order(shape3, strides3, a.q.dtype(), dev);
+    a.dq = g.select(0, 0);
+    a.dk = g.select(0, 1);
+    a.dv = g.select(0, 2);
+    if (flash_attention_layout_fits(a.dq)) return;
+  }
+  a.dq = empty_in_order(a.q.shape(), a.q.strides(), a.q.dtype(), dev);
+  a.dk = empty_in_order(a.k.shape(), a.k.strides(), a.k.dtype(), dev);
+  a.dv = empty_in_order(a.v.shape(), a.v.strides(), a.v.dtype(), dev);
+}
+
 // The fused path's node: the backward is flash_attention_backward_kernel on the saved inputs,
 // output and log-sum-exp.
 struct FlashAttentionNode : Node {
@@ -144,10 +197,8 @@ struct FlashAttentionNode : Node {
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
     FlashAttentionBackward a = args;
     const Device dev = a.q.device();
-    a.dout = grads[0].contiguous();
-    a.dq = Tensor::empty(a.q.shape(), a.q.dtype(), dev);
-    a.dk = Tensor::empty(a.k.shape(), a.k.dtype(), dev);
-    a.dv = Tensor::empty(a.v.shape(), a.v.dtype(), dev);
+    a.dout = in_fused_layout(grads[0]);
+    gradients_in_layout(a);
     const int64_t h = a.q.size(1), tq = a.q.size(2), tk = a.k.size(2);
     if (a.bias.defined() && needs_input_grad(3))
       a.dbias = Tensor::empty({h, tq, tk}, DType::f32, dev);
@@ -263,9 +314,10 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                  : Tensor();
   if (try_fused && bias_shared) {
     FlashAttentionForward f;
-    f.q = q.detach().contiguous();
-    f.k = k.detach().contiguous();
-    f.v = v.detach().contiguous();
+    // The heads' split and merge as views: q, k, v in their own layouts, out in q's.
+    f.q = in_fused_layout(q.detach());
+    f.k = in_fused_layout(k.detach());
+    f.v = in_fused_layout(v.detach());
     f.bias = bias3;
     if (opt.key_mask.defined()) f.key_mask = opt.key_mask.detach().to(DType::f32).contiguous();
     f.scale = scale;
@@ -274,7 +326,7 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
       Generator& gen = opt.generator ? *opt.generator : default_generator();
       f.state = gen.reserve_words(static_cast<uint64_t>(b * h * tq * tk));
     }
-    f.out = Tensor::empty({b, h, tq, dv}, q.dtype(), q.device());
+    f.out = empty_in_order({b, h, tq, dv}, f.q.strides(), q.dtype(), q.device());
     f.lse = Tensor::empty({b, h, tq}, DType::f32, q.device());
     if (p > 0) f.mask_bits = Tensor::empty({b, h, tq, (tk + 3) / 4}, DType::u8, q.device());
     flash_attention_forward_kernel(q.device(), f);

@@ -37,6 +37,16 @@ bool flash_attention_fits(Device device, DType dtype, int64_t b, int64_t h, int6
   return d == dv && (d == 32 || d == 64 || d == 128) && b * h >= 1 && b * h <= 65535;
 }
 
+bool flash_attention_layout_fits(const Tensor& t) {
+  if (!t.defined() || t.dim() != 4) return false;
+  const int64_t vec = 16 / static_cast<int64_t>(dtype_size(t.dtype()));  // elements in 16 bytes
+  if (t.size(3) > 1 && t.stride(3) != 1) return false;
+  if (t.storage_offset() % vec != 0) return false;
+  for (int i = 0; i < 3; ++i)
+    if (t.size(i) > 1 && t.stride(i) % vec != 0) return false;
+  return true;
+}
+
 namespace {
 
 std::vector<double> host(const Tensor& t) {

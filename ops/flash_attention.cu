@@ -43,8 +43,18 @@ constexpr int kLdT = 16 + 4;  // floats: a per-warp 16 x 16 product tile
 constexpr int kLdH = 16 + 8;  // 16-bit elements: a per-warp 16 x 16 operand tile
 constexpr int kTargetBlocks = 2 * 132;  // backward_q: about two blocks for each of an H200's SMs
 
+// A (B, H, T, D) operand's layout: element (b, h, t, d) at b sb + h sh + t st + d (the head
+// width contiguous; flash_attention_layout_fits). The heads' split and merge are views: q, k and
+// v straight from the projection's (B, T, 3, H, D) output, out written as (B, T, H, D).
+struct Rows {
+  int64_t sb, sh, st;
+};
+
+__device__ inline int64_t at(const Rows& l, int64_t b, int64_t h) { return b * l.sb + h * l.sh; }
+
 template <class T>
 struct Args {
+  Rows lq, lk, lv, lo, ldo, ldq, ldk, ldv;  // q, k, v, out (o), dout, dq, dk, dv
   const T *q, *k, *v, *bias, *out, *dout;
   const float *mask, *lse;
   const uint8_t* bits;  // the forward's keep bits (backward, with dropout)
@@ -101,48 +111,53 @@ __device__ inline float half_sum(float v) {
   return v;
 }
 
-// Rows [r0, r0 + n) of a (total, D) matrix into a shared tile of `ld` elements a row, 16 bytes at
-// a time, zeros past `total`; threads t, t + nt, ...
+// Rows [r0, r0 + n) of a (total, D) matrix whose rows are `lds` elements apart into a shared tile
+// of `ld` elements a row, 16 bytes at a time, zeros past `total`; threads t, t + nt, ...
 template <class T, int D, class P>
-__device__ inline void stage_rows(P dst, int ld, const T* src, int64_t r0, int64_t total, int n,
-                                  int t, int nt) {
+__device__ inline void stage_rows(P dst, int ld, const T* src, int64_t lds, int64_t r0,
+                                  int64_t total, int n, int t, int nt) {
   constexpr int kVecs = D * sizeof(T) / 16;
   for (int e = t; e < n * kVecs; e += nt) {
     const int r = e / kVecs, c = e % kVecs;
     uint4 v = uint4{0u, 0u, 0u, 0u};
-    if (r0 + r < total) v = reinterpret_cast<const uint4*>(src + (r0 + r) * D)[c];
+    if (r0 + r < total) v = reinterpret_cast<const uint4*>(src + (r0 + r) * lds)[c];
     dst[r * (ld * int(sizeof(T)) / 16) + c] = v;
   }
 }
 
-// Rows [r0, r0 + 64) of two (total, D) matrices into the block's shared tiles at byte offsets o1
-// and o2 (every thread of the block takes part).
+// Rows [r0, r0 + 64) of two (total, D) matrices (rows lds1 and lds2 elements apart) into the
+// block's shared tiles at byte offsets o1 and o2 (every thread of the block takes part).
 template <class T, int D, class B>
-__device__ inline void stage_block_pair(B smem, size_t o1, const T* src1, size_t o2, const T* src2,
-                                        int ld, int64_t r0, int64_t total) {
-  stage_rows<T, D>(smem_region<uint4>(smem, o1), ld, src1, r0, total, kTile, threadIdx.x, kThreads);
-  stage_rows<T, D>(smem_region<uint4>(smem, o2), ld, src2, r0, total, kTile, threadIdx.x, kThreads);
+__device__ inline void stage_block_pair(B smem, size_t o1, const T* src1, int64_t lds1, size_t o2,
+                                        const T* src2, int64_t lds2, int ld, int64_t r0,
+                                        int64_t total) {
+  stage_rows<T, D>(smem_region<uint4>(smem, o1), ld, src1, lds1, r0, total, kTile, threadIdx.x,
+                   kThreads);
+  stage_rows<T, D>(smem_region<uint4>(smem, o2), ld, src2, lds2, r0, total, kTile, threadIdx.x,
+                   kThreads);
 }
 
 // Rows [r0, r0 + 16) of two (total, D) matrices into one warp's shared tiles at byte offsets o1
 // and o2 (the warp's lanes take part).
 template <class T, int D, class B>
-__device__ inline void stage_warp_pair(B smem, size_t o1, const T* src1, size_t o2, const T* src2,
-                                       int ld, int64_t r0, int64_t total, int lane) {
-  stage_rows<T, D>(smem_region<uint4>(smem, o1), ld, src1, r0, total, 16, lane, kWarpSize);
-  stage_rows<T, D>(smem_region<uint4>(smem, o2), ld, src2, r0, total, 16, lane, kWarpSize);
+__device__ inline void stage_warp_pair(B smem, size_t o1, const T* src1, int64_t lds1, size_t o2,
+                                       const T* src2, int64_t lds2, int ld, int64_t r0,
+                                       int64_t total, int lane) {
+  stage_rows<T, D>(smem_region<uint4>(smem, o1), ld, src1, lds1, r0, total, 16, lane, kWarpSize);
+  stage_rows<T, D>(smem_region<uint4>(smem, o2), ld, src2, lds2, r0, total, 16, lane, kWarpSize);
 }
 
 // A 16 x 16 float accumulator out through a per-warp tile: rows [r0, r0 + 16) x columns
-// [c0, c0 + 16) of a (rows, D) 16-bit matrix, rows past `rows` skipped.
-template <class T, int D, class P>
-__device__ inline void store_tile(const FragC& f, P tile, T* dst, int64_t r0, int64_t rows, int c0,
-                                  int lane) {
+// [c0, c0 + 16) of a (rows, D) 16-bit matrix whose rows are `lds` elements apart, rows past
+// `rows` skipped.
+template <class T, class P>
+__device__ inline void store_tile(const FragC& f, P tile, T* dst, int64_t lds, int64_t r0,
+                                  int64_t rows, int c0, int lane) {
   wmma::store_matrix_sync(raw_ptr(tile), f, kLdT, wmma::mem_row_major);
   __syncwarp();
   for (int e = lane; e < 256; e += kWarpSize) {
     const int r = e / 16, c = e % 16;
-    if (r0 + r < rows) dst[(r0 + r) * D + c0 + c] = from_acc<T>(float(tile[r * kLdT + c]));
+    if (r0 + r < rows) dst[(r0 + r) * lds + c0 + c] = from_acc<T>(float(tile[r * kLdT + c]));
   }
   __syncwarp();
 }
@@ -191,9 +206,9 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
   const auto sK = smem_region<T>(smem, o_k), sV = smem_region<T>(smem, o_v),
              sQ = smem_region<T>(smem, o_q), sP = smem_region<T>(smem, o_p);
   const auto sS = smem_region<float>(smem, o_s), sO = smem_region<float>(smem, o_o);
-  const T* q = a.q + bh * a.tq * D;
-  const T* k = a.k + bh * a.tk * D;
-  const T* v = a.v + bh * a.tk * D;
+  const T* q = a.q + at(a.lq, b, h);
+  const T* k = a.k + at(a.lk, b, h);
+  const T* v = a.v + at(a.lv, b, h);
 
   // The online softmax takes two rows at a time: lanes 0-15 row 2 k, lanes 16-31 row 2 k + 1,
   // each lane 4 consecutive keys (one Philox block); m[k], l[k]: the running max and sum of this
@@ -202,7 +217,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
   FragA<T> fq[ND];
   float m[8], l[8];
   if (active) {
-    stage_rows<T, D>(smem_region<uint4>(smem, o_q), LDK, q, i0, a.tq, 16, lane, kWarpSize);
+    stage_rows<T, D>(smem_region<uint4>(smem, o_q), LDK, q, a.lq.st, i0, a.tq, 16, lane, kWarpSize);
     __syncwarp();
     for (int kk = 0; kk < ND; ++kk) wmma::load_matrix_sync(fq[kk], raw_ptr(sQ) + kk * 16, LDK);
     for (int e = lane; e < 16 * LDO; e += kWarpSize) sO[e] = 0.0f;
@@ -213,7 +228,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
   }
   for (int64_t j0 = 0; j0 < a.tk; j0 += kTile) {
     __syncthreads();  // every warp is done with the previous tile
-    stage_block_pair<T, D>(smem, o_k, k, o_v, v, LDK, j0, a.tk);
+    stage_block_pair<T, D>(smem, o_k, k, a.lk.st, o_v, v, a.lv.st, LDK, j0, a.tk);
     __syncthreads();
     if (!active) continue;
     // S = Q K^T (16 x 64): K^T is the staged K read column-major.
@@ -278,20 +293,22 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
     if (i >= a.tq) continue;
     const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
     for (int d = hl; d < D; d += 16)
-      a.o[(bh * a.tq + i) * D + d] = from_acc<T>(float(sO[r * LDO + d]) * inv);
+      a.o[at(a.lo, b, h) + i * a.lo.st + d] = from_acc<T>(float(sO[r * LDO + d]) * inv);
     if (hl == 0) a.lse_out[bh * a.tq + i] = l[k] > 0.0f ? m[k] + logf(l[k]) : INFINITY;
   }
 }
 
-// rowdot[r] = sum_d out[r, d] dout[r, d], a warp per row.
+// rowdot[r] = sum_d out[r, d] dout[r, d], a warp per row r = (b H + h) Tq + i.
 template <class T>
 __global__ void flash_rowdot(Args<T> a, int64_t rows, int d) {
   const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
   if (r >= rows) return;
   const int lane = threadIdx.x % kWarpSize;
+  const int64_t bh = r / a.tq, i = r % a.tq, b = bh / a.heads, h = bh % a.heads;
+  const T* out = a.out + at(a.lo, b, h) + i * a.lo.st;
+  const T* dout = a.dout + at(a.ldo, b, h) + i * a.ldo.st;
   float s = 0.0f;
-  for (int c = lane; c < d; c += kWarpSize)
-    s += to_acc(a.out[r * d + c]) * to_acc(a.dout[r * d + c]);
+  for (int c = lane; c < d; c += kWarpSize) s += to_acc(out[c]) * to_acc(dout[c]);
   s = warp_sum(s);
   if (lane == 0) a.rowdot[r] = s;
 }
@@ -341,8 +358,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv(Args<T> a) {
   FragA<T> fk[ND], fv[ND];
   FragC dk[ND], dv[ND];
   if (active) {
-    stage_warp_pair<T, D>(smem, o_k, a.k + bh * a.tk * D, o_v, a.v + bh * a.tk * D, LDK, j0, a.tk,
-                          lane);
+    stage_warp_pair<T, D>(smem, o_k, a.k + at(a.lk, b, h), a.lk.st, o_v, a.v + at(a.lv, b, h),
+                          a.lv.st, LDK, j0, a.tk, lane);
     __syncwarp();
     for (int kk = 0; kk < ND; ++kk) {
       wmma::load_matrix_sync(fk[kk], raw_ptr(sK) + kk * 16, LDK);
@@ -353,8 +370,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv(Args<T> a) {
   }
   for (int64_t i0 = 0; i0 < a.tq; i0 += kTile) {
     __syncthreads();
-    stage_block_pair<T, D>(smem, o_q, a.q + bh * a.tq * D, o_do, a.dout + bh * a.tq * D, LDK, i0,
-                           a.tq);
+    stage_block_pair<T, D>(smem, o_q, a.q + at(a.lq, b, h), a.lq.st, o_do, a.dout + at(a.ldo, b, h),
+                           a.ldo.st, LDK, i0, a.tq);
     for (int e = threadIdx.x; e < kTile; e += kThreads) {
       const bool in = i0 + e < a.tq;
       sL[e] = in ? a.lse[bh * a.tq + i0 + e] : INFINITY;
@@ -392,8 +409,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv(Args<T> a) {
   if (!active) return;
   for (int nd = 0; nd < ND; ++nd) {
     for (int e = 0; e < dk[nd].num_elements; ++e) dk[nd].x[e] *= a.scale;
-    store_tile<T, D>(dk[nd], sS, a.dk + bh * a.tk * D, j0, a.tk, nd * 16, lane);
-    store_tile<T, D>(dv[nd], sS, a.dv + bh * a.tk * D, j0, a.tk, nd * 16, lane);
+    store_tile<T>(dk[nd], sS, a.dk + at(a.ldk, b, h), a.ldk.st, j0, a.tk, nd * 16, lane);
+    store_tile<T>(dv[nd], sS, a.dv + at(a.ldv, b, h), a.ldv.st, j0, a.tk, nd * 16, lane);
   }
 }
 
@@ -432,8 +449,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
     FragC dq[ND];
     if (active) {
       __syncwarp();  // the previous entry's tiles are read
-      stage_warp_pair<T, D>(smem, o_q, a.q + bh * a.tq * D, o_do, a.dout + bh * a.tq * D, LDK, i0,
-                            a.tq, lane);
+      stage_warp_pair<T, D>(smem, o_q, a.q + at(a.lq, b, h), a.lq.st, o_do,
+                            a.dout + at(a.ldo, b, h), a.ldo.st, LDK, i0, a.tq, lane);
       if (lane < 16) {
         const bool in = i0 + lane < a.tq;
         sL[lane] = in ? a.lse[bh * a.tq + i0 + lane] : INFINITY;
@@ -448,8 +465,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
     }
     for (int64_t j0 = 0; j0 < a.tk; j0 += kTile) {
       __syncthreads();
-      stage_block_pair<T, D>(smem, o_k, a.k + bh * a.tk * D, o_v, a.v + bh * a.tk * D, LDK, j0,
-                             a.tk);
+      stage_block_pair<T, D>(smem, o_k, a.k + at(a.lk, b, h), a.lk.st, o_v, a.v + at(a.lv, b, h),
+                             a.lv.st, LDK, j0, a.tk);
       __syncthreads();
       if (!active) continue;
       for (int sub = 0; sub < kTile / 16 && j0 + sub * 16 < a.tk; ++sub) {
@@ -482,7 +499,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
     if (active)
       for (int nd = 0; nd < ND; ++nd) {
         for (int e = 0; e < dq[nd].num_elements; ++e) dq[nd].x[e] *= a.scale;
-        store_tile<T, D>(dq[nd], sS, a.dq + bh * a.tq * D, i0, a.tq, nd * 16, lane);
+        store_tile<T>(dq[nd], sS, a.dq + at(a.ldq, b, h), a.ldq.st, i0, a.tq, nd * 16, lane);
       }
   }
 }
@@ -497,10 +514,22 @@ __global__ void flash_bias_sum(const float* part, float* dbias, int64_t n, int64
   }
 }
 
+// An operand's layout, checked against the kernels' contract (flash_attention_layout_fits).
+Rows rows_of(const Tensor& t, const char* op, const char* name) {
+  ENGINE_CHECK(flash_attention_layout_fits(t), "[", op, "] ", name, " ", describe(t),
+               " needs its head width contiguous and its other strides and first element on "
+               "16-byte boundaries (flash_attention_layout_fits)");
+  return Rows{t.stride(0), t.stride(1), t.stride(2)};
+}
+
 template <class T>
 Args<T> make_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias,
-                  const Tensor& key_mask, double scale, double p, PhiloxState state) {
+                  const Tensor& key_mask, double scale, double p, PhiloxState state,
+                  const char* op) {
   Args<T> a{};
+  a.lq = rows_of(q, op, "q");
+  a.lk = rows_of(k, op, "k");
+  a.lv = rows_of(v, op, "v");
   a.q = dptr<const T>(q);
   a.k = dptr<const T>(k);
   a.v = dptr<const T>(v);
@@ -560,7 +589,9 @@ void forward(const FlashAttentionForward& t) {
   DeviceGuard guard(t.q.device().index);
   const cudaStream_t stream = compute_stream(t.q.device().index);
   dispatch_half(t.q.dtype(), "flash_attention", [&]<class T>() {
-    Args<T> a = make_args<T>(t.q, t.k, t.v, t.bias, t.key_mask, t.scale, t.p, t.state);
+    Args<T> a =
+        make_args<T>(t.q, t.k, t.v, t.bias, t.key_mask, t.scale, t.p, t.state, "flash_attention");
+    a.lo = rows_of(t.out, "flash_attention", "out");
     a.o = dptr<T>(t.out);
     a.lse_out = t.lse.data<float>();
     ENGINE_CHECK(t.mask_bits.defined() == a.drop,
@@ -581,7 +612,13 @@ void backward(const FlashAttentionBackward& t) {
   DeviceGuard guard(t.q.device().index);
   const cudaStream_t stream = compute_stream(t.q.device().index);
   dispatch_half(t.q.dtype(), "flash_attention_backward", [&]<class T>() {
-    Args<T> a = make_args<T>(t.q, t.k, t.v, t.bias, t.key_mask, t.scale, t.p, t.state);
+    const char* op = "flash_attention_backward";
+    Args<T> a = make_args<T>(t.q, t.k, t.v, t.bias, t.key_mask, t.scale, t.p, t.state, op);
+    a.lo = rows_of(t.out, op, "out");
+    a.ldo = rows_of(t.dout, op, "dout");
+    a.ldq = rows_of(t.dq, op, "dq");
+    a.ldk = rows_of(t.dk, op, "dk");
+    a.ldv = rows_of(t.dv, op, "dv");
     const int64_t bh = a.batch * a.heads, d = t.q.size(3);
     if (bh == 0) return;
     a.out = dptr<const T>(t.out);

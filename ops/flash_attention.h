@@ -20,15 +20,18 @@
 
 namespace engine {
 
-// The launch arguments. q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, D): contiguous, one
-// floating dtype. bias: undefined, or an (H, Tq, Tk) view (any strides, stride 0 on broadcast
-// dims) in q's dtype, the same for every batch entry (TUPE's positional term, T5 buckets, ALiBi).
-// key_mask: undefined or (B, Tk) f32 contiguous, nonzero = attend. 0 <= p < 1.
+// The launch arguments. q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, D): one floating dtype;
+// q, k, v, out and the backward's dout, dq, dk, dv in any layout flash_attention_layout_fits
+// takes (the head width contiguous): the heads' split and merge stay views, q, k and v read
+// straight from the projection's (B, T, 3, H, D) output, out written into (B, T, H, D). bias:
+// undefined, or an (H, Tq, Tk) view (any strides, stride 0 on broadcast dims) in q's dtype, the
+// same for every batch entry (TUPE's positional term, T5 buckets, ALiBi). key_mask: undefined or
+// (B, Tk) f32 contiguous, nonzero = attend. 0 <= p < 1.
 struct FlashAttentionForward {
   Tensor q, k, v, bias, key_mask;
   double scale = 1, p = 0;
   PhiloxState state;
-  Tensor out;  // (B, H, Tq, D), q's dtype, contiguous
+  Tensor out;  // (B, H, Tq, D), q's dtype
   Tensor lse;  // (B, H, Tq) f32: log sum_j exp(logit_ij) over the kept keys; +inf for none
   // With dropout (p > 0): (B, H, Tq, ceil(Tk / 4)) u8, the keep bits the forward drew, a byte
   // for each group of 4 keys of a row (bit q: key 4 g + q; 0 past Tk), for the backward to read
@@ -42,7 +45,7 @@ inline Kernel<void(const FlashAttentionForward&)> flash_attention_forward_kernel
 // them; the keep bits come from mask_bits when p > 0):
 //   dP_d = dout v^T, dP = dropout(dP_d), dS = P (dP - rowsum(dout * out)),
 //   dq = scale dS k, dk = scale dS^T q, dv = P_d^T dout, dbias = sum over the batch of dS.
-// dq, dk, dv: contiguous, q's shapes and dtype. dbias: undefined (not wanted) or (H, Tq, Tk) f32
+// dq, dk, dv: q's, k's and v's shapes and dtype. dbias: undefined (not wanted) or (H, Tq, Tk) f32
 // contiguous, summed over the batch in an order fixed by the shape (the same bits every run).
 struct FlashAttentionBackward {
   Tensor q, k, v, bias, key_mask, out, lse, mask_bits, dout;
@@ -66,5 +69,11 @@ void add_work_cost(WorkCost& cost, const FlashAttentionBackward& a);
 // bf16 or f16 (tensor-core products of 16-bit values, f32 accumulators; f32 and f64 keep the
 // unfused path's precision); a head width D of 32, 64 or 128 for q, k and v alike; B H <= 65535.
 bool flash_attention_fits(Device device, DType dtype, int64_t b, int64_t h, int64_t d, int64_t dv);
+
+// Whether a (B, H, T, D) operand or result can go to the fused kernels in its own layout: its
+// head width contiguous (stride 1) and, on every dimension longer than one, strides and the
+// first element on 16-byte boundaries (the kernels' vector loads). The attention op passes such
+// a view as it is and a contiguous copy of any other; the kernels refuse the others.
+bool flash_attention_layout_fits(const Tensor& t);
 
 }  // namespace engine

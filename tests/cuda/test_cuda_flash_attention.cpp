@@ -4,7 +4,10 @@
 // to the unfused path's: a different mask moves the output by O(1), far past the tolerances),
 // the bias gradient summed over the batch in groups the same bits on every run. Awkward shapes:
 // lengths not a multiple of the 16-row fragments or the 64-row tiles, Tq != Tk, one query, a
-// batch entry with every key masked (its rows output zeros), a bias broadcast over heads.
+// batch entry with every key masked (its rows output zeros), a bias broadcast over heads. Layouts:
+// q, k, v, out, dout and the gradients as the model hands them over (the heads' split and merge
+// as views: q from a (B, T, H, D) tensor, k and v the slices of one (B, T, 2, H, D) tensor), and
+// the attention op's gradients of an unbound projection output without a copy.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -30,8 +33,23 @@ struct Case {
   int64_t b, h, tq, tk, d;
   double p;
   bool bias, mask;
-  int64_t groups = 0;  // the batch's groups for dbias (0: the backend's choice)
+  int64_t groups = 0;    // the batch's groups for dbias (0: the backend's choice)
+  bool strided = false;  // the device's operands and results in the model's layouts (views)
 };
+
+// (B, H, T, D) views in the layouts of the model's heads: `n` tensors of (B, T, H, D) (n = 1) or
+// the n slices of one (B, T, n, H, D) tensor, permuted to (B, H, T, D), on `dev`; filled from
+// `src` (contiguous (B, H, T, D) each) when given.
+std::vector<Tensor> head_views(int64_t b, int64_t h, int64_t t, int64_t d, int64_t n, DType dt,
+                               Device dev, const std::vector<Tensor>& src = {}) {
+  const Tensor whole = Tensor::empty({b, t, n, h, d}, dt, dev).permute({2, 0, 3, 1, 4});
+  std::vector<Tensor> out;
+  for (int64_t i = 0; i < n; ++i) {
+    out.push_back(whole.select(0, i));
+    if (!src.empty()) out.back().copy_(src[static_cast<size_t>(i)].to(dev));
+  }
+  return out;
+}
 
 // The probabilities are rounded to the 16-bit type before their products with V and K (as every
 // flash kernel does): outputs and dQ, dK, dV within that rounding of the double formulas.
@@ -74,6 +92,15 @@ void check_kernels(const Case& c, DType dt) {
   to_gpu({&fg.q, &fg.k, &fg.v, &fg.key_mask});
   if (c.bias) fg.bias = f.bias.contiguous().to(kGpu).slice(0, 0, 1).expand({c.h, c.tq, c.tk});
   fg.out = Tensor::empty(f.out.shape(), dt, kGpu);
+  if (c.strided) {
+    fg.q = head_views(c.b, c.h, c.tq, c.d, 1, dt, kGpu, {f.q})[0];
+    const std::vector<Tensor> kv = head_views(c.b, c.h, c.tk, c.d, 2, dt, kGpu, {f.k, f.v});
+    fg.k = kv[0];
+    fg.v = kv[1];
+    fg.out = head_views(c.b, c.h, c.tq, c.d, 1, dt, kGpu)[0];
+    REQUIRE_FALSE(fg.q.is_contiguous());
+    REQUIRE(fg.k.stride(2) == 2 * c.h * c.d);
+  }
   fg.lse = Tensor::empty(f.lse.shape(), DType::f32, kGpu);
   if (c.p > 0) fg.mask_bits = Tensor::empty(f.mask_bits.shape(), DType::u8, kGpu);
   flash_attention_forward_kernel(kGpu, fg);
@@ -119,11 +146,24 @@ void check_kernels(const Case& c, DType dt) {
   bg.batch_groups = c.groups;
   to_gpu({&bg.q, &bg.k, &bg.v, &bg.key_mask, &bg.out, &bg.lse, &bg.mask_bits, &bg.dout});
   bg.bias = fg.bias;  // the head-broadcast view
+  if (c.strided) {
+    bg.q = fg.q;
+    bg.k = fg.k;
+    bg.v = fg.v;
+    bg.out = head_views(c.b, c.h, c.tq, c.d, 1, dt, kGpu, {bw.out})[0];
+    bg.dout = head_views(c.b, c.h, c.tq, c.d, 1, dt, kGpu, {bw.dout})[0];
+  }
   std::vector<Tensor> first;
   for (int run = 0; run < 2; ++run) {
     bg.dq = Tensor::empty(f.q.shape(), dt, kGpu);
     bg.dk = Tensor::empty(f.k.shape(), dt, kGpu);
     bg.dv = Tensor::empty(f.v.shape(), dt, kGpu);
+    if (c.strided) {
+      bg.dq = head_views(c.b, c.h, c.tq, c.d, 1, dt, kGpu)[0];
+      const std::vector<Tensor> dkv = head_views(c.b, c.h, c.tk, c.d, 2, dt, kGpu);
+      bg.dk = dkv[0];
+      bg.dv = dkv[1];
+    }
     if (c.bias) bg.dbias = Tensor::empty({c.h, c.tq, c.tk}, DType::f32, kGpu);
     flash_attention_backward_kernel(kGpu, bg);
     if (run == 0) {
@@ -150,10 +190,42 @@ TEST_CASE("flash attention kernels match the CPU's formulas: outputs, log-sum-ex
                         Case{3, 2, 16, 16, 32, 0.3, true, false},   // dropout, one fragment
                         Case{2, 1, 1, 130, 64, 0.25, false, true},  // one query, three key tiles
                         Case{1, 2, 70, 20, 128, 0.1, true, false},
-                        Case{5, 2, 20, 33, 32, 0.1, true, true, 2}}) {  // groups of 3 and 2
+                        Case{5, 2, 20, 33, 32, 0.1, true, true, 2},  // groups of 3 and 2
+                        // the model's layouts: rows H D (q, out, dout, dq) and 2 H D (k, v, dk,
+                        // dv) apart, heads D apart
+                        Case{2, 3, 37, 70, 64, 0.2, true, true, 0, true},
+                        Case{3, 2, 16, 20, 32, 0.0, false, true, 2, true},
+                        Case{1, 2, 70, 20, 128, 0.1, true, false, 0, true}}) {
     check_kernels(c, DType::bf16);
   }
   check_kernels(Case{2, 2, 37, 70, 64, 0.2, true, true}, DType::f16);
+  check_kernels(Case{2, 2, 37, 70, 64, 0.2, true, true, 0, true}, DType::f16);
+}
+
+TEST_CASE("flash attention kernels refuse layouts their vector loads cannot take", "[cuda]") {
+  Generator g(74);
+  const DType dt = DType::bf16;
+  FlashAttentionForward f;
+  f.q = Tensor::randn({1, 2, 16, 32}, g).to(dt).to(kGpu);
+  f.k = f.q;
+  f.v = f.q;
+  f.out = Tensor::empty({1, 2, 16, 32}, dt, kGpu);
+  f.lse = Tensor::empty({1, 2, 16}, DType::f32, kGpu);
+  REQUIRE(flash_attention_layout_fits(f.q));
+  flash_attention_forward_kernel(kGpu, f);
+  // the head width not contiguous; a row stride off a 16-byte boundary; a first element off one
+  const Tensor wide = Tensor::randn({1, 2, 16, 64}, g).to(dt).to(kGpu);
+  const Tensor rows = Tensor::randn({1, 2, 16 * 33}, g).to(dt).to(kGpu);
+  for (const Tensor& bad :
+       {wide.slice(3, 0, 64, 2), rows.view({1, 2, 16, 33}).slice(3, 0, 32), wide.slice(3, 1, 33)}) {
+    INFO(describe(bad));
+    REQUIRE_FALSE(flash_attention_layout_fits(bad));
+    FlashAttentionForward fb = f;
+    fb.q = bad;
+    REQUIRE_THROWS_WITH(
+        flash_attention_forward_kernel(kGpu, fb),
+        Catch::Contains("[flash_attention] q") && Catch::Contains("head width contiguous"));
+  }
 }
 
 TEST_CASE("attention's fused path equals its unfused path on the device, dropout mask included",
@@ -196,6 +268,53 @@ TEST_CASE("attention's fused path equals its unfused path on the device, dropout
         INFO("result " << i << " (out, dq, dk, dv, dbias)");
         require_close(res[1][i], res[0][i], tol, tol, tol);
       }
+    }
+  }
+}
+
+TEST_CASE("attention's fused path takes the heads' split and merge as views: no copies", "[cuda]") {
+  // The model's attention: q, k, v unbound from the projection's (B, T, 3, H, D) output, the
+  // context merged back to (B, T, H D); fused against unfused, and no copy either way through the
+  // fused path (the unbind's backward receives dq, dk, dv as the slices of one tensor).
+  for (double p : {0.0, 0.2}) {
+    INFO("p " << p);
+    const int64_t b = 2, h = 3, t = 37, d = 32;
+    const DType dt = DType::bf16;
+    Generator g(75);
+    const Tensor x0 = Tensor::randn({b, t, 3 * h * d}, g).to(dt),
+                 bias0 = Tensor::randn({1, h, t, t}, g).to(dt),
+                 dy = Tensor::randn({b, t, h * d}, g).to(dt).to(kGpu);
+    std::vector<Tensor> res[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor x = x0.to(kGpu).set_requires_grad(), bias = bias0.to(kGpu).set_requires_grad();
+      Generator gen(6);
+      AttentionOptions o;
+      o.scale = 1.0 / std::sqrt(double(d));
+      o.bias = bias;
+      o.dropout_p = p;
+      o.training = true;
+      o.generator = &gen;
+      o.fused = fused == 1 ? FusedAttention::always : FusedAttention::never;
+      start_work_recording();
+      const std::vector<Tensor> qkv = x.view({b, t, 3, h, d}).permute({2, 0, 3, 1, 4}).unbind(0);
+      const Tensor ctx = attention(qkv[0], qkv[1], qkv[2], o);
+      const Tensor y = ctx.permute({0, 2, 1, 3}).reshape({b, t, h * d});
+      y.backward(dy);
+      std::vector<std::string> copies;  // of the heads' tensors: q, k, v, out and their gradients
+      for (const WorkRecord& r : stop_work_recording())
+        if (r.op == "copy" && r.shape.find(", 32)") != std::string::npos) copies.push_back(r.shape);
+      if (fused == 1) {
+        INFO("copies: " << copies.size() << (copies.empty() ? "" : ", the first " + copies[0]));
+        REQUIRE(copies.empty());
+        REQUIRE(y.shares_storage(ctx));
+      } else {
+        REQUIRE_FALSE(copies.empty());  // the unfused path's batched GEMMs want contiguous heads
+      }
+      res[fused] = {y, x.grad(), bias.grad()};
+    }
+    for (int i = 0; i < 3; ++i) {
+      INFO("result " << i << " (y, dx, dbias)");
+      require_close(res[1][i], res[0][i], tolerance(dt), tolerance(dt), tolerance(dt));
     }
   }
 }
