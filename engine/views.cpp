@@ -9,9 +9,27 @@
 #include "engine/autograd.h"
 #include "engine/backend.h"
 #include "engine/error.h"
+#include "engine/layout.h"
 #include "engine/tensor.h"
 
 namespace engine {
+
+Tensor empty_in_stride_order(const Shape& shape, const std::vector<int64_t>& strides, DType dtype,
+                             Device device) {
+  const size_t n = shape.size();
+  std::vector<int64_t> order(n);  // the dims from the outermost stride to the innermost
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return strides[a] > strides[b]; });
+  Shape ordered(n);
+  std::vector<int64_t> inverse(n);
+  for (size_t j = 0; j < n; ++j) {
+    ordered[j] = shape[order[j]];
+    inverse[order[j]] = static_cast<int64_t>(j);
+  }
+  return Tensor::empty(ordered, dtype, device).permute(inverse);
+}
+
 namespace {
 
 // Strides that view (shape, strides) as new_shape without a copy, if any exist (the algorithm
@@ -116,13 +134,7 @@ Tensor empty_in_layout(const Shape& shape, const std::vector<int64_t>& strides, 
     if (shape[d] != 1 && strides[d] != expect) return Tensor::empty(shape, dtype, device);
     expect *= shape[d];
   }
-  Shape ordered(n);
-  std::vector<int64_t> inverse(n);
-  for (size_t j = 0; j < n; ++j) {
-    ordered[j] = shape[order[j]];
-    inverse[order[j]] = static_cast<int64_t>(j);
-  }
-  return Tensor::empty(ordered, dtype, device).permute(inverse);
+  return empty_in_stride_order(shape, strides, dtype, device);
 }
 
 // The tensor whose slices along a new dimension `dim` are g[0], g[1], ... (one storage, one

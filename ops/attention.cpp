@@ -8,12 +8,10 @@
 //   dQ = scale dS K,  dK = scale dS^T Q,  dbias = sum of dS over the broadcast dims.
 #include "ops/attention.h"
 
-#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
-#include <numeric>
 #include <string>
 
 #include <omp.h>
@@ -22,6 +20,7 @@
 #include "engine/autograd.h"
 #include "engine/backend.h"
 #include "engine/error.h"
+#include "engine/layout.h"
 #include "ops/dropout.h"
 #include "ops/flash_attention.h"
 #include "ops/matmul.h"
@@ -136,26 +135,6 @@ struct AttentionNode : Node {
   void release_saved() override { q = k = v = probs = dropped = Tensor(); }
 };
 
-// An empty tensor of `shape` whose dims are laid out in the order of `strides` (outermost
-// first, ties in dim order), contiguous in that order: the fused path's results in their
-// operands' layout, so that the heads' merge after the forward and the split before it (a
-// permute of the projection's output) hand the GEMMs around them views, not copies.
-Tensor empty_in_order(const Shape& shape, const std::vector<int64_t>& strides, DType dtype,
-                      Device device) {
-  const size_t n = shape.size();
-  std::vector<int64_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return strides[a] > strides[b]; });
-  Shape ordered(n);
-  std::vector<int64_t> inverse(n);
-  for (size_t j = 0; j < n; ++j) {
-    ordered[j] = shape[order[j]];
-    inverse[order[j]] = static_cast<int64_t>(j);
-  }
-  return Tensor::empty(ordered, dtype, device).permute(inverse);
-}
-
 // An operand as the fused kernels take it: itself where its layout fits, else a contiguous copy.
 Tensor in_fused_layout(const Tensor& t) {
   return flash_attention_layout_fits(t) ? t : t.contiguous();
@@ -176,15 +155,15 @@ void gradients_in_layout(FlashAttentionBackward& a) {
     std::vector<int64_t> strides3 = a.q.strides();
     shape3.insert(shape3.begin(), 3);
     strides3.insert(strides3.begin(), step);
-    const Tensor g = empty_in_order(shape3, strides3, a.q.dtype(), dev);
+    const Tensor g = empty_in_stride_order(shape3, strides3, a.q.dtype(), dev);
     a.dq = g.select(0, 0);
     a.dk = g.select(0, 1);
     a.dv = g.select(0, 2);
     if (flash_attention_layout_fits(a.dq)) return;
   }
-  a.dq = empty_in_order(a.q.shape(), a.q.strides(), a.q.dtype(), dev);
-  a.dk = empty_in_order(a.k.shape(), a.k.strides(), a.k.dtype(), dev);
-  a.dv = empty_in_order(a.v.shape(), a.v.strides(), a.v.dtype(), dev);
+  a.dq = empty_in_stride_order(a.q.shape(), a.q.strides(), a.q.dtype(), dev);
+  a.dk = empty_in_stride_order(a.k.shape(), a.k.strides(), a.k.dtype(), dev);
+  a.dv = empty_in_stride_order(a.v.shape(), a.v.strides(), a.v.dtype(), dev);
 }
 
 // The fused path's node: the backward is flash_attention_backward_kernel on the saved inputs,
@@ -326,7 +305,7 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
       Generator& gen = opt.generator ? *opt.generator : default_generator();
       f.state = gen.reserve_words(static_cast<uint64_t>(b * h * tq * tk));
     }
-    f.out = empty_in_order({b, h, tq, dv}, f.q.strides(), q.dtype(), q.device());
+    f.out = empty_in_stride_order({b, h, tq, dv}, f.q.strides(), q.dtype(), q.device());
     f.lse = Tensor::empty({b, h, tq}, DType::f32, q.device());
     if (p > 0) f.mask_bits = Tensor::empty({b, h, tq, (tk + 3) / 4}, DType::u8, q.device());
     flash_attention_forward_kernel(q.device(), f);

@@ -1,0 +1,17 @@
+// New tensors laid out like existing ones: a result or gradient allocated in its operand's
+// dimension order, so that the permutes and splits around it stay views.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace engine {
+
+// An empty tensor of `shape` whose dims are laid out in the order of `strides` (outermost first,
+// ties in dim order), contiguous in that order: permuted back to `shape`.
+Tensor empty_in_stride_order(const Shape& shape, const std::vector<int64_t>& strides, DType dtype,
+                             Device device);
+
+}  // namespace engine
