@@ -14,13 +14,23 @@
 
 namespace engine {
 
-Tensor empty_in_stride_order(const Shape& shape, const std::vector<int64_t>& strides, DType dtype,
-                             Device device) {
-  const size_t n = shape.size();
-  std::vector<int64_t> order(n);  // the dims from the outermost stride to the innermost
+namespace {
+
+// The dims from the outermost stride to the innermost (ties in dim order).
+std::vector<int64_t> stride_order(const std::vector<int64_t>& strides) {
+  std::vector<int64_t> order(strides.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return strides[a] > strides[b]; });
+  return order;
+}
+
+}  // namespace
+
+Tensor empty_in_stride_order(const Shape& shape, const std::vector<int64_t>& strides, DType dtype,
+                             Device device) {
+  const size_t n = shape.size();
+  const std::vector<int64_t> order = stride_order(strides);
   Shape ordered(n);
   std::vector<int64_t> inverse(n);
   for (size_t j = 0; j < n; ++j) {
@@ -124,10 +134,7 @@ struct SliceNode : Node {
 Tensor empty_in_layout(const Shape& shape, const std::vector<int64_t>& strides, DType dtype,
                        Device device) {
   const size_t n = shape.size();
-  std::vector<int64_t> order(n);  // the dims from the outermost stride to the innermost
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return strides[a] > strides[b]; });
+  const std::vector<int64_t> order = stride_order(strides);
   int64_t expect = 1;
   for (size_t j = n; j-- > 0;) {
     const int64_t d = order[j];
