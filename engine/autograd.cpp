@@ -89,10 +89,13 @@ const std::shared_ptr<TensorImpl>* cast_leaf(const Node& n, size_t j, Counts& co
   return it != consumers.end() && it->second == 1 ? &c->next[0].leaf : nullptr;
 }
 
+using Pending = std::unordered_map<Node*, std::vector<Tensor>>;
+
 // Offers node n, for its next backward() call, the .grad of each leaf input that can take the
-// gradient in place, and of each f32 leaf behind a 16-bit cast (see Node::grad_sink).
+// gradient in place, of each f32 leaf behind a 16-bit cast, and, on a device, the gradient
+// already summed for a non-leaf input when nothing else holds it (see Node::grad_sink).
 template <class Counts>
-void offer_grad_sinks(Node& n, Counts& counts) {
+void offer_grad_sinks(Node& n, Counts& counts, Pending& pending) {
   n.grad_sinks.clear();
   n.f32_sinks.clear();
   auto usable = [](const Tensor& acc, const TensorMeta& m, DType dtype) {
@@ -109,6 +112,16 @@ void offer_grad_sinks(Node& n, Counts& counts) {
       if (!usable((*leaf)->autograd.grad, m, DType::f32)) continue;
       if (n.f32_sinks.empty()) n.f32_sinks.resize(n.next.size());
       n.f32_sinks[j] = (*leaf)->autograd.grad;
+    } else if (const std::shared_ptr<Node>& producer = n.next[j].node;
+               producer && !m.device.is_cpu()) {
+      // The CPU keeps its bits: a GEMM adding into c sums in another order than c + (a b).
+      auto it = pending.find(producer.get());
+      if (it == pending.end()) continue;
+      const Tensor& s = it->second[n.next[j].slot];
+      if (!usable(s, m, m.dtype) || s.impl_ptr().use_count() != 1 || s.storage().use_count() != 1)
+        continue;
+      if (n.grad_sinks.empty()) n.grad_sinks.resize(n.next.size());
+      n.grad_sinks[j] = s;
     }
   }
 }
@@ -117,8 +130,8 @@ void offer_grad_sinks(Node& n, Counts& counts) {
 struct SinkScope {
   Node& n;
   template <class Counts>
-  SinkScope(Node& node, Counts& counts) : n(node) {
-    offer_grad_sinks(n, counts);
+  SinkScope(Node& node, Counts& counts, Pending& pending) : n(node) {
+    offer_grad_sinks(n, counts, pending);
   }
   ~SinkScope() {
     n.grad_sinks.clear();
@@ -213,7 +226,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     return;
   }
 
-  std::unordered_map<Node*, std::vector<Tensor>> pending;
+  Pending pending;
   Node* root_node = rm.grad_fn.get();
   auto freed = [](const Node* n) {
     ENGINE_FAIL("[backward] the graph through '", n->name(),
@@ -256,7 +269,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     std::vector<Tensor> grad_inputs;
     std::vector<bool> through_cast;  // input j's gradient went into the leaf behind its cast
     {
-      SinkScope sinks(*node, graph_counts);
+      SinkScope sinks(*node, graph_counts, pending);
       grad_inputs = node->backward(grad_outputs);
       for (size_t j = 0; j < node->f32_sinks.size() && j < grad_inputs.size(); ++j)
         if (node->f32_sinks[j].defined() && !grad_inputs[j].defined()) {

@@ -66,9 +66,12 @@ class Node {
   // Where backward() may add input i's gradient itself, or nullptr. For the duration of one
   // backward() call, run_backward offers the .grad of each leaf input that already holds one
   // (contiguous, of the input's shape, dtype and device; a leaf on two inputs gets it on both, and
-  // each add lands): a node may add its gradient into it in place (a GEMM with beta 1, a
-  // scatter-add) and return an undefined gradient for i, instead of a new tensor the engine would
-  // add with a second pass over memory. `dtype` is the gradient's: a sink only for the leaf's.
+  // each add lands), and, for a non-leaf input on a device, the gradient other consumers of it have
+  // already passed back when nothing else holds that tensor (a residual stream's: the residual
+  // join's part, which the sublayer's input GEMM then adds to): a node may add its gradient into
+  // it in place (a GEMM with beta 1, a scatter-add) and return an undefined gradient for i,
+  // instead of a new tensor the engine would add with a second pass over memory. `dtype` is the
+  // gradient's: a sink only for the input's.
   const Tensor* grad_sink(size_t i, DType dtype) const {
     return i < grad_sinks.size() && grad_sinks[i].defined() && grad_sinks[i].dtype() == dtype
                ? &grad_sinks[i]

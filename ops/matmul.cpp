@@ -188,9 +188,15 @@ struct LinearNode : Node {
     const DType dt = g2.dtype();
     Tensor gx, gw, gbias;
     if (needs_input_grad(0)) {
-      gx = Tensor::empty(inputs[0].shape, dt, dev);  // (..., in)
+      // dX = dY W (..., in); on a device, added straight into the gradient already summed for x
+      // when the engine offers it (beta 1: the residual stream's sum, one pass fewer a sublayer;
+      // the CPU keeps its bits, c + (a b) rounded as two steps)
+      const Tensor* sink = dev.is_cpu() ? nullptr : grad_sink(0, dt);
+      if (!sink) gx = Tensor::empty(inputs[0].shape, dt, dev);
+      const Tensor& dst = sink ? *sink : gx;
       gemm(g2, false, gemm_ready(weight), false,
-           make_view(gx, {g2.size(0), weight.size(1)}, {weight.size(1), 1}, 0));
+           make_view(dst, {g2.size(0), weight.size(1)}, {weight.size(1), 1}, dst.storage_offset()),
+           1.0, sink ? 1.0 : 0.0);
     }
     if (needs_input_grad(1)) {
       // (out, in) = dY^T X over all rows; added straight into the weight's .grad (beta 1) when the

@@ -310,3 +310,41 @@ TEST_CASE("a held .grad takes linear's, matmul's and embedding's gradients in pl
   require_close(e_cpu, held_e + e1.grad() + e2.grad(), 0, 0, 1e-5);
   require_close(q_cpu, held_q + q1.grad(), 0, 0, 1e-5);
 }
+
+TEST_CASE("on the device linear adds dX into the residual stream's gradient already summed",
+          "[cuda]") {
+  // x = 2 x0; y = 3 x + linear(x, W): backward reaches x first through 3 x (a gradient nothing
+  // else holds), then through linear, whose dX GEMM adds into that gradient (beta 1) instead of
+  // a new tensor and an add_. The CPU keeps the separate add (its bits). Within rounding of the
+  // CPU's gradient; the same bits on two device runs.
+  Generator g(29);
+  const Tensor x0 = Tensor::randn({2, 5, 17}, g), w = Tensor::randn({17, 17}, g),
+               dy = Tensor::randn({2, 5, 17}, g);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    INFO(dtype_name(dt));
+    // The device work of the backward: adds of x's shape, and GEMMs adding into their c.
+    auto run = [&](Device dev, int64_t& adds, int64_t& beta_gemms) {
+      const DType t = dev.is_cpu() ? DType::f32 : dt;  // the CPU's reference in f32
+      Tensor xl = x0.clone().to(t).to(dev).set_requires_grad();
+      const Tensor x = xl * 2.0;
+      const Tensor y = x * 3.0 + linear(x, w.to(t).to(dev));
+      start_work_recording();
+      y.backward(dy.to(t).to(dev));
+      adds = beta_gemms = 0;
+      for (const WorkRecord& r : stop_work_recording()) {
+        if (r.op == "add_" || r.op == "binary") adds += r.shape.rfind("(2, 5, 17)", 0) == 0;
+        if (r.op == "gemm") beta_gemms += r.shape.find("beta") != std::string::npos;
+      }
+      return xl.grad();
+    };
+    int64_t adds = 0, beta_gemms = 0;
+    const Tensor want = run(Device::cpu(), adds, beta_gemms);
+    const Tensor got = run(kGpu, adds, beta_gemms);
+    REQUIRE(adds == 0);  // x's two gradients summed by the GEMM, not by an add
+    REQUIRE(beta_gemms == 1);
+    const Tensor again = run(kGpu, adds, beta_gemms);
+    require_equal(got, again);
+    const double tol = dt == DType::f32 ? 1e-5 : 2e-2;
+    require_close(got.to(DType::f32), want, tol, tol, tol);
+  }
+}
