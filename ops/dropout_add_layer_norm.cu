@@ -280,21 +280,54 @@ __global__ void dropout_add_layer_norm_backward_rows(Bwd<T, S> a, int64_t c) {
 // ---- the parameter gradients' column sums ---------------------------------------------------
 
 // The blocks' partial rows (backward_warp), summed per column in block order.
+// A parameter gradient's destination: written in the problem's dtype, or, for a 16-bit problem
+// given an f32 tensor (the f32 .grad behind autocast's cast of the parameter,
+// Node::grad_sink_f32), its sum added into that in f32: no 16-bit gradient, no separate add.
+template <class T>
+struct ParamGrad {
+  T* out = nullptr;
+  float* add = nullptr;
+  __device__ explicit operator bool() const { return out != nullptr || add != nullptr; }
+  template <class S>
+  __device__ void put(int64_t col, S s) const {
+    if (add)
+      add[col] += static_cast<float>(s);
+    else if (out)
+      out[col] = from_acc<T>(s);
+  }
+};
+
+template <class T>
+ParamGrad<T> param_grad(const Tensor& g, DType problem) {
+  ParamGrad<T> p;
+  if (!g.defined()) return p;
+  if (g.dtype() != problem) {
+    ENGINE_CHECK(g.dtype() == DType::f32 && (problem == DType::bf16 || problem == DType::f16),
+                 "[dropout_add_layer_norm_backward] a parameter gradient ", describe(g), " for a ",
+                 dtype_name(problem), " problem: expected ", dtype_name(problem),
+                 " (written) or, for bf16 / f16, f32 (added into)");
+    p.add = g.data<float>();
+  } else {
+    p.out = dptr<T>(g);
+  }
+  return p;
+}
+
 template <class T, class S>
 struct PartSums {
   using Acc = S;
   const S* part;
   int64_t chunks, c;
-  T *dweight, *dln_bias, *dbias;
-  __device__ T* out(int k) const { return k == 0 ? dweight : k == 1 ? dln_bias : dbias; }
+  ParamGrad<T> dweight, dln_bias, dbias;
+  __device__ const ParamGrad<T>& out(int k) const {
+    return k == 0 ? dweight : k == 1 ? dln_bias : dbias;
+  }
   __device__ void load(int64_t r, int64_t col, S (&v)[3][1]) const {
 #pragma unroll
     for (int k = 0; k < 3; ++k) v[k][0] = out(k) ? part[(k * chunks + r) * c + col] : S(0);
   }
   __device__ void store(int k, int64_t col, const S (&s)[1]) const { store_one(k, col, s[0]); }
-  __device__ void store_one(int k, int64_t col, S s) const {
-    if (T* o = out(k)) o[col] = from_acc<T>(s);
-  }
+  __device__ void store_one(int k, int64_t col, S s) const { out(k).put(col, s); }
 };
 
 // Rows over 1024: the sums straight from (sum, dnormed, dx).
@@ -304,7 +337,7 @@ struct RowSums {
   const T *sum, *dnormed, *dx;
   const S *mean, *rstd;
   int64_t c;
-  T *dweight, *dln_bias, *dbias;
+  ParamGrad<T> dweight, dln_bias, dbias;
   __device__ void load(int64_t r, int64_t col, S (&v)[3][1]) const {
     const S g = static_cast<S>(to_acc(dnormed[r * c + col]));
     v[0][0] = g * ((static_cast<S>(to_acc(sum[r * c + col])) - mean[r]) * rstd[r]);
@@ -313,8 +346,7 @@ struct RowSums {
   }
   __device__ void store(int k, int64_t col, const S (&s)[1]) const { store_one(k, col, s[0]); }
   __device__ void store_one(int k, int64_t col, S s) const {
-    T* o = k == 0 ? dweight : k == 1 ? dln_bias : dbias;
-    if (o) o[col] = from_acc<T>(s);
+    (k == 0 ? dweight : k == 1 ? dln_bias : dbias).put(col, s);
   }
 };
 
@@ -357,9 +389,9 @@ void backward(const DropoutAddNormBackward& t) {
   const int64_t rows = c == 0 ? 0 : t.sum.numel() / c;
   const int device = t.sum.device().index;
   DeviceGuard guard(device);
-  if (rows == 0) {  // sums over no rows
+  if (rows == 0) {  // sums over no rows: zeros written, nothing added
     for (const Tensor* g : {&t.dbias, &t.dweight, &t.dln_bias})
-      if (g->defined()) g->fill_(0.0);
+      if (g->defined() && g->dtype() == t.sum.dtype()) g->fill_(0.0);
     return;
   }
   ENGINE_CHECK(rows < (int64_t(1) << 31), "[dropout_add_layer_norm_backward] ", rows,
@@ -384,8 +416,16 @@ void backward(const DropoutAddNormBackward& t) {
         ENGINE_LAUNCH((dropout_add_layer_norm_backward_rows<T, S>), cfg, a, c);
       }
       if (!any_sums) return;
-      const RowSums<T, S> f{a.sum, a.dnormed,          dptr<const T>(dx),   a.mean,          a.rstd,
-                            c,     dptr<T>(t.dweight), dptr<T>(t.dln_bias), dptr<T>(t.dbias)};
+      const DType dt = t.sum.dtype();
+      const RowSums<T, S> f{a.sum,
+                            a.dnormed,
+                            dptr<const T>(dx),
+                            a.mean,
+                            a.rstd,
+                            c,
+                            param_grad<T>(t.dweight, dt),
+                            param_grad<T>(t.dln_bias, dt),
+                            param_grad<T>(t.dbias, dt)};
       column_sums<1, 3>("dropout_add_layer_norm_params", rows, c, f, device);
       return;
     }
@@ -405,8 +445,13 @@ void backward(const DropoutAddNormBackward& t) {
                     rows_per_warp, vec, part.data<S>());
     });
     if (!any_sums) return;
-    const PartSums<T, S> f{part.data<S>(),      blocks,          c, dptr<T>(t.dweight),
-                           dptr<T>(t.dln_bias), dptr<T>(t.dbias)};
+    const DType dt = t.sum.dtype();
+    const PartSums<T, S> f{part.data<S>(),
+                           blocks,
+                           c,
+                           param_grad<T>(t.dweight, dt),
+                           param_grad<T>(t.dln_bias, dt),
+                           param_grad<T>(t.dbias, dt)};
     column_sums<1, 3>("dropout_add_layer_norm_params", blocks, c, f, device, false);
   });
 }

@@ -53,7 +53,9 @@ inline Kernel<void(const DropoutAddNormForward&)> dropout_add_layer_norm_kernel{
 // own gradient); d_residual = dsum_total; dx = dsum_total * keep / (1 - p); dbias = column sums
 // of dx; dweight = column sums of dnormed * xhat; dln_bias = column sums of dnormed. Every output
 // is optional (undefined: not written); the column sums are reduced in an order fixed by the
-// shape (the same bits on every run of a backend).
+// shape (the same bits on every run of a backend). On a device, dbias, dweight and dln_bias of a
+// bf16 / f16 problem may be f32: the sums are then added into them in f32 (the f32 .grad behind
+// autocast's cast of the parameter), not written.
 struct DropoutAddNormBackward {
   Tensor sum, weight, mean, rstd;  // saved by the forward (weight optional)
   Tensor dnormed, dsum;            // incoming gradients (dsum optional)

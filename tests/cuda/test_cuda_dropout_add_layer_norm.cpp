@@ -5,6 +5,7 @@
 // parameter gradients the same bits on every rerun.
 #include <catch2/catch.hpp>
 
+#include <string>
 #include <vector>
 
 #include "cuda_test_support.h"
@@ -148,5 +149,60 @@ TEST_CASE("dropout_add_layer_norm parameter gradients are the same bits on every
       grads.push_back(t.grad().to(Device::cpu()).to_vector<float>());
     if (rerun == 0) first = grads;
     for (size_t i = 0; i < grads.size(); ++i) REQUIRE(grads[i] == first[i]);
+  }
+}
+
+TEST_CASE("under bf16 autocast the parameters' gradients are added in f32 into their .grad",
+          "[cuda]") {
+  // f32 leaves (bias, weight, ln_bias) holding a .grad (FlatParameters' slab), cast to bf16 by
+  // autocast: the column sums add into the held f32 .grad themselves (no bf16 gradient, no add_),
+  // for rows a warp each (768) and rows a block each (1500); against the CPU in f32 on the
+  // bf16-rounded operands. A parameter cast used twice goes the usual way (bf16 sum, one add).
+  Generator g(54);
+  for (int64_t c : {768, 1500}) {
+    for (int uses : {1, 2}) {
+      INFO("C " << c << ", " << uses << " use(s) of the parameters");
+      const Case host = make_case({6, c}, DType::f32, g, true, true);
+      const Tensor held = Tensor::randn({3, c}, g), wn = Tensor::randn({6, c}, g);
+      Tensor x = host.x.to(DType::bf16).to(kGpu), r = host.residual.to(DType::bf16).to(kGpu);
+      std::vector<Tensor> params;
+      for (const Tensor& t : {host.bias, host.weight, host.ln_bias})
+        params.push_back(t.to(kGpu).set_requires_grad());
+      for (int i = 0; i < 3; ++i) params[i].set_grad(held.select(0, i).contiguous().to(kGpu));
+      const std::vector<Tensor> slabs = {params[0].grad(), params[1].grad(), params[2].grad()};
+      Tensor loss;
+      {
+        Autocast ac(DType::bf16);
+        Generator gen(77);
+        const Tensor b = uses == 2 ? params[0].to(DType::bf16) : params[0];
+        DropoutAddNorm o =
+            dropout_add_layer_norm(x, b, r, 0.1, true, gen, params[1], params[2], 1e-5);
+        loss = sum(o.normed.to(DType::f32) * wn.to(kGpu));
+        if (uses == 2) loss = loss + sum(b.to(DType::f32));  // a second consumer of the cast
+      }
+      start_work_recording();
+      loss.backward();
+      int64_t slab_adds = 0;
+      for (const WorkRecord& rec : stop_work_recording())
+        slab_adds += rec.op == "add_" && rec.shape.find(" f32") != std::string::npos &&
+                     rec.shape.rfind("(" + std::to_string(c) + ") f32", 0) == 0;
+      CHECK(slab_adds == (uses == 1 ? 0 : 1));
+      for (int i = 0; i < 3; ++i) REQUIRE(params[i].grad().shares_storage(slabs[i]));
+      // The CPU in f32 on the rounded operands, from the same generator (the same mask).
+      std::vector<Tensor> pc;
+      for (const Tensor& t : {host.bias, host.weight, host.ln_bias})
+        pc.push_back(t.to(DType::bf16).to(DType::f32).set_requires_grad());
+      Generator gen(77);
+      DropoutAddNorm oc = dropout_add_layer_norm(host.x.to(DType::bf16).to(DType::f32), pc[0],
+                                                 host.residual.to(DType::bf16).to(DType::f32), 0.1,
+                                                 true, gen, pc[1], pc[2], 1e-5);
+      Tensor lc = sum(oc.normed * wn);
+      if (uses == 2) lc = lc + sum(pc[0]);
+      lc.backward();
+      for (int i = 0; i < 3; ++i) {
+        INFO("parameter " << i << " (bias, weight, ln_bias)");
+        require_close(params[i].grad(), held.select(0, i) + pc[i].grad(), 0, 0, 2e-2);
+      }
+    }
   }
 }
