@@ -540,11 +540,12 @@ def check(fit, runs):
     return worst_step, worst_family
 
 
-def serial_main_launches(path):
-    """The launches of a record with fewer than 32 threads that the model prices as carrying
-    their op's bytes (not aux): in this tree's kernels, always a kernel describe5 does not know."""
+def serial_main_launches(rows):
+    """The launches of a record's rows with fewer than 32 threads that the model prices as
+    carrying their op's bytes (not aux): in this tree's kernels, always a kernel describe5 does
+    not know."""
     bad = []
-    for r in read_record(path):
+    for r in rows:
         ls = mark_levels(r["launch_list"])
         n_main = main_launches(r, ls)
         for l in ls:
@@ -555,8 +556,7 @@ def serial_main_launches(path):
     return bad
 
 
-def predict(path, batch, label, top, mode, fit):
-    rows = read_record(path)
+def predict(rows, batch, label, top, mode, fit):
     mdl = Model(fit)
     by_op = collections.OrderedDict()
     total = {"ns": 0.0, "flops": 0.0, "bytes": 0.0, "launches": 0, "gemm_ns": 0.0}
@@ -643,9 +643,10 @@ def main():
         ap.error("give a step record and --batch (or --calibrate / --check)")
     if a.batch < 1:
         ap.error(f"--batch must be at least 1, got {a.batch}")
-    predict(a.csv, a.batch, a.label, a.top, a.mode, fit)
+    rows = read_record(a.csv)
+    predict(rows, a.batch, a.label, a.top, a.mode, fit)
     if a.strict:
-        bad = serial_main_launches(a.csv)
+        bad = serial_main_launches(rows)
         if bad:
             sys.exit(f"perf_model: {a.csv}: " + "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
                      + ": launches of fewer than 32 threads priced as their op's whole traffic (one thread "

@@ -14,4 +14,10 @@ namespace engine {
 Tensor empty_in_stride_order(const Shape& shape, const std::vector<int64_t>& strides, DType dtype,
                              Device device);
 
+// The tensor whose slices along a new dimension `dim` are g[0], g[1], ... (two or more; one
+// storage, one dtype, shape and strides, their first elements a fixed positive step apart), as a
+// view outside the graph; undefined when they are not. Views with a zero stride (an expand) are
+// refused: their elements are not each their own.
+Tensor stacked_view(const std::vector<Tensor>& g, int64_t dim);
+
 }  // namespace engine

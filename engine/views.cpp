@@ -144,11 +144,10 @@ Tensor empty_in_layout(const Shape& shape, const std::vector<int64_t>& strides, 
   return empty_in_stride_order(shape, strides, dtype, device);
 }
 
-// The tensor whose slices along a new dimension `dim` are g[0], g[1], ... (one storage, one
-// dtype, shape and strides, their first elements a fixed positive step apart), as a view; undefined
-// when they are not. Views with a zero stride (an expand) are refused: their elements are not
-// each their own.
+}  // namespace
+
 Tensor stacked_view(const std::vector<Tensor>& g, int64_t dim) {
+  if (g.size() < 2) return Tensor();
   const Tensor& g0 = g[0];
   const int64_t step = g[1].storage_offset() - g0.storage_offset();
   if (step <= 0) return Tensor();
@@ -168,6 +167,8 @@ Tensor stacked_view(const std::vector<Tensor>& g, int64_t dim) {
   return make_view(g0, shape, strides, g0.storage_offset());
 }
 
+namespace {
+
 // unbind: every index along `dim` as one output of one node, so the backward writes the
 // gradients into one tensor once (slices would each make a zero tensor of the input's size, copy
 // their part in, and then be summed: BERT's q, k, v split moved ~7x the bytes).
@@ -186,7 +187,7 @@ struct UnbindNode : Node {
     if (!any) return {Tensor()};
     // Gradients that are already the slices of one tensor along a dimension of its own (the
     // fused attention's dq, dk, dv): that tensor is the input's gradient, no copy.
-    if (all && g.size() > 1) {
+    if (all) {
       Tensor whole = stacked_view(g, dim);
       if (whole.defined() && whole.shape() == m.shape) return {whole};
     }

@@ -146,16 +146,8 @@ Tensor in_fused_layout(const Tensor& t) {
 // without a copy.
 void gradients_in_layout(FlashAttentionBackward& a) {
   const Device dev = a.q.device();
-  const int64_t step = a.k.storage_offset() - a.q.storage_offset();
-  if (a.q.shares_storage(a.k) && a.q.shares_storage(a.v) && a.q.shape() == a.k.shape() &&
-      a.q.shape() == a.v.shape() && a.q.strides() == a.k.strides() &&
-      a.q.strides() == a.v.strides() && step > 0 &&
-      a.v.storage_offset() - a.k.storage_offset() == step) {
-    Shape shape3 = a.q.shape();
-    std::vector<int64_t> strides3 = a.q.strides();
-    shape3.insert(shape3.begin(), 3);
-    strides3.insert(strides3.begin(), step);
-    const Tensor g = empty_in_stride_order(shape3, strides3, a.q.dtype(), dev);
+  if (const Tensor qkv = stacked_view({a.q, a.k, a.v}, 0); qkv.defined()) {
+    const Tensor g = empty_in_stride_order(qkv.shape(), qkv.strides(), a.q.dtype(), dev);
     a.dq = g.select(0, 0);
     a.dk = g.select(0, 1);
     a.dv = g.select(0, 2);

@@ -88,15 +88,10 @@ struct DropoutAddNormNode : Node {
     // A parameter (bias, weight, ln_bias) that is autocast's 16-bit cast of an f32 leaf: on a
     // device its gradient is added in f32 into the leaf's .grad by the kernel's column sums
     // (Node::grad_sink_f32), not written in 16 bits and added by a launch of its own.
-    const bool half = sum.dtype() == DType::bf16 || sum.dtype() == DType::f16;
-    bool sunk[5] = {};
     auto out = [&](size_t i) {
       if (!needs_input_grad(i)) return Tensor();
-      if (i != 0 && i != 2 && half && !sum.device().is_cpu())
-        if (const Tensor* f32 = grad_sink_f32(i)) {
-          sunk[i] = true;
-          return *f32;
-        }
+      if (i != 0 && i != 2 && !sum.device().is_cpu())
+        if (const Tensor* f32 = grad_sink_f32(i)) return *f32;
       return Tensor::empty(inputs[i].shape, inputs[i].dtype, sum.device());
     };
     a.dx = out(0);
@@ -105,7 +100,10 @@ struct DropoutAddNormNode : Node {
     a.dweight = out(3);
     a.dln_bias = out(4);
     dropout_add_layer_norm_backward_kernel(sum.device(), a);
-    auto given = [&](size_t i, const Tensor& g) { return sunk[i] ? Tensor() : g; };
+    // A gradient added into its f32 sink (another dtype than its input's) is not returned.
+    auto given = [&](size_t i, const Tensor& g) {
+      return g.defined() && g.dtype() != inputs[i].dtype ? Tensor() : g;
+    };
     return {a.dx, given(1, a.dbias), a.d_residual, given(3, a.dweight), given(4, a.dln_bias)};
   }
   void release_saved() override { sum = weight = mean = rstd = Tensor(); }

@@ -279,7 +279,6 @@ __global__ void dropout_add_layer_norm_backward_rows(Bwd<T, S> a, int64_t c) {
 
 // ---- the parameter gradients' column sums ---------------------------------------------------
 
-// The blocks' partial rows (backward_warp), summed per column in block order.
 // A parameter gradient's destination: written in the problem's dtype, or, for a 16-bit problem
 // given an f32 tensor (the f32 .grad behind autocast's cast of the parameter,
 // Node::grad_sink_f32), its sum added into that in f32: no 16-bit gradient, no separate add.
@@ -313,6 +312,7 @@ ParamGrad<T> param_grad(const Tensor& g, DType problem) {
   return p;
 }
 
+// The blocks' partial rows (backward_warp), summed per column in block order.
 template <class T, class S>
 struct PartSums {
   using Acc = S;

@@ -105,11 +105,11 @@ def loss_at_table(groups, at):
     """Per label: the mean validation loss at each step of `at`, the runs' final losses."""
     rows = []
     for label, runs in groups.items():
+        by_step = [(run, dict(c), c) for run, c in runs]
         means = []
         for step in at:
             vals = []
-            for run, c in runs:
-                d = dict(c)
+            for run, d, c in by_step:
                 if step not in d:
                     sys.exit(f"steps_to_loss: --at {step}: {run} has no validation at step {step} "
                              f"(its validations: {c[0][0]} .. {c[-1][0]})")
