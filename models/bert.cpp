@@ -246,7 +246,11 @@ Tensor BertModel::forward(const BertInputs& in, Generator& gen) const {
   // over layers and batch by the autograd graph, and it is never copied per example.
   const AttentionTerms terms = position->attention_terms(t, x.device());
   ++terms_computed_;
-  for (const auto& layer : layers) x = layer->forward(x, in.attention_mask, terms, gen);
+  // The key mask as the attention kernels read it (f32, nonzero = attend), converted once, not
+  // by every layer.
+  const Tensor key_mask =
+      in.attention_mask.defined() ? in.attention_mask.to(engine::DType::f32) : Tensor();
+  for (const auto& layer : layers) x = layer->forward(x, key_mask, terms, gen);
   if (final_norm) x = final_norm->forward(x);
   return x;
 }

@@ -171,12 +171,21 @@ struct FlashAttentionNode : Node {
     a.dout = in_fused_layout(grads[0]);
     gradients_in_layout(a);
     const int64_t h = a.q.size(1), tq = a.q.size(2), tk = a.k.size(2);
-    if (a.bias.defined() && needs_input_grad(3))
-      a.dbias = Tensor::empty({h, tq, tk}, DType::f32, dev);
+    if (a.bias.defined() && needs_input_grad(3)) {
+      // An f32 bias whose gradient other layers have already passed back (the positional term
+      // every layer reads): this layer's is added to it by the kernel's last pass.
+      const Tensor* sink = a.bias.dtype() == DType::f32 && shape_numel(bias_shape) == h * tq * tk
+                               ? grad_sink(3, DType::f32)
+                               : nullptr;
+      a.accumulate_dbias = sink != nullptr;
+      a.dbias = sink ? sink->view({h, tq, tk}) : Tensor::empty({h, tq, tk}, DType::f32, dev);
+    }
     flash_attention_backward_kernel(dev, a);
     Tensor dbias;
-    if (a.dbias.defined())
-      dbias = sum_to_shape(a.dbias.view({1, h, tq, tk}), bias_shape).to(a.q.dtype());
+    if (a.dbias.defined() && !a.accumulate_dbias) {
+      dbias = sum_to_shape(a.dbias.view({1, h, tq, tk}), bias_shape);
+      if (a.bias.dtype() != DType::f32) dbias = dbias.to(a.q.dtype());
+    }
     return {needs_input_grad(0) ? a.dq : Tensor(), needs_input_grad(1) ? a.dk : Tensor(),
             needs_input_grad(2) ? a.dv : Tensor(), dbias, Tensor()};
   }
@@ -227,11 +236,13 @@ void set_default_fused_attention(FusedAttention mode) {
 
 Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                  const AttentionOptions& opt_in) {
-  // Autocast: q, k, v and the bias in the compute dtype (recorded casts).
+  // Autocast: q, k, v and the bias in the compute dtype (recorded casts); an f32 bias once the
+  // path is known (the fused kernels read it as it is).
   const Tensor q = autocast_to_compute(q_in), k = autocast_to_compute(k_in),
                v = autocast_to_compute(v_in);
   AttentionOptions opt = opt_in;
-  opt.bias = autocast_to_compute(opt_in.bias);
+  if (opt.bias.defined() && opt.bias.dtype() != DType::f32)
+    opt.bias = autocast_to_compute(opt.bias);
   ENGINE_CHECK(q.defined() && k.defined() && v.defined(), "[attention] q, k and v must be defined");
   ENGINE_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
                "[attention] expected q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv); got q ",
@@ -253,9 +264,10 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
     ENGINE_CHECK(is_broadcastable_to(opt.bias.shape(), probs_shape4), "[attention] bias ",
                  describe(opt.bias), " is not broadcastable to the scores (", b, ", ", h, ", ", tq,
                  ", ", tk, ")");
-    ENGINE_CHECK(opt.bias.dtype() == q.dtype() && opt.bias.device() == q.device(),
-                 "[attention] bias ", describe(opt.bias), " must match q ", describe(q),
-                 " in dtype and device");
+    ENGINE_CHECK((opt.bias.dtype() == q.dtype() || opt.bias.dtype() == DType::f32) &&
+                     opt.bias.device() == q.device(),
+                 "[attention] bias ", describe(opt.bias), " must be on q's device and in q's dtype",
+                 " or f32 (q ", describe(q), ")");
   }
   Tensor mask4;
   if (opt.key_mask.defined()) {
@@ -280,9 +292,19 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
       (mode == FusedAttention::always || (mode == FusedAttention::without_dropout && p == 0)) &&
       flash_attention_fits(q.device(), q.dtype(), b, h, d, dv);
   bool bias_shared = false;
-  const Tensor bias3 = try_fused ? shared_bias(opt.bias.defined() ? opt.bias.detach() : Tensor(), b,
-                                               h, tq, tk, bias_shared)
-                                 : Tensor();
+  Tensor bias3 = try_fused ? shared_bias(opt.bias.defined() ? opt.bias.detach() : Tensor(), b, h,
+                                         tq, tk, bias_shared)
+                           : Tensor();
+  // The bias in q's dtype (autocast's cast, recorded), except an f32 one for the fused kernels:
+  // TUPE's positional term, built once a step in f32, is read by every layer without a cast,
+  // and its gradient stays f32 (summed layer by layer into one tensor; FlashAttentionNode).
+  const bool f32_bias = try_fused && bias_shared && opt.bias.defined() &&
+                        opt.bias.dtype() == DType::f32 && dt != DType::f32;
+  if (opt.bias.defined() && !f32_bias && opt.bias.dtype() != dt) {
+    opt.bias = autocast_to_compute(opt.bias);
+    if (opt.bias.dtype() != dt) opt.bias = opt.bias.to(dt);
+    if (bias3.defined()) bias3 = shared_bias(opt.bias.detach(), b, h, tq, tk, bias_shared);
+  }
   if (try_fused && bias_shared) {
     FlashAttentionForward f;
     // The heads' split and merge as views: q, k, v in their own layouts, out in q's.

@@ -25,7 +25,9 @@ struct AttentionOptions {
   double scale = 0.0;
   // Optional additive logits, broadcastable to (B, H, Tq, Tk): typically (1, H, Tq, Tk), computed
   // once per forward and shared by the batch (never expanded in memory). Its gradient is summed
-  // over the broadcast dims.
+  // over the broadcast dims. In q's dtype (after autocast) or f32: the fused kernels read an f32
+  // bias as it is and return its gradient in f32, added in place into the gradient the other
+  // layers sharing it have already summed (no cast or add a layer); the unfused path casts it.
   Tensor bias;
   // Optional (B, Tk), any dtype: nonzero = attend to that key, zero = padding.
   Tensor key_mask;

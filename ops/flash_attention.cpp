@@ -24,6 +24,7 @@ void add_work_cost(WorkCost& cost, const FlashAttentionBackward& a) {
   for (const Tensor* t : {&a.q, &a.k, &a.v, &a.bias, &a.key_mask, &a.out, &a.lse, &a.mask_bits,
                           &a.dout, &a.dq, &a.dk, &a.dv, &a.dbias})
     if (t->defined()) add_work_cost(cost, *t);
+  if (a.accumulate_dbias && a.dbias.defined()) add_work_cost(cost, a.dbias);  // read, then written
   // The gradient's four products (dP_d, dV, dQ, dK): the scores made again are recomputation,
   // not model FLOPs (the performance model times the kernels by the products they compute).
   cost.flops += 8.0 * a.q.size(0) * a.q.size(1) * a.q.size(2) * a.k.size(2) * a.q.size(3);
@@ -85,6 +86,9 @@ struct Problem {
         mask(host(a.key_mask)) {
     ENGINE_CHECK(a.v.size(3) == d, "[flash_attention] v's head width ", a.v.size(3),
                  " differs from q's ", d);
+    ENGINE_CHECK(!a.bias.defined() || a.bias.dtype() == a.q.dtype() || a.bias.dtype() == DType::f32,
+                 "[flash_attention] bias ", describe(a.bias), " must be in q's dtype (",
+                 dtype_name(a.q.dtype()), ") or f32");
   }
   // Row (bi, hi, i): logits (-inf where masked) into x.
   void logits(int64_t bi, int64_t hi, int64_t i, std::vector<double>& x) const {
@@ -199,7 +203,8 @@ void backward(const FlashAttentionBackward& a) {
   put(a.dv, dv);
   if (a.dbias.defined()) {
     const int64_t per = P.h * P.tq * P.tk;
-    std::vector<double> db(static_cast<size_t>(per));
+    std::vector<double> db =
+        a.accumulate_dbias ? host(a.dbias) : std::vector<double>(static_cast<size_t>(per));
     for (int64_t bi = 0; bi < P.b; ++bi)
       for (int64_t e = 0; e < per; ++e) db[e] += ds_all[bi * per + e];
     put(a.dbias, db);

@@ -56,8 +56,8 @@ template <class T>
 struct Args {
   Rows lq, lk, lv, lo, ldo, ldq, ldk, ldv;  // q, k, v, out (o), dout, dq, dk, dv
   const T *q, *k, *v, *bias, *out, *dout;
-  const float *mask, *lse;
-  const uint8_t* bits;  // the forward's keep bits (backward, with dropout)
+  const float *bias32, *mask, *lse;  // bias32: an f32 bias (then bias is null)
+  const uint8_t* bits;               // the forward's keep bits (backward, with dropout)
   T *o, *dq, *dk, *dv;
   float *lse_out, *part, *rowdot;         // rowdot: flash_rowdot writes it, the backward reads it
   uint8_t* bits_out;                      // the keep bits (forward, with dropout)
@@ -90,6 +90,7 @@ __device__ inline float logit(const Args<T>& a, int64_t b, int64_t h, int64_t i,
   if (a.mask && a.mask[b * a.tk + j] == 0.0f) return -INFINITY;
   float x = s * a.scale;
   if (a.bias) x += to_acc(a.bias[h * a.bias_sh + i * a.bias_si + j * a.bias_sj]);
+  if (a.bias32) x += a.bias32[h * a.bias_sh + i * a.bias_si + j * a.bias_sj];
   return x;
 }
 
@@ -504,13 +505,14 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
   }
 }
 
-// dbias[e] = sum over groups g in order of part[g n + e].
-__global__ void flash_bias_sum(const float* part, float* dbias, int64_t n, int64_t groups) {
+// dbias[e] = sum over groups g in order of part[g n + e] (accumulate: added to dbias[e]).
+__global__ void flash_bias_sum(const float* part, float* dbias, int64_t n, int64_t groups,
+                               bool accumulate) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
     float s = 0.0f;
     for (int64_t g = 0; g < groups; ++g) s += part[g * n + e];
-    dbias[e] = s;
+    dbias[e] = accumulate ? dbias[e] + s : s;
   }
 }
 
@@ -533,7 +535,13 @@ Args<T> make_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   a.q = dptr<const T>(q);
   a.k = dptr<const T>(k);
   a.v = dptr<const T>(v);
-  a.bias = dptr<const T>(bias);
+  ENGINE_CHECK(!bias.defined() || bias.dtype() == q.dtype() || bias.dtype() == DType::f32, "[", op,
+               "] bias ", describe(bias), " must be in q's dtype (", dtype_name(q.dtype()),
+               ") or f32");
+  if (bias.defined() && bias.dtype() == DType::f32)
+    a.bias32 = bias.data<float>();
+  else
+    a.bias = dptr<const T>(bias);
   a.mask = key_mask.defined() ? key_mask.data<float>() : nullptr;
   a.batch = q.size(0);
   a.heads = q.size(1);
@@ -674,7 +682,8 @@ void backward(const FlashAttentionBackward& t) {
       if (n == 0) return;
       const int64_t blocks = (n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096;
       const LaunchConfig cfg{dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream};
-      ENGINE_LAUNCH(flash_bias_sum, cfg, a.part, t.dbias.data<float>(), n, groups);
+      ENGINE_LAUNCH(flash_bias_sum, cfg, a.part, t.dbias.data<float>(), n, groups,
+                    t.accumulate_dbias);
     }
   });
 }

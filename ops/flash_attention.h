@@ -24,9 +24,10 @@ namespace engine {
 // q, k, v, out and the backward's dout, dq, dk, dv in any layout flash_attention_layout_fits
 // takes (the head width contiguous): the heads' split and merge stay views, q, k and v read
 // straight from the projection's (B, T, 3, H, D) output, out written into (B, T, H, D). bias:
-// undefined, or an (H, Tq, Tk) view (any strides, stride 0 on broadcast dims) in q's dtype, the
-// same for every batch entry (TUPE's positional term, T5 buckets, ALiBi). key_mask: undefined or
-// (B, Tk) f32 contiguous, nonzero = attend. 0 <= p < 1.
+// undefined, or an (H, Tq, Tk) view (any strides, stride 0 on broadcast dims) in q's dtype or in
+// f32, the same for every batch entry (TUPE's positional term, T5 buckets, ALiBi): an f32 term is
+// read as it is, so a model that builds it in f32 casts it to 16 bits in no layer. key_mask:
+// undefined or (B, Tk) f32 contiguous, nonzero = attend. 0 <= p < 1.
 struct FlashAttentionForward {
   Tensor q, k, v, bias, key_mask;
   double scale = 1, p = 0;
@@ -46,12 +47,15 @@ inline Kernel<void(const FlashAttentionForward&)> flash_attention_forward_kernel
 //   dP_d = dout v^T, dP = dropout(dP_d), dS = P (dP - rowsum(dout * out)),
 //   dq = scale dS k, dk = scale dS^T q, dv = P_d^T dout, dbias = sum over the batch of dS.
 // dq, dk, dv: q's, k's and v's shapes and dtype. dbias: undefined (not wanted) or (H, Tq, Tk) f32
-// contiguous, summed over the batch in an order fixed by the shape (the same bits every run).
+// contiguous, summed over the batch in an order fixed by the shape (the same bits every run);
+// with accumulate_dbias that sum is added to what dbias holds (the gradient of a positional term
+// every layer reads, summed layer by layer in place, without an add of its own).
 struct FlashAttentionBackward {
   Tensor q, k, v, bias, key_mask, out, lse, mask_bits, dout;
   double scale = 1, p = 0;
   PhiloxState state;
   Tensor dq, dk, dv, dbias;
+  bool accumulate_dbias = false;
   // Groups the batch is split into for dbias (each group's entries summed in order into its own
   // partial, the partials then in group order): 0 lets the backend choose (enough work to fill
   // the device); tests set it to cover groups of several entries.

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda_test_support.h"
+#include "engine/autocast.h"
 #include "engine/work_log.h"
 #include "ops/flash_attention.h"
 #include "ops/ops.h"
@@ -33,8 +34,10 @@ struct Case {
   int64_t b, h, tq, tk, d;
   double p;
   bool bias, mask;
-  int64_t groups = 0;    // the batch's groups for dbias (0: the backend's choice)
-  bool strided = false;  // the device's operands and results in the model's layouts (views)
+  int64_t groups = 0;       // the batch's groups for dbias (0: the backend's choice)
+  bool strided = false;     // the device's operands and results in the model's layouts (views)
+  bool f32_bias = false;    // the bias in f32 (TUPE's positional term as the model builds it)
+  bool accumulate = false;  // dbias added to what it holds (accumulate_dbias)
 };
 
 // (B, H, T, D) views in the layouts of the model's heads: `n` tensors of (B, T, H, D) (n = 1) or
@@ -64,7 +67,7 @@ void to_gpu(std::initializer_list<Tensor*> tensors) {
 void check_kernels(const Case& c, DType dt) {
   INFO("B " << c.b << " groups " << c.groups << " H " << c.h << " Tq " << c.tq << " Tk " << c.tk
             << " D " << c.d << " p " << c.p << " bias " << c.bias << " mask " << c.mask << " "
-            << dtype_name(dt));
+            << dtype_name(dt) << " f32 bias " << c.f32_bias << " accumulate " << c.accumulate);
   Generator g(71);
   const double scale = 1.0 / std::sqrt(2.0 * c.d);
   FlashAttentionForward f;
@@ -72,7 +75,9 @@ void check_kernels(const Case& c, DType dt) {
   f.k = Tensor::randn({c.b, c.h, c.tk, c.d}, g).to(dt);
   f.v = Tensor::randn({c.b, c.h, c.tk, c.d}, g).to(dt);
   if (c.bias)  // broadcast over heads: stride 0 on the first dim
-    f.bias = Tensor::randn({1, c.tq, c.tk}, g).to(dt).expand({c.h, c.tq, c.tk});
+    f.bias = Tensor::randn({1, c.tq, c.tk}, g)
+                 .to(c.f32_bias ? DType::f32 : dt)
+                 .expand({c.h, c.tq, c.tk});
   if (c.mask) {
     std::vector<float> m(static_cast<size_t>(c.b * c.tk), 1.0f);
     for (int64_t j = c.tk - c.tk / 3; j < c.tk; ++j) m[j] = 0.0f;  // entry 0: padding at the end
@@ -138,8 +143,21 @@ void check_kernels(const Case& c, DType dt) {
   bw.dq = Tensor::empty(f.q.shape(), dt);
   bw.dk = Tensor::empty(f.k.shape(), dt);
   bw.dv = Tensor::empty(f.v.shape(), dt);
-  if (c.bias) bw.dbias = Tensor::empty({c.h, c.tq, c.tk}, DType::f32);
+  // With accumulate_dbias, dbias starts from this (a gradient other layers passed back).
+  const Tensor dbias0 = Tensor::randn({c.h, c.tq, c.tk}, g);
+  if (c.bias) bw.dbias = c.accumulate ? dbias0.clone() : Tensor::empty({c.h, c.tq, c.tk});
+  bw.accumulate_dbias = c.accumulate;
   flash_attention_backward_kernel(Device::cpu(), bw);
+  if (c.bias && c.accumulate) {  // the contract itself: the batch's sum added to dbias0
+    FlashAttentionBackward fresh = bw;
+    fresh.dbias = Tensor::empty({c.h, c.tq, c.tk});
+    fresh.accumulate_dbias = false;
+    fresh.dq = Tensor::empty(f.q.shape(), dt);
+    fresh.dk = Tensor::empty(f.k.shape(), dt);
+    fresh.dv = Tensor::empty(f.v.shape(), dt);
+    flash_attention_backward_kernel(Device::cpu(), fresh);
+    require_close(bw.dbias, dbias0 + fresh.dbias, 1e-6, 1e-6);
+  }
   // The device's backward from the same saved tensors (the CPU's out and lse), twice: the same
   // bits each time.
   FlashAttentionBackward bg = bw;
@@ -164,7 +182,9 @@ void check_kernels(const Case& c, DType dt) {
       bg.dk = dkv[0];
       bg.dv = dkv[1];
     }
-    if (c.bias) bg.dbias = Tensor::empty({c.h, c.tq, c.tk}, DType::f32, kGpu);
+    if (c.bias)
+      bg.dbias =
+          c.accumulate ? dbias0.to(kGpu) : Tensor::empty({c.h, c.tq, c.tk}, DType::f32, kGpu);
     flash_attention_backward_kernel(kGpu, bg);
     if (run == 0) {
       first = {bg.dq, bg.dk, bg.dv, bg.dbias};
@@ -195,11 +215,16 @@ TEST_CASE("flash attention kernels match the CPU's formulas: outputs, log-sum-ex
                         // dv) apart, heads D apart
                         Case{2, 3, 37, 70, 64, 0.2, true, true, 0, true},
                         Case{3, 2, 16, 20, 32, 0.0, false, true, 2, true},
-                        Case{1, 2, 70, 20, 128, 0.1, true, false, 0, true}}) {
+                        Case{1, 2, 70, 20, 128, 0.1, true, false, 0, true},
+                        // an f32 bias read as it is; dbias added to what it holds
+                        Case{2, 3, 37, 70, 64, 0.2, true, true, 0, true, true},
+                        Case{5, 2, 20, 33, 32, 0.1, true, true, 2, false, true, true},
+                        Case{3, 2, 16, 16, 32, 0.0, true, false, 0, false, false, true}}) {
     check_kernels(c, DType::bf16);
   }
   check_kernels(Case{2, 2, 37, 70, 64, 0.2, true, true}, DType::f16);
   check_kernels(Case{2, 2, 37, 70, 64, 0.2, true, true, 0, true}, DType::f16);
+  check_kernels(Case{2, 2, 37, 70, 64, 0.2, true, true, 0, false, true, true}, DType::f16);
 }
 
 TEST_CASE("flash attention kernels refuse layouts their vector loads cannot take", "[cuda]") {
@@ -226,6 +251,12 @@ TEST_CASE("flash attention kernels refuse layouts their vector loads cannot take
         flash_attention_forward_kernel(kGpu, fb),
         Catch::Contains("[flash_attention] q") && Catch::Contains("head width contiguous"));
   }
+  // A bias in neither q's dtype nor f32.
+  FlashAttentionForward fb = f;
+  fb.bias = Tensor::zeros({2, 16, 16}, DType::f16, kGpu);
+  REQUIRE_THROWS_WITH(flash_attention_forward_kernel(kGpu, fb),
+                      Catch::Contains("[flash_attention] bias") &&
+                          Catch::Contains("must be in q's dtype (bf16) or f32"));
 }
 
 TEST_CASE("attention's fused path equals its unfused path on the device, dropout mask included",
@@ -316,6 +347,65 @@ TEST_CASE("attention's fused path takes the heads' split and merge as views: no 
       INFO("result " << i << " (y, dx, dbias)");
       require_close(res[1][i], res[0][i], tolerance(dt), tolerance(dt), tolerance(dt));
     }
+  }
+}
+
+TEST_CASE("an f32 positional term every layer reads: no cast, its gradient summed in place",
+          "[cuda]") {
+  // TUPE's term as the model builds it: one (1, H, T, T) f32 tensor a step (here a view of an f32
+  // leaf), read by every layer under bf16 autocast. The fused path reads it in f32 and sums its
+  // gradient layer by layer into one f32 tensor (the first layer's, offered back as the others'
+  // sink): no 16-bit cast of it forward, no conversion or add of its gradient backward. The
+  // unfused path casts it each layer; both give the same gradients.
+  const int64_t b = 2, h = 2, t = 37, d = 32, layers = 3;
+  const DType dt = DType::bf16;
+  Generator g(76);
+  const Tensor theta0 = Tensor::randn({h, t, t}, g), dy = Tensor::randn({b, h, t, d}, g).to(kGpu);
+  std::vector<Tensor> qkv0;
+  for (int64_t i = 0; i < 3 * layers; ++i) qkv0.push_back(Tensor::randn({b, h, t, d}, g).to(dt));
+  std::vector<Tensor> res[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    INFO((fused == 1 ? "fused" : "unfused"));
+    Tensor theta = theta0.to(kGpu).set_requires_grad();
+    std::vector<Tensor> qkv;
+    for (const Tensor& x : qkv0) qkv.push_back(x.to(kGpu).set_requires_grad());
+    Generator gen(7);
+    start_work_recording();
+    {
+      Autocast ac(dt);
+      const Tensor bias = theta.unsqueeze(0);  // (1, H, T, T) f32
+      Tensor y;
+      for (int64_t l = 0; l < layers; ++l) {
+        AttentionOptions o;
+        o.scale = 1.0 / std::sqrt(2.0 * d);
+        o.bias = bias;
+        o.dropout_p = 0.1;
+        o.training = true;
+        o.generator = &gen;
+        o.fused = fused == 1 ? FusedAttention::always : FusedAttention::never;
+        const Tensor a = attention(qkv[3 * l], qkv[3 * l + 1], qkv[3 * l + 2], o).to(DType::f32);
+        y = y.defined() ? y + a : a;
+      }
+      y.backward(dy);
+    }
+    // The term's casts and conversions (a 16-bit (H, T, T) tensor) and the adds of its gradient,
+    // outside attention's own kernels (the leaf's .grad taking its first gradient is not one).
+    std::vector<std::string> bias_work;
+    for (const WorkRecord& r : stop_work_recording())
+      if (r.shape.find(", 37, 37)") != std::string::npos && r.op.rfind("flash_attention", 0) != 0 &&
+          (r.shape.find("bf16") != std::string::npos || r.op == "add_" || r.op == "binary"))
+        bias_work.push_back(r.op + " " + r.shape);
+    if (fused == 1) {
+      for (const std::string& w : bias_work) UNSCOPED_INFO(w);
+      REQUIRE(bias_work.empty());
+    } else {
+      REQUIRE(bias_work.size() >= size_t(layers));  // a cast a layer at least
+    }
+    res[fused] = {theta.grad(), qkv[0].grad(), qkv[3 * layers - 1].grad()};
+  }
+  for (int i = 0; i < 3; ++i) {
+    INFO("result " << i << " (dtheta, dq of the first layer, dv of the last)");
+    require_close(res[1][i], res[0][i], tolerance(dt), tolerance(dt), tolerance(dt));
   }
 }
 
