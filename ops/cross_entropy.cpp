@@ -139,7 +139,14 @@ ENGINE_REGISTER_KERNEL(cross_entropy_backward_kernel, DeviceType::CPU, cpu::cros
 Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets, int64_t ignore_index,
                      Reduction reduction) {
   ENGINE_CHECK(logits_in.defined() && targets.defined(), "[cross_entropy] got an undefined input");
-  const Tensor logits = autocast_to_f32(logits_in);  // autocast: the loss in f32
+  // Autocast: the loss in f32. On a device, 16-bit logits go to the kernels as they are: they
+  // compute in f32 from the exactly converted logits, write the loss in f32 and its gradient in
+  // the logits' dtype, the bits of casting the logits first, without that (N, C) conversion each
+  // way or the f32 copy kept for the backward. The CPU kernels compute in f32: cast there.
+  const bool half_logits = logits_in.defined() && autocast_active() &&
+                           !logits_in.device().is_cpu() &&
+                           (logits_in.dtype() == DType::bf16 || logits_in.dtype() == DType::f16);
+  const Tensor logits = half_logits ? logits_in : autocast_to_f32(logits_in);
   ENGINE_CHECK(logits.dim() == 2, "[cross_entropy] logits must be (N, C), got ", describe(logits));
   ENGINE_CHECK(is_floating(logits.dtype()), "[cross_entropy] logits must be floating, got ",
                describe(logits));
@@ -158,8 +165,8 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets, int64_t ign
   const Device dev = logits.device();
   Tensor lse = Tensor::empty({n}, lse_dtype(logits.dtype()), dev);
   Tensor count = Tensor::empty({}, DType::i64, dev);
-  Tensor out =
-      Tensor::empty(reduction == Reduction::none ? Shape{n} : Shape{}, logits.dtype(), dev);
+  Tensor out = Tensor::empty(reduction == Reduction::none ? Shape{n} : Shape{},
+                             half_logits ? DType::f32 : logits.dtype(), dev);
   cross_entropy_forward_kernel(dev, x, t, ignore_index, reduction, lse, count, out);
   if (needs_grad(logits)) {
     auto node = std::make_shared<CrossEntropyNode>();

@@ -8,11 +8,14 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
 #include "cuda_test_support.h"
+#include "engine/autocast.h"
 #include "engine/optim.h"
+#include "engine/work_log.h"
 #include "ops/ops.h"
 #include "relative_index.h"
 
@@ -273,6 +276,46 @@ TEST_CASE("cross_entropy on bf16 and f16 logits keeps f32 statistics", "[cuda]")
     loss.backward();
     lossg.backward();
     require_close(xg.grad(), xc.grad(), tol, 1e-3 * tol);
+  }
+}
+
+TEST_CASE("under autocast 16-bit logits give the f32 loss with the bits of casting them first",
+          "[cuda]") {
+  // Autocast's loss in f32: the kernels read bf16 / f16 logits as they are and give the loss and
+  // the logits' gradient the bits of the cast path (the logits converted to f32, exactly, the f32
+  // kernels, the gradient rounded back), without the (N, C) conversion either way.
+  Generator g(48);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    // rows in 16-byte vectors (C % 8 == 0) and not; a row longer than a block; no row
+    for (auto [n, c] : {std::array<int64_t, 2>{6, 64}, {5, 37}, {3, 1030}, {4, 2048}, {0, 8}}) {
+      for (Reduction red : {Reduction::mean, Reduction::sum, Reduction::none}) {
+        INFO(dtype_name(dt) << " (" << n << ", " << c << ") reduction " << static_cast<int>(red));
+        std::vector<int64_t> tv(static_cast<size_t>(n));
+        for (size_t i = 0; i < tv.size(); ++i) tv[i] = i % 3 == 1 ? -100 : (i * 7 + 3) % c;
+        const Tensor t = Tensor::from_vector(tv, {n}).to(kGpu);
+        const Tensor x0 = Tensor::randn({n, c}, g, 0, 3).to(dt).to(kGpu);
+        Tensor xa = x0.clone().set_requires_grad(), xb = x0.clone().set_requires_grad();
+        Tensor la = cross_entropy(xa.to(DType::f32), t, -100, red);  // the cast path by hand
+        start_work_recording();
+        Tensor lb;
+        {
+          Autocast ac(dt);
+          lb = cross_entropy(xb, t, -100, red);
+        }
+        const Tensor dl = Tensor::randn(la.shape(), g).to(kGpu);
+        lb.backward(dl);
+        int conversions = 0;  // of the (N, C) logits or their gradient to or from f32
+        for (const WorkRecord& r : stop_work_recording())
+          conversions += r.op == "copy" && r.shape.rfind(shape_str({n, c}), 0) == 0 &&
+                         r.shape.find("f32") != std::string::npos;
+        REQUIRE(conversions == 0);
+        la.backward(dl);
+        REQUIRE(lb.dtype() == DType::f32);
+        require_equal(lb, la);
+        REQUIRE(xb.grad().dtype() == dt);
+        require_equal(xb.grad(), xa.grad());
+      }
+    }
   }
 }
 
