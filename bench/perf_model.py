@@ -185,6 +185,8 @@ def describe5(name, op_row, launch, n_main):
         drawn = base == "flash_forward" and any(t[1] == "u8" for t in ts)
         return "flash", share, FLASH_PRODUCTS[base] * elems * q[3], "simple", \
             elems / PHILOX_WORDS if drawn else 0
+    if base == "cross_entropy_backward_vec":  # elementwise over (N, C), 16-byte vectors
+        return "vec", share, 0, "simple", 0
     if base in ("flash_rowdot", "flash_bias_sum"):
         return "vec", share, steps(share, 4), "simple", 0
     if base in ("softmax_forward_warp", "softmax_backward_warp"):
@@ -198,7 +200,7 @@ def describe5(name, op_row, launch, n_main):
         return "ln_warp", share, 0, "simple", numel(ts[0][0]) / PHILOX_WORDS
     if base == "dropout_add_layer_norm_params":  # the blocks' partial rows, summed per column
         return "aux", 0.0, 0, "simple", 0
-    if base in ("sum_to_columns", "layer_norm_params") or \
+    if base in ("sum_to_columns", "layer_norm_params", "column_sums_add") or \
             (base == "bias_gelu_backward" and op == "bias_gelu_backward"):
         return "colsum", share, 0, "simple", 0
     if base == "adamw_vec4":

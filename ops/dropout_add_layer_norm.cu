@@ -279,39 +279,6 @@ __global__ void dropout_add_layer_norm_backward_rows(Bwd<T, S> a, int64_t c) {
 
 // ---- the parameter gradients' column sums ---------------------------------------------------
 
-// A parameter gradient's destination: written in the problem's dtype, or, for a 16-bit problem
-// given an f32 tensor (the f32 .grad behind autocast's cast of the parameter,
-// Node::grad_sink_f32), its sum added into that in f32: no 16-bit gradient, no separate add.
-template <class T>
-struct ParamGrad {
-  T* out = nullptr;
-  float* add = nullptr;
-  __device__ explicit operator bool() const { return out != nullptr || add != nullptr; }
-  template <class S>
-  __device__ void put(int64_t col, S s) const {
-    if (add)
-      add[col] += static_cast<float>(s);
-    else if (out)
-      out[col] = from_acc<T>(s);
-  }
-};
-
-template <class T>
-ParamGrad<T> param_grad(const Tensor& g, DType problem) {
-  ParamGrad<T> p;
-  if (!g.defined()) return p;
-  if (g.dtype() != problem) {
-    ENGINE_CHECK(g.dtype() == DType::f32 && (problem == DType::bf16 || problem == DType::f16),
-                 "[dropout_add_layer_norm_backward] a parameter gradient ", describe(g), " for a ",
-                 dtype_name(problem), " problem: expected ", dtype_name(problem),
-                 " (written) or, for bf16 / f16, f32 (added into)");
-    p.add = g.data<float>();
-  } else {
-    p.out = dptr<T>(g);
-  }
-  return p;
-}
-
 // The blocks' partial rows (backward_warp), summed per column in block order.
 template <class T, class S>
 struct PartSums {
@@ -423,9 +390,9 @@ void backward(const DropoutAddNormBackward& t) {
                             a.mean,
                             a.rstd,
                             c,
-                            param_grad<T>(t.dweight, dt),
-                            param_grad<T>(t.dln_bias, dt),
-                            param_grad<T>(t.dbias, dt)};
+                            param_grad<T>(t.dweight, dt, "dropout_add_layer_norm_backward"),
+                            param_grad<T>(t.dln_bias, dt, "dropout_add_layer_norm_backward"),
+                            param_grad<T>(t.dbias, dt, "dropout_add_layer_norm_backward")};
       column_sums<1, 3>("dropout_add_layer_norm_params", rows, c, f, device);
       return;
     }
@@ -449,9 +416,9 @@ void backward(const DropoutAddNormBackward& t) {
     const PartSums<T, S> f{part.data<S>(),
                            blocks,
                            c,
-                           param_grad<T>(t.dweight, dt),
-                           param_grad<T>(t.dln_bias, dt),
-                           param_grad<T>(t.dbias, dt)};
+                           param_grad<T>(t.dweight, dt, "dropout_add_layer_norm_backward"),
+                           param_grad<T>(t.dln_bias, dt, "dropout_add_layer_norm_backward"),
+                           param_grad<T>(t.dbias, dt, "dropout_add_layer_norm_backward")};
     column_sums<1, 3>("dropout_add_layer_norm_params", blocks, c, f, device, false);
   });
 }

@@ -175,10 +175,14 @@ struct BiasGeluNode : Node {
   const char* name() const override { return "bias_gelu"; }
   std::vector<Tensor> backward(const std::vector<Tensor>& g) override {
     Tensor gx = Tensor::empty(x.shape(), x.dtype(), x.device());  // needed for the bias's sum too
-    Tensor gb =
-        needs_input_grad(1) ? Tensor::empty(bias.shape(), bias.dtype(), bias.device()) : Tensor();
+    // The bias's gradient added in f32 into the f32 .grad behind autocast's cast of it, when the
+    // engine offers that (no 16-bit gradient, no separate add).
+    const Tensor* f32 = grad_sink_f32(1);
+    Tensor gb = f32                   ? *f32
+                : needs_input_grad(1) ? Tensor::empty(bias.shape(), bias.dtype(), bias.device())
+                                      : Tensor();
     bias_gelu_backward_kernel(x.device(), x, bias, g[0].contiguous(), gx, gb);
-    return {needs_input_grad(0) ? gx : Tensor(), gb};
+    return {needs_input_grad(0) ? gx : Tensor(), f32 ? Tensor() : gb};
   }
   void release_saved() override { x = bias = Tensor(); }
 };

@@ -184,7 +184,7 @@ struct BiasGeluBackward {
   const T* bias;
   const T* dy;
   T* dx;
-  T* gbias;  // may be null
+  ParamGrad<T> gbias;  // may be empty
   int64_t n;
   __device__ void load(int64_t r, int64_t c, Acc (&v)[1][V]) const {
     using A = ::engine::cuda::Acc<T>;
@@ -201,13 +201,10 @@ struct BiasGeluBackward {
     *reinterpret_cast<Vec<T, V>*>(dx + r * n + c) = out;
   }
   __device__ void store(int, int64_t c, const Acc (&s)[V]) const {
-    if (gbias)
 #pragma unroll
-      for (int q = 0; q < V; ++q) gbias[c + q] = from_acc<T>(s[q]);
+    for (int q = 0; q < V; ++q) gbias.put(c + q, s[q]);
   }
-  __device__ void store_one(int, int64_t c, Acc s) const {
-    if (gbias) gbias[c] = from_acc<T>(s);
-  }
+  __device__ void store_one(int, int64_t c, Acc s) const { gbias.put(c, s); }
 };
 
 // ---- kernels registered with the op's tables --------------------------------------------------
@@ -361,8 +358,8 @@ void bias_gelu_backward(const Tensor& x, const Tensor& bias, const Tensor& gy, c
   const int64_t n = bias.numel();
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
   const bool want_b = gbias.defined();
-  if (rows == 0) {  // a sum over no rows
-    if (want_b) gbias.fill_(0.0);
+  if (rows == 0) {  // a sum over no rows (added: nothing)
+    if (want_b && gbias.dtype() == x.dtype()) gbias.fill_(0.0);
     return;
   }
   const int index = x.device().index;
@@ -370,8 +367,12 @@ void bias_gelu_backward(const Tensor& x, const Tensor& bias, const Tensor& gy, c
   dispatch_device_floating(x.dtype(), "bias_gelu_backward", [&]<class T>() {
     constexpr int kV = reduce_vec<T>();
     auto run = [&]<int V>() {
-      const BiasGeluBackward<T, V> f{dptr<const T>(x), dptr<const T>(bias), dptr<const T>(gy),
-                                     dptr<T>(gx),      dptr<T>(gbias),      n};
+      const BiasGeluBackward<T, V> f{dptr<const T>(x),
+                                     dptr<const T>(bias),
+                                     dptr<const T>(gy),
+                                     dptr<T>(gx),
+                                     param_grad<T>(gbias, x.dtype(), "bias_gelu_backward"),
+                                     n};
       column_sums<V, 1>("bias_gelu_backward", rows, n, f, index);
     };
     if (vec_ok(n, kV, {&x, &bias, &gy, &gx}))

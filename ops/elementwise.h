@@ -64,7 +64,9 @@ inline Kernel<void(const Tensor& x, const Tensor& bias, const Tensor& y)> bias_g
 // the rows split into min(rows, kBiasGeluChunks) chunks fixed by the row count, each chunk's dx
 // (before rounding to a half type) summed in row order from 0 in the compute type (f32; f64 for
 // f64), then the chunk sums in order in double. CUDA: column_sums' fixed order (the same bits on
-// every run, within the compute type's rounding of the CPU's). All contiguous.
+// every run, within the compute type's rounding of the CPU's). All contiguous. For a bf16 / f16
+// problem grad_bias may be f32 (the f32 .grad behind autocast's cast of the bias): the sums are
+// added into it in f32 (devices; the CPU kernels compute in f32 only).
 inline constexpr int64_t kBiasGeluChunks = 64;
 inline Kernel<void(const Tensor& x, const Tensor& bias, const Tensor& grad_y, const Tensor& grad_x,
                    const Tensor& grad_bias)>

@@ -11,6 +11,7 @@
 #include "engine/backend.h"
 #include "engine/cpu/gemm.h"
 #include "engine/error.h"
+#include "ops/reduce.h"
 
 namespace engine {
 namespace {
@@ -212,7 +213,12 @@ struct LinearNode : Node {
       }
     }
     if (needs_input_grad(2)) {
-      gbias = sum_to_shape(g2, inputs[2].shape);  // (out): column sums of dY
+      // (out): column sums of dY; added in f32 straight into the f32 .grad behind autocast's
+      // cast of the bias when the engine offers it (no 16-bit gradient, no separate add).
+      if (const Tensor* f32 = f32_grad_sink(*this, 2, g2))
+        column_sums_add_kernel(dev, g2.contiguous(), *f32);
+      else
+        gbias = sum_to_shape(g2, inputs[2].shape);
     }
     return {gx, gw, gbias};
   }

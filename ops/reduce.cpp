@@ -1,6 +1,8 @@
 // Sum / mean: dim handling and autograd wiring over the backend's sum_to primitive.
 #include "ops/reduce.h"
 
+#include <vector>
+
 #include "engine/autograd.h"
 #include "engine/backend.h"
 #include "engine/error.h"
@@ -72,6 +74,26 @@ void check_input(const Tensor& x, bool is_mean, const char* op) {
   ENGINE_CHECK(!is_mean || is_floating(x.dtype()), "[", op, "] expects a floating tensor, got ",
                describe(x));
 }
+
+// The CPU's column_sums_add: f32 sources (the CPU kernels compute in f32), each column summed in
+// row order in double, then added.
+void column_sums_add_cpu(const Tensor& src, const Tensor& dst) {
+  ENGINE_CHECK(src.dtype() == DType::f32 && dst.dtype() == DType::f32 && src.dim() == 2 &&
+                   dst.dim() == 1 && src.size(1) == dst.size(0) && src.is_contiguous() &&
+                   dst.is_contiguous(),
+               "[column_sums_add] expects a contiguous (rows, n) f32 source and an (n) f32 "
+               "destination on the CPU, got ",
+               describe(src), " and ", describe(dst));
+  const int64_t rows = src.size(0), n = src.size(1);
+  const float* x = src.data<float>();
+  float* d = dst.data<float>();
+  std::vector<double> s(static_cast<size_t>(n), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < n; ++c) s[static_cast<size_t>(c)] += x[r * n + c];
+  for (int64_t c = 0; c < n; ++c) d[c] += static_cast<float>(s[static_cast<size_t>(c)]);
+}
+
+ENGINE_REGISTER_KERNEL(column_sums_add_kernel, DeviceType::CPU, column_sums_add_cpu);
 
 }  // namespace
 

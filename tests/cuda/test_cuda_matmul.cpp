@@ -6,6 +6,7 @@
 // back the real descriptors the engine built.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -204,6 +205,77 @@ TEST_CASE("under bf16 autocast a weight's gradient goes into its f32 .grad by th
     require_close(wd.grad(), wc.grad(), 0, 0, 1e-2);
     require_close(qd.grad(), qc.grad(), 0, 0, 1e-2);
   }
+}
+
+TEST_CASE("under bf16 autocast a bias's gradient is added in f32 into its .grad by its sums",
+          "[cuda]") {
+  // Held f32 .grads behind autocast's bf16 casts of linear's bias and bias_gelu's bias: the
+  // backward's column sums add into them in f32 (column_sums_add, bias_gelu_backward's f32
+  // destination) -- no bf16 gradient, no add_ -- matching the CPU in f32 on the rounded operands.
+  // Rows in 16-byte vectors and not; few rows, and rows in several chunks. A cast used twice goes
+  // the usual way (bf16 sum, one add each).
+  Generator g(29);
+  for (auto [rows, n] : {std::array<int64_t, 2>{6, 9}, {3000, 64}}) {
+    for (int uses : {1, 2}) {
+      INFO("(" << rows << ", " << n << "), " << uses << " use(s) of the biases");
+      const Tensor x = Tensor::randn({rows, 17}, g), w = Tensor::randn({n, 17}, g);
+      const Tensor b1 = Tensor::randn({n}, g), b2 = Tensor::randn({n}, g);
+      const Tensor dz = Tensor::randn({rows, n}, g), held = Tensor::randn({2, n}, g);
+      Tensor b1d = b1.to(kGpu).set_requires_grad(), b2d = b2.to(kGpu).set_requires_grad();
+      b1d.set_grad(held.select(0, 0).contiguous().to(kGpu));
+      b2d.set_grad(held.select(0, 1).contiguous().to(kGpu));
+      const Tensor slab1 = b1d.grad(), slab2 = b2d.grad();
+      Tensor loss;
+      {
+        Autocast ac(DType::bf16);
+        const Tensor c1 = uses == 2 ? b1d.to(DType::bf16) : b1d;
+        const Tensor c2 = uses == 2 ? b2d.to(DType::bf16) : b2d;
+        const Tensor z = bias_gelu(linear(x.to(kGpu), w.to(kGpu), c1), c2);
+        loss = engine::sum(z.to(DType::f32) * dz.to(kGpu));
+        if (uses == 2)
+          loss = loss + engine::sum(c1.to(DType::f32)) + engine::sum(c2.to(DType::f32));
+      }
+      start_work_recording();
+      loss.backward();
+      int slab_adds = 0;
+      for (const WorkRecord& r : stop_work_recording())
+        slab_adds += r.op == "add_" && r.shape.rfind("(" + std::to_string(n) + ") f32", 0) == 0;
+      CHECK(slab_adds == (uses == 1 ? 0 : 2));
+      REQUIRE(b1d.grad().shares_storage(slab1));
+      REQUIRE(b2d.grad().shares_storage(slab2));
+      // The CPU in f32 on the bf16-rounded operands.
+      auto rounded = [](const Tensor& t) { return t.to(DType::bf16).to(DType::f32); };
+      Tensor b1c = rounded(b1).set_requires_grad(), b2c = rounded(b2).set_requires_grad();
+      Tensor lc = engine::sum(bias_gelu(linear(rounded(x), rounded(w), b1c), b2c) * dz);
+      if (uses == 2) lc = lc + engine::sum(b1c) + engine::sum(b2c);
+      lc.backward();
+      require_close(b1d.grad(), held.select(0, 0) + b1c.grad(), 0, 0, 2e-2);
+      require_close(b2d.grad(), held.select(0, 1) + b2c.grad(), 0, 0, 2e-2);
+    }
+  }
+}
+
+TEST_CASE("column_sums_add on the device adds the CPU's column sums, the same bits each run",
+          "[cuda]") {
+  Generator g(30);
+  for (auto [rows, n] : {std::array<int64_t, 2>{6, 9}, {3000, 64}, {1, 8}, {0, 5}, {70, 1031}}) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      INFO("(" << rows << ", " << n << ") " << dtype_name(dt));
+      const Tensor src = Tensor::randn({rows, n}, g).to(dt), held = Tensor::randn({n}, g);
+      Tensor want = held.clone();
+      column_sums_add_kernel(Device::cpu(), src.to(DType::f32), want);  // bf16 -> f32: exact
+      std::vector<Tensor> got;
+      for (int run = 0; run < 2; ++run) {
+        got.push_back(held.to(kGpu));
+        column_sums_add_kernel(kGpu, src.to(kGpu), got.back());
+      }
+      require_equal(got[1], got[0]);
+      require_close(got[0], want, 1e-5, 1e-5);
+    }
+  }
+  REQUIRE_THROWS_WITH(column_sums_add_kernel(kGpu, Tensor::zeros({2, 3}, DType::bf16, kGpu),
+                                             Tensor::zeros({3}, DType::bf16, kGpu)),
+                      Catch::Contains("[column_sums_add]") && Catch::Contains("(n) f32"));
 }
 
 TEST_CASE("AutocastSlab: one conversion of the parameter slab, the per-tensor casts' bits",
