@@ -355,6 +355,9 @@ class Model:
         if " c_f32" in row["shape"] and key:  # C read and written in f32 instead of 16-bit once
             m, n, _, b = key[:4]
             t += 1e9 * (m * n * b * (8 - 2)) / (self.f["bw"]["vec"] * 1.0)
+        elif " beta" in row["shape"] and key:  # C read (beta 1: added into) as well as written
+            m, n, _, b = key[:4]
+            t += 1e9 * (m * n * b * DTYPE_BYTES.get(key[4], 2)) / (self.f["bw"]["vec"] * 1.0)
         return max(t, self.f["floor_ns"])
 
     def launch_ns(self, row, launch, n_main, mode):

@@ -2,10 +2,12 @@
 // of the arithmetic run in a 16-bit compute dtype while the parameters stay f32 (the master copy
 // the optimizer updates):
 //   - matmul, linear and attention cast their f32 inputs to the compute dtype (bf16 or f16); the
-//     GEMMs accumulate in f32 and store 16-bit results;
+//     GEMMs accumulate in f32 and store 16-bit results (attention's fused kernels read an f32
+//     positional bias as it is);
 //   - layer_norm runs on the compute dtype with its statistics in f32 (the kernels' rule);
 //   - softmax takes a bias of another dtype in the input's dtype;
-//   - cross_entropy takes f32 logits (logsumexp and the loss in f32);
+//   - cross_entropy computes in f32 with the loss in f32 (16-bit logits on a device are read as
+//     they are, with the bits of casting them first; elsewhere they are cast);
 //   - binary ops whose operands differ meet in the wider dtype (promote_floating); outside a
 //     scope a dtype mismatch stays an error.
 // Every cast is an autograd-recorded Tensor::to, so a parameter's gradient arrives in f32 in its

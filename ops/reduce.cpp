@@ -1,4 +1,5 @@
-// Sum / mean: dim handling and autograd wiring over the backend's sum_to primitive.
+// Sum / mean: dim handling and autograd wiring over the backend's sum_to primitive; the CPU's
+// column_sums_add kernel.
 #include "ops/reduce.h"
 
 #include <vector>
