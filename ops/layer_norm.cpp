@@ -37,11 +37,22 @@ struct LayerNormNode : Node {
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
     Tensor dx, dw, db;
     if (needs_input_grad(0)) dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    if (needs_input_grad(1)) dw = Tensor::empty(inputs[1].shape, x.dtype(), x.device());
-    if (needs_input_grad(2)) db = Tensor::empty(inputs[2].shape, x.dtype(), x.device());
+    // On a device, a parameter's gradient added in f32 into the f32 .grad behind autocast's cast
+    // of it when the engine offers that (no 16-bit gradient, no separate add).
+    const bool dev = !x.device().is_cpu();
+    const Tensor* w32 = dev ? grad_sink_f32(1) : nullptr;
+    const Tensor* b32 = dev ? grad_sink_f32(2) : nullptr;
+    if (w32)
+      dw = *w32;
+    else if (needs_input_grad(1))
+      dw = Tensor::empty(inputs[1].shape, x.dtype(), x.device());
+    if (b32)
+      db = *b32;
+    else if (needs_input_grad(2))
+      db = Tensor::empty(inputs[2].shape, x.dtype(), x.device());
     layer_norm_backward_kernel(x.device(), x, weight, mean, rstd, grads[0].contiguous(), dx, dw,
                                db);
-    return {dx, dw, db};
+    return {dx, w32 ? Tensor() : dw, b32 ? Tensor() : db};
   }
   void release_saved() override { x = weight = mean = rstd = Tensor(); }
 };

@@ -169,8 +169,7 @@ struct LayerNormParams {
   const T* dy;
   const S* mean;
   const S* rstd;
-  T* dweight;  // may be null
-  T* dbias;    // may be null
+  ParamGrad<T> dweight, dbias;  // either may be empty
   int64_t c;
   __device__ void load(int64_t r, int64_t col, S (&v)[2][V]) const {
     const S m = mean[r], rs = rstd[r];
@@ -184,14 +183,12 @@ struct LayerNormParams {
     }
   }
   __device__ void store(int k, int64_t col, const S (&s)[V]) const {
-    T* out = k == 0 ? dweight : dbias;
-    if (out)
+    const ParamGrad<T>& out = k == 0 ? dweight : dbias;
 #pragma unroll
-      for (int j = 0; j < V; ++j) out[col + j] = from_acc<T>(s[j]);
+    for (int j = 0; j < V; ++j) out.put(col + j, s[j]);
   }
   __device__ void store_one(int k, int64_t col, S s) const {
-    T* out = k == 0 ? dweight : dbias;
-    if (out) out[col] = from_acc<T>(s);
+    (k == 0 ? dweight : dbias).put(col, s);
   }
 };
 
@@ -238,9 +235,9 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
   const int device = x.device().index;
   DeviceGuard guard(device);
   const bool want_w = dweight.defined(), want_b = dbias.defined();
-  if (rows == 0) {  // sums over no rows
-    if (want_w) dweight.fill_(0.0);
-    if (want_b) dbias.fill_(0.0);
+  if (rows == 0) {  // sums over no rows (added into an f32 gradient: nothing)
+    if (want_w && dweight.dtype() == x.dtype()) dweight.fill_(0.0);
+    if (want_b && dbias.dtype() == x.dtype()) dbias.fill_(0.0);
     return;
   }
   ENGINE_CHECK(rows < (int64_t(1) << 31), "[layer_norm_backward] ", rows,
@@ -274,8 +271,8 @@ void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& me
                                        dptr<const T>(dy),
                                        mean.data<S>(),
                                        rstd.data<S>(),
-                                       dptr<T>(dweight),
-                                       dptr<T>(dbias),
+                                       param_grad<T>(dweight, x.dtype(), "layer_norm_backward"),
+                                       param_grad<T>(dbias, x.dtype(), "layer_norm_backward"),
                                        c};
       column_sums<V, 2>("layer_norm_params", rows, c, f, device);
     };

@@ -24,6 +24,8 @@ inline Kernel<void(const Tensor& x, const Tensor& weight, const Tensor& bias, do
 // From x, weight (undefined = 1), the saved mean/rstd and dy (contiguous, x's shape), writes each
 // of dx (x's shape), dweight (C) and dbias (C) that is defined; undefined outputs are skipped.
 // dweight and dbias are reduced over rows in a fixed order, independent of the thread count.
+// For a bf16 / f16 x, dweight and dbias may be f32 (the f32 .grads behind autocast's casts of the
+// parameters): the sums are added into them in f32 (devices; the CPU kernels compute in f32).
 // dx must not alias x or dy (it is used as scratch for dy * weight).
 inline Kernel<void(const Tensor& x, const Tensor& weight, const Tensor& mean, const Tensor& rstd,
                    const Tensor& dy, const Tensor& dx, const Tensor& dweight, const Tensor& dbias)>
