@@ -121,9 +121,16 @@ struct SliceNode : Node {
   const char* name() const override { return "slice"; }
   std::vector<Tensor> backward(const std::vector<Tensor>& g) override {
     const TensorMeta& m = inputs[0];
+    const int64_t len = g[0].shape()[dim], stop = start + (len - 1) * step + 1;
+    // On a device, into the gradient the input's other slices have already passed back (or its
+    // .grad), when the engine offers it: one add over the slice, not a zero-filled tensor of the
+    // whole input, a copy into it and an add of the whole.
+    if (const Tensor* sink = m.device.is_cpu() ? nullptr : grad_sink(0, g[0].dtype())) {
+      sink->slice(dim, start, stop, step).add_(g[0]);
+      return {Tensor()};
+    }
     Tensor gi = Tensor::zeros(m.shape, g[0].dtype(), m.device);
-    int64_t len = g[0].shape()[dim];
-    gi.slice(dim, start, start + (len - 1) * step + 1, step).copy_(g[0]);
+    gi.slice(dim, start, stop, step).copy_(g[0]);
     return {gi};
   }
 };

@@ -4,8 +4,10 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "engine/backend.h"
+#include "engine/work_log.h"
 #include "ops/ops.h"
 #include "tests/cuda/cuda_test_support.h"
 
@@ -186,6 +188,37 @@ TEST_CASE("add_ of a bf16 / f16 gradient into an f32 .grad: convert-then-add's b
       testing::require_equal(gpu, want);
     }
   }
+}
+
+TEST_CASE("slices' gradients on the device are added into their input's gradient in place",
+          "[cuda]") {
+  // Several slices of one non-leaf tensor (TUPE's projected positions: the T positions and the
+  // [CLS] rows): the first slice's backward makes the zero-filled whole, the others add into it
+  // (Node::grad_sink): one fill, no copy of the whole; the gradient equals the CPU's.
+  Generator g(61);
+  const Tensor x0 = Tensor::randn({3, 10, 4}, g);
+  const Tensor w0 = Tensor::randn({3, 8, 4}, g), w1 = Tensor::randn({3, 1, 4}, g),
+               w2 = Tensor::randn({3, 5, 4}, g);
+  std::vector<Tensor> grads;
+  for (Device dev : {Device::cpu(), kGpu}) {
+    Tensor leaf = (dev.is_cpu() ? x0.clone() : x0.to(dev)).set_requires_grad();
+    const Tensor x = leaf * 2.0;  // a non-leaf
+    const Tensor loss = sum(x.slice(1, 0, 8) * w0.to(dev)) + sum(x.slice(1, 8, 9) * w1.to(dev)) +
+                        sum(x.slice(1, 1, 10, 2) * w2.to(dev));  // overlapping, strided
+    start_work_recording();
+    loss.backward();
+    int fills = 0, adds = 0;
+    for (const WorkRecord& r : stop_work_recording()) {
+      fills += r.op == "fill" && r.shape == "(3, 10, 4) f32";
+      adds += r.op == "add_" && r.shape.rfind("(3, 10, 4) f32", 0) == 0;
+    }
+    if (!dev.is_cpu()) {
+      CHECK(fills == 1);  // the first slice's whole; the others add their slices
+      CHECK(adds == 0);   // no add of a whole tensor
+    }
+    grads.push_back(leaf.grad());
+  }
+  engine::testing::require_close(grads[1], grads[0], 1e-6, 1e-6);
 }
 
 TEST_CASE("the device allocator counts live and peak bytes", "[cuda]") {
