@@ -5,14 +5,36 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "engine/module.h"
 #include "engine/tensor.h"
+#include "engine/work_log.h"
 
 namespace engine::testing {
 
 inline const Device kGpu = Device::cuda(0);
+
+// The adds into an (n) f32 gradient among recorded work: autocast's f32 += 16-bit of a parameter
+// gradient that did not go into its f32 .grad itself.
+inline int slab_adds(const std::vector<WorkRecord>& work, int64_t n) {
+  int adds = 0;
+  for (const WorkRecord& r : work)
+    adds += r.op == "add_" && r.shape.rfind("(" + std::to_string(n) + ") f32", 0) == 0;
+  return adds;
+}
+
+// t rounded to bf16 and back to f32: the operands a bf16 run saw, for the CPU's f32 reference.
+inline Tensor bf16_rounded(const Tensor& t) { return t.to(DType::bf16).to(DType::f32); }
+
+// value as an f32 leaf on the device whose .grad is already held (a view of FlatParameters'
+// slab): what autocast's casts of a model's parameters sit in front of.
+inline Tensor leaf_holding_grad(const Tensor& value, const Tensor& held) {
+  Tensor t = value.to(kGpu).set_requires_grad();
+  t.set_grad(held.contiguous().to(kGpu));
+  return t;
+}
 
 // Requires |got - want| <= rel |want| + abs + scaled * max |want| for every element (both moved
 // to the CPU in f64). The `scaled` term is for results whose elements cancel (GEMM sums, the

@@ -13,7 +13,9 @@
 
 using namespace engine;
 using engine::testing::kGpu;
+using engine::testing::leaf_holding_grad;
 using engine::testing::require_close;
+using engine::testing::slab_adds;
 
 namespace {
 
@@ -167,8 +169,7 @@ TEST_CASE("under bf16 autocast the parameters' gradients are added in f32 into t
       Tensor x = host.x.to(DType::bf16).to(kGpu), r = host.residual.to(DType::bf16).to(kGpu);
       std::vector<Tensor> params;
       for (const Tensor& t : {host.bias, host.weight, host.ln_bias})
-        params.push_back(t.to(kGpu).set_requires_grad());
-      for (int i = 0; i < 3; ++i) params[i].set_grad(held.select(0, i).contiguous().to(kGpu));
+        params.push_back(leaf_holding_grad(t, held.select(0, int64_t(params.size()))));
       const std::vector<Tensor> slabs = {params[0].grad(), params[1].grad(), params[2].grad()};
       Tensor loss;
       {
@@ -182,11 +183,7 @@ TEST_CASE("under bf16 autocast the parameters' gradients are added in f32 into t
       }
       start_work_recording();
       loss.backward();
-      int64_t slab_adds = 0;
-      for (const WorkRecord& rec : stop_work_recording())
-        slab_adds += rec.op == "add_" && rec.shape.find(" f32") != std::string::npos &&
-                     rec.shape.rfind("(" + std::to_string(c) + ") f32", 0) == 0;
-      CHECK(slab_adds == (uses == 1 ? 0 : 1));
+      CHECK(slab_adds(stop_work_recording(), c) == (uses == 1 ? 0 : 1));
       for (int i = 0; i < 3; ++i) REQUIRE(params[i].grad().shares_storage(slabs[i]));
       // The CPU in f32 on the rounded operands, from the same generator (the same mask).
       std::vector<Tensor> pc;

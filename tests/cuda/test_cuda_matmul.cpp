@@ -19,9 +19,12 @@
 #include "ops/ops.h"
 
 using namespace engine;
+using engine::testing::bf16_rounded;
 using engine::testing::kGpu;
+using engine::testing::leaf_holding_grad;
 using engine::testing::require_close;
 using engine::testing::require_equal;
+using engine::testing::slab_adds;
 
 namespace {
 
@@ -207,50 +210,55 @@ TEST_CASE("under bf16 autocast a weight's gradient goes into its f32 .grad by th
   }
 }
 
-TEST_CASE("under bf16 autocast a bias's gradient is added in f32 into its .grad by its sums",
+TEST_CASE("under bf16 autocast parameters' gradients are added in f32 into their .grad by sums",
           "[cuda]") {
-  // Held f32 .grads behind autocast's bf16 casts of linear's bias and bias_gelu's bias: the
-  // backward's column sums add into them in f32 (column_sums_add, bias_gelu_backward's f32
-  // destination) -- no bf16 gradient, no add_ -- matching the CPU in f32 on the rounded operands.
-  // Rows in 16-byte vectors and not; few rows, and rows in several chunks. A cast used twice goes
-  // the usual way (bf16 sum, one add each).
+  // Held f32 .grads behind autocast's bf16 casts of linear's bias, bias_gelu's bias and
+  // layer_norm's weight and bias: the backward's column sums add into them in f32
+  // (column_sums_add, bias_gelu's and layer_norm's f32 destinations) -- no bf16 gradient, no
+  // add_ -- matching the CPU in f32 on the rounded operands. Rows in 16-byte vectors and
+  // LayerNorm rows a warp each (768), and neither, LayerNorm rows a block each and the column
+  // sums in several chunks (1500). Casts used twice go the usual way (bf16 sums, an add each).
   Generator g(29);
-  for (auto [rows, n] : {std::array<int64_t, 2>{6, 9}, {3000, 64}}) {
+  for (auto [rows, n] : {std::array<int64_t, 2>{6, 768}, {300, 1500}}) {
     for (int uses : {1, 2}) {
-      INFO("(" << rows << ", " << n << "), " << uses << " use(s) of the biases");
+      INFO("(" << rows << ", " << n << "), " << uses << " use(s) of the parameters");
       const Tensor x = Tensor::randn({rows, 17}, g), w = Tensor::randn({n, 17}, g);
-      const Tensor b1 = Tensor::randn({n}, g), b2 = Tensor::randn({n}, g);
-      const Tensor dz = Tensor::randn({rows, n}, g), held = Tensor::randn({2, n}, g);
-      Tensor b1d = b1.to(kGpu).set_requires_grad(), b2d = b2.to(kGpu).set_requires_grad();
-      b1d.set_grad(held.select(0, 0).contiguous().to(kGpu));
-      b2d.set_grad(held.select(0, 1).contiguous().to(kGpu));
-      const Tensor slab1 = b1d.grad(), slab2 = b2d.grad();
+      const Tensor dz = Tensor::randn({rows, n}, g), held = Tensor::randn({4, n}, g);
+      std::vector<Tensor> values, params, slabs;  // linear's bias, bias_gelu's, LN weight, bias
+      for (int i = 0; i < 4; ++i) {
+        values.push_back(Tensor::randn({n}, g));
+        params.push_back(leaf_holding_grad(values.back(), held.select(0, i)));
+        slabs.push_back(params.back().grad());
+      }
       Tensor loss;
       {
         Autocast ac(DType::bf16);
-        const Tensor c1 = uses == 2 ? b1d.to(DType::bf16) : b1d;
-        const Tensor c2 = uses == 2 ? b2d.to(DType::bf16) : b2d;
-        const Tensor z = bias_gelu(linear(x.to(kGpu), w.to(kGpu), c1), c2);
+        std::vector<Tensor> c;
+        for (const Tensor& p : params) c.push_back(uses == 2 ? p.to(DType::bf16) : p);
+        const Tensor z =
+            layer_norm(bias_gelu(linear(x.to(kGpu), w.to(kGpu), c[0]), c[1]), c[2], c[3], 1e-5);
         loss = engine::sum(z.to(DType::f32) * dz.to(kGpu));
         if (uses == 2)
-          loss = loss + engine::sum(c1.to(DType::f32)) + engine::sum(c2.to(DType::f32));
+          for (const Tensor& ci : c) loss = loss + engine::sum(ci.to(DType::f32));
       }
       start_work_recording();
       loss.backward();
-      int slab_adds = 0;
-      for (const WorkRecord& r : stop_work_recording())
-        slab_adds += r.op == "add_" && r.shape.rfind("(" + std::to_string(n) + ") f32", 0) == 0;
-      CHECK(slab_adds == (uses == 1 ? 0 : 2));
-      REQUIRE(b1d.grad().shares_storage(slab1));
-      REQUIRE(b2d.grad().shares_storage(slab2));
+      CHECK(slab_adds(stop_work_recording(), n) == (uses == 1 ? 0 : 4));
       // The CPU in f32 on the bf16-rounded operands.
-      auto rounded = [](const Tensor& t) { return t.to(DType::bf16).to(DType::f32); };
-      Tensor b1c = rounded(b1).set_requires_grad(), b2c = rounded(b2).set_requires_grad();
-      Tensor lc = engine::sum(bias_gelu(linear(rounded(x), rounded(w), b1c), b2c) * dz);
-      if (uses == 2) lc = lc + engine::sum(b1c) + engine::sum(b2c);
+      std::vector<Tensor> pc;
+      for (const Tensor& v : values) pc.push_back(bf16_rounded(v).set_requires_grad());
+      Tensor lc =
+          engine::sum(layer_norm(bias_gelu(linear(bf16_rounded(x), bf16_rounded(w), pc[0]), pc[1]),
+                                 pc[2], pc[3], 1e-5) *
+                      dz);
+      if (uses == 2)
+        for (const Tensor& p : pc) lc = lc + engine::sum(p);
       lc.backward();
-      require_close(b1d.grad(), held.select(0, 0) + b1c.grad(), 0, 0, 2e-2);
-      require_close(b2d.grad(), held.select(0, 1) + b2c.grad(), 0, 0, 2e-2);
+      for (int i = 0; i < 4; ++i) {
+        INFO("parameter " << i << " (linear's bias, bias_gelu's, LayerNorm's weight, bias)");
+        REQUIRE(params[i].grad().shares_storage(slabs[i]));
+        require_close(params[i].grad(), held.select(0, i) + pc[i].grad(), 0, 0, 2e-2);
+      }
     }
   }
 }
