@@ -72,8 +72,9 @@ Tensor add_grads(Tensor& a, const Tensor& b) {
 }
 
 // The leaf behind input j of n when that input is a 16-bit cast (autocast's Tensor::to on the
-// same device) of an f32 leaf and the cast has no other consumer: its .grad may take n's
-// gradient in f32 directly (Node::grad_sink_f32), and the cast then never runs.
+// same device, not the CPU: its kernels compute in f32) of an f32 leaf and the cast has no other
+// consumer: its .grad may take n's gradient in f32 directly (Node::grad_sink_f32), and the cast
+// then never runs.
 template <class Counts>
 const std::shared_ptr<TensorImpl>* cast_leaf(const Node& n, size_t j, Counts& counts) {
   const std::shared_ptr<Node>& c = n.next[j].node;
@@ -82,7 +83,7 @@ const std::shared_ptr<TensorImpl>* cast_leaf(const Node& n, size_t j, Counts& co
   const TensorMeta& out = n.inputs[j];
   const TensorMeta& in = c->inputs[0];
   if ((out.dtype != DType::bf16 && out.dtype != DType::f16) || in.dtype != DType::f32 ||
-      in.device != out.device || in.shape != out.shape)
+      in.device != out.device || out.device.is_cpu() || in.shape != out.shape)
     return nullptr;
   const auto& consumers = counts().consumers;
   auto it = consumers.find(c.get());

@@ -77,8 +77,8 @@ class Node {
                ? &grad_sinks[i]
                : nullptr;
   }
-  // For a bf16 / f16 input i that is autocast's cast of an f32 leaf (Tensor::to on the same
-  // device) used by this node alone: the leaf's f32 .grad, where backward() may add the
+  // For a bf16 / f16 input i on a device that is autocast's cast of an f32 leaf (Tensor::to on
+  // the same device) used by this node alone: the leaf's f32 .grad, where backward() may add the
   // gradient in f32 itself (a 16-bit GEMM storing f32 with beta 1) and return an undefined
   // gradient for i; the cast then never runs (no 16-bit gradient, no conversion, no separate
   // add into the slab). nullptr otherwise.

@@ -175,9 +175,9 @@ struct BiasGeluNode : Node {
   const char* name() const override { return "bias_gelu"; }
   std::vector<Tensor> backward(const std::vector<Tensor>& g) override {
     Tensor gx = Tensor::empty(x.shape(), x.dtype(), x.device());  // needed for the bias's sum too
-    // On a device, the bias's gradient added in f32 into the f32 .grad behind autocast's cast of
-    // it, when the engine offers that (no 16-bit gradient, no separate add).
-    const Tensor* f32 = x.device().is_cpu() ? nullptr : grad_sink_f32(1);
+    // The bias's gradient added in f32 into the f32 .grad behind autocast's cast of it, when the
+    // engine offers that (no 16-bit gradient, no separate add).
+    const Tensor* f32 = grad_sink_f32(1);
     Tensor gb = f32                   ? *f32
                 : needs_input_grad(1) ? Tensor::empty(bias.shape(), bias.dtype(), bias.device())
                                       : Tensor();

@@ -37,11 +37,10 @@ struct LayerNormNode : Node {
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
     Tensor dx, dw, db;
     if (needs_input_grad(0)) dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    // On a device, a parameter's gradient added in f32 into the f32 .grad behind autocast's cast
-    // of it when the engine offers that (no 16-bit gradient, no separate add).
-    const bool dev = !x.device().is_cpu();
-    const Tensor* w32 = dev ? grad_sink_f32(1) : nullptr;
-    const Tensor* b32 = dev ? grad_sink_f32(2) : nullptr;
+    // A parameter's gradient added in f32 into the f32 .grad behind autocast's cast of it when
+    // the engine offers that (no 16-bit gradient, no separate add).
+    const Tensor* w32 = grad_sink_f32(1);
+    const Tensor* b32 = grad_sink_f32(2);
     if (w32)
       dw = *w32;
     else if (needs_input_grad(1))

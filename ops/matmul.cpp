@@ -136,13 +136,6 @@ Tensor matmul_raw(const Tensor& x, const Tensor& y) {
 
 // ---- autograd --------------------------------------------------------------------------------
 
-// The f32 .grad behind input i's autocast cast (Node::grad_sink_f32) when the 16-bit gradient g
-// can be added into it by the GEMM: on a device whose GEMM stores a 16-bit product in f32 (CUDA).
-const Tensor* f32_grad_sink(const Node& node, size_t i, const Tensor& g) {
-  if (g.device().is_cpu() || (g.dtype() != DType::bf16 && g.dtype() != DType::f16)) return nullptr;
-  return node.grad_sink_f32(i);
-}
-
 struct MatmulNode : Node {
   Tensor a;  // (..., M, K), saved when b needs a gradient
   Tensor b;  // (..., K, N), saved when a needs a gradient
@@ -163,7 +156,7 @@ struct MatmulNode : Node {
         Tensor g2 = rows_of(g);  // (B*M, N)
         if (const Tensor* sink = grad_sink(1, g.dtype())) {
           gemm(a2, true, g2, false, *sink, 1.0, 1.0);
-        } else if (const Tensor* f32 = f32_grad_sink(*this, 1, g)) {
+        } else if (const Tensor* f32 = grad_sink_f32(1)) {
           gemm(a2, true, g2, false, *f32, 1.0, 1.0);  // 16-bit product added in f32
         } else {
           gb = Tensor::empty(inputs[1].shape, g.dtype(), g.device());
@@ -205,7 +198,7 @@ struct LinearNode : Node {
       // pass to add it.
       if (const Tensor* sink = grad_sink(1, dt)) {
         gemm(g2, true, rows_of(x), false, *sink, 1.0, 1.0);
-      } else if (const Tensor* f32 = f32_grad_sink(*this, 1, g2)) {
+      } else if (const Tensor* f32 = grad_sink_f32(1)) {
         gemm(g2, true, rows_of(x), false, *f32, 1.0, 1.0);  // 16-bit product added in f32
       } else {
         gw = Tensor::empty(inputs[1].shape, dt, dev);
@@ -215,7 +208,7 @@ struct LinearNode : Node {
     if (needs_input_grad(2)) {
       // (out): column sums of dY; added in f32 straight into the f32 .grad behind autocast's
       // cast of the bias when the engine offers it (no 16-bit gradient, no separate add).
-      if (const Tensor* f32 = f32_grad_sink(*this, 2, g2))
+      if (const Tensor* f32 = grad_sink_f32(2))
         column_sums_add_kernel(dev, g2.contiguous(), *f32);
       else
         gbias = sum_to_shape(g2, inputs[2].shape);

@@ -20,7 +20,7 @@ template <class T, int V>
 struct ColumnsAdd {
   using Acc = float;
   const T* src;
-  ParamGrad<T> dst;  // an f32 destination: added into
+  float* dst;  // added into
   int64_t n;
   __device__ void load(int64_t r, int64_t c, Acc (&v)[1][V]) const {
     if constexpr (V > 1) {
@@ -33,9 +33,9 @@ struct ColumnsAdd {
   }
   __device__ void store(int, int64_t c, const Acc (&s)[V]) const {
 #pragma unroll
-    for (int q = 0; q < V; ++q) dst.put(c + q, s[q]);
+    for (int q = 0; q < V; ++q) dst[c + q] += s[q];
   }
-  __device__ void store_one(int, int64_t c, Acc s) const { dst.put(c, s); }
+  __device__ void store_one(int, int64_t c, Acc s) const { dst[c] += s; }
 };
 
 void column_sums_add(const Tensor& src, const Tensor& dst) {
@@ -55,10 +55,8 @@ void column_sums_add(const Tensor& src, const Tensor& dst) {
     if constexpr (sizeof(T) <= 4) {
       constexpr int kV = reduce_vec<T>();
       auto run = [&]<int V>() {
-        ParamGrad<T> p;
-        p.add = dst.data<float>();
-        column_sums<V, 1>("column_sums_add", rows, n, ColumnsAdd<T, V>{dptr<const T>(src), p, n},
-                          index);
+        column_sums<V, 1>("column_sums_add", rows, n,
+                          ColumnsAdd<T, V>{dptr<const T>(src), dst.data<float>(), n}, index);
       };
       if (n % kV == 0 && aligned16(src.raw_data()))
         run.template operator()<kV>();
