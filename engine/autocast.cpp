@@ -38,6 +38,16 @@ AutocastSlab::AutocastSlab(const Tensor& slab) : previous_(t_slab) {
   t_slab = this;
 }
 
+AutocastSlab::AutocastSlab(const Tensor& slab, const Tensor& copy) : AutocastSlab(slab) {
+  if (!slab_.defined() || !copy.defined()) return;
+  ENGINE_CHECK(
+      (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16) &&
+          copy.shape() == slab_.shape() && copy.is_contiguous() && copy.device() == slab_.device(),
+      "[autocast] the slab's 16-bit copy must be a contiguous bf16 or f16 ",
+      shape_str(slab_.shape()), " tensor on ", slab_.device().str(), ", got ", describe(copy));
+  half_ = copy.detach();
+}
+
 AutocastSlab::~AutocastSlab() { t_slab = previous_; }
 
 Tensor AutocastSlab::cast(const Tensor& t, DType dtype) {

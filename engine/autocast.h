@@ -58,6 +58,11 @@ Tensor autocast_to_f32(const Tensor& t);
 class AutocastSlab {
  public:
   explicit AutocastSlab(const Tensor& slab);
+  // With the copy made already: `copy` (bf16 or f16, the slab's shape and device) holds the
+  // slab's values converted, Tensor::to's bits, and is read instead of converting them when a
+  // cast asks for its dtype. The caller vouches for the values: the trainer keeps the copy its
+  // optimizer writes beside the slab (train/trainer.h).
+  AutocastSlab(const Tensor& slab, const Tensor& copy);
   ~AutocastSlab();
   AutocastSlab(const AutocastSlab&) = delete;
   AutocastSlab& operator=(const AutocastSlab&) = delete;
@@ -65,6 +70,9 @@ class AutocastSlab {
   // t cast to `dtype` through the slab's copy, or an undefined tensor when t is not a view of
   // the slab (autocast_to_compute then casts it alone).
   Tensor cast(const Tensor& t, DType dtype);
+  // The 16-bit copy the casts read (given or converted by the first cast), or undefined when
+  // none was made.
+  const Tensor& copy() const { return half_; }
 
  private:
   Tensor slab_, half_;

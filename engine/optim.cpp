@@ -98,10 +98,10 @@ void Optimizer::step(double lr, double grad_scale) {
   check_slabs();
   ++step_;
   NoGrad ng;
-  apply(lr, grad_scale, Tensor(), 0.0);
+  apply(lr, grad_scale, Tensor(), 0.0, Tensor());
 }
 
-void Optimizer::step_on_device(const Tensor& controls, double clip_norm) {
+void Optimizer::step_on_device(const Tensor& controls, double clip_norm, const Tensor& copy) {
   ENGINE_CHECK(std::isfinite(clip_norm) && clip_norm >= 0, "[", name_,
                "] clip_norm must be 0 (off) or positive, got ", clip_norm);
   check_slabs();
@@ -111,8 +111,24 @@ void Optimizer::step_on_device(const Tensor& controls, double clip_norm) {
                "[", name_, "] step_on_device: the controls must be a contiguous (5) f64 tensor on ",
                data.device().str(), ", got ",
                controls.defined() ? describe(controls) : std::string("an undefined tensor"));
+  ENGINE_CHECK(!copy.defined() || ((copy.dtype() == DType::bf16 || copy.dtype() == DType::f16) &&
+                                   copy.is_contiguous() && copy.numel() == data.numel() &&
+                                   copy.device() == data.device()),
+               "[", name_, "] step_on_device: the parameters' copy must be a contiguous bf16 or ",
+               "f16 tensor of ", data.numel(), " elements on ", data.device().str(), ", got ",
+               describe(copy));
   NoGrad ng;
-  apply(0.0, 1.0, controls, clip_norm);
+  apply(0.0, 1.0, controls, clip_norm, copy.defined() ? copy.reshape({data.numel()}) : copy);
+}
+
+void add_work_cost(WorkCost& cost, const AdamWStepScalars& s) {
+  add_work_cost(cost, s.controls);
+  add_work_cost(cost, s.copy);
+}
+
+void add_work_cost(WorkCost& cost, const LambStepScalars& s) {
+  add_work_cost(cost, s.controls);
+  add_work_cost(cost, s.copy);
 }
 
 NamedTensors Optimizer::state() const {
@@ -176,7 +192,8 @@ AdamWStepScalars adamw_scalars(const OptimizerOptions& o, double lr, int64_t ste
 
 }  // namespace
 
-void AdamW::apply(double lr, double grad_scale, const Tensor& controls, double clip_norm) {
+void AdamW::apply(double lr, double grad_scale, const Tensor& controls, double clip_norm,
+                  const Tensor& copy) {
   const Tensor& data = params_.data();
   // With device controls: the betas and eps; the rest from `controls`.
   AdamWStepScalars s =
@@ -184,6 +201,7 @@ void AdamW::apply(double lr, double grad_scale, const Tensor& controls, double c
   s.grad_scale = grad_scale;
   s.controls = controls;
   s.clip_norm = clip_norm;
+  s.copy = copy;
   adamw_kernel(data.device(), data, params_.grad(), exp_avg_, exp_avg_sq_, decay_mask_, s);
 }
 
@@ -251,13 +269,15 @@ std::array<double, 3> Lamb::next_step_scalars(double lr) const {
   return {s.lr, s.bias_correction1, s.bias_correction2};
 }
 
-void Lamb::apply(double lr, double grad_scale, const Tensor& controls, double clip_norm) {
+void Lamb::apply(double lr, double grad_scale, const Tensor& controls, double clip_norm,
+                 const Tensor& copy) {
   const Tensor& data = params_.data();
   LambStepScalars s =
       lamb_scalars(options_, controls.defined() ? 0.0 : lr, controls.defined() ? 1 : step_);
   s.grad_scale = grad_scale;
   s.controls = controls;
   s.clip_norm = clip_norm;
+  s.copy = copy;
   lamb_kernel(data.device(), data, params_.grad(), exp_avg_, exp_avg_sq_, decay_mask_, layout_, s);
 }
 

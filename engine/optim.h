@@ -74,7 +74,11 @@ class Optimizer {
   // is skipped), and otherwise multiply each gradient by clip_coefficient(norm, clip_norm)
   // (clip_norm 0: by 1), the bits of step(lr, that coefficient). It does not count the step: the
   // caller reads the statistics afterwards and calls count_step() when it was applied.
-  void step_on_device(const Tensor& controls, double clip_norm);
+  // `copy`, when defined (a contiguous bf16 or f16 tensor of the slab's numel on its device):
+  // the 16-bit copy of the parameters that autocast's casts read (engine/autocast.h,
+  // AutocastSlab), written by the same pass with the updated values, Tensor::to's bits, so the
+  // next forward converts nothing; a skipped step leaves it as it is, as it leaves the slab.
+  void step_on_device(const Tensor& controls, double clip_norm, const Tensor& copy = Tensor());
   // AdamW: [decay factor, step size, sqrt(bias correction 2)]; LAMB: [lr, bias correction 1,
   // bias correction 2], for the step after the ones taken.
   virtual std::array<double, 3> next_step_scalars(double lr) const = 0;
@@ -98,7 +102,9 @@ class Optimizer {
             const std::function<bool(const std::string&)>& decay);
   // The update: host scalars from (lr, grad_scale) at step_count(), or with `controls` defined,
   // the device controls (step_on_device).
-  virtual void apply(double lr, double grad_scale, const Tensor& controls, double clip_norm) = 0;
+  // `copy`: step_on_device's 16-bit copy, or undefined.
+  virtual void apply(double lr, double grad_scale, const Tensor& controls, double clip_norm,
+                     const Tensor& copy) = 0;
   // Whether weight decay applies to each entry, in entry order.
   const std::vector<bool>& decayed() const { return decayed_; }
 
@@ -122,7 +128,8 @@ class AdamW final : public Optimizer {
   std::array<double, 3> next_step_scalars(double lr) const override;
 
  private:
-  void apply(double lr, double grad_scale, const Tensor& controls, double clip_norm) override;
+  void apply(double lr, double grad_scale, const Tensor& controls, double clip_norm,
+             const Tensor& copy) override;
 };
 
 // LAMB's chunking of the slab, on the slab's device, built once (Lamb's constructor).
@@ -161,7 +168,8 @@ class Lamb final : public Optimizer {
   std::array<double, 3> next_step_scalars(double lr) const override;
 
  private:
-  void apply(double lr, double grad_scale, const Tensor& controls, double clip_norm) override;
+  void apply(double lr, double grad_scale, const Tensor& controls, double clip_norm,
+             const Tensor& copy) override;
   LambLayout layout_;
 };
 
@@ -181,7 +189,11 @@ struct AdamWStepScalars {
   // decay_factor, step_size, bias_correction2_sqrt and grad_scale (resolve_adamw_controls).
   Tensor controls;
   double clip_norm = 0;
+  // When defined: a contiguous bf16 or f16 slab of param's numel on its device, written with the
+  // updated parameters converted as Tensor::to converts them (untouched when the step is skipped).
+  Tensor copy;
 };
+void add_work_cost(WorkCost& cost, const AdamWStepScalars& s);  // the controls and the copy
 
 // The clipping rule, once: max_norm / (norm + 1e-6) when that is below 1, else 1 (torch clamps the
 // coefficient to 1; multiplying by 1 changes nothing).
@@ -250,6 +262,7 @@ class LinearSchedule {
 //   m = m * f32(beta1) + f32(1 - beta1) * g
 //   v = v * f32(beta2) + f32(1 - beta2) * g * g
 //   p += f32(-step_size) * m / (sqrt(v) / f32(bias_correction2_sqrt) + f32(eps))
+// and, with s.copy, copy = p converted to its dtype.
 inline Kernel<void(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                    const Tensor& exp_avg_sq, const Tensor& decay_mask, const AdamWStepScalars& s)>
     adamw_kernel{"adamw"};
@@ -266,7 +279,9 @@ struct LambStepScalars {
   // place of its decay factor, step size and sqrt(bias correction 2)).
   Tensor controls;
   double clip_norm = 0;
+  Tensor copy;  // as AdamWStepScalars::copy
 };
+void add_work_cost(WorkCost& cost, const LambStepScalars& s);  // the controls and the copy
 
 // One LAMB step over whole slabs (param, grad, exp_avg, exp_avg_sq f32 and decay_mask u8, 1-D,
 // contiguous, one numel) with the layout's chunks. Per element, in f32 in this order:
@@ -278,6 +293,7 @@ struct LambStepScalars {
 // each chunk's sums of double(p)^2 and double(u)^2 in kLambLanes lanes (lane t: elements
 // 4 (t + 256 k) + j, k then j ascending) added in block_sum's butterfly order; each tensor's sums
 // over its chunks likewise (lane t: chunks t, t + 256, ...); ratio = sqrt(P) / sqrt(U) in f64.
+// With s.copy, copy = p converted to its dtype.
 inline Kernel<void(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                    const Tensor& exp_avg_sq, const Tensor& decay_mask, const LambLayout& layout,
                    const LambStepScalars& s)>

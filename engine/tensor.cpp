@@ -127,6 +127,7 @@ bool Tensor::is_contiguous() const {
 
 void* Tensor::raw_data() const {
   const TensorImpl& t = checked(impl_, "raw_data");
+  t.storage->note_access();
   char* base = static_cast<char*>(t.storage->data());
   if (!base) return nullptr;
   return base + t.offset * static_cast<int64_t>(dtype_size(t.dtype));

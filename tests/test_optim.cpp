@@ -44,6 +44,16 @@ void set_grads(FlatParameters& flat, int t) {
 
 bool decays(const std::string& name) { return !default_no_decay(name); }
 
+// A bf16 or f16 tensor's bit patterns.
+std::vector<uint16_t> half_bits(const Tensor& t) {
+  std::vector<uint16_t> out;
+  if (t.dtype() == DType::bf16)
+    for (const bf16_t x : t.to_vector<bf16_t>()) out.push_back(x.bits);
+  else
+    for (const f16_t x : t.to_vector<f16_t>()) out.push_back(x.bits);
+  return out;
+}
+
 bool close(double got, double want, double rel, double abs) {
   return std::abs(got - want) <= rel * std::abs(want) + abs;
 }
@@ -359,6 +369,57 @@ TEST_CASE("adamw and lamb: the device controls give step()'s bits, clip and skip
     REQUIRE_THROWS_WITH(b->step_on_device(Tensor::zeros({5}, DType::f64), -1.0),
                         Contains(tag + "clip_norm must be 0 (off) or positive"));
   }
+}
+
+TEST_CASE(
+    "adamw and lamb: step_on_device writes the parameters' 16-bit copy with Tensor::to's bits, "
+    "untouched by a skipped step",
+    "[optim]") {
+  // The copy autocast's casts read (engine/autocast.h): after an applied step it holds the new
+  // slab converted; a skipped step leaves slab and copy as they were; the steps themselves are
+  // those without a copy.
+  for (const char* name : {"adamw", "lamb"})
+    for (const DType dt : {DType::bf16, DType::f16}) {
+      INFO(name << " " << dtype_name(dt));
+      OptimizerOptions opt;
+      opt.name = name;
+      NamedTensors pa = make_params(6), pb = make_params(6);
+      FlatParameters fa(pa), fb(pb);
+      std::unique_ptr<Optimizer> a = make_optimizer(fa, opt, decays),
+                                 b = make_optimizer(fb, opt, decays);
+      const Tensor copy = fb.data().to(dt);
+      for (int t = 1; t <= 3; ++t) {
+        INFO("step " << t);
+        set_grads(fa, t);
+        fb.grad().copy_(fa.grad());
+        const std::array<double, 3> next = b->next_step_scalars(1e-2 * t);
+        const double nonfinite = t == 2 ? 1.0 : 0.0;
+        const Tensor controls = Tensor::from_vector(
+            std::vector<double>{next[0], next[1], next[2], 4.0, nonfinite}, {5});
+        const std::vector<uint16_t> copy_before = half_bits(copy);
+        a->step_on_device(controls, 1.0);
+        b->step_on_device(controls, 1.0, copy);
+        REQUIRE(fa.data().to_vector<float>() == fb.data().to_vector<float>());
+        if (nonfinite > 0) {
+          REQUIRE(half_bits(copy) == copy_before);
+        } else {
+          a->count_step();
+          b->count_step();
+          REQUIRE(half_bits(copy) == half_bits(fb.data().to(dt)));
+          REQUIRE(half_bits(copy) != copy_before);
+        }
+      }
+      const std::string tag = std::string("[") + name + "] ";
+      const Tensor ctl = Tensor::from_vector(std::vector<double>{1, 1e-3, 1, 1, 0}, {5});
+      REQUIRE_THROWS_WITH(
+          b->step_on_device(ctl, 1.0, fb.data().clone()),
+          Contains(tag +
+                   "step_on_device: the parameters' copy must be a contiguous bf16 or f16 "
+                   "tensor of " +
+                   std::to_string(fb.numel()) + " elements on cpu, got"));
+      REQUIRE_THROWS_WITH(b->step_on_device(ctl, 1.0, Tensor::zeros({5}, dt)),
+                          Contains(tag + "step_on_device: the parameters' copy must be"));
+    }
 }
 
 // ---- LAMB ---------------------------------------------------------------------------------------

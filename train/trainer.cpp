@@ -88,9 +88,12 @@ void Trainer::device_step(int64_t micro_batches, const std::function<Tensor(int6
   }
   params_.zero_grad();
   Tensor loss_sum = at(kLoss);
-  // Autocast's casts of the parameters read one 16-bit copy of the slab (engine/autocast.h),
-  // made at the first of them and kept for every micro-batch; the slab changes only after them.
-  auto cast_once = std::make_unique<AutocastSlab>(params_.data());
+  // Autocast's casts of the parameters read one 16-bit copy of the slab (engine/autocast.h): the
+  // one the last optimizer step wrote when the slab has not been touched since (in a capture:
+  // refreshed before each replay), else one made at the first cast; the slab changes only after
+  // every micro-batch.
+  auto cast_once =
+      std::make_unique<AutocastSlab>(params_.data(), in_graph || copy_current() ? copy_ : Tensor());
   for (int64_t m = 0; m < micro_batches; ++m) {
     const Tensor loss = loss_of(m);
     ENGINE_CHECK(loss.defined() && loss.numel() == 1, "[trainer] micro-batch ", m,
@@ -106,11 +109,30 @@ void Trainer::device_step(int64_t micro_batches, const std::function<Tensor(int6
     if (m + 1 == micro_batches) reducer_->begin();  // only the last backward reduces
     (loss * multiplier.reshape(loss.shape())).backward();
   }
+  const Tensor copy = cast_once->copy();
   cast_once.reset();  // before anything writes the slab
   reducer_->finish();
   NoGrad ng;
   unscale_and_check_(grad, at(kInvScale), at(kStats, 2));
-  optimizer_->step_on_device(at(kControls, 5), options_.clip_norm);
+  // The optimizer writes the copy with the new values: the next step converts nothing.
+  optimizer_->step_on_device(at(kControls, 5), options_.clip_norm, copy);
+  if (!in_graph) {
+    copy_ = copy;
+    copy_generation_ = params_.data().storage()->generation();
+  } else if (copy.defined() && !(copy_.defined() && copy.shares_storage(copy_))) {
+    copy_ = Tensor();  // made inside the capture: the graph converts it itself each replay
+  }
+}
+
+bool Trainer::copy_current() const {
+  return copy_.defined() && params_.data().storage()->generation() == copy_generation_;
+}
+
+void Trainer::refresh_copy() {
+  if (!copy_.defined() || copy_current()) return;
+  NoGrad ng;
+  copy_.copy_(params_.data());  // written since the last step: one conversion
+  copy_generation_ = params_.data().storage()->generation();
 }
 
 void Trainer::drop_graph() {
@@ -153,17 +175,21 @@ StepStats Trainer::step(int64_t micro_batches, const std::function<Tensor(int64_
         if (graph_gen_ != nullptr)
           graph_gen_->begin_device_offsets(
               reinterpret_cast<const uint64_t*>(offset_word_.data<int64_t>()));
+        const bool copy_was_current = copy_current();
         try {
           graph_ = DeviceGraph::capture(device, [&] { device_step(micro_batches, loss_of, true); });
         } catch (...) {
           if (graph_gen_ != nullptr) graph_gen_->end_device_offsets();
           throw;
         }
+        // The capture ran nothing: the copy holds the slab's values if it held them before.
+        if (copy_was_current) copy_generation_ = params_.data().storage()->generation();
         graph_blocks_ = graph_gen_ != nullptr ? graph_gen_->end_device_offsets() : 0;
         graph_micro_batches_ = micro_batches;
         ++graph_captures_;
       }
       upload_block(micro_batches, weights, s);
+      refresh_copy();  // the graph reads the copy as the last replay's optimizer left it
       graph_.replay();
       if (graph_gen_ != nullptr) graph_gen_->skip_blocks(graph_blocks_);
     }

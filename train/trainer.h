@@ -33,6 +33,13 @@
 // loss, the squared norm and the non-finite count, after the optimizer. The loss is accumulated on
 // the device in double, the number a host sum of the losses would give.
 //
+// Under autocast, the parameters' casts read one 16-bit copy of the slab (engine/autocast.h,
+// AutocastSlab) that the optimizer writes as it updates the slab (Optimizer::step_on_device's
+// copy), so a step converts nothing; the trainer keeps it while the slab's storage generation
+// (engine/storage.h) is the one the optimizer left, and converts afresh after anything else
+// touched the slab (a checkpoint load, an edit, an evaluation): in graph mode by one kernel before
+// the replay. Its 2 bytes a parameter stay held between steps.
+//
 // Graph mode (TrainerOptions::cuda_graph, CUDA, one rank): the first step runs eagerly (it builds
 // the caches: position constants, autotuned kernels, the allocator's blocks); the second is
 // captured as one CUDA graph (engine/graph.h) and replayed; every later step replays it: one
@@ -127,6 +134,8 @@ class Trainer {
   void upload_block(int64_t micro_batches, std::span<const double> weights, const StepStats& s);
   void device_step(int64_t micro_batches, const std::function<Tensor(int64_t)>& loss_of,
                    bool in_graph);
+  bool copy_current() const;  // copy_ holds the slab's values (its generation has not moved)
+  void refresh_copy();        // converts the slab into copy_ unless copy_current()
 
   FlatParameters& params_;
   Communicator& comm_;
@@ -139,6 +148,12 @@ class Trainer {
   // The step's numbers on the gradients' device (layout: trainer.cpp) and the dropout offset's
   // device word (a graph reads it as a u64).
   Tensor block_, offset_word_;
+  // The 16-bit copy of the parameter slab that autocast's casts read (engine/autocast.h) and the
+  // optimizer writes beside the slab, and the slab storage's generation (engine/storage.h) when
+  // it was last known to hold the slab's values: any access to the slab since (a checkpoint
+  // load, an edit, a read) makes the next step convert it again.
+  Tensor copy_;
+  uint64_t copy_generation_ = 0;
   // Graph mode.
   Generator* graph_gen_ = nullptr;
   bool warmed_up_ = false;

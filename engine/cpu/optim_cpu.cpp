@@ -21,6 +21,12 @@ namespace cpu {
 
 constexpr int64_t kParallelMin = ::engine::cpu::kParallelMinElems;  // engine/cpu/parallel.h
 
+// The optimizers' 16-bit copy of the updated slab (AdamWStepScalars::copy): Tensor::to's
+// conversion, the backend's own.
+void write_copy(const Tensor& param, const Tensor& copy) {
+  if (copy.defined()) copy.copy_(param);
+}
+
 void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
            const Tensor& decay_mask, const AdamWStepScalars& s) {
   const int64_t n = param.numel();
@@ -64,6 +70,7 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
     v[i] = vi;
     p[i] = pi + neg_step_size * mi / denom;
   }
+  write_copy(param, s.copy);
 }
 
 // ---- LAMB -------------------------------------------------------------------------------------
@@ -196,6 +203,7 @@ void lamb(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const 
 #pragma omp simd
     for (int64_t e = 0; e < len; ++e) pc[e] = pc[e] + scale * uc[e];
   }
+  write_copy(param, s.copy);
 }
 
 }  // namespace cpu

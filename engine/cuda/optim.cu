@@ -22,7 +22,7 @@ namespace {
 // Both optimizers' kernels read the slabs in 16-byte vectors.
 void require_aligned_slabs(const char* op, std::initializer_list<const Tensor*> slabs) {
   for (const Tensor* t : slabs)
-    ENGINE_CHECK(reinterpret_cast<uintptr_t>(t->raw_data()) % 16 == 0, "[", op,
+    ENGINE_CHECK(!t->defined() || reinterpret_cast<uintptr_t>(t->raw_data()) % 16 == 0, "[", op,
                  "] the CUDA kernels need 16-byte aligned slabs, got ", describe(*t));
 }
 
@@ -73,10 +73,21 @@ __global__ void adamw_resolve(const double* controls, double clip_norm, AdamWFlo
   out->skip = apply ? 0 : 1;
 }
 
+// Both optimizers' copy of 4 updated elements (vector i of 4): one 8-byte store.
+template <class H>
+__device__ inline void store_copy4(H* copy, int64_t i, const Vec<float, 4>& pv) {
+  Vec<H, 4> hv;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) hv.v[j] = from_acc<H>(pv.v[j]);
+  reinterpret_cast<Vec<H, 4>*>(copy)[i] = hv;
+}
+
 // `resolved` (AdamW::step_on_device): the scalars adamw_resolve wrote; the whole grid returns
-// when the step is skipped.
+// when the step is skipped. `copy` (null: none): the updated parameters converted to H, 8 bytes
+// stored per 4 elements (AdamWStepScalars::copy).
+template <class H>
 __global__ void adamw_vec4(float* p, const float* g, float* m, float* v, const uint8_t* mask,
-                           int64_t n, AdamWFloats s, const AdamWResolved* resolved) {
+                           int64_t n, AdamWFloats s, const AdamWResolved* resolved, H* copy) {
   if (resolved != nullptr) {
     if (resolved->skip != 0) return;
     s = resolved->s;
@@ -94,11 +105,31 @@ __global__ void adamw_vec4(float* p, const float* g, float* m, float* v, const u
     reinterpret_cast<Vec<float, 4>*>(p)[i] = pv;
     reinterpret_cast<Vec<float, 4>*>(m)[i] = mv;
     reinterpret_cast<Vec<float, 4>*>(v)[i] = vv;
+    if (copy != nullptr) store_copy4(copy, i, pv);
   }
   if (first < n % 4) {
     const int64_t i = n / 4 * 4 + first;
     adamw_one(p[i], g[i], m[i], v[i], mask[i], s);
+    if (copy != nullptr) copy[i] = from_acc<H>(p[i]);
   }
+}
+
+// The copy's element type on the device (bf16 when there is none: the pointer is then null) and
+// the launch with it.
+template <class F>
+void with_copy_type(const Tensor& copy, const char* op, F&& f) {
+  if (!copy.defined()) return f.template operator()<__nv_bfloat16>();
+  dispatch_device_float(copy.dtype(), op, [&]<class H>() {
+    if constexpr (std::is_same_v<H, float>)
+      ENGINE_FAIL("[", op, "] the parameters' copy must be bf16 or f16, got ", describe(copy));
+    else
+      f.template operator()<H>();
+  });
+}
+
+template <class H>
+H* copy_ptr(const Tensor& copy) {
+  return copy.defined() ? static_cast<H*>(copy.raw_data()) : nullptr;
 }
 
 void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
@@ -113,7 +144,7 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
       static_cast<float>(1.0 - s.beta2),  static_cast<float>(s.bias_correction2_sqrt),
       static_cast<float>(s.eps),          static_cast<float>(-s.step_size),
       static_cast<float>(s.grad_scale)};
-  require_aligned_slabs("adamw", {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask});
+  require_aligned_slabs("adamw", {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask, &s.copy});
   const int threads = kElementwiseThreads;
   const int index = param.device().index;
   cudaStream_t stream = compute_stream(index);
@@ -127,10 +158,13 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
   }
   const LaunchConfig cfg{dim3(grid_blocks(n / 4 > 0 ? n / 4 : 1, threads)), dim3(threads), 0,
                          stream};
-  ENGINE_LAUNCH(
-      adamw_vec4, cfg, dptr<float>(param), dptr<const float>(grad), dptr<float>(exp_avg),
-      dptr<float>(exp_avg_sq), dptr<const uint8_t>(decay_mask), n, f,
-      resolved.defined() ? static_cast<const AdamWResolved*>(resolved.raw_data()) : nullptr);
+  const AdamWResolved* r =
+      resolved.defined() ? static_cast<const AdamWResolved*>(resolved.raw_data()) : nullptr;
+  with_copy_type(s.copy, "adamw", [&]<class H>() {
+    ENGINE_LAUNCH(adamw_vec4<H>, cfg, dptr<float>(param), dptr<const float>(grad),
+                  dptr<float>(exp_avg), dptr<float>(exp_avg_sq), dptr<const uint8_t>(decay_mask), n,
+                  f, r, copy_ptr<H>(s.copy));
+  });
 }
 
 // ---- LAMB -------------------------------------------------------------------------------------
@@ -249,9 +283,10 @@ __global__ void lamb_ratios(const int64_t* first, const uint8_t* trust, const do
     step_scales[k] = static_cast<float>(-(lr * lamb_trust_ratio(a, b, trust[k] != 0)));
 }
 
+template <class H>
 __global__ void lamb_apply(float* p, const float* m, const float* v, const uint8_t* mask,
                            const int64_t* chunks, const float* step_scales, LambFloats f,
-                           const LambResolved* resolved) {
+                           const LambResolved* resolved, H* copy) {
   if (resolved != nullptr) {
     if (resolved->skip != 0) return;
     f = resolved->f;
@@ -273,10 +308,13 @@ __global__ void lamb_apply(float* p, const float* m, const float* v, const uint8
         pv.v[j] =
             pv.v[j] + dmath::mul_rn(scale, lamb_stored(pv.v[j], mv.v[j], vv.v[j], dv.v[j], f));
       *reinterpret_cast<Vec<float, 4>*>(p + i) = pv;
+      if (copy != nullptr) store_copy4(copy, i / 4, pv);
     } else {
-      for (int64_t j = 0; e + j < len; ++j)
+      for (int64_t j = 0; e + j < len; ++j) {
         p[i + j] = p[i + j] +
                    dmath::mul_rn(scale, lamb_stored(p[i + j], m[i + j], v[i + j], mask[i + j], f));
+        if (copy != nullptr) copy[i + j] = from_acc<H>(p[i + j]);
+      }
     }
   }
 }
@@ -294,7 +332,7 @@ void lamb(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const 
                      static_cast<float>(s.eps),
                      static_cast<float>(s.weight_decay),
                      static_cast<float>(s.grad_scale)};
-  require_aligned_slabs("lamb", {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask});
+  require_aligned_slabs("lamb", {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask, &s.copy});
   const int index = param.device().index;
   cudaStream_t stream = compute_stream(index);
   Tensor resolved;
@@ -317,10 +355,12 @@ void lamb(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const 
                 (LaunchConfig{dim3(static_cast<unsigned>(layout.num_tensors)), threads, 0, stream}),
                 dptr<const int64_t>(layout.tensor_chunks), dptr<const uint8_t>(layout.trust),
                 dptr<const double>(layout.partials), dptr<float>(layout.step_scales), s.lr, r);
-  ENGINE_LAUNCH(lamb_apply, (LaunchConfig{chunk_grid, threads, 0, stream}), dptr<float>(param),
-                dptr<const float>(exp_avg), dptr<const float>(exp_avg_sq),
-                dptr<const uint8_t>(decay_mask), dptr<const int64_t>(layout.chunks),
-                dptr<const float>(layout.step_scales), f, r);
+  with_copy_type(s.copy, "lamb", [&]<class H>() {
+    ENGINE_LAUNCH(lamb_apply<H>, (LaunchConfig{chunk_grid, threads, 0, stream}), dptr<float>(param),
+                  dptr<const float>(exp_avg), dptr<const float>(exp_avg_sq),
+                  dptr<const uint8_t>(decay_mask), dptr<const int64_t>(layout.chunks),
+                  dptr<const float>(layout.step_scales), f, r, copy_ptr<H>(s.copy));
+  });
 }
 
 }  // namespace

@@ -70,3 +70,45 @@ TEST_CASE("the LAMB step on the device equals the CPU step bit for bit", "[cuda]
     require_equal(gpu.state()[1].second, cpu.state()[1].second);
   }
 }
+
+TEST_CASE(
+    "AdamW and LAMB on the device write the parameters' 16-bit copy with the CPU's bits, a "
+    "skipped step none",
+    "[cuda]") {
+  // The copy autocast's casts read (AdamWStepScalars::copy): written by the update's own pass
+  // (8-byte stores of 4 elements, the tails one by one); equal to the CPU's and to Tensor::to.
+  for (const char* name : {"adamw", "lamb"})
+    for (const DType dt : {DType::bf16, DType::f16}) {
+      INFO(name << " " << dtype_name(dt));
+      NamedTensors pc = lamb_params(5), pg = lamb_params(5);
+      FlatParameters fc(pc), fg(pg, kGpu);
+      OptimizerOptions opt;
+      opt.name = name;
+      opt.weight_decay = 0.05;
+      std::unique_ptr<Optimizer> cpu = make_optimizer(fc, opt, decays),
+                                 gpu = make_optimizer(fg, opt, decays);
+      const Tensor cc = fc.data().to(dt), cg = fg.data().to(dt);
+      Generator g(13);
+      for (int step = 1; step <= 3; ++step) {
+        INFO("step " << step);
+        const Tensor grad = scale(Tensor::randn({fc.numel()}, g), 0.1 * step);
+        fc.grad().copy_(grad);
+        fg.grad().copy_(grad.to(kGpu));
+        const std::array<double, 3> next = cpu->next_step_scalars(2e-3 * step);
+        const double nonfinite = step == 2 ? 1.0 : 0.0;
+        const std::vector<double> c = {next[0], next[1], next[2], 4.0, nonfinite};
+        const Tensor before = cg.clone();
+        cpu->step_on_device(Tensor::from_vector(c, {5}), 0.5, cc);
+        gpu->step_on_device(Tensor::from_vector(c, {5}).to(kGpu), 0.5, cg);
+        require_equal(fg.data(), fc.data());
+        require_equal(cg, cc);
+        if (nonfinite > 0) {
+          require_equal(cg, before);
+        } else {
+          cpu->count_step();
+          gpu->count_step();
+          require_equal(cg, fg.data().to(dt));
+        }
+      }
+    }
+}

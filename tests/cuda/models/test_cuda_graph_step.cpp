@@ -199,3 +199,64 @@ TEST_CASE(
                 optim, (long long)tg.graph_launches());
   }
 }
+
+TEST_CASE(
+    "Trainer under bf16 autocast: the optimizer writes the parameters' bf16 copy, so a step "
+    "converts nothing; a weight edited between steps is seen, eagerly and in graph mode",
+    "[cuda][models][graph]") {
+  // Trainer `t` keeps the copy its optimizer writes; trainer `ref` has its slab rewritten with
+  // the same values before every step (an access: engine/storage.h), so it converts the slab each
+  // step. Both must give the same losses and gradient norms every step (the forward of step k
+  // reads the weights step k - 1 left), an edit of the weights at step 2 included, and the same
+  // weights at the end; `t` converts the slab once (its first step) and again only after the
+  // edit. (Nothing reads t's slab between its steps: any access would count.)
+  for (const bool graph : {false, true})
+    for (const char* optim : {"adamw", "lamb"}) {
+      INFO((graph ? "graph mode " : "eager ") << optim);
+      models::BertConfig c = engine::testing::tiny_bert("tupe_r", "paper", 0.2);
+      c.hidden_size = 64;
+      c.ffn_size = 64;
+      c.validate();
+      models::BertForMaskedLM mt(c, 3), mr(c, 3);
+      mt.train(true);
+      mr.train(true);
+      FlatParameters ft(mt.named_parameters(), kGpu), fr(mr.named_parameters(), kGpu);
+      OptimizerOptions opt;
+      opt.name = optim;
+      const LearningRate lr = constant_lr(1e-3);
+      TrainerOptions o;
+      o.cuda_graph = graph;
+      Trainer t(ft, opt, {}, lr, o), ref(fr, opt, {}, lr, o);
+      Generator gt(4), gr(4);
+      t.set_graph_generator(&gt);
+      ref.set_graph_generator(&gr);
+      const data::MlmBatch batch = engine::testing::host_mlm_batch(3, 12, c.vocab_size, 2).to(kGpu);
+      const auto loss_of = [&batch](const models::BertForMaskedLM& model, Generator& gen) {
+        return [&model, &batch, &gen](int64_t) {
+          Autocast autocast(DType::bf16);
+          return model.forward(batch, gen).loss;
+        };
+      };
+      const std::string slab = shape_str({ft.numel()});
+      const std::vector<double> weights = {1.0};
+      for (int step = 0; step < 5; ++step) {
+        INFO("step " << step);
+        if (step == 2)  // an edit of some weights, on both
+          for (FlatParameters* f : {&ft, &fr}) f->data().slice(0, 0, 1000).mul_(0.5);
+        fr.data().mul_(1.0);  // the same values, written
+        start_work_recording();
+        const StepStats a = t.step(1, loss_of(mt, gt), weights);
+        int conversions = 0;  // of the whole slab from f32 to bf16
+        for (const WorkRecord& r : stop_work_recording())
+          conversions += r.op == "copy" && r.shape.find(slab + " f32") != std::string::npos &&
+                         r.shape.find(slab + " bf16") != std::string::npos;
+        const StepStats b = ref.step(1, loss_of(mr, gr), weights);
+        CHECK(conversions == (step == 0 || step == 2 ? 1 : 0));
+        REQUIRE(a.applied);
+        CHECK(a.loss == b.loss);  // from the weights the last steps left: the copy's
+        CHECK(a.grad_norm == b.grad_norm);
+      }
+      require_equal(ft.data(), fr.data());  // (a read of the slab: the next step would convert)
+      CHECK(t.graph_captures() == (graph ? 1 : 0));
+    }
+}
