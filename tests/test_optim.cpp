@@ -44,6 +44,21 @@ void set_grads(FlatParameters& flat, int t) {
 
 bool decays(const std::string& name) { return !default_no_decay(name); }
 
+// Two optimizers of one kind (decay by default_no_decay) over equal parameters: one to step as
+// the reference, one as the test says.
+struct Twin {
+  NamedTensors pa, pb;
+  FlatParameters fa, fb;
+  std::unique_ptr<Optimizer> a, b;
+  Twin(const char* name, uint64_t seed)
+      : pa(make_params(seed)), pb(make_params(seed)), fa(pa), fb(pb) {
+    OptimizerOptions opt;
+    opt.name = name;
+    a = make_optimizer(fa, opt, decays);
+    b = make_optimizer(fb, opt, decays);
+  }
+};
+
 // A bf16 or f16 tensor's bit patterns.
 std::vector<uint16_t> half_bits(const Tensor& t) {
   std::vector<uint16_t> out;
@@ -328,12 +343,9 @@ TEST_CASE("adamw and lamb: the device controls give step()'s bits, clip and skip
   // changes nothing.
   for (const char* name : {"adamw", "lamb"}) {
     INFO(name);
-    OptimizerOptions opt;
-    opt.name = name;
-    NamedTensors pa = make_params(4), pb = make_params(4);
-    FlatParameters fa(pa), fb(pb);
-    std::unique_ptr<Optimizer> a = make_optimizer(fa, opt, decays),
-                               b = make_optimizer(fb, opt, decays);
+    Twin twin(name, 4);
+    FlatParameters &fa = twin.fa, &fb = twin.fb;
+    std::unique_ptr<Optimizer>&a = twin.a, &b = twin.b;
     const double clip_norm = 2.0;
     const double inf = std::numeric_limits<double>::infinity();
     const struct {
@@ -381,12 +393,9 @@ TEST_CASE(
   for (const char* name : {"adamw", "lamb"})
     for (const DType dt : {DType::bf16, DType::f16}) {
       INFO(name << " " << dtype_name(dt));
-      OptimizerOptions opt;
-      opt.name = name;
-      NamedTensors pa = make_params(6), pb = make_params(6);
-      FlatParameters fa(pa), fb(pb);
-      std::unique_ptr<Optimizer> a = make_optimizer(fa, opt, decays),
-                                 b = make_optimizer(fb, opt, decays);
+      Twin twin(name, 6);
+      FlatParameters &fa = twin.fa, &fb = twin.fb;
+      std::unique_ptr<Optimizer>&a = twin.a, &b = twin.b;
       const Tensor copy = fb.data().to(dt);
       for (int t = 1; t <= 3; ++t) {
         INFO("step " << t);
