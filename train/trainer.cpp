@@ -89,11 +89,11 @@ void Trainer::device_step(int64_t micro_batches, const std::function<Tensor(int6
   params_.zero_grad();
   Tensor loss_sum = at(kLoss);
   // Autocast's casts of the parameters read one 16-bit copy of the slab (engine/autocast.h): the
-  // one the last optimizer step wrote when the slab has not been touched since (in a capture:
-  // refreshed before each replay), else one made at the first cast; the slab changes only after
-  // every micro-batch.
-  auto cast_once =
-      std::make_unique<AutocastSlab>(params_.data(), in_graph || copy_current() ? copy_ : Tensor());
+  // one the last optimizer step wrote, converted again in place when the slab was touched since
+  // (a graph's: before each replay), or on the first step one made at the first cast; the slab
+  // changes only after every micro-batch.
+  if (!in_graph) refresh_copy();
+  auto cast_once = std::make_unique<AutocastSlab>(params_.data(), copy_);
   for (int64_t m = 0; m < micro_batches; ++m) {
     const Tensor loss = loss_of(m);
     ENGINE_CHECK(loss.defined() && loss.numel() == 1, "[trainer] micro-batch ", m,
