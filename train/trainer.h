@@ -37,8 +37,8 @@
 // AutocastSlab) that the optimizer writes as it updates the slab (Optimizer::step_on_device's
 // copy), so a step converts nothing; the trainer keeps it while the slab's storage generation
 // (engine/storage.h) is the one the optimizer left, and converts afresh after anything else
-// touched the slab (a checkpoint load, an edit, an evaluation): in graph mode by one kernel before
-// the replay. Its 2 bytes a parameter stay held between steps.
+// touched the slab (a checkpoint load, an edit, an evaluation), by one kernel into the same copy
+// before the step (graph mode: before the replay). Its 2 bytes a parameter stay held between steps.
 //
 // Graph mode (TrainerOptions::cuda_graph, CUDA, one rank): the first step runs eagerly (it builds
 // the caches: position constants, autotuned kernels, the allocator's blocks); the second is
