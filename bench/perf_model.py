@@ -51,6 +51,7 @@ PEAK_BF16 = 989e12      # H200 dense bf16 tensor-core peak (MFU denominator)
 HBM = 4.8e12            # H200 HBM3e, the spec sheet
 L2_BYTES = 50e6         # H100/H200 L2
 PHILOX_WORDS = 4        # words per Philox block
+ATTENTION_DRAWS = 8     # attention's dropout: 16-bit uniforms, 8 a block (ops/dropout.h)
 # The fused attention kernels' tensor-core rate: an assumption until a GPU measures them (WMMA
 # tiles through shared memory, no asynchronous copies: about a third of the dense peak)
 FLASH_FLOPS = 330e12
@@ -177,14 +178,14 @@ def describe5(name, op_row, launch, n_main):
         # update's, before the update's grid)
         return "aux", 0.0, 0, "simple", 0
     # this tree's kernels (by the names record_step gives their launches)
-    if base in FLASH_PRODUCTS:  # tensor-core work; the forward draws a Philox block per 4
-        # elements when it writes keep bits (dropout on: the record lists mask_bits), the backward
-        # reads them
+    if base in FLASH_PRODUCTS:  # tensor-core work; the forward draws a Philox block per 8
+        # elements (attention's rule: a 16-bit uniform each, ops/dropout.h) when it writes keep
+        # bits (dropout on: the record lists mask_bits), the backward reads them
         q, k = ts[0][0], ts[1][0]
         elems = numel(q[:3]) * k[2]
         drawn = base == "flash_forward" and any(t[1] == "u8" for t in ts)
         return "flash", share, FLASH_PRODUCTS[base] * elems * q[3], "simple", \
-            elems / PHILOX_WORDS if drawn else 0
+            elems / ATTENTION_DRAWS if drawn else 0
     if base == "cross_entropy_backward_vec":  # elementwise over (N, C), 16-byte vectors
         return "vec", share, 0, "simple", 0
     if base in ("flash_rowdot", "flash_bias_sum"):

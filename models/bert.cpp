@@ -129,7 +129,7 @@ Tensor BertLayer::self_attention(const Tensor& x, const Tensor& key_mask,
     Tensor scores = scaled_scores(pr, terms);
     Tensor mask4 = key_mask.defined() ? key_mask.view({b, 1, 1, t}) : Tensor();
     Tensor probs = engine::softmax(scores, terms.bias, mask4);
-    probs = engine::dropout(probs, p_drop, training, gen);
+    probs = engine::attention_dropout(probs, p_drop, training, gen);  // the attention op's rule
     ctx = engine::matmul(probs, v) +
           engine::matmul(engine::relative_scatter(probs, terms.shaw_index, r), a);
   }

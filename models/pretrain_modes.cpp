@@ -43,6 +43,7 @@ std::vector<engine::Tensor> dropout_masks(const engine::Tensor& loss) {
     todo.pop_back();
     if (!n || !seen.insert(n.get()).second) continue;
     if (std::strcmp(n->name(), "dropout") == 0 ||
+        std::strcmp(n->name(), "attention_dropout") == 0 ||
         std::strcmp(n->name(), "dropout_add_layer_norm") == 0)
       found.push_back(n);
     for (const engine::Edge& e : n->next) todo.push_back(e.node);

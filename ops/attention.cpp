@@ -35,7 +35,7 @@ namespace {
 // kernels on views of the same buffers (and the dropout stream at the same element offsets), so
 // the results are the same bits as the whole-batch calls; devices take the whole batch at once.
 bool by_batch_entry(Device dev, int64_t b, int64_t h, int64_t tq, int64_t tk) {
-  return dev.is_cpu() && b > 1 && (h * tq * tk) % 4 == 0;  // Philox blocks: 4 elements each
+  return dev.is_cpu() && b > 1 && (h * tq * tk) % 8 == 0;  // Philox blocks: 8 elements each
 }
 
 // Runs body(b0, nb) over batch entries [b0, b0 + nb): every entry on its own (in parallel) or
@@ -66,7 +66,7 @@ void over_batch_entries(bool by_entry, int64_t b, F&& body) {
 
 // The Philox state of the scores from batch entry b0 on (`per_entry` scores each).
 PhiloxState entry_state(PhiloxState s, int64_t b0, int64_t per_entry) {
-  s.offset += static_cast<uint64_t>(b0 * per_entry / 4);
+  s.offset += static_cast<uint64_t>(b0 * per_entry / 8);  // attention's rule: ops/dropout.h
   return s;
 }
 
@@ -113,7 +113,7 @@ struct AttentionNode : Node {
       if (want_dv) {
         const int64_t t = pd_per_thread ? omp_get_thread_num() : 0;
         const Tensor pd_c = pd_per_thread ? pd.slice(0, t * h, (t + 1) * h) : rows(pd);
-        if (remake) dropout_kernel(dev, probs_c, pd_c, p, st);
+        if (remake) attention_dropout_kernel(dev, probs_c, pd_c, p, st);
         gemm(pd_c, true, dout_c, false, rows(dv_));
       }
       if (want_ds) {
@@ -317,7 +317,7 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
     f.p = p;
     if (p > 0) {
       Generator& gen = opt.generator ? *opt.generator : default_generator();
-      f.state = gen.reserve_words(static_cast<uint64_t>(b * h * tq * tk));
+      f.state = gen.reserve_words(attention_dropout_words(static_cast<uint64_t>(b * h * tq * tk)));
     }
     f.out = empty_in_stride_order({b, h, tq, dv}, f.q.strides(), q.dtype(), q.device());
     f.lse = Tensor::empty({b, h, tq}, DType::f32, q.device());
@@ -354,7 +354,7 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
   PhiloxState state;
   if (p > 0) {
     Generator& gen = opt.generator ? *opt.generator : default_generator();
-    state = gen.reserve_words(static_cast<uint64_t>(probs.numel()));
+    state = gen.reserve_words(attention_dropout_words(static_cast<uint64_t>(probs.numel())));
     mixed = Tensor::empty(probs.shape(), dt, dev);
   }
   Tensor out3 = Tensor::empty({b * h, tq, dv}, dt, dev);

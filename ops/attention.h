@@ -43,9 +43,11 @@ struct AttentionOptions {
 
 // q (B, H, Tq, D), k (B, H, Tk, D), v (B, H, Tk, Dv) -> (B, H, Tq, Dv)
 //   out = dropout(softmax(scale * q k^T + bias, key_mask)) v
-// A query row whose keys are all masked outputs zeros. Unfused, it saves q, k, v and the
-// probabilities (and on a device the dropped probabilities); fused, q, k, v, the output and one
-// log-sum-exp per query row, and the backward makes the probabilities and the dropout mask again.
+// the dropout under attention's rule (ops/dropout.h: ceil(B H Tq Tk / 8) blocks of the generator,
+// the same mask on every path and backend). A query row whose keys are all masked outputs zeros.
+// Unfused, it saves q, k, v and the probabilities (and on a device the dropped probabilities);
+// fused, q, k, v, the output and one log-sum-exp per query row, and the backward makes the
+// probabilities and the dropout mask again.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v,
                  const AttentionOptions& options = {});
 

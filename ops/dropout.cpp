@@ -3,7 +3,9 @@
 #include "ops/dropout.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
+#include <cstring>
 
 #include "engine/autograd.h"
 #include "engine/cpu/philox.h"
@@ -21,12 +23,13 @@ struct DropoutNode : Node {
   // No tensors: the mask is a function of (state, element index), recomputed in the backward.
   PhiloxState state;
   double p = 0;
-  const char* name() const override { return "dropout"; }
+  bool attention = false;  // attention's rule (attention_dropout)
+  const char* name() const override { return attention ? "attention_dropout" : "dropout"; }
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
     Tensor dy = grads[0].contiguous();
     Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
     // d(x * keep / (1 - p))/dx = keep / (1 - p): the forward kernel applied to dy.
-    dropout_kernel(dy.device(), dy, dx, p, state);
+    (attention ? attention_dropout_kernel : dropout_kernel)(dy.device(), dy, dx, p, state);
     return {dx};
   }
 };
@@ -83,14 +86,45 @@ void dropout_mask(const Tensor& mask, double p, PhiloxState s) {
   }
 }
 
+// Attention's rule (dropout.h): word w of the stream holds elements 2 w (its low half) and
+// 2 w + 1 (its high half).
+void attention_dropout(const Tensor& x, const Tensor& y, double p, PhiloxState s) {
+  const int64_t n = x.numel();
+  dispatch_floating(x.dtype(), "attention_dropout", [&]<class T>() {
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    const T scale = static_cast<T>(1.0 / (1.0 - p));
+    const uint32_t threshold = attention_dropout_threshold(p);
+    ::engine::cpu::philox::for_each_words(
+        static_cast<int64_t>(attention_dropout_words(static_cast<uint64_t>(n))), s,
+        [&](int64_t base, const uint32_t* words, int64_t count) {
+          const T sc = scale;  // locals: see dropout above
+          const uint32_t th = threshold;
+          const int64_t e0 = 2 * base, m = std::min<int64_t>(2 * count, n - e0);
+          const T* xb = px + e0;
+          T* yb = py + e0;
+          // The halfwords in element order (little-endian: a word's low half first), so the loop
+          // is dropout's, vectorised.
+          static_assert(std::endian::native == std::endian::little);
+          uint16_t halves[8 * ::engine::cpu::philox::kGroupBlocks];
+          std::memcpy(halves, words, size_t((m + 1) / 2) * sizeof(uint32_t));
+          for (int64_t k = 0; k < m; ++k) yb[k] = (uint32_t(halves[k]) >= th ? xb[k] : T(0)) * sc;
+        });
+  });
+}
+
 }  // namespace cpu
 
 ENGINE_REGISTER_KERNEL(dropout_kernel, DeviceType::CPU, cpu::dropout);
 ENGINE_REGISTER_KERNEL(dropout_mask_kernel, DeviceType::CPU, cpu::dropout_mask);
+ENGINE_REGISTER_KERNEL(attention_dropout_kernel, DeviceType::CPU, cpu::attention_dropout);
 
 }  // namespace
 
-Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+namespace {
+
+// dropout and attention_dropout: the same op under the two keep rules (dropout.h).
+Tensor dropout_with_rule(const Tensor& x, double p, bool training, Generator& gen, bool attention) {
   ENGINE_CHECK(x.defined(), "[dropout] got an undefined input");
   ENGINE_CHECK(is_floating(x.dtype()), "[dropout] expects a floating input, got ", describe(x));
   check_p(p);
@@ -102,16 +136,29 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
     if (needs_grad(x)) record(std::make_shared<ZeroNode>(), {x}, {y});
     return y;
   }
-  const PhiloxState s = gen.reserve_words(static_cast<uint64_t>(x.numel()));
+  const uint64_t n = static_cast<uint64_t>(x.numel());
+  const PhiloxState s = gen.reserve_words(attention ? attention_dropout_words(n) : n);
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
-  dropout_kernel(x.device(), x.detach().contiguous(), y, p, s);
+  (attention ? attention_dropout_kernel : dropout_kernel)(x.device(), x.detach().contiguous(), y, p,
+                                                          s);
   if (needs_grad(x)) {
-    auto n = std::make_shared<DropoutNode>();
-    n->state = s;
-    n->p = p;
-    record(n, {x}, {y});
+    auto node = std::make_shared<DropoutNode>();
+    node->state = s;
+    node->p = p;
+    node->attention = attention;
+    record(node, {x}, {y});
   }
   return y;
+}
+
+}  // namespace
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  return dropout_with_rule(x, p, training, gen, false);
+}
+
+Tensor attention_dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  return dropout_with_rule(x, p, training, gen, true);
 }
 
 Tensor dropout_mask(const Shape& shape, double p, PhiloxState state, DType dtype, Device device) {

@@ -102,9 +102,48 @@ void dropout_mask(const Tensor& mask, double p, PhiloxState s) {
   }
 }
 
+// Attention's rule (dropout.h): a thread per Philox block of 8 elements, two 4-element writes.
+template <class Write>
+__global__ void philox_blocks8(int64_t n, uint32_t threshold, PhiloxState s, Write write) {
+  const int64_t blocks = (n + 7) / 8;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const uint64_t offset = philox_offset(s);
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < blocks; b += stride) {
+    uint32_t w[4];
+    philox_block(s.seed, offset + static_cast<uint64_t>(b), w);
+    for (int g = 0; g < 2; ++g) {
+      const int64_t i0 = 8 * b + 4 * g;
+      if (i0 >= n) break;
+      const int end = n - i0 < 4 ? static_cast<int>(n - i0) : 4;
+      bool keep[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) keep[k] = philox_halfword(w, 4 * g + k) >= threshold;
+      write(i0, end, keep);
+    }
+  }
+}
+
+void attention_dropout(const Tensor& x, const Tensor& y, double p, PhiloxState s) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  DeviceGuard guard(x.device().index);
+  const uint32_t threshold = attention_dropout_threshold(p);
+  dispatch_device_floating(x.dtype(), "attention_dropout", [&]<class T>() {
+    const Acc<T> scale = static_cast<Acc<T>>(1.0 / (1.0 - p));
+    const bool vec = reinterpret_cast<uintptr_t>(x.raw_data()) % (4 * sizeof(T)) == 0 &&
+                     reinterpret_cast<uintptr_t>(y.raw_data()) % (4 * sizeof(T)) == 0;
+    const int threads = kElementwiseThreads;
+    const LaunchConfig cfg{dim3(grid_blocks((n + 7) / 8, threads)), dim3(threads), 0,
+                           compute_stream(x.device().index)};
+    ENGINE_LAUNCH(philox_blocks8<DropoutWrite<T>>, cfg, n, threshold, s,
+                  DropoutWrite<T>{dptr<const T>(x), dptr<T>(y), scale, vec});
+  });
+}
+
 }  // namespace
 
 ENGINE_REGISTER_KERNEL(dropout_kernel, DeviceType::CUDA, dropout);
+ENGINE_REGISTER_KERNEL(attention_dropout_kernel, DeviceType::CUDA, attention_dropout);
 ENGINE_REGISTER_KERNEL(dropout_mask_kernel, DeviceType::CUDA, dropout_mask);
 
 }  // namespace engine::cuda

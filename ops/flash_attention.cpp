@@ -77,7 +77,7 @@ struct Problem {
         d(a.q.size(3)),
         scale(a.scale),
         p(a.p),
-        threshold(dropout_threshold(a.p)),
+        threshold(attention_dropout_threshold(a.p)),
         state(a.state),
         q(host(a.q)),
         k(host(a.k)),
@@ -118,7 +118,7 @@ struct Problem {
       const auto byte = static_cast<uint32_t>(bits[static_cast<size_t>(row * groups() + j / 4)]);
       return ((byte >> (j % 4)) & 1u) != 0;
     }
-    return dropout_keep(philox_word(state, static_cast<uint64_t>(row * tk + j)), threshold);
+    return attention_keep(state, static_cast<uint64_t>(row * tk + j), threshold);
   }
   // The dropout factor of element (bi, hi, i, j): 1 / (1 - p) kept, 0 dropped, 1 without dropout.
   double keep(int64_t bi, int64_t hi, int64_t i, int64_t j) const {

@@ -8,7 +8,8 @@
 //
 //   forward      grid (Tq / 64, B H): each warp's 16 query rows against every key tile, online
 //                softmax (running max and sum per row, the output rows rescaled in shared memory;
-//                each lane 4 consecutive keys of a row, their keep bits from one Philox block),
+//                each lane 8 consecutive keys of a row, their keep bits from one Philox block:
+//                attention's rule, ops/dropout.h, half the draws of a block per 4 keys),
 //                O += P_d V on tensor cores; writes out, the rows' log-sum-exp and, with dropout,
 //                the keep bits (a byte per 4 keys), which the backward reads instead of drawing.
 //   rowdot       D_i = rowsum(dout_i * out_i), f32 (a warp per row).
@@ -102,13 +103,13 @@ __device__ inline float keep_factor(const Args<T>& a, int64_t bh, int64_t i, int
   return ((byte >> (j % 4)) & 1u) != 0 ? a.keep_scale : 0.0f;
 }
 
-// Max and sum over the 16 lanes of a half warp (each half its own row).
-__device__ inline float half_max(float v) {
-  for (int o = 8; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+// Max and sum over the 8 lanes of an octet (each octet its own row).
+__device__ inline float octet_max(float v) {
+  for (int o = 4; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
   return v;
 }
-__device__ inline float half_sum(float v) {
-  for (int o = 8; o > 0; o /= 2) v += __shfl_xor_sync(kFullMask, v, o);
+__device__ inline float octet_sum(float v) {
+  for (int o = 4; o > 0; o /= 2) v += __shfl_xor_sync(kFullMask, v, o);
   return v;
 }
 
@@ -211,18 +212,18 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
   const T* k = a.k + at(a.lk, b, h);
   const T* v = a.v + at(a.lv, b, h);
 
-  // The online softmax takes two rows at a time: lanes 0-15 row 2 k, lanes 16-31 row 2 k + 1,
-  // each lane 4 consecutive keys (one Philox block); m[k], l[k]: the running max and sum of this
-  // lane's row of pair k.
-  const int half = lane / 16, hl = lane % 16, c0 = 4 * hl;
+  // The online softmax takes four rows at a time: lanes 8 g .. 8 g + 7 row 4 k + g, each lane 8
+  // consecutive keys (one Philox block: attention's rule, ops/dropout.h); m[k], l[k]: the running
+  // max and sum of this lane's row of quad k.
+  const int quad = lane / 8, ql = lane % 8, c0 = 8 * ql;
   FragA<T> fq[ND];
-  float m[8], l[8];
+  float m[4], l[4];
   if (active) {
     stage_rows<T, D>(smem_region<uint4>(smem, o_q), LDK, q, a.lq.st, i0, a.tq, 16, lane, kWarpSize);
     __syncwarp();
     for (int kk = 0; kk < ND; ++kk) wmma::load_matrix_sync(fq[kk], raw_ptr(sQ) + kk * 16, LDK);
     for (int e = lane; e < 16 * LDO; e += kWarpSize) sO[e] = 0.0f;
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < 4; ++k) {
       m[k] = -INFINITY;
       l[k] = 0.0f;
     }
@@ -244,32 +245,43 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
       wmma::store_matrix_sync(raw_ptr(sS) + n * 16, acc, LDS, wmma::mem_row_major);
     }
     __syncwarp();
-    // Online softmax; P_d into sP, the keep bits out, O's rows rescaled.
-    for (int k = 0; k < 8; ++k) {
-      const int r = 2 * k + half;
+    // Online softmax; P_d into sP, the keep bits out (two bytes of 4 keys), O's rows rescaled.
+    for (int k = 0; k < 4; ++k) {
+      const int r = 4 * k + quad;
       const int64_t i = i0 + r, j = j0 + c0;
-      float x[4], pr[4];
-      for (int t = 0; t < 4; ++t) x[t] = logit(a, b, h, i, j + t, float(sS[r * LDS + c0 + t]));
-      const float m_new = fmaxf(m[k], half_max(fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]))));
+      float x[8], pr[8];
+      float xm = -INFINITY;
+      for (int t = 0; t < 8; ++t) {
+        x[t] = logit(a, b, h, i, j + t, float(sS[r * LDS + c0 + t]));
+        xm = fmaxf(xm, x[t]);
+      }
+      const float m_new = fmaxf(m[k], octet_max(xm));
       const float ref = m_new == -INFINITY ? 0.0f : m_new;
       const float corr = expf(m[k] - ref);
-      for (int t = 0; t < 4; ++t) pr[t] = expf(x[t] - ref);
-      l[k] = l[k] * corr + half_sum(pr[0] + pr[1] + pr[2] + pr[3]);
-      m[k] = m_new;
-      bool keep[4] = {true, true, true, true};
-      if (a.drop && i < a.tq && j < a.tk) {
-        dropout_keep4(a.state, static_cast<uint64_t>((bh * a.tq + i) * a.tk + j), a.threshold,
-                      keep);
-        uint32_t byte = 0;
-        for (int t = 0; t < 4; ++t) {
-          keep[t] = keep[t] && j + t < a.tk;
-          byte |= uint32_t(keep[t]) << t;
-        }
-        a.bits_out[(bh * a.tq + i) * a.groups4 + j / 4] = static_cast<uint8_t>(byte);
+      float ps = 0.0f;
+      for (int t = 0; t < 8; ++t) {
+        pr[t] = expf(x[t] - ref);
+        ps += pr[t];
       }
-      for (int t = 0; t < 4; ++t)
+      l[k] = l[k] * corr + octet_sum(ps);
+      m[k] = m_new;
+      bool keep[8] = {true, true, true, true, true, true, true, true};
+      if (a.drop && i < a.tq && j < a.tk) {
+        attention_keep_run<8>(a.state, static_cast<uint64_t>((bh * a.tq + i) * a.tk + j),
+                              a.threshold, keep);
+        for (int g = 0; g < 2; ++g) {
+          if (j + 4 * g >= a.tk) break;
+          uint32_t byte = 0;
+          for (int t = 0; t < 4; ++t) {
+            keep[4 * g + t] = keep[4 * g + t] && j + 4 * g + t < a.tk;
+            byte |= uint32_t(keep[4 * g + t]) << t;
+          }
+          a.bits_out[(bh * a.tq + i) * a.groups4 + j / 4 + g] = static_cast<uint8_t>(byte);
+        }
+      }
+      for (int t = 0; t < 8; ++t)
         sP[r * LDP + c0 + t] = from_acc<T>(keep[t] ? pr[t] * a.keep_scale : 0.0f);
-      for (int d = hl; d < D; d += 16) sO[r * LDO + d] *= corr;
+      for (int d = ql; d < D; d += 8) sO[r * LDO + d] *= corr;
     }
     __syncwarp();
     // O += P_d V.
@@ -288,14 +300,14 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
     __syncwarp();
   }
   if (!active) return;
-  for (int k = 0; k < 8; ++k) {
-    const int r = 2 * k + half;
+  for (int k = 0; k < 4; ++k) {
+    const int r = 4 * k + quad;
     const int64_t i = i0 + r;
     if (i >= a.tq) continue;
     const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
-    for (int d = hl; d < D; d += 16)
+    for (int d = ql; d < D; d += 8)
       a.o[at(a.lo, b, h) + i * a.lo.st + d] = from_acc<T>(float(sO[r * LDO + d]) * inv);
-    if (hl == 0) a.lse_out[bh * a.tq + i] = l[k] > 0.0f ? m[k] + logf(l[k]) : INFINITY;
+    if (ql == 0) a.lse_out[bh * a.tq + i] = l[k] > 0.0f ? m[k] + logf(l[k]) : INFINITY;
   }
 }
 
@@ -556,7 +568,7 @@ Args<T> make_args(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   a.scale = static_cast<float>(scale);
   a.drop = p > 0;
   a.keep_scale = static_cast<float>(1.0 / (1.0 - p));
-  a.threshold = dropout_threshold(p);
+  a.threshold = attention_dropout_threshold(p);  // attention's rule (ops/dropout.h)
   a.state = state;
   return a;
 }

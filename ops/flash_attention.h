@@ -7,8 +7,9 @@
 // the unfused kernels (two GEMMs around attention_softmax) otherwise: they stay its reference.
 //
 // The same mask as the unfused path: element (b, h, i, j) is stream element
-// ((b H + h) Tq + i) Tk + j, kept iff dropout_keep(philox_word(state, e), dropout_threshold(p)),
-// a kept probability scaled by 1 / (1 - p). A query row with no kept key outputs zeros.
+// ((b H + h) Tq + i) Tk + j, kept iff attention_keep(state, e, attention_dropout_threshold(p))
+// (attention's rule, ops/dropout.h: a 16-bit uniform each, 8 a Philox block), a kept probability
+// scaled by 1 / (1 - p). A query row with no kept key outputs zeros.
 #pragma once
 
 #include <cstdint>

@@ -237,13 +237,13 @@ void attention_softmax_forward(const Tensor& x, double scale, const Tensor& bias
   } else {
     softmax_forward(x, bias, mask, probs);
   }
-  if (dropped.defined()) dropout_kernel(Device::cpu(), probs, dropped, p, state);
+  if (dropped.defined()) attention_dropout_kernel(Device::cpu(), probs, dropped, p, state);
 }
 
 void attention_softmax_backward(const Tensor& probs, const Tensor& dpd, double p, PhiloxState state,
                                 const Tensor& ds, const Tensor& /*dropped*/) {
   if (p > 0) {
-    dropout_kernel(Device::cpu(), dpd, ds, p, state);
+    attention_dropout_kernel(Device::cpu(), dpd, ds, p, state);
     softmax_backward(probs, ds, ds);
   } else {
     softmax_backward(probs, dpd, ds);

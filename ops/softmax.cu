@@ -127,21 +127,17 @@ struct RowLayout {
 
 // ---- a warp per row (n <= 32 E): the row in registers, E elements a lane ---------------------
 // Lane l holds groups g = l + 32 k (k < E / 4) of four consecutive elements 4g .. 4g + 3: a
-// warp reads 4 x 32 consecutive elements at a time, and with n % 4 == 0 a group is one Philox
-// block of the dropout stream (one draw for four elements) and one 4-element vector load.
+// warp reads 4 x 32 consecutive elements at a time, and with n % 4 == 0 a group is half a Philox
+// block of the dropout stream (attention's rule: one draw for four elements) and one 4-element
+// vector load.
 
-// The keep bits of elements i0 .. i0 + 3 of the dropout stream (one Philox block when i0 is a
-// multiple of 4).
+// The keep bits of elements i0 .. i0 + 3 of the site, attention's rule (ops/dropout.h: one
+// Philox block, half of it, when i0 is a multiple of 4).
 __device__ inline void keep4(const RowDropout& d, uint64_t i0, bool keep[4]) {
-  if (i0 % 4 == 0) {
-    uint32_t w[4];
-    philox_block(d.state.seed, philox_offset(d.state) + i0 / 4, w);
+  bool k4[4];
+  attention_keep_run<4>(d.state, i0, d.threshold, k4);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) keep[q] = dropout_keep(w[q], d.threshold);
-    return;
-  }
-#pragma unroll
-  for (int q = 0; q < 4; ++q) keep[q] = dropout_keep(philox_word(d.state, i0 + q), d.threshold);
+  for (int q = 0; q < 4; ++q) keep[q] = k4[q];
 }
 
 constexpr int kRowsPerBlock = 4;  // warps (rows) per block of the warp kernels
@@ -329,7 +325,7 @@ __global__ void softmax_forward_rows(const T* x, const T* bias, MaskRef mask, T*
     yr[j] = yj;
     if (dropped) {
       const uint64_t i = static_cast<uint64_t>(r * n + j);
-      dropped[i] = dropout_keep(philox_word(drop.state, i), drop.threshold)
+      dropped[i] = attention_keep(drop.state, i, drop.threshold)
                        ? from_acc<T>(to_acc(yj) * keep_scale)
                        : from_acc<T>(V(0));
     }
@@ -349,7 +345,7 @@ __global__ void softmax_backward_rows(const T* y, const T* dy, T* dx, int64_t n,
     if (!dropout) return to_acc(gr[j]);
     const uint64_t i = static_cast<uint64_t>(r * n + j);
     const bool keep =
-        kept ? to_acc(kept[i]) != V(0) : dropout_keep(philox_word(drop.state, i), drop.threshold);
+        kept ? to_acc(kept[i]) != V(0) : attention_keep(drop.state, i, drop.threshold);
     return keep ? to_acc(from_acc<T>(to_acc(gr[j]) * keep_scale)) : V(0);
   };
   V dot = 0;
@@ -405,7 +401,7 @@ int64_t row_count(const Tensor& t, int64_t& n) {
 RowDropout row_dropout(double p, PhiloxState state) {
   RowDropout d;
   d.state = state;
-  d.threshold = dropout_threshold(p);
+  d.threshold = attention_dropout_threshold(p);  // attention's rule (ops/dropout.h)
   d.keep_scale = 1.0 / (1.0 - p);
   return d;
 }

@@ -185,3 +185,53 @@ TEST_CASE("dropout errors", "[dropout]") {
                       Catch::Contains("[dropout_mask] mask dtype"));
   REQUIRE(g.offset() == 0);
 }
+
+TEST_CASE(
+    "attention's dropout rule: eight 16-bit draws a Philox block, its kernel and its keep rate",
+    "[dropout]") {
+  // Element e keeps iff halfword e % 8 of block offset + e / 8 (word (e % 8) / 2, low half for
+  // even e) >= ceil(p 2^16), computed here from philox_word; the kernel over a size that ends
+  // mid-block, across the 2^32 counter carry and at a parallel size; runs of 4 and 8 from any
+  // element; the keep rate.
+  const double p = 0.3;
+  const uint32_t t = attention_dropout_threshold(p);
+  REQUIRE(t == 19661);  // ceil(0.3 * 65536)
+  REQUIRE(attention_dropout_threshold(0.0) == 0);
+  REQUIRE(attention_dropout_threshold(1.0) == 65536);  // nothing kept
+  REQUIRE(attention_dropout_words(7) == 4);
+  const auto want_keep = [&](PhiloxState s, uint64_t e) {
+    const uint32_t w = philox_word(s, e / 2);  // word e / 2 of the stream holds e and e ^ 1
+    return ((e % 2 == 0 ? w & 0xFFFFu : w >> 16)) >= t;
+  };
+  for (const PhiloxState s :
+       {PhiloxState{1234, 17}, PhiloxState{0x0123456789ABCDEFull, (uint64_t(1) << 32) - 40}})
+    for (int64_t n : {int64_t(13), int64_t(333), int64_t(70001)}) {
+      INFO("offset " << s.offset << ", n " << n);
+      const Tensor x = Tensor::ones({n}, DType::f64);
+      const Tensor y = Tensor::empty({n}, DType::f64);
+      attention_dropout_kernel(Device::cpu(), x, y, p, s);
+      const std::vector<double> got = y.to_vector<double>();
+      int64_t wrong = 0;
+      for (int64_t e = 0; e < n; ++e) {
+        const bool keep = want_keep(s, uint64_t(e));
+        wrong += got[size_t(e)] != (keep ? 1.0 / (1.0 - p) : 0.0);
+        wrong += attention_keep(s, uint64_t(e), t) != keep;
+      }
+      REQUIRE(wrong == 0);
+      for (uint64_t e0 : {uint64_t(0), uint64_t(3), uint64_t(4), uint64_t(8), uint64_t(13)}) {
+        bool k4[4], k8[8];
+        attention_keep_run<4>(s, e0, t, k4);
+        attention_keep_run<8>(s, e0, t, k8);
+        for (int q = 0; q < 8; ++q) {
+          if (q < 4) REQUIRE(k4[q] == want_keep(s, e0 + uint64_t(q)));
+          REQUIRE(k8[q] == want_keep(s, e0 + uint64_t(q)));
+        }
+      }
+    }
+  const int64_t n = 100000;
+  const Tensor y = Tensor::empty({n});
+  attention_dropout_kernel(Device::cpu(), Tensor::ones({n}), y, p, PhiloxState{7, 0});
+  int64_t kept = 0;
+  for (const float v : y.to_vector<float>()) kept += v != 0.0f;
+  REQUIRE(std::abs(double(kept) / double(n) - (1.0 - p)) < 0.005);
+}

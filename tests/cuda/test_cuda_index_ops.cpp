@@ -52,6 +52,24 @@ TEST_CASE("dropout masks and values on the device equal the CPU's bit for bit", 
   }
 }
 
+TEST_CASE("attention's dropout rule on the device equals the CPU's bit for bit", "[cuda]") {
+  // One thread per Philox block of 8 elements, two 4-element writes (vectors where aligned): sizes
+  // that end mid-block, an offset across the 2^32 counter carry; f32, f64, and bf16 / f16 scaled
+  // in f32 and rounded once.
+  Generator g(21);
+  const PhiloxState st{0x0123456789ABCDEFull, (uint64_t(1) << 32) - 3};
+  for (const int64_t n : {int64_t(1), int64_t(13), int64_t(4099)})
+    for (const DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+      INFO("n " << n << " " << dtype_name(dt));
+      const bool half = dt == DType::bf16 || dt == DType::f16;
+      const Tensor x = Tensor::randn({n}, g).to(dt).to(half ? DType::f32 : dt);
+      const Tensor want = Tensor::empty({n}, x.dtype()), got = Tensor::empty({n}, dt, kGpu);
+      attention_dropout_kernel(Device::cpu(), x, want, 0.3, st);
+      attention_dropout_kernel(kGpu, x.to(dt).to(kGpu), got, 0.3, st);
+      require_equal(got.to(Device::cpu()), want.to(dt));
+    }
+}
+
 TEST_CASE("dropout in bf16 and f16 keeps the CPU's mask and scales in f32", "[cuda]") {
   Generator g(42);
   for (DType dt : {DType::bf16, DType::f16}) {

@@ -125,14 +125,16 @@ class Reference:
         self.native_dropout = False
         self._index_cache = {}  # constant index tensors (T5 buckets, Shaw offsets) by key
 
-    def _dropout(self, x, p, site):
+    def _dropout(self, x, p, site, attention=False):
+        """attention: the attention probabilities' rule (16-bit draws, dropout_reference.py)."""
         if self.native_dropout and p > 0:
             return F.dropout(x, p, training=True)
         if self.stream is None or p == 0:
             return x
         if p == 1:
             return x * 0
-        keep = self.stream.keep(tuple(x.shape), p)
+        draw = self.stream.keep16 if attention else self.stream.keep
+        keep = draw(tuple(x.shape), p)
         self.masks.append((site, keep))
         return x * (torch.from_numpy(keep).to(x.dtype) * (1.0 / (1.0 - p)))
 
@@ -288,7 +290,8 @@ class Reference:
             def attn(h):
                 logits, v = self.layer_logits(l, h, terms)
                 probs = torch.softmax(logits.masked_fill(~keep, float("-inf")), dim=-1)
-                probs = self._dropout(probs, ap, f"layer {l} attention probabilities")
+                probs = self._dropout(probs, ap, f"layer {l} attention probabilities",
+                                      attention=True)
                 out = probs @ v
                 if shaw is not None:
                     out = out + torch.einsum("bhij,ijd->bhid", probs, shaw)

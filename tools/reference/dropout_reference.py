@@ -8,10 +8,15 @@
   words moves the offset on by ceil(n / 4) blocks;
 - keep element i (row-major) iff uniform(word i) >= p, uniform(w) = (w >> 8) / 2^24, and
   y = x * keep / (1 - p); p == 0 (or eval mode) takes no words, p == 1 gives zeros, no words;
+- the attention probabilities' dropout (attention's rule, docs/models.md): element i keeps iff
+  16-bit halfword i of the draw (halfword i % 8 of block offset + i // 8: word (i % 8) // 2, its
+  low 16 bits for even i) is >= ceil(p * 2^16); a site of n elements takes ceil(n / 8) blocks;
 - pretraining's stream of rank r for a run seeded s: key s ^ 0x9E3779B97F4A7C15 ^ r *
   0xD1B54A32D192ED03 (mod 2^64), offset 0, continued site after site, micro-batch after
   micro-batch, step after step.
 """
+import math
+
 import numpy as np
 
 MASK32 = 0xFFFFFFFF
@@ -73,3 +78,10 @@ class DropoutStream:
         n = int(np.prod(shape))
         uniform = (self.words(n) >> np.uint64(8)).astype(np.float64) / 16777216.0
         return (uniform >= p).reshape(shape)
+
+    def keep16(self, shape, p):
+        """Attention's rule: a 16-bit halfword per element, eight a block."""
+        n = int(np.prod(shape))
+        words = self.words((n + 1) // 2)
+        halves = np.stack([words & np.uint64(0xFFFF), words >> np.uint64(16)], axis=1).reshape(-1)
+        return (halves[:n] >= np.uint64(math.ceil(p * 65536.0))).reshape(shape)
