@@ -16,22 +16,29 @@
 namespace engine::cuda {
 namespace {
 
-// One thread per Philox block of 4 elements (the CPU's stream layout): `write(i0, end, keep)`
-// stores elements i0 .. i0 + end - 1 given their keep bits.
-template <class Write>
+// One thread per Philox block of E elements (the CPU's stream layout): E = 4, a 32-bit word each
+// (dropout's rule), or E = 8, a 16-bit halfword each (attention's rule, dropout.h).
+// `write(i0, end, keep)` stores elements i0 .. i0 + end - 1 given their keep bits, 4 at a time.
+template <int E, class Write>
 __global__ void philox_blocks(int64_t n, uint32_t threshold, PhiloxState s, Write write) {
-  const int64_t blocks = (n + 3) / 4;
+  static_assert(E == 4 || E == 8, "4 words or 8 halfwords a block");
+  const int64_t blocks = (n + E - 1) / E;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const uint64_t offset = philox_offset(s);
   for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < blocks; b += stride) {
     uint32_t w[4];
     philox_block(s.seed, offset + static_cast<uint64_t>(b), w);
-    const int64_t i0 = 4 * b;
-    const int end = n - i0 < 4 ? static_cast<int>(n - i0) : 4;
-    bool keep[4];
+    for (int g = 0; g < E / 4; ++g) {
+      const int64_t i0 = E * b + 4 * g;
+      if (i0 >= n) break;
+      const int end = n - i0 < 4 ? static_cast<int>(n - i0) : 4;
+      bool keep[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) keep[k] = dropout_keep(w[k], threshold);
-    write(i0, end, keep);
+      for (int k = 0; k < 4; ++k)
+        keep[k] =
+            E == 4 ? dropout_keep(w[k], threshold) : philox_halfword(w, 4 * g + k) >= threshold;
+      write(i0, end, keep);
+    }
   }
 }
 
@@ -66,24 +73,36 @@ struct MaskWrite {
   }
 };
 
+template <int E>
 LaunchConfig blocks_config(int64_t n, const Tensor& t) {
   const int threads = kElementwiseThreads;
-  return LaunchConfig{dim3(grid_blocks((n + 3) / 4, threads)), dim3(threads), 0,
+  return LaunchConfig{dim3(grid_blocks((n + E - 1) / E, threads)), dim3(threads), 0,
                       compute_stream(t.device().index)};
 }
 
-void dropout(const Tensor& x, const Tensor& y, double p, PhiloxState s) {
+// y = keep ? x / (1 - p) : 0 under the rule of E decisions a block.
+template <int E>
+void dropout_values(const Tensor& x, const Tensor& y, double p, PhiloxState s, const char* op) {
   const int64_t n = x.numel();
   if (n == 0) return;
   DeviceGuard guard(x.device().index);
-  const uint32_t threshold = dropout_threshold(p);
-  dispatch_device_floating(x.dtype(), "dropout", [&]<class T>() {
+  const uint32_t threshold = E == 4 ? dropout_threshold(p) : attention_dropout_threshold(p);
+  dispatch_device_floating(x.dtype(), op, [&]<class T>() {
     const Acc<T> scale = static_cast<Acc<T>>(1.0 / (1.0 - p));
     const bool vec = reinterpret_cast<uintptr_t>(x.raw_data()) % (4 * sizeof(T)) == 0 &&
                      reinterpret_cast<uintptr_t>(y.raw_data()) % (4 * sizeof(T)) == 0;
-    ENGINE_LAUNCH(philox_blocks<DropoutWrite<T>>, blocks_config(n, x), n, threshold, s,
+    ENGINE_LAUNCH(philox_blocks<E, DropoutWrite<T>>, blocks_config<E>(n, x), n, threshold, s,
                   DropoutWrite<T>{dptr<const T>(x), dptr<T>(y), scale, vec});
   });
+}
+
+void dropout(const Tensor& x, const Tensor& y, double p, PhiloxState s) {
+  dropout_values<4>(x, y, p, s, "dropout");
+}
+
+// Attention's rule (dropout.h): a thread per Philox block of 8 elements, two 4-element writes.
+void attention_dropout(const Tensor& x, const Tensor& y, double p, PhiloxState s) {
+  dropout_values<8>(x, y, p, s, "attention_dropout");
 }
 
 void dropout_mask(const Tensor& mask, double p, PhiloxState s) {
@@ -92,7 +111,7 @@ void dropout_mask(const Tensor& mask, double p, PhiloxState s) {
   DeviceGuard guard(mask.device().index);
   const uint32_t threshold = dropout_threshold(p);
   auto fill = [&]<class T>() {
-    ENGINE_LAUNCH(philox_blocks<MaskWrite<T>>, blocks_config(n, mask), n, threshold, s,
+    ENGINE_LAUNCH(philox_blocks<4, MaskWrite<T>>, blocks_config<4>(n, mask), n, threshold, s,
                   MaskWrite<T>{static_cast<T*>(mask.raw_data())});
   };
   if (mask.dtype() == DType::u8) {
@@ -100,44 +119,6 @@ void dropout_mask(const Tensor& mask, double p, PhiloxState s) {
   } else {
     dispatch_device_floating(mask.dtype(), "dropout_mask", fill);
   }
-}
-
-// Attention's rule (dropout.h): a thread per Philox block of 8 elements, two 4-element writes.
-template <class Write>
-__global__ void philox_blocks8(int64_t n, uint32_t threshold, PhiloxState s, Write write) {
-  const int64_t blocks = (n + 7) / 8;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const uint64_t offset = philox_offset(s);
-  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < blocks; b += stride) {
-    uint32_t w[4];
-    philox_block(s.seed, offset + static_cast<uint64_t>(b), w);
-    for (int g = 0; g < 2; ++g) {
-      const int64_t i0 = 8 * b + 4 * g;
-      if (i0 >= n) break;
-      const int end = n - i0 < 4 ? static_cast<int>(n - i0) : 4;
-      bool keep[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) keep[k] = philox_halfword(w, 4 * g + k) >= threshold;
-      write(i0, end, keep);
-    }
-  }
-}
-
-void attention_dropout(const Tensor& x, const Tensor& y, double p, PhiloxState s) {
-  const int64_t n = x.numel();
-  if (n == 0) return;
-  DeviceGuard guard(x.device().index);
-  const uint32_t threshold = attention_dropout_threshold(p);
-  dispatch_device_floating(x.dtype(), "attention_dropout", [&]<class T>() {
-    const Acc<T> scale = static_cast<Acc<T>>(1.0 / (1.0 - p));
-    const bool vec = reinterpret_cast<uintptr_t>(x.raw_data()) % (4 * sizeof(T)) == 0 &&
-                     reinterpret_cast<uintptr_t>(y.raw_data()) % (4 * sizeof(T)) == 0;
-    const int threads = kElementwiseThreads;
-    const LaunchConfig cfg{dim3(grid_blocks((n + 7) / 8, threads)), dim3(threads), 0,
-                           compute_stream(x.device().index)};
-    ENGINE_LAUNCH(philox_blocks8<DropoutWrite<T>>, cfg, n, threshold, s,
-                  DropoutWrite<T>{dptr<const T>(x), dptr<T>(y), scale, vec});
-  });
 }
 
 }  // namespace
