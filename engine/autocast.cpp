@@ -40,12 +40,15 @@ AutocastSlab::AutocastSlab(const Tensor& slab) : previous_(t_slab) {
 
 AutocastSlab::AutocastSlab(const Tensor& slab, const Tensor& copy) : AutocastSlab(slab) {
   if (!slab_.defined() || !copy.defined()) return;
-  ENGINE_CHECK(
-      (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16) &&
-          copy.shape() == slab_.shape() && copy.is_contiguous() && copy.device() == slab_.device(),
-      "[autocast] the slab's 16-bit copy must be a contiguous bf16 or f16 ",
-      shape_str(slab_.shape()), " tensor on ", slab_.device().str(), ", got ", describe(copy));
-  half_ = copy.detach();
+  ENGINE_CHECK(is_16bit_copy_of(copy, slab_),
+               "[autocast] the slab's 16-bit copy must be a contiguous bf16 or f16 tensor of ",
+               slab_.numel(), " elements on ", slab_.device().str(), ", got ", describe(copy));
+  half_ = copy.detach().reshape(slab_.shape());
+}
+
+bool is_16bit_copy_of(const Tensor& copy, const Tensor& slab) {
+  return copy.defined() && (copy.dtype() == DType::bf16 || copy.dtype() == DType::f16) &&
+         copy.is_contiguous() && copy.numel() == slab.numel() && copy.device() == slab.device();
 }
 
 AutocastSlab::~AutocastSlab() { t_slab = previous_; }

@@ -58,7 +58,7 @@ Tensor autocast_to_f32(const Tensor& t);
 class AutocastSlab {
  public:
   explicit AutocastSlab(const Tensor& slab);
-  // With the copy made already: `copy` (bf16 or f16, the slab's shape and device) holds the
+  // With the copy made already: `copy` (is_16bit_copy_of the slab) holds the
   // slab's values converted, Tensor::to's bits, and is read instead of converting them when a
   // cast asks for its dtype. The caller vouches for the values: the trainer keeps the copy its
   // optimizer writes beside the slab (train/trainer.h).
@@ -78,6 +78,10 @@ class AutocastSlab {
   Tensor slab_, half_;
   AutocastSlab* previous_;
 };
+
+// Whether `copy` can hold `slab`'s values in 16 bits for AutocastSlab and the optimizers' update
+// (Optimizer::step_on_device): bf16 or f16, contiguous, the slab's numel, on its device.
+bool is_16bit_copy_of(const Tensor& copy, const Tensor& slab);
 
 // t.to(converted.dtype()) when the converted values exist already (a view into a converted copy
 // of t's storage, as AutocastSlab keeps): a fresh handle on `converted`'s values, recorded as

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "engine/autocast.h"
 #include "engine/autograd.h"
 #include "engine/error.h"
 
@@ -111,10 +112,8 @@ void Optimizer::step_on_device(const Tensor& controls, double clip_norm, const T
                "[", name_, "] step_on_device: the controls must be a contiguous (5) f64 tensor on ",
                data.device().str(), ", got ",
                controls.defined() ? describe(controls) : std::string("an undefined tensor"));
-  ENGINE_CHECK(!copy.defined() || ((copy.dtype() == DType::bf16 || copy.dtype() == DType::f16) &&
-                                   copy.is_contiguous() && copy.numel() == data.numel() &&
-                                   copy.device() == data.device()),
-               "[", name_, "] step_on_device: the parameters' copy must be a contiguous bf16 or ",
+  ENGINE_CHECK(!copy.defined() || is_16bit_copy_of(copy, data), "[", name_,
+               "] step_on_device: the parameters' copy must be a contiguous bf16 or ",
                "f16 tensor of ", data.numel(), " elements on ", data.device().str(), ", got ",
                describe(copy));
   NoGrad ng;

@@ -133,11 +133,8 @@ struct RowLayout {
 
 // The keep bits of elements i0 .. i0 + 3 of the site, attention's rule (ops/dropout.h: one
 // Philox block, half of it, when i0 is a multiple of 4).
-__device__ inline void keep4(const RowDropout& d, uint64_t i0, bool keep[4]) {
-  bool k4[4];
-  attention_keep_run<4>(d.state, i0, d.threshold, k4);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) keep[q] = k4[q];
+__device__ inline void keep4(const RowDropout& d, uint64_t i0, bool (&keep)[4]) {
+  attention_keep_run<4>(d.state, i0, d.threshold, keep);
 }
 
 constexpr int kRowsPerBlock = 4;  // warps (rows) per block of the warp kernels

@@ -17,15 +17,8 @@ Tensor composed(const Tensor& q, const Tensor& k, const Tensor& v, const Attenti
   Tensor scores = matmul(q, k.transpose(-1, -2)) * scale;
   Tensor mask4 = o.key_mask.defined() ? o.key_mask.reshape({q.size(0), 1, 1, k.size(2)}) : Tensor();
   Tensor p = softmax(scores, o.bias, mask4);
-  if (o.training && o.dropout_p > 0) {
-    // Attention's rule (ops/dropout.h), drawn as the op draws it: its mask (1 / (1 - p) kept, 0
-    // dropped) applied as a product.
-    const PhiloxState s =
-        o.generator->reserve_words(attention_dropout_words(static_cast<uint64_t>(p.numel())));
-    Tensor m = Tensor::empty(p.shape(), p.dtype());
-    attention_dropout_kernel(Device::cpu(), Tensor::ones(p.shape(), p.dtype()), m, o.dropout_p, s);
-    p = p * m;
-  }
+  // Attention's rule (ops/dropout.h), drawn as the op draws it.
+  if (o.training && o.dropout_p > 0) p = attention_dropout(p, o.dropout_p, true, *o.generator);
   return matmul(p, v);
 }
 
