@@ -193,6 +193,15 @@ def describe5(name, op_row, launch, n_main):
     if base in ("softmax_forward_warp", "softmax_backward_warp"):
         philox = numel(ts[0][0]) / PHILOX_WORDS if op == "attention_softmax" and dropout_on(ts) else 0
         return "softmax_warp", share, 0, "simple", philox
+    if base == "layer_norm_backward_warp" and op == "layer_norm_backward" and len(ts) >= 6:
+        # what it moves, not a share of the op: x, dy and the statistics read, dx written (the
+        # parameter gradients are layer_norm_params', which reads x and dy a second time)
+        x_b = numel(ts[0][0]) * elem(ts[0])
+        return "ln_warp", 3 * x_b + 2 * numel(ts[2][0]) * elem(ts[2]), 0, "simple", 0
+    if base == "layer_norm_params" and op == "layer_norm_backward" and len(ts) >= 6:
+        # column sums of x and dy (with the statistics): both read again
+        return "colsum", 2 * numel(ts[0][0]) * elem(ts[0]) + 2 * numel(ts[2][0]) * elem(ts[2]), \
+            0, "simple", 0
     if base in ("layer_norm_forward_warp", "layer_norm_backward_warp"):
         return "ln_warp", share, 0, "simple", 0
     if base in ("dropout_add_layer_norm_warp", "dropout_add_layer_norm_backward_warp"):
