@@ -55,8 +55,10 @@ ATTENTION_DRAWS = 8     # attention's dropout: 16-bit uniforms, 8 a block (ops/d
 # The fused attention kernels' tensor-core rate: an assumption until a GPU measures them (WMMA
 # tiles through shared memory, no asynchronous copies: about a third of the dense peak)
 FLASH_FLOPS = 330e12
-# The fused kernels' products, as multiples of B H Tq Tk D (2 per product they compute)
-FLASH_PRODUCTS = {"flash_forward": 4, "flash_backward_kv": 8, "flash_backward_q": 6}
+# The fused kernels' products, as multiples of B H Tq Tk D (2 per product they compute):
+# flash_backward_bias (only with a bias's gradient) makes S and dP_d again for dbias
+FLASH_PRODUCTS = {"flash_forward": 4, "flash_backward_kv": 8, "flash_backward_q": 6,
+                  "flash_backward_bias": 4}
 
 # The measured commits' steps (pretrain_app --time, bf16, B = 32, dropout on: 5d401cc's in
 # ../shared/data/gpu/engine_steps.log, 3928985's in bench/perf_data/h200_3928985_steps.log) and
@@ -184,11 +186,17 @@ def describe5(name, op_row, launch, n_main):
         q, k = ts[0][0], ts[1][0]
         elems = numel(q[:3]) * k[2]
         drawn = base == "flash_forward" and any(t[1] == "u8" for t in ts)
-        return "flash", share, FLASH_PRODUCTS[base] * elems * q[3], "simple", \
+        nb = share
+        if base == "flash_backward_q" and "flash_bias_sum" in op_row.get("kernels", ""):
+            # records before 2026-12-06: dS added into the group's f32 partial of dbias, read and
+            # written once per batch entry (the group's first only written)
+            groups = launch["blocks"] / max(1, math.ceil(q[2] / 64) * q[1])
+            nb += 8 * elems - 4 * groups * numel(q[1:3]) * k[2]
+        return "flash", nb, FLASH_PRODUCTS[base] * elems * q[3], "simple", \
             elems / ATTENTION_DRAWS if drawn else 0
     if base == "cross_entropy_backward_vec":  # elementwise over (N, C), 16-byte vectors
         return "vec", share, 0, "simple", 0
-    if base in ("flash_rowdot", "flash_bias_sum"):
+    if base in ("flash_rowdot", "flash_bias_sum"):  # (flash_bias_sum: records before 2026-12-06)
         return "vec", share, steps(share, 4), "simple", 0
     if base in ("softmax_forward_warp", "softmax_backward_warp"):
         philox = numel(ts[0][0]) / PHILOX_WORDS if op == "attention_softmax" and dropout_on(ts) else 0

@@ -15,10 +15,13 @@
 //   rowdot       D_i = rowsum(dout_i * out_i), f32 (a warp per row).
 //   backward_kv  grid (Tk / 64, B H): each warp's 16 keys against every query tile: S^T and
 //                dP_d^T made again, dV += P_d^T dO and dK += dS^T Q in registers (fragments).
-//   backward_q   grid (Tq / 64, H, G): each warp's 16 queries of every batch entry of its group
-//                in order: dQ += dS K, and dS added into the group's (H, Tq, Tk) f32 partial of
-//                dbias, an element only ever touched by one lane of one warp (no atomics).
-//   bias_sum     dbias = the groups' partials added in group order.
+//   backward_q   grid (Tq / 64, H, B): each warp's 16 queries: dQ += dS K.
+//   backward_bias (only for dbias) grid (Tk / 64, Tq / 64, H): each warp's 16 queries against
+//                the block's 64 keys, S and dP_d made again for every batch entry in order and dS
+//                summed in registers (each lane its own elements of the tile), dbias written once:
+//                no atomics, no partial in memory (a (G, H, Tq, Tk) f32 partial read and written
+//                once per batch entry moved 8 bytes per element of the scores: more than the
+//                forward's whole traffic at BERT-Large s512).
 // The same bits on every run. The probabilities are rounded to the 16-bit type before their
 // products (as every flash kernel does), so results match the unfused path within that rounding.
 #include <cuda_runtime.h>
@@ -42,7 +45,6 @@ constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kTile = 64;     // rows of a block (its warps' 16 each), and of a staged key tile
 constexpr int kLdT = 16 + 4;  // floats: a per-warp 16 x 16 product tile
 constexpr int kLdH = 16 + 8;  // 16-bit elements: a per-warp 16 x 16 operand tile
-constexpr int kTargetBlocks = 2 * 132;  // backward_q: about two blocks for each of an H200's SMs
 
 // A (B, H, T, D) operand's layout: element (b, h, t, d) at b sb + h sh + t st + d (the head
 // width contiguous; flash_attention_layout_fits). The heads' split and merge are views: q, k and
@@ -60,7 +62,7 @@ struct Args {
   const float *bias32, *mask, *lse;  // bias32: an f32 bias (then bias is null)
   const uint8_t* bits;               // the forward's keep bits (backward, with dropout)
   T *o, *dq, *dk, *dv;
-  float *lse_out, *part, *rowdot;         // rowdot: flash_rowdot writes it, the backward reads it
+  float *lse_out, *rowdot;                // rowdot: flash_rowdot writes it, the backward reads it
   uint8_t* bits_out;                      // the keep bits (forward, with dropout)
   int64_t batch, heads, tq, tk, groups4;  // groups4: bytes of keep bits a row, ceil(Tk / 4)
   int64_t bias_sh, bias_si, bias_sj;
@@ -68,7 +70,6 @@ struct Args {
   uint32_t threshold;
   bool drop;
   PhiloxState state;
-  int64_t per_group;
 };
 
 template <class T>
@@ -84,15 +85,30 @@ __device__ inline float warp_sum(float v) {
 
 // The logit of element (b, h, i, j) from its product s = q_i . k_j: -inf outside the problem or
 // for a masked key.
+// The bias term of element (h, i, j) inside the problem (0 without a bias or outside).
 template <class T>
-__device__ inline float logit(const Args<T>& a, int64_t b, int64_t h, int64_t i, int64_t j,
-                              float s) {
+__device__ inline float bias_at(const Args<T>& a, int64_t h, int64_t i, int64_t j) {
+  if (i >= a.tq || j >= a.tk) return 0.0f;
+  if (a.bias) return to_acc(a.bias[h * a.bias_sh + i * a.bias_si + j * a.bias_sj]);
+  if (a.bias32) return a.bias32[h * a.bias_sh + i * a.bias_si + j * a.bias_sj];
+  return 0.0f;
+}
+
+// ... with the bias term given (bias_at's).
+template <class T>
+__device__ inline float logit_with(const Args<T>& a, int64_t b, int64_t i, int64_t j, float s,
+                                   float bias) {
   if (i >= a.tq || j >= a.tk) return -INFINITY;
   if (a.mask && a.mask[b * a.tk + j] == 0.0f) return -INFINITY;
   float x = s * a.scale;
-  if (a.bias) x += to_acc(a.bias[h * a.bias_sh + i * a.bias_si + j * a.bias_sj]);
-  if (a.bias32) x += a.bias32[h * a.bias_sh + i * a.bias_si + j * a.bias_sj];
+  if (a.bias || a.bias32) x += bias;
   return x;
+}
+
+template <class T>
+__device__ inline float logit(const Args<T>& a, int64_t b, int64_t h, int64_t i, int64_t j,
+                              float s) {
+  return logit_with(a, b, i, j, s, bias_at(a, h, i, j));
 }
 
 // The dropout factor of element (bh, i, j) in the backward: from the forward's keep bits.
@@ -331,12 +347,19 @@ struct Grad {
   float pd, ds;
 };
 template <class T>
-__device__ inline Grad element_grad(const Args<T>& a, int64_t b, int64_t h, int64_t bh, int64_t i,
-                                    int64_t j, float s, float dpd, float lse_i, float rowdot_i) {
-  const float x = logit(a, b, h, i, j, s);
+__device__ inline Grad element_grad_with(const Args<T>& a, int64_t b, int64_t bh, int64_t i,
+                                         int64_t j, float s, float dpd, float lse_i, float rowdot_i,
+                                         float bias) {
+  const float x = logit_with(a, b, i, j, s, bias);
   const float p = (x == -INFINITY || lse_i == INFINITY) ? 0.0f : expf(x - lse_i);
   const float kf = p != 0.0f ? keep_factor(a, bh, i, j) : 0.0f;
   return {p * kf, p * (dpd * kf - rowdot_i)};
+}
+
+template <class T>
+__device__ inline Grad element_grad(const Args<T>& a, int64_t b, int64_t h, int64_t bh, int64_t i,
+                                    int64_t j, float s, float dpd, float lse_i, float rowdot_i) {
+  return element_grad_with(a, b, bh, i, j, s, dpd, lse_i, rowdot_i, bias_at(a, h, i, j));
 }
 
 template <int D, class T>
@@ -397,7 +420,10 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv(Args<T> a) {
       products_t<T, ND>(fk, raw_ptr(sQ) + sub * 16 * LDK, fv, raw_ptr(sdO) + sub * 16 * LDK, LDK,
                         sS, sT);
       for (int e = lane; e < 256; e += kWarpSize) {
-        const int r = e / 16, c = e % 16;  // key r, query c
+        // key r, query c: a half-warp's lanes take 16 consecutive keys of one query, so the
+        // bias, mask and keep-bit loads of a row are contiguous (lanes along the queries read 16
+        // rows Tk apart); the shared tiles' strided reads cost a few bank conflicts instead
+        const int r = e % 16, c = e / 16;
         const int qi = sub * 16 + c;
         const Grad g = element_grad(a, b, h, bh, i0 + qi, j0 + r, float(sS[r * kLdT + c]),
                                     float(sT[r * kLdT + c]), float(sL[qi]), float(sD[qi]));
@@ -439,7 +465,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
   constexpr int D = ND * 16, LDK = D + 8;
   ENGINE_DYNAMIC_SHARED(unsigned char, smem);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int64_t h = blockIdx.y, g = blockIdx.z;
+  const int64_t h = blockIdx.y, b = blockIdx.z, bh = b * a.heads + h;
   const int64_t i0 = int64_t(blockIdx.x) * kTile + warp * 16;
   const bool active = i0 < a.tq;
   const size_t o_k = 0, o_v = o_k + kTile * LDK * sizeof(T);
@@ -454,14 +480,104 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
              sdS = smem_region<T>(smem, o_ds);
   const auto sS = smem_region<float>(smem, o_s), sT = smem_region<float>(smem, o_t),
              sL = smem_region<float>(smem, o_l), sD = smem_region<float>(smem, o_d);
-  const int64_t b_first = g * a.per_group;
-  const int64_t b_end = b_first + a.per_group < a.batch ? b_first + a.per_group : a.batch;
-  for (int64_t b = b_first; b < b_end; ++b) {
+  FragA<T> fq[ND], fdo[ND];
+  FragC dq[ND];
+  if (active) {
+    stage_warp_pair<T, D>(smem, o_q, a.q + at(a.lq, b, h), a.lq.st, o_do, a.dout + at(a.ldo, b, h),
+                          a.ldo.st, LDK, i0, a.tq, lane);
+    if (lane < 16) {
+      const bool in = i0 + lane < a.tq;
+      sL[lane] = in ? a.lse[bh * a.tq + i0 + lane] : INFINITY;
+      sD[lane] = in ? a.rowdot[bh * a.tq + i0 + lane] : 0.0f;
+    }
+    __syncwarp();
+    for (int kk = 0; kk < ND; ++kk) {
+      wmma::load_matrix_sync(fq[kk], raw_ptr(sQ) + kk * 16, LDK);
+      wmma::load_matrix_sync(fdo[kk], raw_ptr(sdO) + kk * 16, LDK);
+      wmma::fill_fragment(dq[kk], 0.0f);
+    }
+  }
+  for (int64_t j0 = 0; j0 < a.tk; j0 += kTile) {
+    __syncthreads();
+    stage_block_pair<T, D>(smem, o_k, a.k + at(a.lk, b, h), a.lk.st, o_v, a.v + at(a.lv, b, h),
+                           a.lv.st, LDK, j0, a.tk);
+    __syncthreads();
+    if (!active) continue;
+    for (int sub = 0; sub < kTile / 16 && j0 + sub * 16 < a.tk; ++sub) {
+      // S = Q_w K_sub^T and dP_d = dO_w V_sub^T (16 queries x 16 keys).
+      products_t<T, ND>(fq, raw_ptr(sK) + sub * 16 * LDK, fdo, raw_ptr(sV) + sub * 16 * LDK, LDK,
+                        sS, sT);
+      for (int e = lane; e < 256; e += kWarpSize) {
+        const int r = e / 16, c = e % 16;  // query r, key c
+        const int64_t i = i0 + r, j = j0 + sub * 16 + c;
+        const Grad gr = element_grad(a, b, h, bh, i, j, float(sS[r * kLdT + c]),
+                                     float(sT[r * kLdT + c]), float(sL[r]), float(sD[r]));
+        sdS[r * kLdH + c] = from_acc<T>(gr.ds);
+      }
+      __syncwarp();
+      // dQ += dS K_sub.
+      FragA<T> fds;
+      wmma::load_matrix_sync(fds, raw_ptr(sdS), kLdH);
+      for (int nd = 0; nd < ND; ++nd) {
+        FragB<T, wmma::row_major> fb;
+        wmma::load_matrix_sync(fb, raw_ptr(sK) + sub * 16 * LDK + nd * 16, LDK);
+        wmma::mma_sync(dq[nd], fds, fb, dq[nd]);
+      }
+      __syncwarp();
+    }
+  }
+  if (active)
+    for (int nd = 0; nd < ND; ++nd) {
+      for (int e = 0; e < dq[nd].num_elements; ++e) dq[nd].x[e] *= a.scale;
+      store_tile<T>(dq[nd], sS, a.dq + at(a.ldq, b, h), a.ldq.st, i0, a.tq, nd * 16, lane);
+    }
+}
+
+template <int D, class T>
+constexpr size_t bias_smem() {
+  constexpr size_t ldk = D + 8;
+  return 2 * kTile * ldk * sizeof(T) +
+         kWarps * (2 * 16 * ldk * sizeof(T) + 2 * 16 * kLdT * 4 + 2 * 64);
+}
+
+// dbias over the block's tile of (h, 64 queries, 64 keys), a warp 16 queries: for every batch
+// entry in order, S = Q_w K^T and dP_d = dO_w V^T made again and dS added into the lane's own
+// elements (registers: element e = lane + 32 t of 16-key sub-tile n, query e / 16, key e % 16);
+// written once at the end (accumulate: added to what dbias holds).
+template <class T, int ND>
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_bias(Args<T> a, float* dbias, bool accumulate) {
+  constexpr int D = ND * 16, LDK = D + 8, kSubs = kTile / 16, kPer = 256 / kWarpSize;
+  ENGINE_DYNAMIC_SHARED(unsigned char, smem);
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int64_t j0 = int64_t(blockIdx.x) * kTile, h = blockIdx.z;
+  const int64_t i0 = int64_t(blockIdx.y) * kTile + warp * 16;
+  const bool active = i0 < a.tq;
+  const size_t o_k = 0, o_v = o_k + kTile * LDK * sizeof(T);
+  const size_t o_q = o_v + kTile * LDK * sizeof(T) +
+                     warp * (2 * 16 * LDK * sizeof(T) + 2 * 16 * kLdT * 4 + 2 * 64);
+  const size_t o_do = o_q + 16 * LDK * sizeof(T), o_s = o_do + 16 * LDK * sizeof(T),
+               o_t = o_s + 16 * kLdT * 4, o_l = o_t + 16 * kLdT * 4, o_d = o_l + 64;
+  const auto sK = smem_region<T>(smem, o_k), sV = smem_region<T>(smem, o_v),
+             sQ = smem_region<T>(smem, o_q), sdO = smem_region<T>(smem, o_do);
+  const auto sS = smem_region<float>(smem, o_s), sT = smem_region<float>(smem, o_t),
+             sL = smem_region<float>(smem, o_l), sD = smem_region<float>(smem, o_d);
+  // The lane's sums, and its elements' bias terms (the same for every entry: read once).
+  float acc[kSubs][kPer], bias[kSubs][kPer];
+#pragma unroll
+  for (int n = 0; n < kSubs; ++n)
+#pragma unroll
+    for (int t = 0; t < kPer; ++t) {
+      const int e = lane + kWarpSize * t;
+      acc[n][t] = 0.0f;
+      bias[n][t] = active ? bias_at(a, h, i0 + e / 16, j0 + n * 16 + e % 16) : 0.0f;
+    }
+  for (int64_t b = 0; b < a.batch; ++b) {
     const int64_t bh = b * a.heads + h;
-    FragA<T> fq[ND], fdo[ND];
-    FragC dq[ND];
+    __syncthreads();  // every warp is done with the previous entry's tiles
+    stage_block_pair<T, D>(smem, o_k, a.k + at(a.lk, b, h), a.lk.st, o_v, a.v + at(a.lv, b, h),
+                           a.lv.st, LDK, j0, a.tk);
     if (active) {
-      __syncwarp();  // the previous entry's tiles are read
       stage_warp_pair<T, D>(smem, o_q, a.q + at(a.lq, b, h), a.lq.st, o_do,
                             a.dout + at(a.ldo, b, h), a.ldo.st, LDK, i0, a.tq, lane);
       if (lane < 16) {
@@ -469,63 +585,42 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
         sL[lane] = in ? a.lse[bh * a.tq + i0 + lane] : INFINITY;
         sD[lane] = in ? a.rowdot[bh * a.tq + i0 + lane] : 0.0f;
       }
-      __syncwarp();
-      for (int kk = 0; kk < ND; ++kk) {
-        wmma::load_matrix_sync(fq[kk], raw_ptr(sQ) + kk * 16, LDK);
-        wmma::load_matrix_sync(fdo[kk], raw_ptr(sdO) + kk * 16, LDK);
-        wmma::fill_fragment(dq[kk], 0.0f);
-      }
     }
-    for (int64_t j0 = 0; j0 < a.tk; j0 += kTile) {
-      __syncthreads();
-      stage_block_pair<T, D>(smem, o_k, a.k + at(a.lk, b, h), a.lk.st, o_v, a.v + at(a.lv, b, h),
-                             a.lv.st, LDK, j0, a.tk);
-      __syncthreads();
-      if (!active) continue;
-      for (int sub = 0; sub < kTile / 16 && j0 + sub * 16 < a.tk; ++sub) {
-        // S = Q_w K_sub^T and dP_d = dO_w V_sub^T (16 queries x 16 keys).
-        products_t<T, ND>(fq, raw_ptr(sK) + sub * 16 * LDK, fdo, raw_ptr(sV) + sub * 16 * LDK, LDK,
-                          sS, sT);
-        for (int e = lane; e < 256; e += kWarpSize) {
-          const int r = e / 16, c = e % 16;  // query r, key c
-          const int64_t i = i0 + r, j = j0 + sub * 16 + c;
-          const Grad gr = element_grad(a, b, h, bh, i, j, float(sS[r * kLdT + c]),
-                                       float(sT[r * kLdT + c]), float(sL[r]), float(sD[r]));
-          sdS[r * kLdH + c] = from_acc<T>(gr.ds);
-          if (a.part && i < a.tq && j < a.tk) {
-            float* dst = a.part + ((g * a.heads + h) * a.tq + i) * a.tk + j;
-            *dst = (b == b_first ? 0.0f : *dst) + gr.ds;
-          }
-        }
-        __syncwarp();
-        // dQ += dS K_sub.
-        FragA<T> fds;
-        wmma::load_matrix_sync(fds, raw_ptr(sdS), kLdH);
-        for (int nd = 0; nd < ND; ++nd) {
-          FragB<T, wmma::row_major> fb;
-          wmma::load_matrix_sync(fb, raw_ptr(sK) + sub * 16 * LDK + nd * 16, LDK);
-          wmma::mma_sync(dq[nd], fds, fb, dq[nd]);
-        }
-        __syncwarp();
-      }
+    __syncthreads();
+    if (!active) continue;
+    FragA<T> fq[ND], fdo[ND];
+    for (int kk = 0; kk < ND; ++kk) {
+      wmma::load_matrix_sync(fq[kk], raw_ptr(sQ) + kk * 16, LDK);
+      wmma::load_matrix_sync(fdo[kk], raw_ptr(sdO) + kk * 16, LDK);
     }
-    if (active)
-      for (int nd = 0; nd < ND; ++nd) {
-        for (int e = 0; e < dq[nd].num_elements; ++e) dq[nd].x[e] *= a.scale;
-        store_tile<T>(dq[nd], sS, a.dq + at(a.ldq, b, h), a.ldq.st, i0, a.tq, nd * 16, lane);
+#pragma unroll
+    for (int n = 0; n < kSubs; ++n) {
+      if (j0 + n * 16 >= a.tk) break;
+      // S = Q_w K_n^T and dP_d = dO_w V_n^T (16 queries x 16 keys).
+      products_t<T, ND>(fq, raw_ptr(sK) + n * 16 * LDK, fdo, raw_ptr(sV) + n * 16 * LDK, LDK, sS,
+                        sT);
+#pragma unroll
+      for (int t = 0; t < kPer; ++t) {
+        const int e = lane + kWarpSize * t, r = e / 16, c = e % 16;
+        acc[n][t] +=
+            element_grad_with(a, b, bh, i0 + r, j0 + n * 16 + c, float(sS[r * kLdT + c]),
+                              float(sT[r * kLdT + c]), float(sL[r]), float(sD[r]), bias[n][t])
+                .ds;
       }
+      __syncwarp();  // the tiles are read before the next products overwrite them
+    }
   }
-}
-
-// dbias[e] = sum over groups g in order of part[g n + e] (accumulate: added to dbias[e]).
-__global__ void flash_bias_sum(const float* part, float* dbias, int64_t n, int64_t groups,
-                               bool accumulate) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
-    float s = 0.0f;
-    for (int64_t g = 0; g < groups; ++g) s += part[g * n + e];
-    dbias[e] = accumulate ? dbias[e] + s : s;
-  }
+  if (!active) return;
+#pragma unroll
+  for (int n = 0; n < kSubs; ++n)
+#pragma unroll
+    for (int t = 0; t < kPer; ++t) {
+      const int e = lane + kWarpSize * t, r = e / 16, c = e % 16;
+      const int64_t i = i0 + r, j = j0 + n * 16 + c;
+      if (i >= a.tq || j >= a.tk) continue;
+      float* dst = dbias + (h * a.tq + i) * a.tk + j;
+      *dst = accumulate ? *dst + acc[n][t] : acc[n][t];
+    }
 }
 
 // An operand's layout, checked against the kernels' contract (flash_attention_layout_fits).
@@ -640,7 +735,10 @@ void backward(const FlashAttentionBackward& t) {
     a.ldk = rows_of(t.dk, op, "dk");
     a.ldv = rows_of(t.dv, op, "dv");
     const int64_t bh = a.batch * a.heads, d = t.q.size(3);
-    if (bh == 0) return;
+    if (bh == 0) {
+      if (t.dbias.defined() && !t.accumulate_dbias) t.dbias.fill_(0.0);  // a sum over no entries
+      return;
+    }
     a.out = dptr<const T>(t.out);
     a.dout = dptr<const T>(t.dout);
     a.lse = t.lse.data<float>();
@@ -658,20 +756,6 @@ void backward(const FlashAttentionBackward& t) {
                              dim3(kThreads), 0, stream};
       ENGINE_LAUNCH(flash_rowdot<T>, cfg, a, bh * a.tq, static_cast<int>(d));
     }
-    // Groups of batch entries for backward_q: enough blocks to fill the GPU; each group its own
-    // partial of dbias.
-    const int64_t q_blocks = int64_t(tiles(a.tq)) * a.heads;
-    int64_t groups = t.batch_groups > 0  ? t.batch_groups
-                     : t.dbias.defined() ? (kTargetBlocks + q_blocks - 1) / q_blocks
-                                         : a.batch;
-    groups = groups < 1 ? 1 : (groups > a.batch ? a.batch : groups);
-    a.per_group = (a.batch + groups - 1) / groups;
-    groups = (a.batch + a.per_group - 1) / a.per_group;  // none empty
-    Tensor part;
-    if (t.dbias.defined() && a.tq > 0 && a.tk > 0) {
-      part = Tensor::empty(Shape{groups * a.heads * a.tq * a.tk}, DType::f32, t.q.device());
-      a.part = part.data<float>();
-    }
     dispatch_width(d, "flash_attention_backward", [&]<int ND>() {
       if (a.tk > 0) {
         constexpr size_t smem = kv_smem<ND * 16, T>();
@@ -684,19 +768,19 @@ void backward(const FlashAttentionBackward& t) {
         constexpr size_t smem = q_smem<ND * 16, T>();
         allow_smem(flash_backward_q<T, ND>, smem);
         const LaunchConfig cfg{
-            dim3(tiles(a.tq), static_cast<unsigned>(a.heads), static_cast<unsigned>(groups)),
+            dim3(tiles(a.tq), static_cast<unsigned>(a.heads), static_cast<unsigned>(a.batch)),
             dim3(kThreads), smem, stream};
         ENGINE_LAUNCH((flash_backward_q<T, ND>), cfg, a);
       }
+      if (t.dbias.defined() && a.tq > 0 && a.tk > 0) {
+        constexpr size_t smem = bias_smem<ND * 16, T>();
+        allow_smem(flash_backward_bias<T, ND>, smem);
+        const LaunchConfig cfg{dim3(tiles(a.tk), tiles(a.tq), static_cast<unsigned>(a.heads)),
+                               dim3(kThreads), smem, stream};
+        ENGINE_LAUNCH((flash_backward_bias<T, ND>), cfg, a, t.dbias.data<float>(),
+                      t.accumulate_dbias);
+      }
     });
-    if (t.dbias.defined()) {
-      const int64_t n = a.heads * a.tq * a.tk;
-      if (n == 0) return;
-      const int64_t blocks = (n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096;
-      const LaunchConfig cfg{dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream};
-      ENGINE_LAUNCH(flash_bias_sum, cfg, a.part, t.dbias.data<float>(), n, groups,
-                    t.accumulate_dbias);
-    }
   });
 }
 

@@ -1,10 +1,11 @@
 // Fused ("flash") attention kernels: the whole of
 //   out = dropout(softmax(scale * q k^T + bias, key_mask)) v
-// in one launch forward and three backward, without the (B, H, Tq, Tk) scores, probabilities or
-// dropout mask in memory. The forward keeps one number per query row, the log-sum-exp of its
-// logits; the backward makes every tile of probabilities again from it. The attention op
-// (ops/attention.h) takes this path where a backend has it and flash_attention_fits() holds, and
-// the unfused kernels (two GEMMs around attention_softmax) otherwise: they stay its reference.
+// in one launch forward and three backward (four with the bias's gradient), without the
+// (B, H, Tq, Tk) scores, probabilities or dropout mask in memory. The forward keeps one number per
+// query row, the log-sum-exp of its logits; the backward makes every tile of probabilities again
+// from it. The attention op (ops/attention.h) takes this path where a backend has it and
+// flash_attention_fits() holds, and the unfused kernels (two GEMMs around attention_softmax)
+// otherwise: they stay its reference.
 //
 // The same mask as the unfused path: element (b, h, i, j) is stream element
 // ((b H + h) Tq + i) Tk + j, kept iff attention_keep(state, e, attention_dropout_threshold(p))
@@ -57,10 +58,6 @@ struct FlashAttentionBackward {
   PhiloxState state;
   Tensor dq, dk, dv, dbias;
   bool accumulate_dbias = false;
-  // Groups the batch is split into for dbias (each group's entries summed in order into its own
-  // partial, the partials then in group order): 0 lets the backend choose (enough work to fill
-  // the device); tests set it to cover groups of several entries.
-  int64_t batch_groups = 0;
 };
 inline Kernel<void(const FlashAttentionBackward&)> flash_attention_backward_kernel{
     "flash_attention_backward"};
