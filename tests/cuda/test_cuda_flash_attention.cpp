@@ -226,6 +226,29 @@ TEST_CASE("flash attention kernels match the CPU's formulas: outputs, log-sum-ex
   check_kernels(Case{2, 2, 37, 70, 64, 0.2, true, true, false, true, true}, DType::f16);
 }
 
+TEST_CASE("flash attention's bias gradient over an empty batch is zero, or what it held",
+          "[cuda]") {
+  const DType dt = DType::bf16;
+  FlashAttentionBackward bw;
+  bw.q = Tensor::zeros({0, 2, 16, 32}, dt, kGpu);
+  bw.k = bw.q;
+  bw.v = bw.q;
+  bw.out = bw.q;
+  bw.dout = bw.q;
+  bw.lse = Tensor::zeros({0, 2, 16}, DType::f32, kGpu);
+  bw.bias = Tensor::zeros({2, 16, 16}, DType::f32, kGpu);
+  bw.dq = Tensor::zeros({0, 2, 16, 32}, dt, kGpu);
+  bw.dk = bw.dq;
+  bw.dv = bw.dq;
+  bw.dbias = Tensor::full({2, 16, 16}, 5.0, DType::f32, kGpu);
+  flash_attention_backward_kernel(kGpu, bw);
+  require_equal(bw.dbias, Tensor::zeros({2, 16, 16}, DType::f32, kGpu));
+  bw.dbias = Tensor::full({2, 16, 16}, 5.0, DType::f32, kGpu);
+  bw.accumulate_dbias = true;  // nothing added
+  flash_attention_backward_kernel(kGpu, bw);
+  require_equal(bw.dbias, Tensor::full({2, 16, 16}, 5.0, DType::f32, kGpu));
+}
+
 TEST_CASE("flash attention kernels refuse layouts their vector loads cannot take", "[cuda]") {
   Generator g(74);
   const DType dt = DType::bf16;
