@@ -370,6 +370,9 @@ class Model:
             best = min(self.gemm.items(), key=lambda kv: abs(math.log(max(1.0, gemm_flops(kv[0]))) -
                                                              math.log(max(1.0, flops))))
             t = best[1] * flops / max(1.0, gemm_flops(best[0]))
+        # " bgrad" (cuBLASLt's bias-gradient epilogue: the sums over k of the operand its main
+        # loop streams anyway, m f32 values out) is assumed to cost nothing measurable until a GPU
+        # times it: the shape's measured time
         if " c_f32" in row["shape"] and key:  # C read and written in f32 instead of 16-bit once
             m, n, _, b = key[:4]
             t += 1e9 * (m * n * b * (8 - 2)) / (self.f["bw"]["vec"] * 1.0)

@@ -10,7 +10,10 @@
 // wrong answer), and otherwise enqueues the product on the stream: D = epilogue(alpha op(A) op(B)
 // + beta C), column-major, strided batches, f32 / bf16 / f16 inputs with f32 accumulation (f64
 // with f64; bf16 / f16 A and B may have f32 C and D), epilogues DEFAULT, BIAS, GELU, GELU_BIAS
-// (GELU in cuBLASLt's tanh form).
+// (GELU in cuBLASLt's tanh form) and the bias gradients BGRADA / BGRADB (the sums over k of
+// op(A)'s rows / op(B)'s columns written to the bias pointer in C's type, unbatched; with
+// EMU_CUBLASLT_NO_BGRAD=1 in the environment the shim refuses them, as a library without an
+// algorithm for them would, so that the engine's fallback runs too).
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -19,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -141,6 +145,7 @@ struct Problem {
   bool trans_a = false, trans_b = false;
   bool f64 = false;
   bool bias = false;
+  char bgrad = 0;  // 'A' or 'B': a bias-gradient epilogue
   Act act = Act::none;
   const void* bias_ptr = nullptr;
   cudaDataType_t bias_type{};
@@ -228,9 +233,19 @@ bool parse(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLay
       p.bias = true;
       p.act = Act::gelu_tanh;
       break;
+    case CUBLASLT_EPILOGUE_BGRADA:
+    case CUBLASLT_EPILOGUE_BGRADB: {
+      const char* off = std::getenv("EMU_CUBLASLT_NO_BGRAD");
+      if (off && std::string(off) == "1") {
+        why = "a bias-gradient epilogue (EMU_CUBLASLT_NO_BGRAD=1)";
+        return false;
+      }
+      p.bgrad = epilogue == CUBLASLT_EPILOGUE_BGRADA ? 'A' : 'B';
+      break;
+    }
     default:
       why = "epilogue " + std::to_string(epilogue) +
-            " (the shim takes DEFAULT, BIAS, GELU, GELU_BIAS)";
+            " (the shim takes DEFAULT, BIAS, GELU, GELU_BIAS, BGRADA, BGRADB)";
       return false;
   }
   if (!read_layout(la, "A", p.a, why) || !read_layout(lb, "B", p.b, why) ||
@@ -248,6 +263,24 @@ bool parse(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLay
   if (f32_out && (p.bias || p.act != Act::none)) {
     why = "an epilogue with 16-bit A and B and an f32 C";
     return false;
+  }
+  if (p.bgrad) {
+    // The gradient's elements are C's type (cuBLASLt's contract).
+    const cudaDataType_t want = p.c.type;
+    if (bias_type != -1 && static_cast<cudaDataType_t>(bias_type) != want) {
+      why = std::string("bias-gradient data type ") +
+            type_name(static_cast<cudaDataType_t>(bias_type)) + " with a " + type_name(want) + " C";
+      return false;
+    }
+    p.bias_type = want;
+    if (!p.bias_ptr) {
+      why = "a bias-gradient epilogue without CUBLASLT_MATMUL_DESC_BIAS_POINTER";
+      return false;
+    }
+    if (p.a.batch != 1) {
+      why = "a bias-gradient epilogue on a batched product";
+      return false;
+    }
   }
   p.f64 = t == CUDA_R_64F;
   const bool types_ok = p.f64 ? compute == CUBLAS_COMPUTE_64F && scale == CUDA_R_64F
@@ -375,6 +408,20 @@ void compute(const Problem& p, S alpha, S beta, const void* A, const void* B, co
           st(D, p.d.type, di, v);
       }
     }
+    // The bias gradient: sums over k of op(A)'s rows (m) or op(B)'s columns (n), in k order.
+    if (p.bgrad) {
+      const bool on_a = p.bgrad == 'A';
+      const uint64_t count = on_a ? p.m : p.n;
+      for (uint64_t r = 0; r < count; ++r) {
+        const S* row = on_a ? &opa[r * p.k] : &opb[r * p.k];
+        S s = 0;
+        for (uint64_t l = 0; l < p.k; ++l) s += row[l];
+        if constexpr (std::is_same_v<S, double>)
+          static_cast<double*>(const_cast<void*>(p.bias_ptr))[r] = s;
+        else
+          st(const_cast<void*>(p.bias_ptr), p.bias_type, r, s);
+      }
+    }
   }
 }
 
@@ -458,6 +505,9 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(
         }
         if (p.bias && !emu::is_device_range(p.bias_ptr, p.m * type_size(p.bias_type)))
           throw emu::Fault{"cublasLtMatmul: the bias is not device memory"};
+        if (p.bgrad && !emu::is_device_range(p.bias_ptr,
+                                             (p.bgrad == 'A' ? p.m : p.n) * type_size(p.bias_type)))
+          throw emu::Fault{"cublasLtMatmul: the bias gradient is not device memory"};
         if (p.f64)
           compute<double>(p, al, be, A, B, C, D);
         else

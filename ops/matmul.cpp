@@ -192,6 +192,7 @@ struct LinearNode : Node {
            make_view(dst, {g2.size(0), weight.size(1)}, {weight.size(1), 1}, dst.storage_offset()),
            1.0, sink ? 1.0 : 0.0);
     }
+    bool bias_done = false;
     if (needs_input_grad(1)) {
       // (out, in) = dY^T X over all rows; added straight into the weight's .grad (beta 1) when the
       // engine offers it: the tied embeddings' 15.6 MB dE of the tiny model then costs no second
@@ -199,13 +200,23 @@ struct LinearNode : Node {
       if (const Tensor* sink = grad_sink(1, dt)) {
         gemm(g2, true, rows_of(x), false, *sink, 1.0, 1.0);
       } else if (const Tensor* f32 = grad_sink_f32(1)) {
-        gemm(g2, true, rows_of(x), false, *f32, 1.0, 1.0);  // 16-bit product added in f32
+        // 16-bit product added in f32; on a device the bias's gradient (the column sums of dY)
+        // comes from the same GEMM's epilogue when both go to f32 .grads (no pass over dY of
+        // its own)
+        const Tensor* f32b = needs_input_grad(2) && !dev.is_cpu() ? grad_sink_f32(2) : nullptr;
+        if (f32b) {
+          gemm(g2.contiguous(), true, rows_of(x), false, *f32, 1.0, 1.0, GemmEpilogue::bias_grad,
+               *f32b);
+          bias_done = true;
+        } else {
+          gemm(g2, true, rows_of(x), false, *f32, 1.0, 1.0);
+        }
       } else {
         gw = Tensor::empty(inputs[1].shape, dt, dev);
         gemm(g2, true, rows_of(x), false, gw);
       }
     }
-    if (needs_input_grad(2)) {
+    if (needs_input_grad(2) && !bias_done) {
       // (out): column sums of dY; added in f32 straight into the f32 .grad behind autocast's
       // cast of the bias when the engine offers it (no 16-bit gradient, no separate add).
       if (const Tensor* f32 = grad_sink_f32(2))
@@ -272,9 +283,21 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
   check_layout(lc, c, "c");
 
   const bool with_bias = epilogue == GemmEpilogue::bias || epilogue == GemmEpilogue::bias_gelu_tanh;
-  ENGINE_CHECK(!c_f32 || epilogue == GemmEpilogue::none,
+  const bool bias_grad = epilogue == GemmEpilogue::bias_grad;
+  ENGINE_CHECK(!c_f32 || epilogue == GemmEpilogue::none || bias_grad,
                "[gemm] an epilogue with 16-bit a and b into an f32 c is not supported");
-  if (with_bias) {
+  if (bias_grad) {
+    ENGINE_CHECK(trans_a && a.dim() == 2 && a.is_contiguous() && c.dim() == 2,
+                 "[gemm] the bias_grad epilogue takes a contiguous 2-D a read transposed and a 2-D "
+                 "c, got a ",
+                 describe(a), trans_a ? " transposed" : "", ", c ", describe(c));
+    ENGINE_CHECK(bias.defined() && bias.dim() == 1 && bias.size(0) == m && bias.is_contiguous() &&
+                     bias.dtype() == DType::f32 && bias.device() == c.device(),
+                 "[gemm] the bias_grad epilogue adds into a contiguous (", m,
+                 ") f32 tensor on c's "
+                 "device, got ",
+                 describe(bias), " for c ", describe(c));
+  } else if (with_bias) {
     ENGINE_CHECK(bias.defined() && bias.dim() == 1 && bias.size(0) == n && bias.is_contiguous() &&
                      bias.dtype() == c.dtype() && bias.device() == c.device(),
                  "[gemm] the bias epilogue needs a contiguous (", n,
@@ -293,6 +316,19 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
   GemmArgs g;
   g.epilogue = epilogue;
   g.bias = with_bias ? bias.raw_data() : nullptr;
+  // bias_grad: the sums go to a scratch the kernel writes (cuBLASLt's epilogue writes, it does
+  // not add), then into `bias`; a backend without the epilogue leaves them to column_sums_add.
+  bool bias_grad_done = false;
+  Tensor scratch;
+  if (bias_grad) {
+    if (c.device().is_cpu()) {
+      g.epilogue = GemmEpilogue::none;
+    } else {
+      scratch = Tensor::empty(Shape{m}, DType::f32, c.device());
+      g.bias = scratch.raw_data();
+      g.bias_grad_done = &bias_grad_done;
+    }
+  }
   g.k = k;
   g.batch = batch;
   g.alpha = alpha;
@@ -316,6 +352,12 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
     g.b = a.raw_data(), g.ldb = la.ld, g.stride_b = sa, g.trans_b = !ta;
   }
   gemm_kernel(c.device(), g);
+  if (bias_grad) {
+    if (bias_grad_done)
+      bias.add_(scratch);
+    else  // a is (k, m): the sums of op(a)'s rows are its column sums
+      column_sums_add_kernel(c.device(), a.device().is_cpu() ? a.to(DType::f32) : a, bias);
+  }
 }
 
 void add_work_cost(WorkCost& cost, const GemmArgs& g) {
@@ -327,11 +369,12 @@ void add_work_cost(WorkCost& cost, const GemmArgs& g) {
       ec * double(g.batch) * double(g.m * g.n) * (g.beta != 0.0 ? 2 : 1);
   cost.flops += 2.0 * double(g.batch) * double(g.m) * double(g.n) * double(g.k);
   if (!cost.shape.empty()) cost.shape += " ";
-  cost.shape += "m" + std::to_string(g.m) + " n" + std::to_string(g.n) + " k" +
-                std::to_string(g.k) + " batch" + std::to_string(g.batch) + " " +
-                std::string(dtype_name(g.dtype)) + (g.c_f32 ? " c_f32" : "") +
-                (g.trans_a ? " Ta" : "") + (g.trans_b ? " Tb" : "") +
-                (g.beta != 0.0 ? " beta" : "");
+  if (g.epilogue == GemmEpilogue::bias_grad) cost.bytes += 4.0 * double(g.m);  // the sums
+  cost.shape +=
+      "m" + std::to_string(g.m) + " n" + std::to_string(g.n) + " k" + std::to_string(g.k) +
+      " batch" + std::to_string(g.batch) + " " + std::string(dtype_name(g.dtype)) +
+      (g.c_f32 ? " c_f32" : "") + (g.trans_a ? " Ta" : "") + (g.trans_b ? " Tb" : "") +
+      (g.beta != 0.0 ? " beta" : "") + (g.epilogue == GemmEpilogue::bias_grad ? " bgrad" : "");
 }
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {

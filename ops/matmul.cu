@@ -54,6 +54,10 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
       return CUBLASLT_EPILOGUE_GELU;
     case GemmEpilogue::bias_gelu_tanh:
       return CUBLASLT_EPILOGUE_GELU_BIAS;
+    case GemmEpilogue::bias_grad:
+      // cuBLASLt's B is our A (see the top of the file): the sums over k of its op, one per
+      // column of its column-major D, i.e. one per row of our C
+      return CUBLASLT_EPILOGUE_BGRADB;
   }
   ENGINE_FAIL("[gemm] unknown epilogue ", static_cast<int>(e));
 }
@@ -120,8 +124,23 @@ void gemm(const GemmArgs& g) {
       cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   ENGINE_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  const cublasLtEpilogue_t epi = lt_epilogue(g.epilogue);
-  if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
+  // The bias gradient's elements are C's type (cuBLASLt's contract): f32 sums need an f32 C;
+  // otherwise they are left to the caller (bias_grad_done stays false).
+  const bool bias_grad =
+      g.epilogue == GemmEpilogue::bias_grad && (g.c_f32 || g.dtype == DType::f32) && g.batch == 1;
+  const cublasLtEpilogue_t epi = g.epilogue == GemmEpilogue::bias_grad && !bias_grad
+                                     ? CUBLASLT_EPILOGUE_DEFAULT
+                                     : lt_epilogue(g.epilogue);
+  if (bias_grad) {
+    ENGINE_CHECK(g.bias, "[gemm] a bias-gradient epilogue without a bias pointer");
+    ENGINE_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    ENGINE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                       &g.bias, sizeof g.bias));
+    const cudaDataType_t bias_type = CUDA_R_32F;
+    ENGINE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                       &bias_type, sizeof bias_type));
+  } else if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
     ENGINE_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     if (g.epilogue == GemmEpilogue::bias || g.epilogue == GemmEpilogue::bias_gelu_tanh) {
@@ -157,8 +176,26 @@ void gemm(const GemmArgs& g) {
 
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  ENGINE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1,
-                                                     &heuristic, &found));
+  if (bias_grad) {
+    // No algorithm with the bias-gradient epilogue for this problem (cuBLASLt answers
+    // NOT_SUPPORTED or none): the product alone, the sums left to the caller.
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.op, d.a, d.b, d.c, d.c,
+                                                             d.pref, 1, &heuristic, &found);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+      found = 0;
+      const cublasLtEpilogue_t none = CUBLASLT_EPILOGUE_DEFAULT;
+      ENGINE_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &none, sizeof none));
+      const void* no_bias = nullptr;
+      ENGINE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                         &no_bias, sizeof no_bias));
+    } else if (g.bias_grad_done) {
+      *g.bias_grad_done = true;
+    }
+  }
+  if (found == 0)
+    ENGINE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1,
+                                                       &heuristic, &found));
   ENGINE_CHECK(found > 0, "[gemm] cuBLASLt has no algorithm for ", g.m, "x", g.n, "x", g.k,
                " (batch ", g.batch, ", ", dtype_name(g.dtype), ", lda ", g.lda, ", ldb ", g.ldb,
                ", ldc ", g.ldc, ", ", elem, "-byte elements)");

@@ -27,8 +27,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // item of c. Each operand needs stride 1 in its last dim (row-major) or its second-last dim (a
 // transposed view) and a single batch stride; c must not alias a or b. With beta == 0, c is
 // not read (it may hold garbage). a, b and c share a dtype, except that bf16 / f16 a and b may
-// write an f32 c (on CUDA, without an epilogue: f32 accumulation stored in f32). With a bias
-// epilogue, `bias` is a contiguous (n) tensor of c's dtype and device, and c must be row-major.
+// write an f32 c (on CUDA, without an epilogue but bias_grad: f32 accumulation stored in f32).
+// With a bias epilogue, `bias` is a contiguous (n) tensor of c's dtype and device, and c must be
+// row-major. With bias_grad (a linear's weight and bias gradients at once: a = dY read
+// transposed, 2-D and contiguous), `bias` is a contiguous (m) f32 tensor on c's device into
+// which the sums of op(a)'s rows (dY's column sums) are added: from the GEMM's epilogue where
+// cuBLASLt has one for the problem, by column_sums_add otherwise (and on the CPU).
 // Throws "[gemm] ..." for anything else.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           double alpha = 1.0, double beta = 0.0, GemmEpilogue epilogue = GemmEpilogue::none,

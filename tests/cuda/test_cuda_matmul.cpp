@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -208,6 +209,50 @@ TEST_CASE("under bf16 autocast a weight's gradient goes into its f32 .grad by th
     require_close(wd.grad(), wc.grad(), 0, 0, 1e-2);
     require_close(qd.grad(), qc.grad(), 0, 0, 1e-2);
   }
+}
+
+TEST_CASE("gemm's bias_grad epilogue adds op(a)'s row sums into an f32 tensor, fused or not",
+          "[cuda]") {
+  // dW += dY^T X and db += the column sums of dY in one GEMM (cuBLASLt's BGRADB epilogue, then
+  // one add into db), or, where the library has no algorithm for it (the shim refuses it with
+  // EMU_CUBLASLT_NO_BGRAD=1), the product alone and column_sums_add: the same values both ways,
+  // the CPU's in f32 on the bf16-rounded operands.
+  Generator g(31);
+  const Tensor dy = Tensor::randn({37, 24}, g), x = Tensor::randn({37, 20}, g);
+  const Tensor c0 = Tensor::randn({24, 20}, g), b0 = Tensor::randn({24}, g);
+  Tensor cw = c0.clone(), cb = b0.clone();
+  gemm(bf16_rounded(dy), true, bf16_rounded(x), false, cw, 1.0, 1.0, GemmEpilogue::bias_grad, cb);
+  require_close(cb, b0 + engine::sum(bf16_rounded(dy), {0}), 1e-5,
+                1e-5);  // the CPU: column_sums_add
+  for (const bool refuse : {false, true}) {
+    INFO((refuse ? "the library refuses the epilogue" : "fused"));
+    if (refuse) setenv("EMU_CUBLASLT_NO_BGRAD", "1", 1);
+    const Tensor c = c0.to(kGpu), b = b0.to(kGpu);
+    start_work_recording();
+    gemm(dy.to(DType::bf16).to(kGpu), true, x.to(DType::bf16).to(kGpu), false, c, 1.0, 1.0,
+         GemmEpilogue::bias_grad, b);
+    const std::vector<WorkRecord> work = stop_work_recording();
+    unsetenv("EMU_CUBLASLT_NO_BGRAD");
+    int sums = 0, adds = 0;
+    for (const WorkRecord& r : work) {
+      sums += r.op == "column_sums_add";
+      adds += r.op == "add_";
+      if (r.op == "gemm") CHECK(r.shape.find(" bgrad") != std::string::npos);  // asked for
+    }
+    CHECK(sums == (refuse ? 1 : 0));
+    CHECK(adds == (refuse ? 0 : 1));
+    require_close(c, cw, 1e-4, 1e-4);
+    require_close(b, cb, 1e-4, 1e-4);
+  }
+  // What it refuses: a not read transposed; a bias of another length or dtype.
+  const Tensor a16 = dy.to(DType::bf16).to(kGpu), x16 = x.to(DType::bf16).to(kGpu);
+  REQUIRE_THROWS_WITH(gemm(a16.transpose(0, 1).contiguous(), false, x16, false,
+                           Tensor::zeros({24, 20}, DType::f32, kGpu), 1.0, 1.0,
+                           GemmEpilogue::bias_grad, Tensor::zeros({24}, DType::f32, kGpu)),
+                      Catch::Contains("[gemm] the bias_grad epilogue takes"));
+  REQUIRE_THROWS_WITH(gemm(a16, true, x16, false, Tensor::zeros({24, 20}, DType::f32, kGpu), 1.0,
+                           1.0, GemmEpilogue::bias_grad, Tensor::zeros({20}, DType::f32, kGpu)),
+                      Catch::Contains("(24) f32 tensor"));
 }
 
 TEST_CASE("under bf16 autocast parameters' gradients are added in f32 into their .grad by sums",

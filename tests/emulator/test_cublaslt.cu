@@ -4,6 +4,7 @@
 #include <cublasLt.h>
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <vector>
 
 #include "emu/runtime.h"
@@ -60,6 +61,36 @@ TEST_CASE("the cuBLASLt shim computes from the real descriptors", "[emulator]") 
   REQUIRE(c.run() == CUBLAS_STATUS_SUCCESS);
   // A = [1 3 5; 2 4 6], B = [1 0; 0 1; 1 1] (column-major): D = [6 8; 8 10].
   REQUIRE(c.result() == std::vector<float>{6, 8, 8, 10});
+}
+
+TEST_CASE("the cuBLASLt shim's bias-gradient epilogues: the sums over k of op(A) or op(B)",
+          "[emulator]") {
+  for (const cublasLtEpilogue_t e : {CUBLASLT_EPILOGUE_BGRADA, CUBLASLT_EPILOGUE_BGRADB}) {
+    Case c;
+    float* grad = nullptr;
+    REQUIRE(cudaMalloc(&grad, 2 * sizeof(float)) == cudaSuccess);
+    REQUIRE(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof e) ==
+            CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &grad,
+                                           sizeof grad) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(c.run() == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(c.result() == std::vector<float>{6, 8, 8, 10});  // the product as without it
+    std::vector<float> got(2);
+    REQUIRE(cudaMemcpy(got.data(), grad, 8, cudaMemcpyDeviceToHost) == cudaSuccess);
+    // A = [1 3 5; 2 4 6]: its rows sum to 9, 12; B = [1 0; 0 1; 1 1]: its columns to 2, 2.
+    REQUIRE(got ==
+            (e == CUBLASLT_EPILOGUE_BGRADA ? std::vector<float>{9, 12} : std::vector<float>{2, 2}));
+    // Refused when the environment asks it to (the engine's fallback is tested with it).
+    setenv("EMU_CUBLASLT_NO_BGRAD", "1", 1);
+    REQUIRE(c.run() == CUBLAS_STATUS_NOT_SUPPORTED);
+    unsetenv("EMU_CUBLASLT_NO_BGRAD");
+    // A bias-gradient type other than C's.
+    const cudaDataType_t bf16 = CUDA_R_16BF;
+    REQUIRE(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bf16,
+                                           sizeof bf16) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(c.run() == CUBLAS_STATUS_NOT_SUPPORTED);
+    cudaFree(grad);
+  }
 }
 
 TEST_CASE("the cuBLASLt shim refuses what it does not implement", "[emulator]") {
