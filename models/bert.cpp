@@ -30,6 +30,12 @@ Tensor Linear::forward_no_bias(const Tensor& x) const { return engine::linear(x,
 
 Tensor Linear::forward_gelu(const Tensor& x) const {
   if (!bias.defined()) return engine::gelu(engine::linear(x, weight));
+  // On a device under 16-bit autocast the bias rides the GEMMs both ways (the forward's BIAS
+  // epilogue; the weight gradient's GEMM sums its gradient, linear's bias_grad epilogue) and
+  // GELU's backward is elementwise; elsewhere bias_gelu sums the bias's gradient in the pass that
+  // makes GELU's (the same passes over the activations, no column sums of their own left).
+  if (!x.device().is_cpu() && engine::autocast_active())
+    return engine::gelu(engine::linear(x, weight, bias));
   return engine::bias_gelu(engine::linear(x, weight), bias);
 }
 

@@ -20,7 +20,9 @@ Tensor gelu(const Tensor& x);  // x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))
 // this. Forward reads x once and writes y; backward reads x and dy once, writes dx and sums the
 // bias gradient in the same pass (rows in fixed chunks: the same bits at any thread count).
 // Separately, the bias epilogue, gelu, gelu's backward and the bias's sum_to pass over the (rows,
-// n) activations 9 times; fused 6 (the GEMM's write included).
+// n) activations 9 times; fused 6 (the GEMM's write included). (Where the bias's gradient comes
+// from the weight gradient's GEMM -- gemm's bias_grad epilogue, a device under 16-bit autocast --
+// linear with its bias and gelu make 6 too, with no column sums: the model takes that there.)
 Tensor bias_gelu(const Tensor& x, const Tensor& bias);
 Tensor tanh(const Tensor& x);
 // Inside namespace engine these hide std::sin/std::cos for unqualified calls: kernels and other
