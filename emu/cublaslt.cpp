@@ -13,7 +13,8 @@
 // (GELU in cuBLASLt's tanh form) and the bias gradients BGRADA / BGRADB (the sums over k of
 // op(A)'s rows / op(B)'s columns written to the bias pointer in C's type, unbatched; with
 // EMU_CUBLASLT_NO_BGRAD=1 in the environment the shim refuses them, as a library without an
-// algorithm for them would, so that the engine's fallback runs too).
+// algorithm for them would, and with EMU_CUBLASLT_NO_BGRAD=matmul only in cublasLtMatmul, after
+// the heuristic offered one, so that both of the engine's fallbacks run too).
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -152,8 +153,10 @@ struct Problem {
   uint64_t m = 0, n = 0, k = 0;
 };
 
+// matmul: for cublasLtMatmul (false: the heuristic's query).
 bool parse(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
-           cublasLtMatrixLayout_t lc, cublasLtMatrixLayout_t ld, Problem& p, std::string& why) {
+           cublasLtMatrixLayout_t lc, cublasLtMatrixLayout_t ld, Problem& p, std::string& why,
+           bool matmul) {
   if (!op) {
     why = "the matmul descriptor is null";
     return false;
@@ -236,8 +239,8 @@ bool parse(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, cublasLtMatrixLay
     case CUBLASLT_EPILOGUE_BGRADA:
     case CUBLASLT_EPILOGUE_BGRADB: {
       const char* off = std::getenv("EMU_CUBLASLT_NO_BGRAD");
-      if (off && std::string(off) == "1") {
-        why = "a bias-gradient epilogue (EMU_CUBLASLT_NO_BGRAD=1)";
+      if (off && (std::string(off) == "1" || (matmul && std::string(off) == "matmul"))) {
+        why = std::string("a bias-gradient epilogue (EMU_CUBLASLT_NO_BGRAD=") + off + ")";
         return false;
       }
       p.bgrad = epilogue == CUBLASLT_EPILOGUE_BGRADA ? 'A' : 'B';
@@ -450,7 +453,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmulAlgoGetHeuristic(
   if (requested < 1 || !results || !returned || !preference) return CUBLAS_STATUS_INVALID_VALUE;
   Problem p;
   std::string why;
-  if (!parse(op, a, b, c, d, p, why)) {
+  if (!parse(op, a, b, c, d, p, why, false)) {
     *returned = 0;
     return refuse(why);
   }
@@ -471,7 +474,7 @@ cublasStatus_t CUBLASWINAPI cublasLtMatmul(
   if (!alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
   Problem p;
   std::string why;
-  if (!parse(op, a, b, c, d, p, why)) return refuse(why);
+  if (!parse(op, a, b, c, d, p, why, true)) return refuse(why);
   double al = 0, be = 0;
   if (p.f64) {
     std::memcpy(&al, alpha, sizeof al);

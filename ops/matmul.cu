@@ -176,39 +176,58 @@ void gemm(const GemmArgs& g) {
 
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  if (bias_grad) {
-    // No algorithm with the bias-gradient epilogue for this problem (cuBLASLt answers
-    // NOT_SUPPORTED or none): the product alone, the sums left to the caller.
+  // The bias-gradient epilogue dropped: the product alone, the sums left to the caller.
+  auto drop_bias_grad = [&] {
+    const cublasLtEpilogue_t none = CUBLASLT_EPILOGUE_DEFAULT;
+    ENGINE_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &none, sizeof none));
+    const void* no_bias = nullptr;
+    ENGINE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                       &no_bias, sizeof no_bias));
+    found = 0;
+  };
+  bool fused = bias_grad;
+  if (fused) {
+    // No algorithm with the epilogue for this problem (cuBLASLt answers NOT_SUPPORTED or none).
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.op, d.a, d.b, d.c, d.c,
                                                              d.pref, 1, &heuristic, &found);
     if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-      found = 0;
-      const cublasLtEpilogue_t none = CUBLASLT_EPILOGUE_DEFAULT;
-      ENGINE_CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &none, sizeof none));
-      const void* no_bias = nullptr;
-      ENGINE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                         &no_bias, sizeof no_bias));
-    } else if (g.bias_grad_done) {
-      *g.bias_grad_done = true;
+      drop_bias_grad();
+      fused = false;
     }
   }
-  if (found == 0)
-    ENGINE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1,
-                                                       &heuristic, &found));
-  ENGINE_CHECK(found > 0, "[gemm] cuBLASLt has no algorithm for ", g.m, "x", g.n, "x", g.k,
-               " (batch ", g.batch, ", ", dtype_name(g.dtype), ", lda ", g.lda, ", ldb ", g.ldb,
-               ", ldc ", g.ldc, ", ", elem, "-byte elements)");
+  auto choose = [&] {
+    if (found == 0)
+      ENGINE_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.op, d.a, d.b, d.c, d.c, d.pref,
+                                                         1, &heuristic, &found));
+    ENGINE_CHECK(found > 0, "[gemm] cuBLASLt has no algorithm for ", g.m, "x", g.n, "x", g.k,
+                 " (batch ", g.batch, ", ", dtype_name(g.dtype), ", lda ", g.lda, ", ldb ", g.ldb,
+                 ", ldc ", g.ldc, ", ", elem, "-byte elements)");
+  };
+  choose();
 
   const double alpha64 = g.alpha, beta64 = g.beta;
   const float alpha32 = static_cast<float>(g.alpha), beta32 = static_cast<float>(g.beta);
   const bool f64 = t.scale == CUDA_R_64F;
   // With beta == 0, C is not read (cuBLASLt's contract, as GemmArgs'): D = C in place.
+  auto run = [&] {
+    return cublasLtMatmul(ctx.lt, d.op, f64 ? static_cast<const void*>(&alpha64) : &alpha32, g.b,
+                          d.a, g.a, d.b, f64 ? static_cast<const void*>(&beta64) : &beta32, g.c,
+                          d.c, g.c, d.c, &heuristic.algo, ctx.lt_workspace, ctx.lt_workspace_bytes,
+                          stream);
+  };
   count_gemm();
-  ENGINE_CUBLAS_CHECK(
-      cublasLtMatmul(ctx.lt, d.op, f64 ? static_cast<const void*>(&alpha64) : &alpha32, g.b, d.a,
-                     g.a, d.b, f64 ? static_cast<const void*>(&beta64) : &beta32, g.c, d.c, g.c,
-                     d.c, &heuristic.algo, ctx.lt_workspace, ctx.lt_workspace_bytes, stream));
+  cublasStatus_t st = run();
+  if (fused && st == CUBLAS_STATUS_NOT_SUPPORTED) {
+    // The heuristic offered an algorithm the call then refused (nothing was enqueued): the
+    // product alone.
+    drop_bias_grad();
+    fused = false;
+    choose();
+    st = run();
+  }
+  ENGINE_CUBLAS_CHECK(st);
+  if (fused && g.bias_grad_done) *g.bias_grad_done = true;
 }
 
 }  // namespace

@@ -214,19 +214,21 @@ TEST_CASE("under bf16 autocast a weight's gradient goes into its f32 .grad by th
 TEST_CASE("gemm's bias_grad epilogue adds op(a)'s row sums into an f32 tensor, fused or not",
           "[cuda]") {
   // dW += dY^T X and db += the column sums of dY in one GEMM (cuBLASLt's BGRADB epilogue, then
-  // one add into db), or, where the library has no algorithm for it (the shim refuses it with
-  // EMU_CUBLASLT_NO_BGRAD=1), the product alone and column_sums_add: the same values both ways,
-  // the CPU's in f32 on the bf16-rounded operands.
+  // one add into db), or, where the library has no algorithm for it or its call refuses it (the
+  // shim, with EMU_CUBLASLT_NO_BGRAD=1 or =matmul), the product alone and column_sums_add: the
+  // same values every way, the CPU's in f32 on the bf16-rounded operands.
   Generator g(31);
   const Tensor dy = Tensor::randn({37, 24}, g), x = Tensor::randn({37, 20}, g);
   const Tensor c0 = Tensor::randn({24, 20}, g), b0 = Tensor::randn({24}, g);
   Tensor cw = c0.clone(), cb = b0.clone();
   gemm(bf16_rounded(dy), true, bf16_rounded(x), false, cw, 1.0, 1.0, GemmEpilogue::bias_grad, cb);
-  require_close(cb, b0 + engine::sum(bf16_rounded(dy), {0}), 1e-5,
-                1e-5);  // the CPU: column_sums_add
-  for (const bool refuse : {false, true}) {
-    INFO((refuse ? "the library refuses the epilogue" : "fused"));
-    if (refuse) setenv("EMU_CUBLASLT_NO_BGRAD", "1", 1);
+  // the CPU: column_sums_add
+  require_close(cb, b0 + engine::sum(bf16_rounded(dy), {0}), 1e-5, 1e-5);
+  for (const std::string mode : {"", "1", "matmul"}) {
+    // "1": no algorithm with the epilogue; "matmul": the heuristic offers one, the call refuses
+    const bool refuse = !mode.empty();
+    INFO((refuse ? "the library refuses the epilogue: " + mode : "fused"));
+    if (refuse) setenv("EMU_CUBLASLT_NO_BGRAD", mode.c_str(), 1);
     const Tensor c = c0.to(kGpu), b = b0.to(kGpu);
     start_work_recording();
     gemm(dy.to(DType::bf16).to(kGpu), true, x.to(DType::bf16).to(kGpu), false, c, 1.0, 1.0,
