@@ -187,7 +187,9 @@ def describe5(name, op_row, launch, n_main):
         elems = numel(q[:3]) * k[2]
         drawn = base == "flash_forward" and any(t[1] == "u8" for t in ts)
         nb = share
-        if base == "flash_backward_q" and "flash_bias_sum" in op_row.get("kernels", ""):
+        kernels = op_row.get("kernels", "")
+        if base == "flash_backward_q" and "flash_bias_sum" in kernels and \
+                "flash_backward_bias" not in kernels:
             # records before 2026-12-06: dS added into the group's f32 partial of dbias, read and
             # written once per batch entry (the group's first only written)
             groups = launch["blocks"] / max(1, math.ceil(q[2] / 64) * q[1])
@@ -196,7 +198,7 @@ def describe5(name, op_row, launch, n_main):
             elems / ATTENTION_DRAWS if drawn else 0
     if base == "cross_entropy_backward_vec":  # elementwise over (N, C), 16-byte vectors
         return "vec", share, 0, "simple", 0
-    if base in ("flash_rowdot", "flash_bias_sum"):  # (flash_bias_sum: records before 2026-12-06)
+    if base in ("flash_rowdot", "flash_bias_sum"):  # flash_bias_sum: the groups' partials of dbias
         return "vec", share, steps(share, 4), "simple", 0
     if base in ("softmax_forward_warp", "softmax_backward_warp"):
         philox = numel(ts[0][0]) / PHILOX_WORDS if op == "attention_softmax" and dropout_on(ts) else 0

@@ -16,12 +16,14 @@
 //   backward_kv  grid (Tk / 64, B H): each warp's 16 keys against every query tile: S^T and
 //                dP_d^T made again, dV += P_d^T dO and dK += dS^T Q in registers (fragments).
 //   backward_q   grid (Tq / 64, H, B): each warp's 16 queries: dQ += dS K.
-//   backward_bias (only for dbias) grid (Tk / 64, Tq / 64, H): each warp's 16 queries against
-//                the block's 64 keys, S and dP_d made again for every batch entry in order and dS
-//                summed in registers (each lane its own elements of the tile), dbias written once:
-//                no atomics, no partial in memory (a (G, H, Tq, Tk) f32 partial read and written
-//                once per batch entry moved 8 bytes per element of the scores: more than the
-//                forward's whole traffic at BERT-Large s512).
+//   backward_bias (only for dbias) grid (Tk / 64, Tq / 64, H G): each warp's 16 queries against
+//                the block's 64 keys, S and dP_d made again for every batch entry of its group in
+//                order and dS summed in registers (each lane its own elements of the tile), the
+//                sum written once. G groups of the batch only where the tiles alone are too few
+//                blocks to fill the GPU (G = 1 at BERT-Large s512: 1024 blocks; 6 at BERT-Base
+//                s128: 48 tiles); then each group's (H, Tq, Tk) f32 partial is written once and
+//   bias_sum     adds them in group order. No atomics. (A partial read and written once per batch
+//                entry, as before 2026-12-06, moved 8 bytes per element of the scores.)
 // The same bits on every run. The probabilities are rounded to the 16-bit type before their
 // products (as every flash kernel does), so results match the unfused path within that rounding.
 #include <cuda_runtime.h>
@@ -42,9 +44,12 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * kWarpSize;
-constexpr int kTile = 64;     // rows of a block (its warps' 16 each), and of a staged key tile
-constexpr int kLdT = 16 + 4;  // floats: a per-warp 16 x 16 product tile
-constexpr int kLdH = 16 + 8;  // 16-bit elements: a per-warp 16 x 16 operand tile
+constexpr int kTile = 64;  // rows of a block (its warps' 16 each), and of a staged key tile
+constexpr int64_t kTargetBlocks = 2 * 132;  // backward_bias: about two blocks for each of an
+                                            // H200's SMs (a constant: the same groups, the same
+                                            // bits, on every device)
+constexpr int kLdT = 16 + 4;                // floats: a per-warp 16 x 16 product tile
+constexpr int kLdH = 16 + 8;                // 16-bit elements: a per-warp 16 x 16 operand tile
 
 // A (B, H, T, D) operand's layout: element (b, h, t, d) at b sb + h sh + t st + d (the head
 // width contiguous; flash_attention_layout_fits). The heads' split and merge are views: q, k and
@@ -541,16 +546,21 @@ constexpr size_t bias_smem() {
 }
 
 // dbias over the block's tile of (h, 64 queries, 64 keys), a warp 16 queries: for every batch
-// entry in order, S = Q_w K^T and dP_d = dO_w V^T made again and dS added into the lane's own
-// elements (registers: element e = lane + 32 t of 16-key sub-tile n, query e / 16, key e % 16);
-// written once at the end (accumulate: added to what dbias holds).
+// entry of group g (entries [g per_group, (g + 1) per_group)) in order, S = Q_w K^T and
+// dP_d = dO_w V^T made again and dS added into the lane's own elements (registers: element
+// e = lane + 32 t of 16-key sub-tile n, query e / 16, key e % 16); written once at the end into
+// out + g H Tq Tk (accumulate: added to what it holds).
 template <class T, int ND>
 __global__ void __launch_bounds__(kThreads)
-    flash_backward_bias(Args<T> a, float* dbias, bool accumulate) {
+    flash_backward_bias(Args<T> a, float* out, int64_t per_group, bool accumulate) {
   constexpr int D = ND * 16, LDK = D + 8, kSubs = kTile / 16, kPer = 256 / kWarpSize;
   ENGINE_DYNAMIC_SHARED(unsigned char, smem);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int64_t j0 = int64_t(blockIdx.x) * kTile, h = blockIdx.z;
+  const int64_t j0 = int64_t(blockIdx.x) * kTile, h = blockIdx.z % a.heads,
+                g = blockIdx.z / a.heads;
+  const int64_t b_first = g * per_group,
+                b_end = b_first + per_group < a.batch ? b_first + per_group : a.batch;
+  float* dbias = out + g * a.heads * a.tq * a.tk;
   const int64_t i0 = int64_t(blockIdx.y) * kTile + warp * 16;
   const bool active = i0 < a.tq;
   const size_t o_k = 0, o_v = o_k + kTile * LDK * sizeof(T);
@@ -572,7 +582,7 @@ __global__ void __launch_bounds__(kThreads)
       acc[n][t] = 0.0f;
       bias[n][t] = active ? bias_at(a, h, i0 + e / 16, j0 + n * 16 + e % 16) : 0.0f;
     }
-  for (int64_t b = 0; b < a.batch; ++b) {
+  for (int64_t b = b_first; b < b_end; ++b) {
     const int64_t bh = b * a.heads + h;
     __syncthreads();  // every warp is done with the previous entry's tiles
     stage_block_pair<T, D>(smem, o_k, a.k + at(a.lk, b, h), a.lk.st, o_v, a.v + at(a.lv, b, h),
@@ -621,6 +631,18 @@ __global__ void __launch_bounds__(kThreads)
       float* dst = dbias + (h * a.tq + i) * a.tk + j;
       *dst = accumulate ? *dst + acc[n][t] : acc[n][t];
     }
+}
+
+// dbias[e] = the groups' partials part[g n + e] added in group order (accumulate: added to
+// what dbias[e] holds).
+__global__ void flash_bias_sum(const float* part, float* dbias, int64_t n, int64_t groups,
+                               bool accumulate) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n; e += stride) {
+    float s = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) s += part[g * n + e];
+    dbias[e] = accumulate ? dbias[e] + s : s;
+  }
 }
 
 // An operand's layout, checked against the kernels' contract (flash_attention_layout_fits).
@@ -773,12 +795,33 @@ void backward(const FlashAttentionBackward& t) {
         ENGINE_LAUNCH((flash_backward_q<T, ND>), cfg, a);
       }
       if (t.dbias.defined() && a.tq > 0 && a.tk > 0) {
+        // Groups of the batch where the tiles alone leave the GPU idle (a group per block
+        // row of work; each group's entries summed in order, the groups' partials then in
+        // group order).
+        const int64_t tile_blocks = int64_t(tiles(a.tk)) * tiles(a.tq) * a.heads;
+        int64_t groups =
+            t.batch_groups > 0 ? t.batch_groups : (kTargetBlocks + tile_blocks - 1) / tile_blocks;
+        groups = groups < 1 ? 1 : (groups > a.batch ? a.batch : groups);
+        const int64_t per_group = (a.batch + groups - 1) / groups;
+        groups = (a.batch + per_group - 1) / per_group;  // none empty
+        Tensor part;
+        if (groups > 1)
+          part = Tensor::empty(Shape{groups * a.heads * a.tq * a.tk}, DType::f32, t.q.device());
         constexpr size_t smem = bias_smem<ND * 16, T>();
         allow_smem(flash_backward_bias<T, ND>, smem);
-        const LaunchConfig cfg{dim3(tiles(a.tk), tiles(a.tq), static_cast<unsigned>(a.heads)),
-                               dim3(kThreads), smem, stream};
-        ENGINE_LAUNCH((flash_backward_bias<T, ND>), cfg, a, t.dbias.data<float>(),
-                      t.accumulate_dbias);
+        const LaunchConfig cfg{
+            dim3(tiles(a.tk), tiles(a.tq), static_cast<unsigned>(a.heads * groups)), dim3(kThreads),
+            smem, stream};
+        ENGINE_LAUNCH((flash_backward_bias<T, ND>), cfg, a,
+                      groups > 1 ? part.data<float>() : t.dbias.data<float>(), per_group,
+                      groups > 1 ? false : t.accumulate_dbias);
+        if (groups > 1) {
+          const int64_t n = a.heads * a.tq * a.tk;
+          const int64_t blocks = (n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096;
+          const LaunchConfig sum_cfg{dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream};
+          ENGINE_LAUNCH(flash_bias_sum, sum_cfg, part.data<float>(), t.dbias.data<float>(), n,
+                        groups, t.accumulate_dbias);
+        }
       }
     });
   });

@@ -58,6 +58,11 @@ struct FlashAttentionBackward {
   PhiloxState state;
   Tensor dq, dk, dv, dbias;
   bool accumulate_dbias = false;
+  // Groups the batch is split into for dbias where the (Tq / 64) (Tk / 64) H tiles are too few
+  // blocks to fill the device (each group's entries summed in order into its own partial, the
+  // partials then in group order): 0 lets the backend choose from the shape; tests set it to
+  // cover groups of several entries.
+  int64_t batch_groups = 0;
 };
 inline Kernel<void(const FlashAttentionBackward&)> flash_attention_backward_kernel{
     "flash_attention_backward"};

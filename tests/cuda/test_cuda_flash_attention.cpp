@@ -2,7 +2,7 @@
 // plain formulas of the same contract in double, and the attention op's fused path against its
 // unfused path on the same device: outputs, log-sum-exp, every gradient, the dropout mask (equal
 // to the unfused path's: a different mask moves the output by O(1), far past the tolerances),
-// the bias gradient summed over the batch the same bits on every run. Awkward shapes:
+// the bias gradient summed over the batch (in groups) the same bits on every run. Awkward shapes:
 // lengths not a multiple of the 16-row fragments or the 64-row tiles, Tq != Tk, one query, a
 // batch entry with every key masked (its rows output zeros), a bias broadcast over heads. Layouts:
 // q, k, v, out, dout and the gradients as the model hands them over (the heads' split and merge
@@ -37,6 +37,7 @@ struct Case {
   bool strided = false;     // the device's operands and results in the model's layouts (views)
   bool f32_bias = false;    // the bias in f32 (TUPE's positional term as the model builds it)
   bool accumulate = false;  // dbias added to what it holds (accumulate_dbias)
+  int64_t groups = 0;       // the batch's groups for dbias (0: the backend's choice)
 };
 
 // (B, H, T, D) views in the layouts of the model's heads: `n` tensors of (B, T, H, D) (n = 1) or
@@ -64,9 +65,9 @@ void to_gpu(std::initializer_list<Tensor*> tensors) {
 }
 
 void check_kernels(const Case& c, DType dt) {
-  INFO("B " << c.b << " H " << c.h << " Tq " << c.tq << " Tk " << c.tk << " D " << c.d << " p "
-            << c.p << " bias " << c.bias << " mask " << c.mask << " " << dtype_name(dt)
-            << " f32 bias " << c.f32_bias << " accumulate " << c.accumulate);
+  INFO("B " << c.b << " groups " << c.groups << " H " << c.h << " Tq " << c.tq << " Tk " << c.tk
+            << " D " << c.d << " p " << c.p << " bias " << c.bias << " mask " << c.mask << " "
+            << dtype_name(dt) << " f32 bias " << c.f32_bias << " accumulate " << c.accumulate);
   Generator g(71);
   const double scale = 1.0 / std::sqrt(2.0 * c.d);
   FlashAttentionForward f;
@@ -160,6 +161,7 @@ void check_kernels(const Case& c, DType dt) {
   // The device's backward from the same saved tensors (the CPU's out and lse), twice: the same
   // bits each time.
   FlashAttentionBackward bg = bw;
+  bg.batch_groups = c.groups;
   to_gpu({&bg.q, &bg.k, &bg.v, &bg.key_mask, &bg.out, &bg.lse, &bg.mask_bits, &bg.dout});
   bg.bias = fg.bias;  // the head-broadcast view
   if (c.strided) {
@@ -218,7 +220,13 @@ TEST_CASE("flash attention kernels match the CPU's formulas: outputs, log-sum-ex
                         // an f32 bias read as it is; dbias added to what it holds
                         Case{2, 3, 37, 70, 64, 0.2, true, true, true, true},
                         Case{5, 2, 20, 33, 32, 0.1, true, true, false, true, true},
-                        Case{3, 2, 16, 16, 32, 0.0, true, false, false, false, true}}) {
+                        Case{3, 2, 16, 16, 32, 0.0, true, false, false, false, true},
+                        // dbias in groups of 3 and 2 (the backend's choice at these sizes: a
+                        // group an entry), and in one group written straight into dbias
+                        Case{5, 2, 20, 33, 32, 0.1, true, true, false, false, false, 2},
+                        Case{5, 2, 20, 33, 32, 0.1, true, true, true, true, true, 2},
+                        Case{3, 2, 16, 16, 32, 0.0, true, false, false, false, true, 1},
+                        Case{4, 2, 130, 70, 32, 0.1, true, true, false, true, false, 1}}) {
     check_kernels(c, DType::bf16);
   }
   check_kernels(Case{2, 2, 37, 70, 64, 0.2, true, true}, DType::f16);
