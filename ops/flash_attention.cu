@@ -795,9 +795,9 @@ void backward(const FlashAttentionBackward& t) {
         ENGINE_LAUNCH((flash_backward_q<T, ND>), cfg, a);
       }
       if (t.dbias.defined() && a.tq > 0 && a.tk > 0) {
-        // Groups of the batch where the tiles alone leave the GPU idle (a group per block
-        // row of work; each group's entries summed in order, the groups' partials then in
-        // group order).
+        // Groups of the batch where the tiles alone are fewer blocks than kTargetBlocks (each
+        // group's entries summed in order into its own partial, the partials then added in
+        // group order); one group writes dbias directly.
         const int64_t tile_blocks = int64_t(tiles(a.tk)) * tiles(a.tq) * a.heads;
         int64_t groups =
             t.batch_groups > 0 ? t.batch_groups : (kTargetBlocks + tile_blocks - 1) / tile_blocks;

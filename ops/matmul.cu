@@ -125,29 +125,23 @@ void gemm(const GemmArgs& g) {
   ENGINE_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   // The bias gradient's elements are C's type (cuBLASLt's contract): f32 sums need an f32 C;
-  // otherwise they are left to the caller (bias_grad_done stays false).
+  // otherwise the product runs without the epilogue and the sums are left to the caller
+  // (bias_grad_done stays false).
   const bool bias_grad =
       g.epilogue == GemmEpilogue::bias_grad && (g.c_f32 || g.dtype == DType::f32) && g.batch == 1;
-  const cublasLtEpilogue_t epi = g.epilogue == GemmEpilogue::bias_grad && !bias_grad
-                                     ? CUBLASLT_EPILOGUE_DEFAULT
-                                     : lt_epilogue(g.epilogue);
-  if (bias_grad) {
-    ENGINE_CHECK(g.bias, "[gemm] a bias-gradient epilogue without a bias pointer");
+  const GemmEpilogue e =
+      g.epilogue == GemmEpilogue::bias_grad && !bias_grad ? GemmEpilogue::none : g.epilogue;
+  const cublasLtEpilogue_t epi = lt_epilogue(e);
+  if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
     ENGINE_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    ENGINE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                       &g.bias, sizeof g.bias));
-    const cudaDataType_t bias_type = CUDA_R_32F;
-    ENGINE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                                       &bias_type, sizeof bias_type));
-  } else if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
-    ENGINE_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    if (g.epilogue == GemmEpilogue::bias || g.epilogue == GemmEpilogue::bias_gelu_tanh) {
+    if (e == GemmEpilogue::bias || e == GemmEpilogue::bias_gelu_tanh ||
+        e == GemmEpilogue::bias_grad) {
       ENGINE_CHECK(g.bias, "[gemm] a bias epilogue without a bias pointer");
       ENGINE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                          &g.bias, sizeof g.bias));
-      const cudaDataType_t bias_type = t.data;
+      // A bias in the operands' type; a bias gradient in C's (f32 here).
+      const cudaDataType_t bias_type = e == GemmEpilogue::bias_grad ? CUDA_R_32F : t.data;
       ENGINE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                          &bias_type, sizeof bias_type));
     }
