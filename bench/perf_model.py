@@ -196,6 +196,19 @@ def describe5(name, op_row, launch, n_main):
             nb += 8 * elems - 4 * groups * numel(q[1:3]) * k[2]
         return "flash", nb, FLASH_PRODUCTS[base] * elems * q[3], "simple", \
             elems / ATTENTION_DRAWS if drawn else 0
+    if base in ("bucket_lookup_fwd", "cls_reset_fwd"):  # 16-byte stores, coalesced index reads
+        return "vec", share, 0, "simple", 0
+    if base == "bucket_lookup_partials":  # grad (C, N) and the index once, one element a thread
+        # a step, every 128th of the piece
+        g, idx = ts[0], ts[1]
+        nb = numel(g[0]) * elem(g) + numel(idx[0]) * elem(idx)
+        return "coalesced", nb, math.ceil(numel(idx[0]) / (launch["blocks"] * launch["threads"])), \
+            "simple", 0
+    if base == "bucket_lookup_sum":  # a warp per output over its pieces
+        pieces = min(512, max(1, math.ceil(numel(ts[1][0]) / 2048)))
+        return "aux", 0.0, math.ceil(pieces / 32), "simple", 0
+    if base == "cls_reset_sums":  # a block per channel: its first row and column
+        return "aux", 0.0, math.ceil(max(ts[0][0][1:]) / launch["threads"]), "simple", 0
     if base == "cross_entropy_backward_vec":  # elementwise over (N, C), 16-byte vectors
         return "vec", share, 0, "simple", 0
     if base in ("flash_rowdot", "flash_bias_sum"):  # flash_bias_sum: the groups' partials of dbias

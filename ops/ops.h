@@ -12,6 +12,7 @@
 #include "ops/gradients.h"
 #include "ops/layer_norm.h"
 #include "ops/matmul.h"
+#include "ops/position_bias.h"
 #include "ops/reduce.h"
 #include "ops/relative.h"
 #include "ops/rotary.h"

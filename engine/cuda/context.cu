@@ -89,6 +89,10 @@ void raise_device_index_error(int device) {
       ENGINE_FAIL("[relative_gather] bucket ", r.value, " at position ", r.position,
                   " of the (flattened) relative index is out of range for ", r.bound,
                   " buckets (expected 0 <= bucket < ", r.bound, "; found on cuda:", device, ")");
+    case IndexCheck::bucket_lookup:
+      ENGINE_FAIL("[bucket_lookup] index value ", r.value, " at flat position ", r.position,
+                  " is out of range for a table of ", r.bound, " buckets (expected 0 <= index < ",
+                  r.bound, "; found on cuda:", device, ")");
     case IndexCheck::class_target:
       ENGINE_FAIL("[cross_entropy] target ", r.value, " of row ", r.position,
                   " is out of range for ", r.bound, " classes (expected 0 <= target < ", r.bound,

@@ -19,6 +19,7 @@ enum class IndexCheck : int32_t {
   none = 0,
   embedding_id,     // gather_rows / the scatter's inverted index: id in [0, rows)
   relative_bucket,  // relative_gather / relative_scatter: bucket in [0, R)
+  bucket_lookup,    // bucket_lookup and its backward: bucket in [0, R)
   class_target,     // cross_entropy: target in [0, classes) or the ignore index
   write_position,   // the sampling ops: position in [0, n)
 };

@@ -67,15 +67,11 @@ class T5Bias : public PositionComponent {
     index_ = ctx.constants.add(2, [p](int64_t t, engine::Device dev) {
       return Tensor::from_vector<int64_t>(relative_bucket_map(p, t), {t, t}).to(dev);
     });
-    keys_ = ctx.constants.add_derived(
-        index_, [rows](const Tensor& index) { return engine::sorted_index_keys(index, rows); });
   }
   std::vector<Tensor> add_terms(int64_t t, engine::Device dev,
                                 AttentionTerms& terms) const override {
-    // (T, T, H) -> (H, T, T)
-    Tensor relative =
-        engine::embedding(table_, constants_->get(index_, t, dev), constants_->get(keys_, t, dev))
-            .permute({2, 0, 1});
+    // (H, T, T) straight from the (rows, H) table: one pass each way (ops/position_bias.h)
+    Tensor relative = engine::bucket_lookup(table_, constants_->get(index_, t, dev));
     terms.bias = terms.bias.defined() ? terms.bias + relative : relative;
     return {};
   }
@@ -108,7 +104,7 @@ class T5Bias : public PositionComponent {
   BertConfig config_;
   const LengthConstants* constants_;
   Tensor table_;
-  int index_, keys_;
+  int index_;
 };
 
 }  // namespace

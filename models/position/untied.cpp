@@ -27,8 +27,7 @@ Tensor cls_theta_of(const Tensor& pq, const Tensor& pk, int64_t row, double scal
 
 class Untied : public UntiedTerm {
  public:
-  explicit Untied(PositionContext& ctx)
-      : config_(ctx.config), table_(ctx.table), constants_(&ctx.constants) {
+  explicit Untied(PositionContext& ctx) : config_(ctx.config), table_(ctx.table) {
     const BertConfig& c = config_;
     const int64_t e = c.embedding_width(), d = c.hidden_size;
     norm_ = std::make_unique<LayerNorm>(e, c.layer_norm_eps);
@@ -41,20 +40,6 @@ class Untied : public UntiedTerm {
     if (reset_ == ClsReset::none) return;
     cls_theta_ =
         ctx.module.register_parameter("cls_theta", Tensor::randn({2, e}, ctx.gen, 0.0, c.init_std));
-    // reset_theta: row 0 (from [CLS], including itself) = theta1, column 0 below it = theta2.
-    auto mask = [](int which) {
-      return [which](int64_t t, engine::Device dev) {
-        std::vector<float> keep(size_t(t * t), 1.f), row0(size_t(t * t), 0.f),
-            col0(size_t(t * t), 0.f);
-        for (int64_t j = 0; j < t; ++j) keep[size_t(j)] = 0.f, row0[size_t(j)] = 1.f;
-        for (int64_t i = 1; i < t; ++i) keep[size_t(i * t)] = 0.f, col0[size_t(i * t)] = 1.f;
-        const std::vector<float>& v = which == 0 ? keep : which == 1 ? row0 : col0;
-        return Tensor::from_vector<float>(v, {t, t}).to(dev);
-      };
-    };
-    keep_ = ctx.constants.add(2, mask(0));
-    row0_ = ctx.constants.add(2, mask(1));
-    col0_ = ctx.constants.add(2, mask(2));
   }
 
   std::vector<Tensor> add_terms(int64_t t, engine::Device dev,
@@ -62,7 +47,7 @@ class Untied : public UntiedTerm {
     Tensor pk;
     Tensor pq = projected_positions(t, &pk);  // (H, T[+2], d_h)
     Tensor v = untied_scores(pq, pk, t, scale());
-    if (reset_ == ClsReset::code) v = reset(v, pq, pk, t, dev);  // code: reset(v) + b'
+    if (reset_ == ClsReset::code) v = reset(v, pq, pk, t);  // code: reset(v) + b'
     terms.bias = terms.bias.defined() ? v + terms.bias : v;
     terms.scale_factor = 2.0;
     if (reset_ == ClsReset::paper) return {pq, pk};  // paper: reset(v + b) in finish_terms
@@ -70,7 +55,7 @@ class Untied : public UntiedTerm {
   }
   void finish_terms(int64_t t, engine::Device dev, AttentionTerms& terms,
                     const std::vector<Tensor>& saved) const override {
-    if (reset_ == ClsReset::paper) terms.bias = reset(terms.bias, saved.at(0), saved.at(1), t, dev);
+    if (reset_ == ClsReset::paper) terms.bias = reset(terms.bias, saved.at(0), saved.at(1), t);
   }
 
   Tensor untied_term(int64_t t) const override {
@@ -121,21 +106,18 @@ class Untied : public UntiedTerm {
     return position::heads_of(query_->forward(rows), config_.num_heads);
   }
 
-  Tensor reset(const Tensor& v, const Tensor& pq, const Tensor& pk, int64_t t,
-               engine::Device dev) const {
-    const int64_t h = config_.num_heads;
-    auto theta = [&](int64_t r) { return cls_theta_of(pq, pk, t + r, scale()).view({h, 1, 1}); };
-    return v * constants_->get(keep_, t, dev) + theta(0) * constants_->get(row0_, t, dev) +
-           theta(1) * constants_->get(col0_, t, dev);
+  // row 0 (from [CLS], including itself) = theta1, column 0 below it = theta2 (one pass each way:
+  // ops/position_bias.h).
+  Tensor reset(const Tensor& v, const Tensor& pq, const Tensor& pk, int64_t t) const {
+    auto theta = [&](int64_t r) { return cls_theta_of(pq, pk, t + r, scale()).to(v.dtype()); };
+    return engine::cls_reset(v, theta(0), theta(1));
   }
 
   BertConfig config_;
   Tensor table_, cls_theta_;
-  const LengthConstants* constants_;
   std::unique_ptr<LayerNorm> norm_;
   std::unique_ptr<Linear> query_, key_;
   ClsReset reset_ = ClsReset::none;
-  int keep_ = -1, row0_ = -1, col0_ = -1;
 };
 
 }  // namespace

@@ -3,10 +3,12 @@
 
 Runs pretrain_app (standard library only) and compares what it computes with
 tests/golden/numerics.json, recorded before the refactor of issue 16 by the code as it was (and
-re-recorded on purpose three times since, each time the numerics were changed deliberately:
+re-recorded on purpose four times since, each time the numerics were changed deliberately:
 sum_to's summation order, then gradients summed in place into the leaves' buffers
 (docs/benchmarks.md), then attention's dropout rule, 16-bit draws, which changes the corpus runs'
-masks (ops/dropout.h); the last recording was made on an Intel Xeon with AVX-512):
+masks (ops/dropout.h), then TUPE's [CLS] reset and the T5 bias as ops of their own
+(ops/position_bias.h: the gradients of cls_theta and the relative table summed in another order,
+the TUPE cases only); the last recording was made on an Intel Xeon with AVX-512):
 
   * single-batch mode, one case per positional preset (and cls_reset: code, pre-LN, no segments):
     the initial loss, the logits, every parameter's gradient (--dump), the losses of 5 AdamW steps

@@ -1,0 +1,248 @@
+// CUDA kernels of bucket_lookup and cls_reset (see position_bias.h).
+//
+// bucket_lookup, forward: grid.y over the channels, a thread per 4 consecutive positions (their
+//   indices two 16-byte loads, the values one vector store) when N % 4 == 0, else per position.
+// bucket_lookup, backward, deterministic and without atomics, in two launches:
+//   - partials: grid (pieces of N, C, groups of 32 buckets); a thread of a piece's 128 takes every
+//     128th position of it (coalesced loads) and adds each value into its own column of a
+//     32 x 128 table in shared memory (bucket - 32 g, row; the lanes on distinct banks); then
+//     thread b < 32 adds row b's 128 columns in order into the piece's partial for bucket b;
+//   - sums: a warp per (bucket, channel) adds the pieces' partials (lane l: pieces l, l + 32, ...,
+//     then warp_sum's fixed tree).
+//   At most 512 pieces (per channel and group), each of >= 2048 positions: no thread loops over
+//   more than N / 65536 positions (16 at T = 512), and the grid has 16 x C x groups blocks at
+//   least.
+// cls_reset: a thread per 16-byte vector of a row (per element when U is not a multiple), and a
+//   block per channel for the two sums (block_sum: a fixed order).
+// Out-of-range bucket indices are reported (device_error.cuh: raised at the next host read) and
+// looked up as 0 / left out of the sums.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/cuda/context.h"
+#include "engine/cuda/device_error.cuh"
+#include "engine/cuda/kernels.cuh"
+#include "engine/cuda/launch.h"
+#include "engine/error.h"
+#include "ops/position_bias.h"
+
+namespace engine::cuda {
+namespace {
+
+constexpr int kPartialThreads = 128;  // threads of a backward piece
+constexpr int kBucketGroup = 32;      // buckets a partials block sums
+constexpr int64_t kMinPiece = 2048;   // positions of a piece, at least
+constexpr int64_t kMaxPieces = 512;   // pieces per (channel, group), at most
+
+// out (C, N): V consecutive positions a thread (V = 4 needs N % 4 == 0: rows stay aligned).
+template <class T, int V>
+__global__ void bucket_lookup_fwd(const T* table, const int64_t* index, T* out, int64_t n,
+                                  int64_t r, int64_t c, DeviceIndexError* err) {
+  const int64_t groups = n / V;
+  for (int64_t ch = blockIdx.y; ch < c; ch += gridDim.y) {
+    for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < groups;
+         e += int64_t(gridDim.x) * blockDim.x) {
+      int64_t b[V];
+      if constexpr (V == 4) {
+        const Vec<int64_t, 2> lo = reinterpret_cast<const Vec<int64_t, 2>*>(index)[2 * e];
+        const Vec<int64_t, 2> hi = reinterpret_cast<const Vec<int64_t, 2>*>(index)[2 * e + 1];
+        b[0] = lo.v[0], b[1] = lo.v[1], b[2] = hi.v[0], b[3] = hi.v[1];
+      } else {
+        b[0] = index[e];
+      }
+      Vec<T, V> o;
+#pragma unroll
+      for (int q = 0; q < V; ++q) {
+        if (b[q] < 0 || b[q] >= r) {
+          report_bad_index(err, IndexCheck::bucket_lookup, V * e + q, b[q], r);
+          o.v[q] = from_acc<T>(Acc<T>(0));
+        } else {
+          o.v[q] = table[b[q] * c + ch];
+        }
+      }
+      reinterpret_cast<Vec<T, V>*>(out + ch * n)[e] = o;
+    }
+  }
+}
+
+// part (R, C, pieces) in the accumulation type; piece = blockIdx.x, channel blockIdx.y, buckets
+// [32 blockIdx.z, 32 blockIdx.z + 32).
+template <class T>
+__global__ void bucket_lookup_partials(const T* grad, const int64_t* index, Acc<T>* part,
+                                       int64_t n, int64_t r, int64_t c, int64_t per_thread,
+                                       DeviceIndexError* err) {
+  __shared__ Acc<T> acc[kBucketGroup * kPartialThreads];
+  const int t = threadIdx.x;
+  const int64_t ch = blockIdx.y, b0 = int64_t(blockIdx.z) * kBucketGroup;
+  const int64_t pieces = gridDim.x;
+  for (int b = 0; b < kBucketGroup; ++b) acc[b * kPartialThreads + t] = Acc<T>(0);
+  const int64_t first = int64_t(blockIdx.x) * per_thread * kPartialThreads;
+  const T* g = grad + ch * n;
+  for (int64_t k = 0; k < per_thread; ++k) {
+    const int64_t p = first + k * kPartialThreads + t;
+    if (p >= n) break;
+    const int64_t b = index[p];
+    if (b < 0 || b >= r) {
+      if (blockIdx.z == 0 && ch == 0) report_bad_index(err, IndexCheck::bucket_lookup, p, b, r);
+      continue;
+    }
+    if (b >= b0 && b < b0 + kBucketGroup) acc[(b - b0) * kPartialThreads + t] += to_acc(g[p]);
+  }
+  __syncthreads();
+  if (t < kBucketGroup && b0 + t < r) {
+    Acc<T> s = 0;
+    for (int k = 0; k < kPartialThreads; ++k) s += acc[t * kPartialThreads + k];
+    part[((b0 + t) * c + ch) * pieces + blockIdx.x] = s;
+  }
+}
+
+// A warp per (bucket, channel): lane l adds pieces l, l + 32, ... in order, then warp_sum (a
+// fixed tree).
+template <class T>
+__global__ void bucket_lookup_sum(const Acc<T>* part, T* dtable, int64_t rc, int64_t pieces) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x / kWarpSize) + threadIdx.x / kWarpSize; e < rc;
+       e += warps) {
+    const Acc<T>* pe = part + e * pieces;
+    Acc<T> s = 0;
+    for (int64_t k = lane; k < pieces; k += kWarpSize) s += pe[k];
+    s = warp_sum(s);
+    if (lane == 0) dtable[e] = from_acc<T>(s);
+  }
+}
+
+// out (C, T, U) in vectors of V along a row (V divides U).
+template <class T, int V>
+__global__ void cls_reset_fwd(const T* v, const T* row, const T* col, T* out, int64_t t,
+                              int64_t u, int64_t vectors) {
+  const int64_t per_row = u / V;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < vectors;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t rowi = e / per_row, j = e - rowi * per_row;
+    const int64_t ch = rowi / t, i = rowi - ch * t;
+    Vec<T, V> o;
+    if (i == 0) {
+      const T x = row ? row[ch] : from_acc<T>(Acc<T>(0));
+#pragma unroll
+      for (int q = 0; q < V; ++q) o.v[q] = x;
+    } else {
+      o = reinterpret_cast<const Vec<T, V>*>(v)[e];
+      if (j == 0) o.v[0] = col ? col[ch] : from_acc<T>(Acc<T>(0));
+    }
+    reinterpret_cast<Vec<T, V>*>(out)[e] = o;
+  }
+}
+
+// A block per channel: drow = the sum of its first row, dcol of the rest of its first column.
+template <class T>
+__global__ void cls_reset_sums(const T* grad, T* drow, T* dcol, int64_t t, int64_t u) {
+  const T* g = grad + int64_t(blockIdx.x) * t * u;
+  Acc<T> s = 0;
+  for (int64_t j = threadIdx.x; j < u; j += blockDim.x) s += to_acc(g[j]);
+  s = block_sum(s);
+  if (drow && threadIdx.x == 0) drow[blockIdx.x] = from_acc<T>(s);
+  Acc<T> q = 0;
+  for (int64_t i = 1 + threadIdx.x; i < t; i += blockDim.x) q += to_acc(g[i * u]);
+  q = block_sum(q);
+  if (dcol && threadIdx.x == 0) dcol[blockIdx.x] = from_acc<T>(q);
+}
+
+unsigned grid_y(int64_t c) { return static_cast<unsigned>(c < 65535 ? c : 65535); }
+
+void bucket_lookup(const Tensor& table, const Tensor& index, const Tensor& out) {
+  const int64_t r = table.shape()[0], c = table.shape()[1], n = index.numel();
+  if (c == 0 || n == 0) return;
+  DeviceGuard guard(table.device().index);
+  const cudaStream_t stream = compute_stream(table.device().index);
+  DeviceIndexError* err = device_index_error(table.device().index);
+  dispatch_device_all(table.dtype(), [&]<class T>() {
+    const bool vec = n % 4 == 0 && detail::aligned(dptr<const int64_t>(index), 16) &&
+                     detail::aligned(dptr<T>(out), 4 * sizeof(T));
+    const int v = vec ? 4 : 1;
+    const LaunchConfig cfg{dim3(grid_blocks(n / v, kElementwiseThreads, 65535), grid_y(c)),
+                           dim3(kElementwiseThreads), 0, stream};
+    auto launch = [&](auto kernel) {
+      launch_kernel("bucket_lookup_fwd", kernel, cfg, dptr<const T>(table),
+                    dptr<const int64_t>(index), dptr<T>(out), n, r, c, err);
+    };
+    if (vec)
+      launch(bucket_lookup_fwd<T, 4>);
+    else
+      launch(bucket_lookup_fwd<T, 1>);
+  });
+}
+
+void bucket_lookup_backward(const Tensor& grad, const Tensor& index, const Tensor& dtable) {
+  const int64_t r = dtable.shape()[0], c = dtable.shape()[1], n = index.numel();
+  if (r * c == 0) return;
+  const Device dev = grad.device();
+  DeviceGuard guard(dev.index);
+  const cudaStream_t stream = compute_stream(dev.index);
+  ENGINE_CHECK(c <= 65535 && (r + kBucketGroup - 1) / kBucketGroup <= 65535,
+               "[bucket_lookup] ", c, " channels and ", r,
+               " buckets exceed the backward's grid (at most 65535 of each, in groups of 32)");
+  int64_t pieces = (n + kMinPiece - 1) / kMinPiece;
+  if (pieces > kMaxPieces) pieces = kMaxPieces;
+  if (pieces < 1) pieces = 1;
+  const int64_t per_thread = (n + pieces * kPartialThreads - 1) / (pieces * kPartialThreads);
+  dispatch_device_floating(grad.dtype(), "bucket_lookup_backward", [&]<class T>() {
+    const DType acc = std::is_same_v<Acc<T>, double> ? DType::f64 : DType::f32;
+    Tensor part = Tensor::empty({r * c * pieces}, acc, dev);
+    const LaunchConfig pc{dim3(unsigned(pieces), unsigned(c),
+                               unsigned((r + kBucketGroup - 1) / kBucketGroup)),
+                          dim3(kPartialThreads), 0, stream};
+    ENGINE_LAUNCH(bucket_lookup_partials<T>, pc, dptr<const T>(grad), dptr<const int64_t>(index),
+                  dptr<Acc<T>>(part), n, r, c, per_thread, device_index_error(dev.index));
+    const LaunchConfig sc{dim3(grid_blocks(r * c * kWarpSize, kElementwiseThreads)),
+                          dim3(kElementwiseThreads), 0, stream};
+    ENGINE_LAUNCH(bucket_lookup_sum<T>, sc, dptr<const Acc<T>>(part), dptr<T>(dtable), r * c,
+                  pieces);
+  });
+}
+
+void cls_reset(const Tensor& v, const Tensor& row, const Tensor& col, const Tensor& out) {
+  const int64_t t = v.shape()[1], u = v.shape()[2], n = v.numel();
+  if (n == 0) return;
+  DeviceGuard guard(v.device().index);
+  const cudaStream_t stream = compute_stream(v.device().index);
+  dispatch_device_all(v.dtype(), [&]<class T>() {
+    constexpr int kV = sizeof(T) >= 16 ? 1 : 16 / int(sizeof(T));
+    const bool vec = u % kV == 0 && detail::aligned(dptr<const T>(v), 16) &&
+                     detail::aligned(dptr<T>(out), 16);
+    const int w = vec ? kV : 1;
+    const LaunchConfig cfg{dim3(grid_blocks(n / w, kElementwiseThreads)),
+                           dim3(kElementwiseThreads), 0, stream};
+    auto launch = [&](auto kernel) {
+      launch_kernel("cls_reset_fwd", kernel, cfg, dptr<const T>(v), dptr<const T>(row),
+                    dptr<const T>(col), dptr<T>(out), t, u, n / w);
+    };
+    if (vec)
+      launch(cls_reset_fwd<T, kV>);
+    else
+      launch(cls_reset_fwd<T, 1>);
+  });
+}
+
+void cls_reset_sums_launch(const Tensor& grad, const Tensor& drow, const Tensor& dcol) {
+  const int64_t c = grad.shape()[0], t = grad.shape()[1], u = grad.shape()[2];
+  if (c == 0) return;
+  ENGINE_CHECK(c <= 2147483647, "[cls_reset] too many channels: ", c);
+  DeviceGuard guard(grad.device().index);
+  dispatch_device_floating(grad.dtype(), "cls_reset", [&]<class T>() {
+    const LaunchConfig cfg{dim3(unsigned(c)), dim3(kElementwiseThreads), 0,
+                           compute_stream(grad.device().index)};
+    ENGINE_LAUNCH(cls_reset_sums<T>, cfg, dptr<const T>(grad), dptr<T>(drow), dptr<T>(dcol), t,
+                  u);
+  });
+}
+
+}  // namespace
+
+ENGINE_REGISTER_KERNEL(bucket_lookup_kernel, DeviceType::CUDA, bucket_lookup);
+ENGINE_REGISTER_KERNEL(bucket_lookup_backward_kernel, DeviceType::CUDA, bucket_lookup_backward);
+ENGINE_REGISTER_KERNEL(cls_reset_kernel, DeviceType::CUDA, cls_reset);
+ENGINE_REGISTER_KERNEL(cls_reset_sums_kernel, DeviceType::CUDA, cls_reset_sums_launch);
+
+}  // namespace engine::cuda

@@ -1,0 +1,51 @@
+// The building blocks of an attention bias every sequence of a batch shares, (C, T, T) with C the
+// heads: a per-bucket table looked up through a constant index map with the channels first (T5's
+// relative bias, models/position/t5.cpp), and TUPE's [CLS] reset (models/position/untied.cpp).
+// Each is one pass over the bias each way, where the compositions they replace were an embedding
+// lookup into (T, T, C) rows, a permuted copy, a sort-keyed scatter, and three broadcast
+// products with 0/1 masks and two sums.
+#pragma once
+
+#include "engine/kernel.h"
+#include "engine/tensor.h"
+
+namespace engine {
+
+// table (R, C) floating and index (...) of i64 in [0, R) on table's device -> (C, ...index's
+// shape), table's dtype, contiguous, with
+//   out[c, p] = table[index[p], c]          (p the flat position in index).
+// The gradient of table: dtable[r, c] = the sum of dout[c, p] over the p with index[p] == r
+// (0 where none does), in f32 (f64 for f64), in a fixed order: the same bits on every run of a
+// backend (the CPU adds in p order, the CUDA backend in pieces of p order; they agree to
+// rounding). An index value outside [0, R) is an error naming it and its position.
+Tensor bucket_lookup(const Tensor& table, const Tensor& index);
+
+// v (C, T, U) floating with T, U >= 1, and row, col (C) of v's dtype on v's device -> (C, T, U)
+// contiguous, v with its first row replaced by row[c] and the rest of its first column by col[c]:
+//   out[c, 0, j] = row[c],  out[c, i, 0] = col[c] (i >= 1),  out[c, i, j] = v[c, i, j] elsewhere.
+// Gradients: dv = dout with that row and column zeroed, drow[c] = sum_j dout[c, 0, j],
+// dcol[c] = sum_{i >= 1} dout[c, i, 0] (in f32 for 16-bit dtypes, fixed order). v may be
+// non-contiguous.
+Tensor cls_reset(const Tensor& v, const Tensor& row, const Tensor& col);
+
+// ---- kernels (one table each; backends register implementations) ----------------------------
+// Every tensor contiguous; index flattened to (N), the bias viewed as (C, N).
+
+// out (C, N) = table (R, C) at index (N). A device kernel reports an index value outside [0, R)
+// (raised at the next host read) and writes 0 there; the CPU raises before writing.
+inline Kernel<void(const Tensor& table, const Tensor& index, const Tensor& out)>
+    bucket_lookup_kernel{"bucket_lookup"};
+// dtable (R, C), fully overwritten, = the sums of grad (C, N) per bucket of index (N).
+inline Kernel<void(const Tensor& grad, const Tensor& index, const Tensor& dtable)>
+    bucket_lookup_backward_kernel{"bucket_lookup_backward"};
+
+// out (C, T, U) = v with the first row row[c] and the rest of the first column col[c]; row and
+// col undefined: zeros there (the backward's dv).
+inline Kernel<void(const Tensor& v, const Tensor& row, const Tensor& col, const Tensor& out)>
+    cls_reset_kernel{"cls_reset"};
+// drow (C) = the sums of grad's first rows, dcol (C) = of the rest of its first columns; either
+// may be undefined (not wanted).
+inline Kernel<void(const Tensor& grad, const Tensor& drow, const Tensor& dcol)>
+    cls_reset_sums_kernel{"cls_reset_sums"};
+
+}  // namespace engine

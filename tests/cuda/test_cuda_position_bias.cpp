@@ -1,0 +1,121 @@
+// [cuda] bucket_lookup and cls_reset on the device against the CPU backend. The lookup and the
+// reset are copies: bit for bit. The sums (the table's gradient in pieces of position order, the
+// reset's row and column through block_sum) within f32 rounding of the CPU's, and the same bits
+// on every run. Awkward shapes: N not a multiple of 4 (the scalar path), rows not a multiple of
+// the vector width, more than 32 buckets (two groups), buckets no position names, N past the
+// 512-piece cap (several positions a thread), one row, one column; and a bad index on the device.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "cuda_test_support.h"
+#include "ops/ops.h"
+
+using namespace engine;
+using engine::testing::kGpu;
+using engine::testing::require_close;
+using engine::testing::require_equal;
+
+namespace {
+
+Tensor random_index(const Shape& shape, int64_t r, uint64_t seed) {
+  std::vector<int64_t> v(size_t(shape_numel(shape)));
+  uint64_t s = seed;
+  for (auto& x : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = int64_t((s >> 33) % uint64_t(r > 2 ? r - 2 : r));  // the last two buckets never named
+  }
+  return Tensor::from_vector<int64_t>(v, shape);
+}
+
+}  // namespace
+
+TEST_CASE("bucket_lookup on the device: the lookup bit for bit, the table's gradient within f32",
+          "[cuda]") {
+  Generator g(61);
+  struct Case {
+    Shape index;
+    int64_t r, c;
+  };
+  for (const Case& k : {Case{{7, 7}, 5, 3},             // N % 4 != 0: one position a thread
+                        Case{{16, 16}, 34, 4},          // two groups of buckets, TUPE-R code's 34
+                        Case{{1}, 1, 1},                // one position
+                        Case{{64, 40}, 8, 2},           // 2560: two pieces
+                        Case{{1100, 1001}, 40, 1}}) {  // 1.1M: 512 pieces, 17 positions a thread
+    for (DType dt : {DType::f32, DType::f64}) {
+      INFO(dtype_name(dt) << " index " << shape_str(k.index) << " R " << k.r << " C " << k.c);
+      Tensor index = random_index(k.index, k.r, 7 + uint64_t(k.r));
+      Tensor table = Tensor::randn({k.r, k.c}, g, 0, 1, dt).set_requires_grad();
+      Tensor tg = table.detach().to(kGpu).set_requires_grad();
+      Tensor out = bucket_lookup(table, index), og = bucket_lookup(tg, index.to(kGpu));
+      require_equal(og, out);
+      Tensor dy = Tensor::randn(out.shape(), g, 0, 1, dt);
+      out.backward(dy);
+      og.backward(dy.to(kGpu));
+      // (sums of ~30,000 values that cancel: within a few ulp of the largest, as other sums are)
+      require_close(tg.grad(), table.grad(), dt == DType::f64 ? 1e-12 : 1e-5, 1e-4,
+                    dt == DType::f64 ? 1e-13 : 2e-6);
+      // The same bits on a second run; the never-named buckets exactly 0.
+      Tensor again = table.detach().to(kGpu).set_requires_grad();
+      bucket_lookup(again, index.to(kGpu)).backward(dy.to(kGpu));
+      require_equal(again.grad(), tg.grad());
+      if (k.r > 2) {
+        std::vector<double> gr = tg.grad().to(Device::cpu()).to_vector<double>();
+        for (int64_t b = k.r - 2; b < k.r; ++b)
+          for (int64_t ch = 0; ch < k.c; ++ch) REQUIRE(gr[size_t(b * k.c + ch)] == 0.0);
+      }
+    }
+  }
+  // bf16: the lookup a copy, the sums in f32 rounded once.
+  Tensor index = random_index({9, 9}, 6, 3);
+  Tensor tb = Tensor::randn({6, 2}, g).to(DType::bf16);
+  require_equal(bucket_lookup(tb.to(kGpu), index.to(kGpu)).to(Device::cpu()),
+                bucket_lookup(tb, index));
+  Tensor tbg = tb.to(kGpu).set_requires_grad();
+  Tensor dy = Tensor::randn({2, 9, 9}, g).to(DType::bf16);
+  bucket_lookup(tbg, index.to(kGpu)).backward(dy.to(kGpu));
+  Tensor t32 = tb.to(DType::f32).set_requires_grad();
+  bucket_lookup(t32, index).backward(dy.to(DType::f32));
+  require_close(tbg.grad().to(Device::cpu()).to(DType::f32), t32.grad().to(DType::bf16).to(DType::f32),
+                1e-2, 1e-2);
+}
+
+TEST_CASE("bucket_lookup on the device reports an index out of range", "[cuda]") {
+  Tensor table = Tensor::ones({4, 2}).to(kGpu);
+  Tensor bad = Tensor::from_vector<int64_t>({0, 1, 9, 2}, {4}).to(kGpu);
+  REQUIRE_THROWS_WITH(bucket_lookup(table, bad).to(Device::cpu()),
+                      Catch::Contains("[bucket_lookup] index value 9 at flat position 2") &&
+                          Catch::Contains("4 buckets"));
+}
+
+TEST_CASE("cls_reset on the device: values bit for bit, the row and column sums within f32",
+          "[cuda]") {
+  Generator g(62);
+  for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+    for (Shape s : {Shape{3, 5, 8}, Shape{2, 7, 9}, Shape{1, 1, 4}, Shape{4, 6, 1},
+                    Shape{16, 130, 130}}) {
+      INFO(dtype_name(dt) << " " << shape_str(s));
+      const bool half = dt == DType::bf16;
+      const DType ref = half ? DType::f32 : dt;  // the CPU computes 16-bit sums in f32
+      Tensor v = Tensor::randn(s, g, 0, 1, dt), row = Tensor::randn({s[0]}, g, 0, 1, dt),
+             col = Tensor::randn({s[0]}, g, 0, 1, dt);
+      Tensor vg = v.to(kGpu).set_requires_grad(), rg = row.to(kGpu).set_requires_grad(),
+             cg = col.to(kGpu).set_requires_grad();
+      Tensor out = cls_reset(vg, rg, cg);
+      require_equal(out.to(Device::cpu()), cls_reset(v, row, col));
+      Tensor dy = Tensor::randn(s, g, 0, 1, dt);
+      out.backward(dy.to(kGpu));
+      Tensor vc = v.to(ref).set_requires_grad(), rc = row.to(ref).set_requires_grad(),
+             cc = col.to(ref).set_requires_grad();
+      cls_reset(vc, rc, cc).backward(dy.to(ref));
+      require_equal(vg.grad().to(Device::cpu()).to(ref), vc.grad());
+      const double tol = dt == DType::f64 ? 1e-12 : half ? 1e-2 : 1e-5;
+      require_close(rg.grad().to(Device::cpu()).to(ref), rc.grad().to(dt).to(ref), tol, tol);
+      require_close(cg.grad().to(Device::cpu()).to(ref), cc.grad().to(dt).to(ref), tol, tol);
+    }
+  }
+  // A non-contiguous v (read through one contiguous copy), only v needing a gradient.
+  Tensor v = Tensor::randn({2, 6, 5}, g).transpose(1, 2);
+  Tensor r = Tensor::randn({2}, g), c = Tensor::randn({2}, g);
+  require_equal(cls_reset(v.to(kGpu), r.to(kGpu), c.to(kGpu)).to(Device::cpu()), cls_reset(v, r, c));
+}
