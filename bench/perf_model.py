@@ -212,6 +212,7 @@ def describe5(name, op_row, launch, n_main):
     if base == "cross_entropy_backward_vec":  # elementwise over (N, C), 16-byte vectors
         return "vec", share, 0, "simple", 0
     if base in ("flash_rowdot", "flash_bias_sum"):  # flash_bias_sum: the groups' partials of dbias
+        # (flash_rowdot: records before 2026-12-06; D_i is flash_backward_q's since)
         return "vec", share, steps(share, 4), "simple", 0
     if base in ("softmax_forward_warp", "softmax_backward_warp"):
         philox = numel(ts[0][0]) / PHILOX_WORDS if op == "attention_softmax" and dropout_on(ts) else 0

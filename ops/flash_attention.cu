@@ -12,10 +12,11 @@
 //                attention's rule, ops/dropout.h, half the draws of a block per 4 keys),
 //                O += P_d V on tensor cores; writes out, the rows' log-sum-exp and, with dropout,
 //                the keep bits (a byte per 4 keys), which the backward reads instead of drawing.
-//   rowdot       D_i = rowsum(dout_i * out_i), f32 (a warp per row).
+//   backward_q   grid (Tq / 64, H, B), first: each warp's 16 queries: D_i = rowsum(dout_i *
+//                out_i) (f32, written for the next two), then dQ += dS K. (A launch of its own
+//                before 2026-12-06: 24 launches and ~0.6 ms of reads at BERT-Large s512.)
 //   backward_kv  grid (Tk / 64, B H): each warp's 16 keys against every query tile: S^T and
 //                dP_d^T made again, dV += P_d^T dO and dK += dS^T Q in registers (fragments).
-//   backward_q   grid (Tq / 64, H, B): each warp's 16 queries: dQ += dS K.
 //   backward_bias (only for dbias) grid (Tk / 64, Tq / 64, H G): each warp's 16 queries against
 //                the block's 64 keys, S and dP_d made again for every batch entry of its group in
 //                order and dS summed in registers (each lane its own elements of the tile), the
@@ -67,7 +68,7 @@ struct Args {
   const float *bias32, *mask, *lse;  // bias32: an f32 bias (then bias is null)
   const uint8_t* bits;               // the forward's keep bits (backward, with dropout)
   T *o, *dq, *dk, *dv;
-  float *lse_out, *rowdot;                // rowdot: flash_rowdot writes it, the backward reads it
+  float *lse_out, *rowdot;                // rowdot: flash_backward_q writes it, kv / bias read it
   uint8_t* bits_out;                      // the keep bits (forward, with dropout)
   int64_t batch, heads, tq, tk, groups4;  // groups4: bytes of keep bits a row, ceil(Tk / 4)
   int64_t bias_sh, bias_si, bias_sj;
@@ -332,21 +333,6 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
   }
 }
 
-// rowdot[r] = sum_d out[r, d] dout[r, d], a warp per row r = (b H + h) Tq + i.
-template <class T>
-__global__ void flash_rowdot(Args<T> a, int64_t rows, int d) {
-  const int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
-  if (r >= rows) return;
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t bh = r / a.tq, i = r % a.tq, b = bh / a.heads, h = bh % a.heads;
-  const T* out = a.out + at(a.lo, b, h) + i * a.lo.st;
-  const T* dout = a.dout + at(a.ldo, b, h) + i * a.ldo.st;
-  float s = 0.0f;
-  for (int c = lane; c < d; c += kWarpSize) s += to_acc(out[c]) * to_acc(dout[c]);
-  s = warp_sum(s);
-  if (lane == 0) a.rowdot[r] = s;
-}
-
 // dS of the element at (i, j) of a recomputed tile: P (dP_d kf - D_i), with P_d = P kf.
 struct Grad {
   float pd, ds;
@@ -490,10 +476,23 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
   if (active) {
     stage_warp_pair<T, D>(smem, o_q, a.q + at(a.lq, b, h), a.lq.st, o_do, a.dout + at(a.ldo, b, h),
                           a.ldo.st, LDK, i0, a.tq, lane);
-    if (lane < 16) {
-      const bool in = i0 + lane < a.tq;
-      sL[lane] = in ? a.lse[bh * a.tq + i0 + lane] : INFINITY;
-      sD[lane] = in ? a.rowdot[bh * a.tq + i0 + lane] : 0.0f;
+    if (lane < 16) sL[lane] = i0 + lane < a.tq ? a.lse[bh * a.tq + i0 + lane] : INFINITY;
+    // D_i = rowsum(dout * out) of the warp's 16 rows (lane c adds columns c, c + 32, ..., then
+    // warp_sum): kept for this warp's dS and written for flash_backward_kv and _bias, launched
+    // after this kernel (each (b, h, i) belongs to one warp of the grid).
+    for (int r = 0; r < 16; ++r) {
+      const int64_t i = i0 + r;
+      float s = 0.0f;
+      if (i < a.tq) {
+        const T* o = a.out + at(a.lo, b, h) + i * a.lo.st;
+        const T* g = a.dout + at(a.ldo, b, h) + i * a.ldo.st;
+        for (int c = lane; c < D; c += kWarpSize) s += to_acc(o[c]) * to_acc(g[c]);
+      }
+      s = warp_sum(s);
+      if (lane == 0) {
+        sD[r] = i < a.tq ? s : 0.0f;
+        if (i < a.tq) a.rowdot[bh * a.tq + i] = s;
+      }
     }
     __syncwarp();
     for (int kk = 0; kk < ND; ++kk) {
@@ -770,22 +769,10 @@ void backward(const FlashAttentionBackward& t) {
     a.dq = dptr<T>(t.dq);
     a.dk = dptr<T>(t.dk);
     a.dv = dptr<T>(t.dv);
-    // D_i = rowsum(dout * out).
+    // D_i = rowsum(dout * out): flash_backward_q's, which runs first.
     Tensor rowdot = Tensor::empty(Shape{bh * a.tq}, DType::f32, t.q.device());
     a.rowdot = rowdot.data<float>();
-    if (a.tq > 0) {
-      const LaunchConfig cfg{dim3(static_cast<unsigned>((bh * a.tq + kWarps - 1) / kWarps)),
-                             dim3(kThreads), 0, stream};
-      ENGINE_LAUNCH(flash_rowdot<T>, cfg, a, bh * a.tq, static_cast<int>(d));
-    }
     dispatch_width(d, "flash_attention_backward", [&]<int ND>() {
-      if (a.tk > 0) {
-        constexpr size_t smem = kv_smem<ND * 16, T>();
-        allow_smem(flash_backward_kv<T, ND>, smem);
-        const LaunchConfig cfg{dim3(tiles(a.tk), static_cast<unsigned>(bh)), dim3(kThreads), smem,
-                               stream};
-        ENGINE_LAUNCH((flash_backward_kv<T, ND>), cfg, a);
-      }
       if (a.tq > 0) {
         constexpr size_t smem = q_smem<ND * 16, T>();
         allow_smem(flash_backward_q<T, ND>, smem);
@@ -793,6 +780,13 @@ void backward(const FlashAttentionBackward& t) {
             dim3(tiles(a.tq), static_cast<unsigned>(a.heads), static_cast<unsigned>(a.batch)),
             dim3(kThreads), smem, stream};
         ENGINE_LAUNCH((flash_backward_q<T, ND>), cfg, a);
+      }
+      if (a.tk > 0) {
+        constexpr size_t smem = kv_smem<ND * 16, T>();
+        allow_smem(flash_backward_kv<T, ND>, smem);
+        const LaunchConfig cfg{dim3(tiles(a.tk), static_cast<unsigned>(bh)), dim3(kThreads), smem,
+                               stream};
+        ENGINE_LAUNCH((flash_backward_kv<T, ND>), cfg, a);
       }
       if (t.dbias.defined() && a.tq > 0 && a.tk > 0) {
         // Groups of the batch where the tiles alone are fewer blocks than kTargetBlocks (each

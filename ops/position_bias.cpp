@@ -75,9 +75,9 @@ constexpr int64_t kParallelElems = ::engine::cpu::kParallelMinElems;
 void check_buckets(const Tensor& index, int64_t r) {
   const int64_t* p = index.data<int64_t>();
   for (int64_t k = 0; k < index.numel(); ++k)
-    ENGINE_CHECK(p[k] >= 0 && p[k] < r, "[bucket_lookup] index value ", p[k],
-                 " at flat position ", k, " is out of range for a table of ", r,
-                 " buckets (expected 0 <= index < ", r, ")");
+    ENGINE_CHECK(p[k] >= 0 && p[k] < r, "[bucket_lookup] index value ", p[k], " at flat position ",
+                 k, " is out of range for a table of ", r, " buckets (expected 0 <= index < ", r,
+                 ")");
 }
 
 void bucket_lookup(const Tensor& table, const Tensor& index, const Tensor& out) {
@@ -156,8 +156,7 @@ void cls_reset_sums(const Tensor& grad, const Tensor& drow, const Tensor& dcol) 
 }  // namespace cpu
 
 ENGINE_REGISTER_KERNEL(bucket_lookup_kernel, DeviceType::CPU, cpu::bucket_lookup);
-ENGINE_REGISTER_KERNEL(bucket_lookup_backward_kernel, DeviceType::CPU,
-                       cpu::bucket_lookup_backward);
+ENGINE_REGISTER_KERNEL(bucket_lookup_backward_kernel, DeviceType::CPU, cpu::bucket_lookup_backward);
 ENGINE_REGISTER_KERNEL(cls_reset_kernel, DeviceType::CPU, cpu::cls_reset);
 ENGINE_REGISTER_KERNEL(cls_reset_sums_kernel, DeviceType::CPU, cpu::cls_reset_sums);
 
@@ -188,10 +187,10 @@ Tensor cls_reset(const Tensor& v, const Tensor& row, const Tensor& col) {
                "[cls_reset] v must be a floating (C, T, U) tensor with T, U >= 1, got ",
                describe(v));
   for (const Tensor* t : {&row, &col})
-    ENGINE_CHECK(t->dtype() == v.dtype() && t->shape() == Shape{v.shape()[0]} &&
-                     t->device() == v.device(),
-                 "[cls_reset] row and col must be (C) = (", v.shape()[0], ") of v's dtype on v's ",
-                 "device (v ", describe(v), "), got ", describe(*t));
+    ENGINE_CHECK(
+        t->dtype() == v.dtype() && t->shape() == Shape{v.shape()[0]} && t->device() == v.device(),
+        "[cls_reset] row and col must be (C) = (", v.shape()[0], ") of v's dtype on v's ",
+        "device (v ", describe(v), "), got ", describe(*t));
   Tensor r = row.detach().contiguous(), c = col.detach().contiguous();
   Tensor out = reset_raw(v, r, c);
   if (needs_grad(v, row, col)) record(std::make_shared<ClsResetNode>(), {v, row, col}, {out});

@@ -69,8 +69,8 @@ __global__ void bucket_lookup_fwd(const T* table, const int64_t* index, T* out, 
 // part (R, C, pieces) in the accumulation type; piece = blockIdx.x, channel blockIdx.y, buckets
 // [32 blockIdx.z, 32 blockIdx.z + 32).
 template <class T>
-__global__ void bucket_lookup_partials(const T* grad, const int64_t* index, Acc<T>* part,
-                                       int64_t n, int64_t r, int64_t c, int64_t per_thread,
+__global__ void bucket_lookup_partials(const T* grad, const int64_t* index, Acc<T>* part, int64_t n,
+                                       int64_t r, int64_t c, int64_t per_thread,
                                        DeviceIndexError* err) {
   __shared__ Acc<T> acc[kBucketGroup * kPartialThreads];
   const int t = threadIdx.x;
@@ -115,8 +115,8 @@ __global__ void bucket_lookup_sum(const Acc<T>* part, T* dtable, int64_t rc, int
 
 // out (C, T, U) in vectors of V along a row (V divides U).
 template <class T, int V>
-__global__ void cls_reset_fwd(const T* v, const T* row, const T* col, T* out, int64_t t,
-                              int64_t u, int64_t vectors) {
+__global__ void cls_reset_fwd(const T* v, const T* row, const T* col, T* out, int64_t t, int64_t u,
+                              int64_t vectors) {
   const int64_t per_row = u / V;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < vectors;
        e += int64_t(gridDim.x) * blockDim.x) {
@@ -180,8 +180,8 @@ void bucket_lookup_backward(const Tensor& grad, const Tensor& index, const Tenso
   const Device dev = grad.device();
   DeviceGuard guard(dev.index);
   const cudaStream_t stream = compute_stream(dev.index);
-  ENGINE_CHECK(c <= 65535 && (r + kBucketGroup - 1) / kBucketGroup <= 65535,
-               "[bucket_lookup] ", c, " channels and ", r,
+  ENGINE_CHECK(c <= 65535 && (r + kBucketGroup - 1) / kBucketGroup <= 65535, "[bucket_lookup] ", c,
+               " channels and ", r,
                " buckets exceed the backward's grid (at most 65535 of each, in groups of 32)");
   int64_t pieces = (n + kMinPiece - 1) / kMinPiece;
   if (pieces > kMaxPieces) pieces = kMaxPieces;
@@ -190,9 +190,9 @@ void bucket_lookup_backward(const Tensor& grad, const Tensor& index, const Tenso
   dispatch_device_floating(grad.dtype(), "bucket_lookup_backward", [&]<class T>() {
     const DType acc = std::is_same_v<Acc<T>, double> ? DType::f64 : DType::f32;
     Tensor part = Tensor::empty({r * c * pieces}, acc, dev);
-    const LaunchConfig pc{dim3(unsigned(pieces), unsigned(c),
-                               unsigned((r + kBucketGroup - 1) / kBucketGroup)),
-                          dim3(kPartialThreads), 0, stream};
+    const LaunchConfig pc{
+        dim3(unsigned(pieces), unsigned(c), unsigned((r + kBucketGroup - 1) / kBucketGroup)),
+        dim3(kPartialThreads), 0, stream};
     ENGINE_LAUNCH(bucket_lookup_partials<T>, pc, dptr<const T>(grad), dptr<const int64_t>(index),
                   dptr<Acc<T>>(part), n, r, c, per_thread, device_index_error(dev.index));
     const LaunchConfig sc{dim3(grid_blocks(r * c * kWarpSize, kElementwiseThreads)),
@@ -209,11 +209,11 @@ void cls_reset(const Tensor& v, const Tensor& row, const Tensor& col, const Tens
   const cudaStream_t stream = compute_stream(v.device().index);
   dispatch_device_all(v.dtype(), [&]<class T>() {
     constexpr int kV = sizeof(T) >= 16 ? 1 : 16 / int(sizeof(T));
-    const bool vec = u % kV == 0 && detail::aligned(dptr<const T>(v), 16) &&
-                     detail::aligned(dptr<T>(out), 16);
+    const bool vec =
+        u % kV == 0 && detail::aligned(dptr<const T>(v), 16) && detail::aligned(dptr<T>(out), 16);
     const int w = vec ? kV : 1;
-    const LaunchConfig cfg{dim3(grid_blocks(n / w, kElementwiseThreads)),
-                           dim3(kElementwiseThreads), 0, stream};
+    const LaunchConfig cfg{dim3(grid_blocks(n / w, kElementwiseThreads)), dim3(kElementwiseThreads),
+                           0, stream};
     auto launch = [&](auto kernel) {
       launch_kernel("cls_reset_fwd", kernel, cfg, dptr<const T>(v), dptr<const T>(row),
                     dptr<const T>(col), dptr<T>(out), t, u, n / w);
@@ -233,8 +233,7 @@ void cls_reset_sums_launch(const Tensor& grad, const Tensor& drow, const Tensor&
   dispatch_device_floating(grad.dtype(), "cls_reset", [&]<class T>() {
     const LaunchConfig cfg{dim3(unsigned(c)), dim3(kElementwiseThreads), 0,
                            compute_stream(grad.device().index)};
-    ENGINE_LAUNCH(cls_reset_sums<T>, cfg, dptr<const T>(grad), dptr<T>(drow), dptr<T>(dcol), t,
-                  u);
+    ENGINE_LAUNCH(cls_reset_sums<T>, cfg, dptr<const T>(grad), dptr<T>(drow), dptr<T>(dcol), t, u);
   });
 }
 

@@ -41,7 +41,8 @@ TEST_CASE("bucket_lookup equals the embedding lookup permuted to the channels fi
   const int64_t r = 7, c = 3, t = 9;
   std::vector<int64_t> v(size_t(t * t));
   for (int64_t i = 0; i < t; ++i)
-    for (int64_t j = 0; j < t; ++j) v[size_t(i * t + j)] = std::min<int64_t>(std::abs(j - i), r - 1);
+    for (int64_t j = 0; j < t; ++j)
+      v[size_t(i * t + j)] = std::min<int64_t>(std::abs(j - i), r - 1);
   Tensor idx = Tensor::from_vector<int64_t>(v, {t, t});
   for (DType dt : {DType::f32, DType::f64}) {
     Tensor a = Tensor::randn({r, c}, g, 0, 1, dt).set_requires_grad();
@@ -126,12 +127,11 @@ TEST_CASE("cls_reset on a hand-checked example and against the masked compositio
   REQUIRE(cls_reset(x, a, b).to_vector<float>() == want.to_vector<float>());
 }
 
-TEST_CASE("bucket_lookup and cls_reset reject bad input with one clear error",
-          "[position_bias]") {
+TEST_CASE("bucket_lookup and cls_reset reject bad input with one clear error", "[position_bias]") {
   Tensor table = Tensor::zeros({3, 2});
-  REQUIRE_THROWS_WITH(bucket_lookup(table, Tensor::from_vector<int64_t>({0, 3}, {2})),
-                      Contains("[bucket_lookup] index value 3 at flat position 1") &&
-                          Contains("3 buckets"));
+  REQUIRE_THROWS_WITH(
+      bucket_lookup(table, Tensor::from_vector<int64_t>({0, 3}, {2})),
+      Contains("[bucket_lookup] index value 3 at flat position 1") && Contains("3 buckets"));
   REQUIRE_THROWS_WITH(bucket_lookup(table, Tensor::from_vector<int64_t>({-1}, {1})),
                       Contains("index value -1"));
   REQUIRE_THROWS_WITH(bucket_lookup(Tensor::zeros({3}), Tensor::from_vector<int64_t>({0}, {1})),

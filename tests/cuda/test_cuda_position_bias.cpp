@@ -37,10 +37,10 @@ TEST_CASE("bucket_lookup on the device: the lookup bit for bit, the table's grad
     Shape index;
     int64_t r, c;
   };
-  for (const Case& k : {Case{{7, 7}, 5, 3},             // N % 4 != 0: one position a thread
-                        Case{{16, 16}, 34, 4},          // two groups of buckets, TUPE-R code's 34
-                        Case{{1}, 1, 1},                // one position
-                        Case{{64, 40}, 8, 2},           // 2560: two pieces
+  for (const Case& k : {Case{{7, 7}, 5, 3},            // N % 4 != 0: one position a thread
+                        Case{{16, 16}, 34, 4},         // two groups of buckets, TUPE-R code's 34
+                        Case{{1}, 1, 1},               // one position
+                        Case{{64, 40}, 8, 2},          // 2560: two pieces
                         Case{{1100, 1001}, 40, 1}}) {  // 1.1M: 512 pieces, 17 positions a thread
     for (DType dt : {DType::f32, DType::f64}) {
       INFO(dtype_name(dt) << " index " << shape_str(k.index) << " R " << k.r << " C " << k.c);
@@ -76,8 +76,8 @@ TEST_CASE("bucket_lookup on the device: the lookup bit for bit, the table's grad
   bucket_lookup(tbg, index.to(kGpu)).backward(dy.to(kGpu));
   Tensor t32 = tb.to(DType::f32).set_requires_grad();
   bucket_lookup(t32, index).backward(dy.to(DType::f32));
-  require_close(tbg.grad().to(Device::cpu()).to(DType::f32), t32.grad().to(DType::bf16).to(DType::f32),
-                1e-2, 1e-2);
+  require_close(tbg.grad().to(Device::cpu()).to(DType::f32),
+                t32.grad().to(DType::bf16).to(DType::f32), 1e-2, 1e-2);
 }
 
 TEST_CASE("bucket_lookup on the device reports an index out of range", "[cuda]") {
@@ -92,8 +92,8 @@ TEST_CASE("cls_reset on the device: values bit for bit, the row and column sums 
           "[cuda]") {
   Generator g(62);
   for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
-    for (Shape s : {Shape{3, 5, 8}, Shape{2, 7, 9}, Shape{1, 1, 4}, Shape{4, 6, 1},
-                    Shape{16, 130, 130}}) {
+    for (Shape s :
+         {Shape{3, 5, 8}, Shape{2, 7, 9}, Shape{1, 1, 4}, Shape{4, 6, 1}, Shape{16, 130, 130}}) {
       INFO(dtype_name(dt) << " " << shape_str(s));
       const bool half = dt == DType::bf16;
       const DType ref = half ? DType::f32 : dt;  // the CPU computes 16-bit sums in f32
@@ -117,5 +117,6 @@ TEST_CASE("cls_reset on the device: values bit for bit, the row and column sums 
   // A non-contiguous v (read through one contiguous copy), only v needing a gradient.
   Tensor v = Tensor::randn({2, 6, 5}, g).transpose(1, 2);
   Tensor r = Tensor::randn({2}, g), c = Tensor::randn({2}, g);
-  require_equal(cls_reset(v.to(kGpu), r.to(kGpu), c.to(kGpu)).to(Device::cpu()), cls_reset(v, r, c));
+  require_equal(cls_reset(v.to(kGpu), r.to(kGpu), c.to(kGpu)).to(Device::cpu()),
+                cls_reset(v, r, c));
 }
