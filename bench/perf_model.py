@@ -389,9 +389,11 @@ class Model:
         # " bgrad" (cuBLASLt's bias-gradient epilogue: the sums over k of the operand its main
         # loop streams anyway, m f32 values out) is assumed to cost nothing measurable until a GPU
         # times it: the shape's measured time
-        if " c_f32" in row["shape"] and key:  # C read and written in f32 instead of 16-bit once
+        if " c_f32" in row["shape"] and key:  # C written in f32 instead of 16-bit once, and
+            # read too with beta (added into a .grad; without: the step's first writer of it)
             m, n, _, b = key[:4]
-            t += 1e9 * (m * n * b * (8 - 2)) / (self.f["bw"]["vec"] * 1.0)
+            c_bytes = 8 if " beta" in row["shape"] else 4
+            t += 1e9 * (m * n * b * (c_bytes - 2)) / (self.f["bw"]["vec"] * 1.0)
         elif " beta" in row["shape"] and key:  # C read (beta 1: added into) as well as written
             m, n, _, b = key[:4]
             t += 1e9 * (m * n * b * DTYPE_BYTES.get(key[4], 2)) / (self.f["bw"]["vec"] * 1.0)

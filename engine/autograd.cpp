@@ -92,6 +92,27 @@ const std::shared_ptr<TensorImpl>* cast_leaf(const Node& n, size_t j, Counts& co
 
 using Pending = std::unordered_map<Node*, std::vector<Tensor>>;
 
+// A sink offered for input i (grad_sinks or f32_sinks) and the leaf it belongs to.
+const Tensor* sink_of(const std::vector<Tensor>& sinks, size_t i) {
+  return i < sinks.size() && sinks[i].defined() ? &sinks[i] : nullptr;
+}
+TensorImpl* sink_leaf(const Node& n, size_t i) {
+  return i < n.sink_leaves.size() ? n.sink_leaves[i] : nullptr;
+}
+// Add semantics: a deferred zero is zeroed. Write semantics: *overwrite says whether it was
+// deferred, and the node now owns the write (the flag is cleared).
+const Tensor* offer(const Node& n, const Tensor* sink, size_t i, bool* overwrite) {
+  if (!sink) return nullptr;
+  TensorImpl* leaf = sink_leaf(n, i);
+  if (overwrite) {
+    *overwrite = leaf && leaf->autograd.grad_fresh;
+    if (leaf) leaf->autograd.grad_fresh = false;
+  } else if (leaf) {
+    materialize_grad(leaf);
+  }
+  return sink;
+}
+
 // Offers node n, for its next backward() call, the .grad of each leaf input that can take the
 // gradient in place, of each f32 leaf behind a 16-bit cast, and, on a device, the gradient
 // already summed for a non-leaf input when nothing else holds it (see Node::grad_sink).
@@ -99,6 +120,15 @@ template <class Counts>
 void offer_grad_sinks(Node& n, Counts& counts, Pending& pending) {
   n.grad_sinks.clear();
   n.f32_sinks.clear();
+  n.sink_leaves.clear();
+  auto owned_by = [&](size_t j, TensorImpl* leaf) {
+    if (n.sink_leaves.empty()) n.sink_leaves.resize(n.next.size());
+    // A leaf on two inputs of the node: its deferred zero made now (two writers would each
+    // overwrite the other's part).
+    for (TensorImpl* other : n.sink_leaves)
+      if (other == leaf) materialize_grad(leaf);
+    n.sink_leaves[j] = leaf;
+  };
   auto usable = [](const Tensor& acc, const TensorMeta& m, DType dtype) {
     return acc.defined() && acc.is_contiguous() && acc.shape() == m.shape && acc.dtype() == dtype &&
            acc.device() == m.device;
@@ -109,10 +139,12 @@ void offer_grad_sinks(Node& n, Counts& counts, Pending& pending) {
       if (!usable(leaf->autograd.grad, m, m.dtype)) continue;
       if (n.grad_sinks.empty()) n.grad_sinks.resize(n.next.size());
       n.grad_sinks[j] = leaf->autograd.grad;
+      owned_by(j, leaf.get());
     } else if (const std::shared_ptr<TensorImpl>* leaf = cast_leaf(n, j, counts)) {
       if (!usable((*leaf)->autograd.grad, m, DType::f32)) continue;
       if (n.f32_sinks.empty()) n.f32_sinks.resize(n.next.size());
       n.f32_sinks[j] = (*leaf)->autograd.grad;
+      owned_by(j, leaf->get());
     } else if (const std::shared_ptr<Node>& producer = n.next[j].node;
                producer && !m.device.is_cpu()) {
       // The CPU keeps its bits: a GEMM adding into c sums in another order than c + (a b).
@@ -137,12 +169,28 @@ struct SinkScope {
   ~SinkScope() {
     n.grad_sinks.clear();
     n.f32_sinks.clear();
+    n.sink_leaves.clear();
   }
   SinkScope(const SinkScope&) = delete;
   SinkScope& operator=(const SinkScope&) = delete;
 };
 
 }  // namespace
+
+const Tensor* Node::grad_sink(size_t i, DType dtype) const {
+  const Tensor* s = sink_of(grad_sinks, i);
+  return s && s->dtype() == dtype ? offer(*this, s, i, nullptr) : nullptr;
+}
+const Tensor* Node::grad_sink(size_t i, DType dtype, bool* overwrite) const {
+  const Tensor* s = sink_of(grad_sinks, i);
+  return s && s->dtype() == dtype ? offer(*this, s, i, overwrite) : nullptr;
+}
+const Tensor* Node::grad_sink_f32(size_t i) const {
+  return offer(*this, sink_of(f32_sinks, i), i, nullptr);
+}
+const Tensor* Node::grad_sink_f32(size_t i, bool* overwrite) const {
+  return offer(*this, sink_of(f32_sinks, i), i, overwrite);
+}
 
 bool GradMode::is_enabled() { return t_grad_enabled; }
 void GradMode::set_enabled(bool on) { t_grad_enabled = on; }
@@ -218,11 +266,14 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   const AutogradMeta& rm = root.impl()->autograd;
   if (!rm.grad_fn) {  // the root is a leaf
     Tensor g = seed.to(root.dtype()).to(root.device());
-    Tensor& acc = root.impl()->autograd.grad;
-    if (acc.defined())
-      acc.add_(g);
+    AutogradMeta& am = root.impl()->autograd;
+    if (!am.grad.defined())
+      am.grad = g.clone();
+    else if (am.grad_fresh)
+      am.grad.copy_(g);
     else
-      acc = g.clone();
+      am.grad.add_(g);
+    am.grad_fresh = false;
     if (t_leaf_hook) t_leaf_hook(root.impl());
     return;
   }
@@ -253,6 +304,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
     auto c = leaf_edges.find(leaf.get());
     if (c != leaf_edges.end() && --c->second == 0) {
       leaf_edges.erase(c);
+      materialize_grad(leaf.get());  // complete: a deferred zero nothing wrote is a zero
       t_leaf_hook(leaf.get());
     }
   };
@@ -296,11 +348,14 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
         Tensor& s = slots[e.slot];
         s = s.defined() ? add_grads(s, g) : g;
       } else {
-        Tensor& acc = e.leaf->autograd.grad;
-        if (acc.defined())
-          acc.add_(g);
+        AutogradMeta& am = e.leaf->autograd;
+        if (!am.grad.defined())
+          am.grad = g.clone();
+        else if (am.grad_fresh)  // a deferred zero: written, not added
+          am.grad.copy_(g);
         else
-          acc = g.clone();
+          am.grad.add_(g);
+        am.grad_fresh = false;
       }
     }
     if (t_leaf_hook) {
@@ -323,7 +378,10 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   }
   // Leaves behind nodes that never received a gradient: complete too, now.
   if (t_leaf_hook)
-    for (auto& [leaf, count] : leaf_edges) t_leaf_hook(leaf);
+    for (auto& [leaf, count] : leaf_edges) {
+      materialize_grad(const_cast<TensorImpl*>(leaf));
+      t_leaf_hook(leaf);
+    }
   for (auto& n : ran) {
     n->release_saved();
     n->released = true;

@@ -71,27 +71,30 @@ class Node {
   // join's part, which the sublayer's input GEMM then adds to): a node may add its gradient into
   // it in place (a GEMM with beta 1, a scatter-add) and return an undefined gradient for i,
   // instead of a new tensor the engine would add with a second pass over memory. `dtype` is the
-  // gradient's: a sink only for the input's.
-  const Tensor* grad_sink(size_t i, DType dtype) const {
-    return i < grad_sinks.size() && grad_sinks[i].defined() && grad_sinks[i].dtype() == dtype
-               ? &grad_sinks[i]
-               : nullptr;
-  }
+  // gradient's: a sink only for the input's. A leaf's .grad whose zero was deferred
+  // (AutogradMeta::grad_fresh) is zeroed here first, so adding into it is right.
+  const Tensor* grad_sink(size_t i, DType dtype) const;
+  // The same for a node that puts its whole gradient for input i into the sink: *overwrite is
+  // set when the sink is a leaf's .grad with a deferred zero (its values stale, meaning 0): the
+  // node then writes its gradient (a GEMM with beta 0, a kernel storing instead of adding) and
+  // must not read the sink; otherwise it adds. Asking commits the node to writing it.
+  const Tensor* grad_sink(size_t i, DType dtype, bool* overwrite) const;
   // For a bf16 / f16 input i on a device that is autocast's cast of an f32 leaf (Tensor::to on
   // the same device) used by this node alone: the leaf's f32 .grad, where backward() may add the
   // gradient in f32 itself (a 16-bit GEMM storing f32 with beta 1) and return an undefined
   // gradient for i; the cast then never runs (no 16-bit gradient, no conversion, no separate
-  // add into the slab). nullptr otherwise.
-  const Tensor* grad_sink_f32(size_t i) const {
-    return i < f32_sinks.size() && f32_sinks[i].defined() ? &f32_sinks[i] : nullptr;
-  }
+  // add into the slab). nullptr otherwise. A deferred zero is zeroed first, as above.
+  const Tensor* grad_sink_f32(size_t i) const;
+  // The same with *overwrite as for grad_sink's second form.
+  const Tensor* grad_sink_f32(size_t i, bool* overwrite) const;
 
   uint64_t sequence_nr = 0;
   std::vector<Edge> next;          // one per input
   std::vector<TensorMeta> inputs;  // shapes the returned gradients must have
   std::vector<TensorMeta> outputs;
-  std::vector<Tensor> grad_sinks;  // set by run_backward around backward(); see grad_sink
-  std::vector<Tensor> f32_sinks;   // likewise; see grad_sink_f32
+  std::vector<Tensor> grad_sinks;        // set by run_backward around backward(); see grad_sink
+  std::vector<Tensor> f32_sinks;         // likewise; see grad_sink_f32
+  std::vector<TensorImpl*> sink_leaves;  // the leaf whose .grad each offered sink is, or null
   bool released = false;
 };
 

@@ -58,7 +58,7 @@ void GradReducer::on_leaf_ready(const TensorImpl* leaf) {
 void GradReducer::start_ready_buckets(bool all) {
   while (next_ < buckets_.size() && (all || buckets_[next_].ready >= buckets_[next_].params)) {
     const Bucket& b = buckets_[next_];
-    Tensor g = flat_.grad().slice(0, b.begin, b.end);
+    Tensor g = flat_.grad_slice(b.begin, b.end);  // deferred zeros of the bucket made
     if (wire_.defined()) {  // bf16 on the wire: the rounded copy goes (stream-ordered after it)
       Tensor w = wire_.slice(0, b.begin, b.end);
       NoGrad ng;

@@ -40,6 +40,12 @@
 
 namespace engine {
 
+// Work to queue at the end of the capture in progress on this thread, inside it, after its
+// `work`: what a deferred operation still owes the recorded sequence (FlatParameters::zero_grad's
+// deferred zeros, for the gradients no recorded backward wrote). Returns false, and keeps
+// nothing, when no capture is in progress on this thread.
+bool at_capture_end(std::function<void()> f);
+
 class DeviceGraph {
  public:
   DeviceGraph() = default;

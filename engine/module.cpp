@@ -5,6 +5,7 @@
 
 #include "engine/autograd.h"
 #include "engine/error.h"
+#include "engine/graph.h"
 
 namespace engine {
 
@@ -117,7 +118,45 @@ FlatParameters::FlatParameters(const NamedTensors& params, Device dev) {
 
 void FlatParameters::zero_grad() {
   NoGrad ng;
-  grad_.fill_(0.0);
+  if (grad_.device().is_cpu()) {  // the CPU keeps its bits: c + (a b) with c = +0, as always
+    grad_.fill_(0.0);
+    for (Entry& e : entries_) e.param.impl()->autograd.grad_fresh = false;
+    return;
+  }
+  for (Entry& e : entries_) e.param.impl()->autograd.grad_fresh = true;
+  // Inside a graph capture the zeros nothing writes belong to the graph: made at its end (its
+  // replays run no host code to make them later).
+  at_capture_end([this] {
+    for (const Entry& e : entries_) zero_deferred(e);
+  });
+}
+
+const Tensor& FlatParameters::grad() const {
+  size_t fresh = 0;
+  for (const Entry& e : entries_) fresh += e.param.impl()->autograd.grad_fresh ? 1 : 0;
+  if (fresh == entries_.size() && fresh > 1) {  // nothing written: one fill
+    NoGrad ng;
+    grad_.fill_(0.0);
+    for (const Entry& e : entries_) e.param.impl()->autograd.grad_fresh = false;
+  } else if (fresh > 0) {
+    for (const Entry& e : entries_) zero_deferred(e);
+  }
+  return grad_;
+}
+
+Tensor FlatParameters::grad_slice(int64_t begin, int64_t end) const {
+  for (const Entry& e : entries_)
+    if (e.offset < end && e.offset + e.numel > begin) zero_deferred(e);
+  return grad_.slice(0, begin, end);
+}
+
+// The entry's range of the slab (what the optimizer reads, whatever its .grad was set to).
+void FlatParameters::zero_deferred(const Entry& e) const {
+  AutogradMeta& am = e.param.impl()->autograd;
+  if (!am.grad_fresh) return;
+  am.grad_fresh = false;
+  NoGrad ng;
+  grad_.slice(0, e.offset, e.offset + e.numel).fill_(0.0);
 }
 
 }  // namespace engine

@@ -51,21 +51,32 @@ class FlatParameters {
     int64_t numel = 0;
   };
   // Moves each parameter's values into one slab (each entry aligned to 16 elements; padding stays
-  // zero) and re-points the parameter at it, so every handle to it (a model's members too) now
-  // views the slab. Each parameter's .grad becomes a view into a zeroed gradient slab, where
-  // backward accumulates. All parameters must be floating leaves of one dtype on one device.
+  // zero: nothing writes it, and the gradient slab's padding is summed by the norm) and re-points
+  // the parameter at it, so every handle to it (a model's members too) now views the slab. Each
+  // parameter's .grad becomes a view into a zeroed gradient slab, where backward accumulates. All
+  // parameters must be floating leaves of one dtype on one device.
   explicit FlatParameters(const NamedTensors& params);
   // The same, with the slabs on `device`: the parameters (and any gradients they hold) are
   // copied there, so this is how a model built on the CPU moves to a GPU, every handle included.
   FlatParameters(const NamedTensors& params, Device device);
 
   const Tensor& data() const { return data_; }  // 1-D
-  const Tensor& grad() const { return grad_; }  // 1-D, same layout
+  // 1-D, same layout; zeroes first what a deferred zero_grad left to the first writer and no
+  // backward wrote (so every reader sees the sums).
+  const Tensor& grad() const;
+  // Elements [begin, end) of grad(), zeroing only the deferred entries they overlap (a bucket of
+  // the data-parallel all-reduce, while the backward still writes the others).
+  Tensor grad_slice(int64_t begin, int64_t end) const;
   const std::vector<Entry>& entries() const { return entries_; }
   int64_t numel() const { return data_.numel(); }
+  // Zeroes every gradient: on the CPU a fill of the slab; on a device deferred
+  // (AutogradMeta::grad_fresh): the first backward's writers overwrite instead of adding (a GEMM
+  // with beta 0, a bias gradient straight from cuBLASLt's epilogue), and grad() zeroes what none
+  // wrote. No pass over the slab for the gradients the backward writes whole.
   void zero_grad();
 
  private:
+  void zero_deferred(const Entry& e) const;
   Tensor data_, grad_;
   std::vector<Entry> entries_;
 };

@@ -332,7 +332,21 @@ const Tensor& Tensor::set_requires_grad(bool on) const {
 }
 
 bool Tensor::is_leaf() const { return !checked(impl_, "is_leaf").autograd.grad_fn; }
-Tensor Tensor::grad() const { return checked(impl_, "grad").autograd.grad; }
+Tensor Tensor::grad() const {
+  checked(impl_, "grad");
+  materialize_grad(impl_.get());
+  return impl_->autograd.grad;
+}
+
+void materialize_grad(TensorImpl* leaf) {
+  AutogradMeta& am = leaf->autograd;
+  if (!am.grad_fresh) return;
+  am.grad_fresh = false;
+  if (am.grad.defined()) {
+    NoGrad ng;
+    am.grad.fill_(0.0);
+  }
+}
 
 void Tensor::set_grad(const Tensor& g) const {
   checked(impl_, "set_grad");
@@ -340,10 +354,13 @@ void Tensor::set_grad(const Tensor& g) const {
       !g.defined() || (g.shape() == shape() && g.dtype() == dtype() && g.device() == device()),
       "[set_grad] gradient ", describe(g), " does not match tensor ", describe(*this));
   impl_->autograd.grad = g;
+  impl_->autograd.grad_fresh = false;
 }
 
 void Tensor::zero_grad() const {
-  Tensor g = grad();
+  checked(impl_, "zero_grad");
+  impl_->autograd.grad_fresh = false;  // zeroed now
+  Tensor g = impl_->autograd.grad;
   if (g.defined()) {
     NoGrad ng;
     g.fill_(0.0);

@@ -121,7 +121,7 @@ class Tensor {
   bool requires_grad() const;
   const Tensor& set_requires_grad(bool on = true) const;  // leaves only
   bool is_leaf() const;
-  Tensor grad() const;  // undefined until a backward reaches this leaf
+  Tensor grad() const;  // undefined until a backward reaches this leaf (zeroes a deferred zero)
   void set_grad(const Tensor& g) const;
   void zero_grad() const;  // zeroes the gradient buffer in place (keeps flat-slab views)
   const std::shared_ptr<Node>& grad_fn() const;
@@ -147,7 +147,17 @@ struct AutogradMeta {
   Tensor grad;
   std::shared_ptr<Node> grad_fn;
   int output_slot = 0;
+  // A deferred zero (FlatParameters::zero_grad on a device): grad's storage holds stale values
+  // and means 0. The first gradient written into it overwrites it (a GEMM with beta 0, a copy
+  // instead of an add: no zero-fill pass over the slab); any reader first zeroes it
+  // (materialize_grad).
+  bool grad_fresh = false;
 };
+
+// Zeroes a leaf's gradient whose zero was deferred (AutogradMeta::grad_fresh) and clears the flag;
+// nothing otherwise. Every reader of a .grad buffer outside the autograd engine goes through it
+// (Tensor::grad, FlatParameters::grad).
+void materialize_grad(TensorImpl* leaf);
 
 class TensorImpl {
  public:

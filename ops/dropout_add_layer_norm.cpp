@@ -88,17 +88,19 @@ struct DropoutAddNormNode : Node {
     // A parameter (bias, weight, ln_bias) that is autocast's 16-bit cast of an f32 leaf: on a
     // device its gradient is added in f32 into the leaf's .grad by the kernel's column sums
     // (Node::grad_sink_f32), not written in 16 bits and added by a launch of its own.
-    auto out = [&](size_t i) {
+    // Written rather than added where the .grad's zero was deferred (Node::grad_sink's
+    // overwrite: no zero fill of it first).
+    auto out = [&](size_t i, bool* write) {
       if (!needs_input_grad(i)) return Tensor();
-      if (i != 0 && i != 2 && !sum.device().is_cpu())
-        if (const Tensor* f32 = grad_sink_f32(i)) return *f32;
+      if (write && !sum.device().is_cpu())
+        if (const Tensor* f32 = grad_sink_f32(i, write)) return *f32;
       return Tensor::empty(inputs[i].shape, inputs[i].dtype, sum.device());
     };
-    a.dx = out(0);
-    a.dbias = out(1);
-    a.d_residual = out(2);
-    a.dweight = out(3);
-    a.dln_bias = out(4);
+    a.dx = out(0, nullptr);
+    a.dbias = out(1, &a.write_dbias);
+    a.d_residual = out(2, nullptr);
+    a.dweight = out(3, &a.write_dweight);
+    a.dln_bias = out(4, &a.write_dln_bias);
     dropout_add_layer_norm_backward_kernel(sum.device(), a);
     // A gradient added into its f32 sink (another dtype than its input's) is not returned.
     auto given = [&](size_t i, const Tensor& g) {

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "engine/cuda/context.h"
 #include "engine/cuda/kernels.cuh"
@@ -357,8 +358,10 @@ void backward(const DropoutAddNormBackward& t) {
   const int device = t.sum.device().index;
   DeviceGuard guard(device);
   if (rows == 0) {  // sums over no rows: zeros written, nothing added
-    for (const Tensor* g : {&t.dbias, &t.dweight, &t.dln_bias})
-      if (g->defined() && g->dtype() == t.sum.dtype()) g->fill_(0.0);
+    const std::pair<const Tensor*, bool> gs[] = {
+        {&t.dbias, t.write_dbias}, {&t.dweight, t.write_dweight}, {&t.dln_bias, t.write_dln_bias}};
+    for (const auto& [g, write] : gs)
+      if (g->defined() && (g->dtype() == t.sum.dtype() || write)) g->fill_(0.0);
     return;
   }
   ENGINE_CHECK(rows < (int64_t(1) << 31), "[dropout_add_layer_norm_backward] ", rows,
@@ -384,15 +387,16 @@ void backward(const DropoutAddNormBackward& t) {
       }
       if (!any_sums) return;
       const DType dt = t.sum.dtype();
-      const RowSums<T, S> f{a.sum,
-                            a.dnormed,
-                            dptr<const T>(dx),
-                            a.mean,
-                            a.rstd,
-                            c,
-                            param_grad<T>(t.dweight, dt, "dropout_add_layer_norm_backward"),
-                            param_grad<T>(t.dln_bias, dt, "dropout_add_layer_norm_backward"),
-                            param_grad<T>(t.dbias, dt, "dropout_add_layer_norm_backward")};
+      const RowSums<T, S> f{
+          a.sum,
+          a.dnormed,
+          dptr<const T>(dx),
+          a.mean,
+          a.rstd,
+          c,
+          param_grad<T>(t.dweight, dt, "dropout_add_layer_norm_backward", t.write_dweight),
+          param_grad<T>(t.dln_bias, dt, "dropout_add_layer_norm_backward", t.write_dln_bias),
+          param_grad<T>(t.dbias, dt, "dropout_add_layer_norm_backward", t.write_dbias)};
       column_sums<1, 3>("dropout_add_layer_norm_params", rows, c, f, device);
       return;
     }
@@ -413,12 +417,13 @@ void backward(const DropoutAddNormBackward& t) {
     });
     if (!any_sums) return;
     const DType dt = t.sum.dtype();
-    const PartSums<T, S> f{part.data<S>(),
-                           blocks,
-                           c,
-                           param_grad<T>(t.dweight, dt, "dropout_add_layer_norm_backward"),
-                           param_grad<T>(t.dln_bias, dt, "dropout_add_layer_norm_backward"),
-                           param_grad<T>(t.dbias, dt, "dropout_add_layer_norm_backward")};
+    const PartSums<T, S> f{
+        part.data<S>(),
+        blocks,
+        c,
+        param_grad<T>(t.dweight, dt, "dropout_add_layer_norm_backward", t.write_dweight),
+        param_grad<T>(t.dln_bias, dt, "dropout_add_layer_norm_backward", t.write_dln_bias),
+        param_grad<T>(t.dbias, dt, "dropout_add_layer_norm_backward", t.write_dbias)};
     column_sums<1, 3>("dropout_add_layer_norm_params", blocks, c, f, device, false);
   });
 }

@@ -62,6 +62,10 @@ struct DropoutAddNormBackward {
   double p = 0;
   PhiloxState state;
   Tensor d_residual, dx, dbias, dweight, dln_bias;  // outputs, each optional
+  // An f32 parameter gradient of a 16-bit problem (added into: Node::grad_sink_f32) written
+  // instead, where its .grad's zero was deferred (the first writer). Device kernels only: the CPU
+  // never gets such a gradient.
+  bool write_dbias = false, write_dweight = false, write_dln_bias = false;
 };
 inline Kernel<void(const DropoutAddNormBackward&)> dropout_add_layer_norm_backward_kernel{
     "dropout_add_layer_norm_backward"};

@@ -154,10 +154,11 @@ struct MatmulNode : Node {
         // when the engine offers it (beta 1).
         Tensor a2 = rows_of(a);  // (B*M, K)
         Tensor g2 = rows_of(g);  // (B*M, N)
-        if (const Tensor* sink = grad_sink(1, g.dtype())) {
-          gemm(a2, true, g2, false, *sink, 1.0, 1.0);
-        } else if (const Tensor* f32 = grad_sink_f32(1)) {
-          gemm(a2, true, g2, false, *f32, 1.0, 1.0);  // 16-bit product added in f32
+        bool write = false;      // a deferred zero: beta 0 (Node::grad_sink)
+        if (const Tensor* sink = grad_sink(1, g.dtype(), &write)) {
+          gemm(a2, true, g2, false, *sink, 1.0, write ? 0.0 : 1.0);
+        } else if (const Tensor* f32 = grad_sink_f32(1, &write)) {
+          gemm(a2, true, g2, false, *f32, 1.0, write ? 0.0 : 1.0);  // 16-bit product, f32 sums
         } else {
           gb = Tensor::empty(inputs[1].shape, g.dtype(), g.device());
           gemm(a2, true, g2, false, gb);
@@ -197,19 +198,23 @@ struct LinearNode : Node {
       // (out, in) = dY^T X over all rows; added straight into the weight's .grad (beta 1) when the
       // engine offers it: the tied embeddings' 15.6 MB dE of the tiny model then costs no second
       // pass to add it.
-      if (const Tensor* sink = grad_sink(1, dt)) {
-        gemm(g2, true, rows_of(x), false, *sink, 1.0, 1.0);
-      } else if (const Tensor* f32 = grad_sink_f32(1)) {
+      // Written (beta 0) where the .grad's zero was deferred: the step's first writer.
+      bool write = false;
+      if (const Tensor* sink = grad_sink(1, dt, &write)) {
+        gemm(g2, true, rows_of(x), false, *sink, 1.0, write ? 0.0 : 1.0);
+      } else if (const Tensor* f32 = grad_sink_f32(1, &write)) {
         // 16-bit product added in f32; on a device the bias's gradient (the column sums of dY)
         // comes from the same GEMM's epilogue when both go to f32 .grads (no pass over dY of
-        // its own)
-        const Tensor* f32b = needs_input_grad(2) && !dev.is_cpu() ? grad_sink_f32(2) : nullptr;
+        // its own), written straight into the bias's .grad where its zero was deferred
+        bool write_b = false;
+        const Tensor* f32b =
+            needs_input_grad(2) && !dev.is_cpu() ? grad_sink_f32(2, &write_b) : nullptr;
         if (f32b) {
-          gemm(g2.contiguous(), true, rows_of(x), false, *f32, 1.0, 1.0, GemmEpilogue::bias_grad,
-               *f32b);
+          gemm(g2.contiguous(), true, rows_of(x), false, *f32, 1.0, write ? 0.0 : 1.0,
+               GemmEpilogue::bias_grad, *f32b, !write_b);
           bias_done = true;
         } else {
-          gemm(g2, true, rows_of(x), false, *f32, 1.0, 1.0);
+          gemm(g2, true, rows_of(x), false, *f32, 1.0, write ? 0.0 : 1.0);
         }
       } else {
         gw = Tensor::empty(inputs[1].shape, dt, dev);
@@ -236,7 +241,8 @@ ENGINE_REGISTER_KERNEL(gemm_kernel, DeviceType::CPU, cpu::gemm);
 // ---- public ----------------------------------------------------------------------------------
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-          double alpha, double beta, GemmEpilogue epilogue, const Tensor& bias) {
+          double alpha, double beta, GemmEpilogue epilogue, const Tensor& bias,
+          bool bias_grad_add) {
   ENGINE_CHECK(a.defined() && b.defined() && c.defined(), "[gemm] got an undefined tensor: a ",
                describe(a), ", b ", describe(b), ", c ", describe(c));
   ENGINE_CHECK(a.device() == c.device() && b.device() == c.device(),
@@ -317,15 +323,16 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
   g.epilogue = epilogue;
   g.bias = with_bias ? bias.raw_data() : nullptr;
   // bias_grad: the sums go to a scratch the kernel writes (cuBLASLt's epilogue writes, it does
-  // not add), then into `bias`; a backend without the epilogue leaves them to column_sums_add.
+  // not add), then into `bias` — or straight into `bias` when they are to be written
+  // (!bias_grad_add); a backend without the epilogue leaves them to column_sums_add.
   bool bias_grad_done = false;
   Tensor scratch;
   if (bias_grad) {
     if (c.device().is_cpu()) {
       g.epilogue = GemmEpilogue::none;
     } else {
-      scratch = Tensor::empty(Shape{m}, DType::f32, c.device());
-      g.bias = scratch.raw_data();
+      if (bias_grad_add) scratch = Tensor::empty(Shape{m}, DType::f32, c.device());
+      g.bias = bias_grad_add ? scratch.raw_data() : bias.raw_data();
       g.bias_grad_done = &bias_grad_done;
     }
   }
@@ -353,10 +360,12 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
   }
   gemm_kernel(c.device(), g);
   if (bias_grad) {
-    if (bias_grad_done)
-      bias.add_(scratch);
-    else  // a is (k, m): the sums of op(a)'s rows are its column sums
+    if (bias_grad_done) {
+      if (bias_grad_add) bias.add_(scratch);
+    } else {  // a is (k, m): the sums of op(a)'s rows are its column sums
+      if (!bias_grad_add) bias.fill_(0.0);
       column_sums_add_kernel(c.device(), a.device().is_cpu() ? a.to(DType::f32) : a, bias);
+    }
   }
 }
 

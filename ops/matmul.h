@@ -31,12 +31,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 // With a bias epilogue, `bias` is a contiguous (n) tensor of c's dtype and device, and c must be
 // row-major. With bias_grad (a linear's weight and bias gradients at once: a = dY read
 // transposed, 2-D and contiguous), `bias` is a contiguous (m) f32 tensor on c's device into
-// which the sums of op(a)'s rows (dY's column sums) are added: from the GEMM's epilogue where
-// cuBLASLt has one for the problem, by column_sums_add otherwise (and on the CPU).
+// which the sums of op(a)'s rows (dY's column sums) are added (written, with bias_grad_add
+// false: its values are not read): from the GEMM's epilogue where cuBLASLt has one for the
+// problem, by column_sums_add otherwise (and on the CPU).
 // Throws "[gemm] ..." for anything else.
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
           double alpha = 1.0, double beta = 0.0, GemmEpilogue epilogue = GemmEpilogue::none,
-          const Tensor& bias = Tensor());
+          const Tensor& bias = Tensor(), bool bias_grad_add = true);
 
 // ---- kernels (one table per launch; backends register implementations) ----------------------
 

@@ -80,7 +80,6 @@ void Trainer::upload_block(int64_t micro_batches, std::span<const double> weight
 // The step's device work, the same every step: run eagerly, or recorded into a graph.
 void Trainer::device_step(int64_t micro_batches, const std::function<Tensor(int64_t)>& loss_of,
                           bool in_graph) {
-  const Tensor& grad = params_.grad();
   const auto at = [&](int64_t i, int64_t n = 1) { return block_.slice(0, i, i + n); };
   {
     NoGrad ng;
@@ -113,7 +112,8 @@ void Trainer::device_step(int64_t micro_batches, const std::function<Tensor(int6
   cast_once.reset();  // before anything writes the slab
   reducer_->finish();
   NoGrad ng;
-  unscale_and_check_(grad, at(kInvScale), at(kStats, 2));
+  // params_.grad(): what the backward left to a deferred zero is zeroed now (FlatParameters).
+  unscale_and_check_(params_.grad(), at(kInvScale), at(kStats, 2));
   // The optimizer writes the copy with the new values: the next step converts nothing.
   optimizer_->step_on_device(at(kControls, 5), options_.clip_norm, copy);
   if (!in_graph) {

@@ -165,26 +165,32 @@ void column_sums(const char* name, int64_t rows, int64_t cols, const F& f, int d
 
 // Where a column sum that is a parameter's gradient goes: written in the problem's dtype, or, for
 // a 16-bit problem given an f32 tensor (the f32 .grad behind autocast's cast of the parameter,
-// Node::grad_sink_f32), added into that in f32: no 16-bit gradient, no separate add.
+// Node::grad_sink_f32), added into that in f32 (no 16-bit gradient, no separate add) — or
+// written in f32 where that .grad's zero was deferred (`set`: the first writer).
 template <class T>
 struct ParamGrad {
   T* out = nullptr;
   float* add = nullptr;
-  __device__ explicit operator bool() const { return out != nullptr || add != nullptr; }
+  float* set = nullptr;
+  __device__ explicit operator bool() const {
+    return out != nullptr || add != nullptr || set != nullptr;
+  }
   template <class S>
   __device__ void put(int64_t col, S s) const {
     if (add)
       add[col] += static_cast<float>(s);
+    else if (set)
+      set[col] = static_cast<float>(s);
     else if (out)
       out[col] = from_acc<T>(s);
   }
 };
 
 // g (undefined: not wanted) as the destination of a `problem`-dtype op's parameter gradient; an
-// f32 g for a bf16 / f16 problem is added into, another dtype than the problem's is an error
-// naming `op`.
+// f32 g for a bf16 / f16 problem is added into (written when `write`: a deferred zero), another
+// dtype than the problem's is an error naming `op`.
 template <class T>
-ParamGrad<T> param_grad(const Tensor& g, DType problem, const char* op) {
+ParamGrad<T> param_grad(const Tensor& g, DType problem, const char* op, bool write = false) {
   ParamGrad<T> p;
   if (!g.defined()) return p;
   if (g.dtype() != problem) {
@@ -192,7 +198,7 @@ ParamGrad<T> param_grad(const Tensor& g, DType problem, const char* op) {
                  op, "] a parameter gradient ", describe(g), " for a ", dtype_name(problem),
                  " problem: expected ", dtype_name(problem),
                  " (written) or, for bf16 / f16, f32 (added into)");
-    p.add = g.data<float>();
+    (write ? p.set : p.add) = g.data<float>();
   } else {
     p.out = dptr<T>(g);
   }

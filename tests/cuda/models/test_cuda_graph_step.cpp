@@ -66,7 +66,11 @@ void check_graph_step(const models::BertConfig& c, DType compute) {
     CHECK(gen.offset() == at.offset + blocks);
     const Tensor want_loss = eager_loss.clone(), want_grad = flat.grad().clone();
     gen.set_state(at);
-    flat.grad().fill_(-1.0);
+    // Stale gradients: every parameter's (the slab's padding between them is never written,
+    // and stays 0) — the replay must write or zero each one itself (zero_grad's deferred zeros
+    // are the graph's: made at the capture's end).
+    for (const FlatParameters::Entry& e : flat.entries())
+      flat.grad_slice(e.offset, e.offset + e.numel).fill_(-1.0);
     offset.fill_(static_cast<double>(gen.offset()));
     graph.replay();
     gen.skip_blocks(blocks);
