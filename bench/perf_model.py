@@ -209,6 +209,10 @@ def describe5(name, op_row, launch, n_main):
         return "aux", 0.0, math.ceil(pieces / 32), "simple", 0
     if base == "cls_reset_sums":  # a block per channel: its first row and column
         return "aux", 0.0, math.ceil(max(ts[0][0][1:]) / launch["threads"]), "simple", 0
+    if base == "cross_entropy_online":  # a block per row, one pass in 8-element vectors with the
+        # block reductions: the measured warp-per-row softmax's rate (the closest measured kernel;
+        # 5d401cc's and 3928985's two-pass scalar cross_entropy_rows is "rowblock")
+        return "softmax_warp", share, 0, "simple", 0
     if base == "cross_entropy_backward_vec":  # elementwise over (N, C), 16-byte vectors
         return "vec", share, 0, "simple", 0
     if base in ("flash_rowdot", "flash_bias_sum"):  # flash_bias_sum: the groups' partials of dbias

@@ -1,17 +1,18 @@
 // CUDA kernels of the fused softmax cross-entropy (see cross_entropy.h).
 //
-// Forward: one block per row computes the row's max and sum of exp through the block
-// reductions (f32 for f32 / bf16 / f16 logits, f64 for f64), writes the logsumexp and the row's
-// loss (0 for an ignored row); then a single block sums the row losses in f64 and counts the
-// rows not ignored, in a fixed order (the same result on every run), and writes count and the
-// sum or mean. No (N, C) softmax is ever stored. Backward: elementwise over (N, C), 16-byte
-// vectors along the classes where the row length allows, each writing (exp(x - lse) - onehot) * w
-// with the row's weight read from grad_out and count on the device, so no value comes back to
-// the host. 16-bit logits with an f32 loss (autocast's loss in f32) are read as they are: their
-// conversion to f32 is exact and the arithmetic the f32 kernels', so loss and gradient have the
-// bits of casting the logits to f32 first, without that (N, C) copy each way. A target outside
-// [0, C) that is not ignore_index is reported (device_error.cuh: raised at the next host read)
-// and its row contributes nothing.
+// Forward: one block per row, one pass over it in 8-element vectors (16-byte loads of 16-bit
+// logits), computes the row's max and sum
+// of exp (each thread's running pair, merged through the block reductions; f32 for f32 / bf16 /
+// f16 logits, f64 for f64), writes the logsumexp and the row's loss (0 for an ignored row); then a
+// single block sums the row losses in f64 and counts the rows not ignored, in a fixed order (the
+// same result on every run), and writes count and the sum or mean. No (N, C) softmax is ever
+// stored. Backward: elementwise over (N, C), 16-byte vectors along the classes where the row length
+// allows, each writing (exp(x - lse) - onehot) * w with the row's weight read from grad_out and
+// count on the device, so no value comes back to the host. 16-bit logits with an f32 loss
+// (autocast's loss in f32) are read as they are: their conversion to f32 is exact and the
+// arithmetic the f32 kernels', so loss and gradient have the bits of casting the logits to f32
+// first, without that (N, C) copy each way. A target outside [0, C) that is not ignore_index is
+// reported (device_error.cuh: raised at the next host read) and its row contributes nothing.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -35,20 +36,34 @@ int row_threads(int64_t c) {
   return static_cast<int>(kWarpSize * (warps < 8 ? (warps < 1 ? 1 : warps) : 8));
 }
 
-// T: the logits; O: the loss (T, or f32 for 16-bit logits).
-template <class T, class O, class I>
+// T: the logits; O: the loss (T, or f32 for 16-bit logits). One pass over the row in W-element
+// vectors (8 where the row allows, else 1): each thread keeps a running maximum and the
+// sum of exp(x - max) of its elements (rescaled when the maximum grows; NaN and infinities
+// propagate as in the two-pass form), then block_max and block_sum (fixed orders) merge them.
+template <class T, class O, class I, int W>
 __global__ void cross_entropy_rows(const T* logits, const I* targets, int64_t c,
                                    int64_t ignore_index, Acc<T>* lse, Acc<T>* row_loss, O* out,
                                    DeviceIndexError* err) {
   using V = Acc<T>;
   const int64_t i = blockIdx.x;
   const T* x = logits + i * c;
-  V mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) mx = max_nan(mx, to_acc(x[j]));
-  mx = block_max(mx, V(-INFINITY));
-  V sum = 0;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) sum += dmath::exp(to_acc(x[j]) - mx);
-  sum = block_sum(sum);
+  V m = -INFINITY, s = 0;
+  for (int64_t k = threadIdx.x; k < c / W; k += blockDim.x) {
+    const Vec<T, W> v = reinterpret_cast<const Vec<T, W>*>(x)[k];
+    V lm = to_acc(v.v[0]);
+#pragma unroll
+    for (int q = 1; q < W; ++q) lm = max_nan(lm, to_acc(v.v[q]));
+    if (!(lm <= m)) {  // a larger maximum, or NaN: the sum so far rescaled to it
+      s = m == V(-INFINITY) ? V(0) : s * dmath::exp(m - lm);
+      m = lm;
+    }
+    if (m != V(-INFINITY))  // elements of -inf while the maximum is -inf add 0 to any other
+#pragma unroll
+      for (int q = 0; q < W; ++q) s += dmath::exp(to_acc(v.v[q]) - m);
+  }
+  const V mx = block_max(m, V(-INFINITY));
+  V sum = block_sum(m == V(-INFINITY) ? V(0) : s * dmath::exp(m - mx));
+  if (mx == V(-INFINITY)) sum = V(NAN);  // every logit -inf: NaN, as exp(x - max) makes it
   if (threadIdx.x != 0) return;
   const V l = mx + dmath::log(sum);
   lse[i] = l;
@@ -154,11 +169,22 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
         Tensor row_loss = Tensor::empty({n > 0 ? n : 1}, lse.dtype(), dev);
         if (n > 0) {
           ENGINE_CHECK(n < (int64_t(1) << 31), "[cross_entropy] ", n, " rows exceed one grid");
-          const LaunchConfig rows{dim3(static_cast<unsigned>(n)), dim3(row_threads(c)), 0, stream};
-          ENGINE_LAUNCH((cross_entropy_rows<T, O, I>), rows, dptr<const T>(logits),
-                        dptr<const I>(targets), c, ignore_index, dptr<V>(lse), dptr<V>(row_loss),
-                        reduction == Reduction::none ? dptr<O>(out) : nullptr,
-                        device_index_error(dev.index));
+          // 8 elements a load (16 bytes of bf16 / f16, two vectors of f32): the same split of
+          // the row for 16-bit logits and for their f32 cast, so the same bits
+          constexpr int kW = 8;
+          const bool vec = c % kW == 0 && detail::aligned(dptr<const T>(logits), kW * sizeof(T));
+          const LaunchConfig rows{dim3(static_cast<unsigned>(n)),
+                                  dim3(row_threads(vec ? c / kW : c)), 0, stream};
+          auto launch = [&](auto kernel) {
+            launch_kernel("cross_entropy_online", kernel, rows, dptr<const T>(logits),
+                          dptr<const I>(targets), c, ignore_index, dptr<V>(lse), dptr<V>(row_loss),
+                          reduction == Reduction::none ? dptr<O>(out) : nullptr,
+                          device_index_error(dev.index));
+          };
+          if (vec)
+            launch(cross_entropy_rows<T, O, I, kW>);
+          else
+            launch(cross_entropy_rows<T, O, I, 1>);
         }
         const LaunchConfig one{dim3(1), dim3(1024), 0, stream};
         ENGINE_LAUNCH((cross_entropy_total<T, O, I>), one, dptr<const V>(row_loss),

@@ -43,9 +43,9 @@ Params make_params(Generator& g, int64_t k, int64_t n) {
   p.ln_w = add("ln_w", {k});
   p.ln_b = add("ln_b", {k});
   p.join_bias = add("join_bias", {k});
-  p.unused = add("unused", {5});      // no node reaches it
-  p.square = add("square", {k, k});   // the same leaf on both inputs of one matmul
-  p.shared = add("shared", {k, k});   // two nodes: the first writes, the second adds
+  p.unused = add("unused", {5});     // no node reaches it
+  p.square = add("square", {k, k});  // the same leaf on both inputs of one matmul
+  p.shared = add("shared", {k, k});  // two nodes: the first writes, the second adds
   return p;
 }
 

@@ -278,6 +278,40 @@ TEST_CASE("cross_entropy on the device matches the CPU with ignored rows and eve
   require_equal(x.grad(), Tensor::zeros({3, 4}, DType::f32, kGpu));
 }
 
+TEST_CASE("cross_entropy on the device: rows with -inf, +inf and NaN logits as on the CPU",
+          "[cuda]") {
+  // The one-pass kernel's running maximum and rescaled sum, in 8-element vectors (64 classes) and
+  // one at a time (37): a row of -inf logits is NaN, -inf logits elsewhere add nothing, +inf and
+  // NaN make the row NaN — each thread's part as the CPU's two passes make it.
+  Generator g(49);
+  for (int64_t c : {64, 37}) {
+    INFO(c << " classes");
+    const int64_t n = 6;
+    std::vector<float> v = Tensor::randn({n, c}, g, 0, 3).to_vector<float>();
+    auto at = [&](int64_t i, int64_t j) -> float& { return v[size_t(i * c + j)]; };
+    for (int64_t j = 0; j < c; ++j) at(0, j) = -INFINITY;      // every logit -inf
+    for (int64_t j = 0; j < c; j += 2) at(1, j) = -INFINITY;   // half of them, the target not
+    for (int64_t j = 0; j < c - 9; ++j) at(2, j) = -INFINITY;  // all but the last 9
+    at(3, c / 2) = INFINITY;
+    at(4, c - 1) = NAN;
+    const Tensor x = Tensor::from_vector(v, {n, c});
+    const Tensor t = Tensor::from_vector(std::vector<int64_t>{0, 1, c - 1, 0, 0, 3}, {n});
+    const Tensor want = cross_entropy(x, t, -100, Reduction::none);
+    const Tensor got = cross_entropy(x.to(kGpu), t.to(kGpu), -100, Reduction::none);
+    const std::vector<double> w = want.to_vector<double>(),
+                              o = got.to(Device::cpu()).to_vector<double>();
+    for (size_t i = 0; i < w.size(); ++i) {
+      INFO("row " << i << ": got " << o[i] << ", want " << w[i]);
+      REQUIRE(std::isnan(o[i]) == std::isnan(w[i]));
+      REQUIRE(std::isinf(o[i]) == std::isinf(w[i]));
+      if (std::isfinite(w[i])) REQUIRE(o[i] == Approx(w[i]).epsilon(1e-5));
+    }
+    REQUIRE(std::isnan(o[0]));
+    REQUIRE(std::isfinite(o[1]));
+    REQUIRE(std::isfinite(o[2]));
+  }
+}
+
 TEST_CASE("cross_entropy on bf16 and f16 logits keeps f32 statistics", "[cuda]") {
   Generator g(46);
   for (DType dt : {DType::bf16, DType::f16}) {
