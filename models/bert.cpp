@@ -99,8 +99,9 @@ BertLayer::Projected BertLayer::project(const Tensor& x, const AttentionTerms& t
 Tensor BertLayer::scaled_scores(const Projected& pr, const AttentionTerms& terms) const {
   Tensor scores = engine::matmul(pr.q, pr.k.transpose(2, 3));
   if (terms.shaw_table.defined())
-    scores = scores + engine::relative_gather(
-                          engine::matmul(pr.q, terms.shaw_table.transpose(0, 1)), terms.shaw_index);
+    scores =
+        scores + engine::relative_gather(engine::matmul(pr.q, terms.shaw_table.transpose(0, 1)),
+                                         terms.shaw_index, terms.shaw_inverse);
   return scores * pr.scale;
 }
 
@@ -136,8 +137,9 @@ Tensor BertLayer::self_attention(const Tensor& x, const Tensor& key_mask,
     Tensor mask4 = key_mask.defined() ? key_mask.view({b, 1, 1, t}) : Tensor();
     Tensor probs = engine::softmax(scores, terms.bias, mask4);
     probs = engine::attention_dropout(probs, p_drop, training, gen);  // the attention op's rule
-    ctx = engine::matmul(probs, v) +
-          engine::matmul(engine::relative_scatter(probs, terms.shaw_index, r), a);
+    ctx =
+        engine::matmul(probs, v) +
+        engine::matmul(engine::relative_scatter(probs, terms.shaw_index, r, terms.shaw_inverse), a);
   }
   Tensor merged = ctx.permute({0, 2, 1, 3}).reshape({b, t, h * dh});  // (B, T, d)
   return out.forward_no_bias(merged);

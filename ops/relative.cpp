@@ -42,24 +42,26 @@ Tensor gather_raw(const Tensor& x, const Tensor& index) {
   return out;
 }
 
-Tensor scatter_raw(const Tensor& y, const Tensor& index, int64_t num_buckets) {
+Tensor scatter_raw(const Tensor& y, const Tensor& index, int64_t num_buckets,
+                   const Tensor& inverse) {
   const int64_t tq = index.shape()[0], tk = index.shape()[1];
   const int64_t l = leading_numel(y.shape());
   Shape out_shape = y.shape();
   out_shape.back() = num_buckets;  // (..., Tq, R)
   Tensor out = Tensor::empty(out_shape, y.dtype(), y.device());
-  relative_scatter_kernel(y.device(), y.detach().contiguous().view({l, tq, tk}), index,
+  relative_scatter_kernel(y.device(), y.detach().contiguous().view({l, tq, tk}), index, inverse,
                           out.view({l, tq, num_buckets}));
   return out;
 }
 
 struct RelativeGatherNode : Node {
-  Tensor index;  // (Tq, Tk) contiguous, detached; R comes from inputs[0]
+  Tensor index;    // (Tq, Tk) contiguous, detached; R comes from inputs[0]
+  Tensor inverse;  // relative_index_inverse(index, R) or undefined
   const char* name() const override { return "relative_gather"; }
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
-    return {scatter_raw(grads[0], index, inputs[0].shape.back())};
+    return {scatter_raw(grads[0], index, inputs[0].shape.back(), inverse)};
   }
-  void release_saved() override { index = Tensor(); }
+  void release_saved() override { index = inverse = Tensor(); }
 };
 
 struct RelativeScatterNode : Node {
@@ -110,7 +112,25 @@ void relative_gather(const Tensor& x, const Tensor& index, const Tensor& out) {
   });
 }
 
-void relative_scatter(const Tensor& y, const Tensor& index, const Tensor& out) {
+void relative_invert(const Tensor& index, int64_t r, const Tensor& inverse) {
+  check_index_range(index, r, "relative_index_inverse", "num_buckets");
+  const int64_t tq = index.shape()[0], tk = index.shape()[1];
+  const int64_t* idx = index.data<int64_t>();
+  int32_t* off = inverse.data<int32_t>();
+  int32_t* keys = off + tq * (r + 1);
+  for (int64_t i = 0; i < tq; ++i) {
+    int32_t* o = off + i * (r + 1);
+    std::fill(o, o + r + 1, 0);
+    for (int64_t j = 0; j < tk; ++j) ++o[idx[i * tk + j] + 1];
+    for (int64_t b = 0; b < r; ++b) o[b + 1] += o[b];
+    std::vector<int32_t> cur(o, o + r);
+    for (int64_t j = 0; j < tk; ++j)
+      keys[i * tk + cur[size_t(idx[i * tk + j])]++] = static_cast<int32_t>(j);
+  }
+}
+
+void relative_scatter(const Tensor& y, const Tensor& index, const Tensor& /*inverse*/,
+                      const Tensor& out) {
   const int64_t tq = y.shape()[1], tk = y.shape()[2], r = out.shape()[2];
   check_index_range(index, r, "relative_scatter", "num_buckets");
   const int64_t rows = y.shape()[0] * tq;
@@ -137,33 +157,68 @@ void relative_scatter(const Tensor& y, const Tensor& index, const Tensor& out) {
 
 ENGINE_REGISTER_KERNEL(relative_gather_kernel, DeviceType::CPU, cpu::relative_gather);
 ENGINE_REGISTER_KERNEL(relative_scatter_kernel, DeviceType::CPU, cpu::relative_scatter);
+ENGINE_REGISTER_KERNEL(relative_invert_kernel, DeviceType::CPU, cpu::relative_invert);
 
 }  // namespace
 
-Tensor relative_gather(const Tensor& x, const Tensor& index) {
+Tensor relative_index_inverse(const Tensor& index, int64_t num_buckets) {
+  ENGINE_CHECK(index.defined() && index.dtype() == DType::i64 && index.dim() == 2,
+               "[relative_index_inverse] index must be a 2-D (Tq, Tk) i64 tensor, got ",
+               index.defined() ? describe(index) : std::string("undefined"));
+  ENGINE_CHECK(num_buckets >= 0, "[relative_index_inverse] num_buckets must be >= 0, got ",
+               num_buckets);
+  const int64_t tq = index.shape()[0], tk = index.shape()[1];
+  ENGINE_CHECK(tk < (int64_t(1) << 31) && (num_buckets + 1) * tq + tq * tk < (int64_t(1) << 31),
+               "[relative_index_inverse] index ", describe(index), " with ", num_buckets,
+               " buckets is too large for the 32-bit inverted index");
+  Tensor inverse = Tensor::empty({tq * (num_buckets + 1) + tq * tk}, DType::i32, index.device());
+  relative_invert_kernel(index.device(), index.detach().contiguous(), num_buckets, inverse);
+  return inverse;
+}
+
+namespace {
+
+// An inverse given to the ops: relative_index_inverse's shape for (index, R) on index's device.
+void check_inverse(const Tensor& inverse, const Tensor& index, int64_t r, const char* op) {
+  if (!inverse.defined()) return;
+  const int64_t tq = index.shape()[0], tk = index.shape()[1];
+  ENGINE_CHECK(inverse.dtype() == DType::i32 && inverse.dim() == 1 &&
+                   inverse.numel() == tq * (r + 1) + tq * tk && inverse.is_contiguous() &&
+                   inverse.device() == index.device(),
+               "[", op, "] inverse must be relative_index_inverse(index, ", r, "): a contiguous (",
+               tq * (r + 1) + tq * tk, ") i32 tensor on index's device, got ", describe(inverse));
+}
+
+}  // namespace
+
+Tensor relative_gather(const Tensor& x, const Tensor& index, const Tensor& inverse) {
   check_common(x, index, "relative_gather", "x");
   ENGINE_CHECK(x.shape()[x.dim() - 2] == index.shape()[0],
                "[relative_gather] x must be (..., Tq, R) with Tq = index's ", index.shape()[0],
                " rows, got x ", describe(x), " and index ", describe(index));
+  check_inverse(inverse, index, x.shape().back(), "relative_gather");
   Tensor idx = index.detach().contiguous();
   Tensor out = gather_raw(x, idx);
   if (needs_grad(x)) {
     auto node = std::make_shared<RelativeGatherNode>();
     node->index = idx;
+    node->inverse = inverse.defined() ? inverse.detach() : Tensor();
     record(node, {x}, {out});
   }
   return out;
 }
 
-Tensor relative_scatter(const Tensor& y, const Tensor& index, int64_t num_buckets) {
+Tensor relative_scatter(const Tensor& y, const Tensor& index, int64_t num_buckets,
+                        const Tensor& inverse) {
   check_common(y, index, "relative_scatter", "y");
   ENGINE_CHECK(num_buckets >= 0, "[relative_scatter] num_buckets must be >= 0, got ", num_buckets);
   const Shape& s = y.shape();
   ENGINE_CHECK(s[s.size() - 2] == index.shape()[0] && s.back() == index.shape()[1],
                "[relative_scatter] y must be (..., Tq, Tk) with (Tq, Tk) = index's shape ",
                shape_str(index.shape()), ", got y ", describe(y), " and index ", describe(index));
+  check_inverse(inverse, index, num_buckets, "relative_scatter");
   Tensor idx = index.detach().contiguous();
-  Tensor out = scatter_raw(y, idx, num_buckets);
+  Tensor out = scatter_raw(y, idx, num_buckets, inverse.defined() ? inverse.detach() : Tensor());
   if (needs_grad(y)) {
     auto node = std::make_shared<RelativeScatterNode>();
     node->index = idx;

@@ -2,12 +2,13 @@
 //
 // gather: one thread per output element, a copy in the storage type.
 //
-// scatter, deterministic and without atomics: the (Tq, Tk) index is first inverted into a CSR
-// per query row (bucket -> the keys j that name it, in increasing j), by one thread per row;
-// then one thread per output element (l, i, r) sums y[l, i, j] over its bucket's keys in that
-// order, in f32 (f64 for f64), and writes once. A bucket's sum is thus formed in j order, as on
-// the CPU (the same f32 bits), and buckets no key names are 0. The inversion costs O(Tq (Tk+R))
-// once per call, small next to the L Tq Tk values.
+// scatter, deterministic and without atomics: the (Tq, Tk) index inverted into a CSR per query
+// row (bucket -> the keys j that name it, in increasing j; relative_invert: one thread per row,
+// serial over its keys — made once for a constant index, relative_index_inverse, which the Shaw
+// component caches; only an op called without it inverts per call); then one thread per output
+// element (l, i, r) sums y[l, i, j] over its bucket's keys in that order, in f32 (f64 for f64),
+// and writes once. A bucket's sum is thus formed in j order, as on the CPU (the same f32 bits),
+// and buckets no key names are 0.
 //
 // An index value outside [0, R) is never read with: it is reported (device_error.cuh: raised at
 // the next host read), gathered as 0 and left out of the scatter's buckets.
@@ -103,28 +104,40 @@ void relative_gather(const Tensor& x, const Tensor& index, const Tensor& out) {
   });
 }
 
-void relative_scatter(const Tensor& y, const Tensor& index, const Tensor& out) {
+// inverse (Tq (R + 1) + Tq Tk) i32: the offsets, then the keys.
+void relative_invert(const Tensor& index, int64_t r, const Tensor& inverse) {
+  const int64_t tq = index.shape()[0], tk = index.shape()[1];
+  if (tq == 0) return;
+  DeviceGuard guard(index.device().index);
+  const Device dev = index.device();
+  Tensor cursor = Tensor::empty({tq, r > 0 ? r : 1}, DType::i32, dev);
+  const int threads = 128;
+  const LaunchConfig invert{dim3(static_cast<unsigned>((tq + threads - 1) / threads)),
+                            dim3(threads), 0, compute_stream(dev.index)};
+  int32_t* offsets = dptr<int32_t>(inverse);
+  ENGINE_LAUNCH(relative_invert_index, invert, dptr<const int64_t>(index), tq, tk, r, offsets,
+                dptr<int32_t>(cursor), offsets + tq * (r + 1), device_index_error(dev.index));
+}
+
+void relative_scatter(const Tensor& y, const Tensor& index, const Tensor& inverse,
+                      const Tensor& out) {
   const int64_t tq = y.shape()[1], tk = y.shape()[2], r = out.shape()[2];
   const int64_t rows = y.shape()[0] * tq;
   if (rows == 0 || r == 0) return;
-  ENGINE_CHECK(tk < (int64_t(1) << 31) && (r + 1) * tq < (int64_t(1) << 31),
+  ENGINE_CHECK(tk < (int64_t(1) << 31) && (r + 1) * tq + tq * tk < (int64_t(1) << 31),
                "[relative_scatter] index (", tq, ", ", tk, ") with ", r,
                " buckets is too large for the 32-bit inverted index");
   DeviceGuard guard(y.device().index);
   const Device dev = y.device();
-  Tensor offsets = Tensor::empty({tq, r + 1}, DType::i32, dev);
-  Tensor cursor = Tensor::empty({tq, r}, DType::i32, dev);
-  Tensor keys = Tensor::empty({tq, tk > 0 ? tk : 1}, DType::i32, dev);
-  const int threads = 128;
-  const LaunchConfig invert{dim3(static_cast<unsigned>((tq + threads - 1) / threads)),
-                            dim3(threads), 0, compute_stream(dev.index)};
-  ENGINE_LAUNCH(relative_invert_index, invert, dptr<const int64_t>(index), tq, tk, r,
-                dptr<int32_t>(offsets), dptr<int32_t>(cursor), dptr<int32_t>(keys),
-                device_index_error(dev.index));
+  Tensor inv = inverse;
+  if (!inv.defined()) {  // no cached inverse: made now, for this call
+    inv = Tensor::empty({tq * (r + 1) + tq * tk}, DType::i32, dev);
+    relative_invert(index, r, inv);
+  }
+  const int32_t* offsets = dptr<const int32_t>(inv);
   dispatch_device_floating(y.dtype(), "relative_scatter", [&]<class T>() {
-    ENGINE_LAUNCH(relative_scatter_elems<T>, flat_config(rows * r, y), dptr<const T>(y),
-                  dptr<const int32_t>(offsets), dptr<const int32_t>(keys), dptr<T>(out), rows, tq,
-                  tk, r);
+    ENGINE_LAUNCH(relative_scatter_elems<T>, flat_config(rows * r, y), dptr<const T>(y), offsets,
+                  offsets + tq * (r + 1), dptr<T>(out), rows, tq, tk, r);
   });
 }
 
@@ -132,5 +145,6 @@ void relative_scatter(const Tensor& y, const Tensor& index, const Tensor& out) {
 
 ENGINE_REGISTER_KERNEL(relative_gather_kernel, DeviceType::CUDA, relative_gather);
 ENGINE_REGISTER_KERNEL(relative_scatter_kernel, DeviceType::CUDA, relative_scatter);
+ENGINE_REGISTER_KERNEL(relative_invert_kernel, DeviceType::CUDA, relative_invert);
 
 }  // namespace engine::cuda

@@ -204,6 +204,36 @@ TEST_CASE("relative ops in f32 on the threaded path", "[relative]") {
       REQUIRE(gv[row * tk + j] == a[row * r + iv[(row % tq) * tk + j]]);
 }
 
+TEST_CASE("relative_index_inverse: the index's CSR per row, and the ops given it", "[relative]") {
+  // row 0: buckets 0 <- j 0; 2 <- j 1, 2; 1 <- j 3. row 1: 1 <- j 0, 1; 0 <- j 2; 2 <- j 3.
+  Tensor idx = Tensor::from_vector<int64_t>({0, 2, 2, 1, 1, 1, 0, 2}, {2, 4});
+  Tensor inv = relative_index_inverse(idx, 4);  // a 4th bucket nothing names
+  REQUIRE(inv.dtype() == DType::i32);
+  REQUIRE(inv.to_vector<int32_t>() ==
+          std::vector<int32_t>{0, 1, 2, 4, 4, 0, 1, 3, 4, 4,  // offsets (Tq, R + 1)
+                               0, 3, 1, 2, 2, 0, 1, 3});      // keys (Tq, Tk), j increasing
+  // The ops give the same values and gradients with it as without.
+  Tensor x = rand_input({3, 2, 4}, 72), x2 = x.detach().clone().set_requires_grad();
+  Tensor y = relative_scatter(relative_gather(x, idx) * 1.5, idx, 4);
+  Tensor y2 = relative_scatter(relative_gather(x2, idx, inv) * 1.5, idx, 4, inv);
+  REQUIRE(y.to_vector<double>() == y2.to_vector<double>());
+  Tensor dy = rand_input({3, 2, 4}, 73, false);
+  y.backward(dy);
+  y2.backward(dy);
+  REQUIRE(x.grad().to_vector<double>() == x2.grad().to_vector<double>());
+  // An inverse of another shape, dtype or index; an index out of range.
+  REQUIRE_THROWS_WITH(
+      relative_scatter(y, idx, 3, inv),
+      Contains("[relative_scatter] inverse must be relative_index_inverse(index, 3)"));
+  REQUIRE_THROWS_WITH(
+      relative_gather(x, idx, inv.to(DType::i64)),
+      Contains("[relative_gather] inverse must be relative_index_inverse(index, 4)"));
+  REQUIRE_THROWS_WITH(relative_index_inverse(idx, 2),
+                      Contains("[relative_index_inverse] index value 2 at (0, 1) is out of range"));
+  REQUIRE_THROWS_WITH(relative_index_inverse(Tensor::zeros({2, 2}), 2),
+                      Contains("[relative_index_inverse] index must be a 2-D (Tq, Tk) i64 tensor"));
+}
+
 TEST_CASE("relative ops record one node, and none without grad", "[relative]") {
   Tensor idx = shaw_index(3, 3, 1);
   Tensor x = rand_input({2, 3, 3}, 71);

@@ -41,9 +41,10 @@ struct AttentionTerms {
   Tensor bias;        // (1, H, T, T) additive logits (TUPE's term, T5 bias, ALiBi)
   Tensor shaw_table;  // (R, d_h) relative vectors a_r (Shaw): keys k_j + a_c(j-i), values likewise
   Tensor shaw_index;  // (T, T) i64: c(j - i) + clip
-  Tensor pos_query;   // (1, H, T, d_h) added to q (bert_a_d's p U^Q)
-  Tensor pos_key;     // (1, H, T, d_h) added to k (bert_a_d's p U^K)
-  Tensor rotary_cos;  // (T, d_h / 2) f32: q and k rotated pairwise by these angles (RoPE)
+  Tensor shaw_inverse;  // relative_index_inverse(shaw_index, R): made once per length
+  Tensor pos_query;     // (1, H, T, d_h) added to q (bert_a_d's p U^Q)
+  Tensor pos_key;       // (1, H, T, d_h) added to k (bert_a_d's p U^K)
+  Tensor rotary_cos;    // (T, d_h / 2) f32: q and k rotated pairwise by these angles (RoPE)
   Tensor rotary_sin;
   // The logits are q.k / sqrt(scale_factor d_h): TUPE 2, bert_a_d 4.
   double scale_factor = 1.0;

@@ -39,6 +39,10 @@ class Shaw : public PositionComponent {
           idx[size_t(i * t + j)] = std::clamp(j - i, -clip, clip) + clip;
       return Tensor::from_vector<int64_t>(idx, {t, t}).to(dev);
     });
+    // its inverse for the scatters (the values' term, the keys' term's backward): made once
+    inverse_ = ctx.constants.add_derived(index_, [clip](const Tensor& index) {
+      return engine::relative_index_inverse(index, 2 * clip + 1);
+    });
     if (K == Kind::sinusoid)
       fixed_ = ctx.constants.add(0, [clip, dh](int64_t, engine::Device dev) {
         return position::sinusoid(position::range_f32(-clip, clip + 1, engine::Device::cpu()),
@@ -60,6 +64,7 @@ class Shaw : public PositionComponent {
     else
       terms.shaw_table = position::sinusoid(constants_->get(positions_, t, dev), freq_);
     terms.shaw_index = constants_->get(index_, t, dev);
+    terms.shaw_inverse = constants_->get(inverse_, t, dev);
     return {};
   }
   void correlations(const CorrelationContext& ctx,
@@ -83,7 +88,7 @@ class Shaw : public PositionComponent {
  private:
   const LengthConstants* constants_;
   Tensor table_, freq_;
-  int index_ = -1, fixed_ = -1, positions_ = -1;
+  int index_ = -1, inverse_ = -1, fixed_ = -1, positions_ = -1;
 };
 
 }  // namespace

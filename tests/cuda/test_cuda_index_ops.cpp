@@ -192,6 +192,16 @@ TEST_CASE("relative_gather and relative_scatter on the device equal the CPU bit 
       Tensor ys = Tensor::randn({l, tk, tq}, g, 0, 1, dt).transpose(1, 2);
       require_equal(relative_scatter(ys.to(kGpu), index.to(kGpu), r + 3),
                     relative_scatter(ys, index, r + 3));
+      // The inverse made once on the device: the CPU's CSR, and the same values through both
+      // ops (the gather's backward included) as without it.
+      const Tensor inv = relative_index_inverse(index.to(kGpu), r + 3);
+      require_equal(inv, relative_index_inverse(index, r + 3));
+      require_equal(relative_scatter(ys.to(kGpu), index.to(kGpu), r + 3, inv),
+                    relative_scatter(ys, index, r + 3));
+      Tensor xi = x.detach().to(kGpu).set_requires_grad();
+      const Tensor inv_r = relative_index_inverse(index.to(kGpu), r);
+      relative_gather(xi, index.to(kGpu), inv_r).backward(dy.to(kGpu));
+      require_equal(xi.grad(), x.grad());
     }
   }
   // bf16: the gather is a copy; the scatter sums in f32 and rounds once.
