@@ -196,6 +196,8 @@ def describe5(name, op_row, launch, n_main):
             nb += 8 * elems - 4 * groups * numel(q[1:3]) * k[2]
         return "flash", nb, FLASH_PRODUCTS[base] * elems * q[3], "simple", \
             elems / ATTENTION_DRAWS if drawn else 0
+    if base == "binary_bcast":  # 16-byte vectors, the broadcast operand a row or a value
+        return "vec", share, 0, "simple", 0
     if base in ("bucket_lookup_fwd", "cls_reset_fwd"):  # 16-byte stores, coalesced index reads
         return "vec", share, 0, "simple", 0
     if base == "bucket_lookup_partials":  # grad (C, N) and the index once, one element a thread

@@ -1,4 +1,6 @@
-// CUDA kernels of the elementwise ops (see elementwise.h): add/sub/mul/div over broadcast views,
+// CUDA kernels of the elementwise ops (see elementwise.h): add/sub/mul/div over broadcast views
+// (a broadcast that collapses to rows x cols — a row repeated, a value a row — in 16-byte vectors
+// without a strided indexer; other views through a StridedIndexer<3>),
 // affine, GELU / tanh / sin / cos forward and backward, and GELU of x + bias (bias_gelu, 16-byte
 // vectors) with its bias gradient summed in the backward's pass (column_sums: dx written where dy
 // is read), in f32, f64, bf16 and f16.
@@ -124,6 +126,92 @@ __global__ void binary_strided(int64_t n, Op op, T* out, const T* a, const T* b,
   }
 }
 
+// Broadcast operands without a strided indexer: the layout collapsed to (rows, cols) with out
+// contiguous, each operand read whole (offset i), as one row repeated (i % cols: a bias, a
+// position table over a batch), one value a row (i / cols: a per-row scale) or one value.
+enum class Bcast : uint8_t { full, row, col, scalar };
+
+template <class T>
+__device__ inline const T* bcast_at(const T* p, Bcast m, int64_t i, int64_t r, int64_t c) {
+  switch (m) {
+    case Bcast::full:
+      return p + i;
+    case Bcast::row:
+      return p + c;
+    case Bcast::col:
+      return p + r;
+    default:
+      return p;
+  }
+}
+
+// V consecutive elements a thread (V divides cols: a vector stays in one row; the row and column
+// from one 32-bit FastDiv when the tensor is under 2^31 elements).
+template <class Op, class T, int V>
+__global__ void binary_bcast(int64_t n, Op op, T* out, const T* a, const T* b, Bcast ma, Bcast mb,
+                             int64_t cols, FastDiv row_of, bool fast) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n / V; k += stride) {
+    const int64_t i = k * V;
+    const int64_t r = fast ? int64_t(row_of.div(static_cast<uint32_t>(i))) : i / cols;
+    const int64_t c = i - r * cols;
+    Vec<T, V> va, vb, o;
+    if (ma == Bcast::full || ma == Bcast::row) {
+      va = *reinterpret_cast<const Vec<T, V>*>(bcast_at(a, ma, i, r, c));
+    } else {
+#pragma unroll
+      for (int q = 0; q < V; ++q) va.v[q] = *bcast_at(a, ma, i, r, c);
+    }
+    if (mb == Bcast::full || mb == Bcast::row) {
+      vb = *reinterpret_cast<const Vec<T, V>*>(bcast_at(b, mb, i, r, c));
+    } else {
+#pragma unroll
+      for (int q = 0; q < V; ++q) vb.v[q] = *bcast_at(b, mb, i, r, c);
+    }
+#pragma unroll
+    for (int q = 0; q < V; ++q) o.v[q] = from_acc<T>(op(to_acc(va.v[q]), to_acc(vb.v[q])));
+    *reinterpret_cast<Vec<T, V>*>(out + i) = o;
+  }
+}
+
+// The (rows, cols) broadcast form of out = op(a, b), if the layout has one: out contiguous, and
+// each operand full, a row repeated, a value a row or one value.
+struct BcastPlan {
+  bool ok = false;
+  int64_t cols = 1;
+  Bcast ma = Bcast::full, mb = Bcast::full;
+};
+
+BcastPlan bcast_plan(const Tensor& out, const Tensor& a, const Tensor& b) {
+  BcastPlan p;
+  if (!out.is_contiguous()) return p;
+  const std::vector<int64_t>* sts[3] = {&out.strides(), &a.strides(), &b.strides()};
+  const Collapsed c =
+      collapse_layout(out.shape(), std::vector<const std::vector<int64_t>*>(sts, sts + 3));
+  const size_t nd = c.sizes.size();
+  if (nd == 0 || nd > 2) return p;
+  const int64_t cols = c.sizes.back();
+  auto mode = [&](size_t k, Bcast& m) {
+    const int64_t sc = c.strides[k].back();
+    if (nd == 1) {  // one run of cols: the operand whole or one value
+      if (sc != 0 && sc != 1) return false;
+      m = sc == 1 ? Bcast::full : Bcast::scalar;
+      return true;
+    }
+    const int64_t sr = c.strides[k][0];
+    if (sc == 1 && sr == cols) return m = Bcast::full, true;
+    if (sc == 1 && sr == 0) return m = Bcast::row, true;
+    if (sc == 0 && sr == 1) return m = Bcast::col, true;
+    if (sc == 0 && sr == 0) return m = Bcast::scalar, true;
+    return false;
+  };
+  Bcast mo = Bcast::scalar;
+  if (!mode(0, mo) || mo != Bcast::full || !mode(1, p.ma) || !mode(2, p.mb)) return p;
+  p.cols = cols;
+  p.ok = true;
+  return p;
+}
+
 template <class Op, class T>
 __global__ void unary_strided(int64_t n, Op op, T* out, const T* x, StridedIndexer<2> ix) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -224,6 +312,29 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
       if (n == 0) return;
       if (a.is_contiguous() && b.is_contiguous() && out.is_contiguous()) {
         launch_elementwise(name, n, stream, f, po, pa, pb);
+        return;
+      }
+      if (const BcastPlan bp = bcast_plan(out, a, b); bp.ok) {
+        // 16-byte vectors where a vector stays in one row and every vector load is aligned
+        constexpr int kV = sizeof(T) >= 16 ? 1 : 16 / int(sizeof(T));
+        auto vec_ok = [&](const T* p, Bcast m) {
+          return m == Bcast::col || m == Bcast::scalar || detail::aligned(p, 16);
+        };
+        const bool vec =
+            bp.cols % kV == 0 && detail::aligned(po, 16) && vec_ok(pa, bp.ma) && vec_ok(pb, bp.mb);
+        const bool fast = n < (int64_t(1) << 31);
+        const FastDiv row_of(static_cast<uint32_t>(fast ? bp.cols : 1));
+        const int w = vec ? kV : 1;
+        const LaunchConfig cfg{dim3(grid_blocks(n / w, kElementwiseThreads)),
+                               dim3(kElementwiseThreads), 0, stream};
+        auto launch = [&](auto kernel) {
+          launch_kernel("binary_bcast", kernel, cfg, n, f, po, pa, pb, bp.ma, bp.mb, bp.cols,
+                        row_of, fast);
+        };
+        if (vec)
+          launch(binary_bcast<decltype(f), T, kV>);
+        else
+          launch(binary_bcast<decltype(f), T, 1>);
         return;
       }
       const std::vector<int64_t>* sts[3] = {&out.strides(), &a.strides(), &b.strides()};
