@@ -113,6 +113,18 @@ const Tensor* offer(const Node& n, const Tensor* sink, size_t i, bool* overwrite
   return sink;
 }
 
+// g into a leaf's .grad: a copy the first time, or over a deferred zero (written, not added),
+// else added in place.
+void accumulate_leaf(AutogradMeta& am, const Tensor& g) {
+  if (!am.grad.defined())
+    am.grad = g.clone();
+  else if (am.grad_fresh)
+    am.grad.copy_(g);
+  else
+    am.grad.add_(g);
+  am.grad_fresh = false;
+}
+
 // Offers node n, for its next backward() call, the .grad of each leaf input that can take the
 // gradient in place, of each f32 leaf behind a 16-bit cast, and, on a device, the gradient
 // already summed for a non-leaf input when nothing else holds it (see Node::grad_sink).
@@ -266,14 +278,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   const AutogradMeta& rm = root.impl()->autograd;
   if (!rm.grad_fn) {  // the root is a leaf
     Tensor g = seed.to(root.dtype()).to(root.device());
-    AutogradMeta& am = root.impl()->autograd;
-    if (!am.grad.defined())
-      am.grad = g.clone();
-    else if (am.grad_fresh)
-      am.grad.copy_(g);
-    else
-      am.grad.add_(g);
-    am.grad_fresh = false;
+    accumulate_leaf(root.impl()->autograd, g);
     if (t_leaf_hook) t_leaf_hook(root.impl());
     return;
   }
@@ -348,14 +353,7 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
         Tensor& s = slots[e.slot];
         s = s.defined() ? add_grads(s, g) : g;
       } else {
-        AutogradMeta& am = e.leaf->autograd;
-        if (!am.grad.defined())
-          am.grad = g.clone();
-        else if (am.grad_fresh)  // a deferred zero: written, not added
-          am.grad.copy_(g);
-        else
-          am.grad.add_(g);
-        am.grad_fresh = false;
+        accumulate_leaf(e.leaf->autograd, g);
       }
     }
     if (t_leaf_hook) {

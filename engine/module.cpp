@@ -127,7 +127,7 @@ void FlatParameters::zero_grad() {
   // Inside a graph capture the zeros nothing writes belong to the graph: made at its end (its
   // replays run no host code to make them later).
   at_capture_end([this] {
-    for (const Entry& e : entries_) zero_deferred(e);
+    for (const Entry& e : entries_) materialize_grad(e.param.impl());
   });
 }
 
@@ -139,24 +139,15 @@ const Tensor& FlatParameters::grad() const {
     grad_.fill_(0.0);
     for (const Entry& e : entries_) e.param.impl()->autograd.grad_fresh = false;
   } else if (fresh > 0) {
-    for (const Entry& e : entries_) zero_deferred(e);
+    for (const Entry& e : entries_) materialize_grad(e.param.impl());
   }
   return grad_;
 }
 
 Tensor FlatParameters::grad_slice(int64_t begin, int64_t end) const {
   for (const Entry& e : entries_)
-    if (e.offset < end && e.offset + e.numel > begin) zero_deferred(e);
+    if (e.offset < end && e.offset + e.numel > begin) materialize_grad(e.param.impl());
   return grad_.slice(0, begin, end);
-}
-
-// The entry's range of the slab (what the optimizer reads, whatever its .grad was set to).
-void FlatParameters::zero_deferred(const Entry& e) const {
-  AutogradMeta& am = e.param.impl()->autograd;
-  if (!am.grad_fresh) return;
-  am.grad_fresh = false;
-  NoGrad ng;
-  grad_.slice(0, e.offset, e.offset + e.numel).fill_(0.0);
 }
 
 }  // namespace engine

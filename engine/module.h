@@ -76,7 +76,6 @@ class FlatParameters {
   void zero_grad();
 
  private:
-  void zero_deferred(const Entry& e) const;
   Tensor data_, grad_;
   std::vector<Entry> entries_;
 };

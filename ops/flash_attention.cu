@@ -478,15 +478,17 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
                           a.ldo.st, LDK, i0, a.tq, lane);
     if (lane < 16) sL[lane] = i0 + lane < a.tq ? a.lse[bh * a.tq + i0 + lane] : INFINITY;
     // D_i = rowsum(dout * out) of the warp's 16 rows (lane c adds columns c, c + 32, ..., then
-    // warp_sum): kept for this warp's dS and written for flash_backward_kv and _bias, launched
-    // after this kernel (each (b, h, i) belongs to one warp of the grid).
+    // warp_sum; dout from the staged tile): kept for this warp's dS and written for
+    // flash_backward_kv and _bias, launched after this kernel (each (b, h, i) belongs to one
+    // warp of the grid).
+    __syncwarp();
     for (int r = 0; r < 16; ++r) {
       const int64_t i = i0 + r;
       float s = 0.0f;
       if (i < a.tq) {
         const T* o = a.out + at(a.lo, b, h) + i * a.lo.st;
-        const T* g = a.dout + at(a.ldo, b, h) + i * a.ldo.st;
-        for (int c = lane; c < D; c += kWarpSize) s += to_acc(o[c]) * to_acc(g[c]);
+        for (int c = lane; c < D; c += kWarpSize)
+          s += to_acc(o[c]) * to_acc(static_cast<T>(sdO[r * LDK + c]));
       }
       s = warp_sum(s);
       if (lane == 0) {
