@@ -120,26 +120,29 @@ Tensor BertLayer::self_attention(const Tensor& x, const Tensor& key_mask,
   const bool training = this->training();
   const double p_drop = training ? config_.attention_dropout : 0.0;
   Tensor ctx;  // (B, H, T, d_h)
+  engine::AttentionOptions opt;
+  opt.scale = scale;
+  opt.bias = terms.bias;
+  opt.key_mask = key_mask;
+  opt.dropout_p = p_drop;
+  opt.training = training;
+  opt.generator = &gen;
   if (!terms.shaw_table.defined()) {
-    engine::AttentionOptions opt;
-    opt.scale = scale;
-    opt.bias = terms.bias;
-    opt.key_mask = key_mask;
-    opt.dropout_p = p_drop;
-    opt.training = training;
-    opt.generator = &gen;
     ctx = engine::attention(q, k, v, opt);
   } else {
-    // Shaw: values v_j + a_c(j-i), scattered back per (i, j) like the key term is gathered.
+    // Shaw: logits q_i.(k_j + a_c(j-i)) scale, values v_j + a_c(j-i). The key term is q A^T
+    // (B, H, T, R) gathered per (i, j) inside the op, the value term the probabilities summed
+    // per bucket (B, H, T, R) times A: never a (T, T, d_h) tensor, and on a device in 16 bits
+    // never a (B, H, T, T) one (the fused kernels).
     const Tensor& a = terms.shaw_table;  // (R, d_h)
-    const int64_t r = a.size(0);
-    Tensor scores = scaled_scores(pr, terms);
-    Tensor mask4 = key_mask.defined() ? key_mask.view({b, 1, 1, t}) : Tensor();
-    Tensor probs = engine::softmax(scores, terms.bias, mask4);
-    probs = engine::attention_dropout(probs, p_drop, training, gen);  // the attention op's rule
-    ctx =
-        engine::matmul(probs, v) +
-        engine::matmul(engine::relative_scatter(probs, terms.shaw_index, r, terms.shaw_inverse), a);
+    engine::RelativeTerms rel;
+    rel.clip = (a.size(0) - 1) / 2;
+    rel.logits = engine::matmul(q, a.transpose(0, 1));
+    rel.weights = true;
+    rel.index = terms.shaw_index;
+    rel.inverse = terms.shaw_inverse;
+    const engine::RelativeAttention r = engine::attention(q, k, v, opt, rel);
+    ctx = r.out + engine::matmul(r.weights, a);
   }
   Tensor merged = ctx.permute({0, 2, 1, 3}).reshape({b, t, h * dh});  // (B, T, d)
   return out.forward_no_bias(merged);

@@ -8,11 +8,13 @@
 //   dQ = scale dS K,  dK = scale dS^T Q,  dbias = sum of dS over the broadcast dims.
 #include "ops/attention.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include <omp.h>
 
@@ -22,8 +24,10 @@
 #include "engine/error.h"
 #include "engine/layout.h"
 #include "ops/dropout.h"
+#include "ops/elementwise.h"
 #include "ops/flash_attention.h"
 #include "ops/matmul.h"
+#include "ops/relative.h"
 #include "ops/softmax.h"
 
 namespace engine {
@@ -159,16 +163,27 @@ void gradients_in_layout(FlashAttentionBackward& a) {
 }
 
 // The fused path's node: the backward is flash_attention_backward_kernel on the saved inputs,
-// output and log-sum-exp.
+// output and log-sum-exp. Inputs q, k, v, bias, key_mask and the relative key term's table;
+// outputs out and (with relative positions, when asked for) the bucket sums.
 struct FlashAttentionNode : Node {
-  FlashAttentionBackward args;  // q, k, v, bias, key_mask, out, lse, mask_bits, scale, p, state
-  Shape bias_shape;             // the bias input's own shape (its gradient's)
+  // q, k, v, bias, key_mask, out, lse, mask_bits, scale, p, state; rel, rel_clip
+  FlashAttentionBackward args;
+  Shape bias_shape;  // the bias input's own shape (its gradient's)
+  Tensor weights;    // the forward's relative bucket sums, or undefined
   const char* name() const override { return "attention"; }
 
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
     FlashAttentionBackward a = args;
     const Device dev = a.q.device();
-    a.dout = in_fused_layout(grads[0]);
+    // Only the bucket sums may have a gradient (the output unused): dout is then zeros.
+    a.dout = grads[0].defined() ? in_fused_layout(grads[0])
+                                : Tensor::zeros(a.out.shape(), a.q.dtype(), dev);
+    if (grads.size() > 1 && grads[1].defined()) {
+      a.rel_weights = weights;
+      a.drel_weights = grads[1].to(a.q.dtype()).contiguous();
+    }
+    if (a.rel.defined() && needs_input_grad(5))
+      a.drel = Tensor::empty(a.rel.shape(), a.q.dtype(), dev);
     gradients_in_layout(a);
     const int64_t h = a.q.size(1), tq = a.q.size(2), tk = a.k.size(2);
     if (a.bias.defined() && needs_input_grad(3)) {
@@ -186,10 +201,17 @@ struct FlashAttentionNode : Node {
       dbias = sum_to_shape(a.dbias.view({1, h, tq, tk}), bias_shape);
       if (a.bias.dtype() != DType::f32) dbias = dbias.to(a.q.dtype());
     }
-    return {needs_input_grad(0) ? a.dq : Tensor(), needs_input_grad(1) ? a.dk : Tensor(),
-            needs_input_grad(2) ? a.dv : Tensor(), dbias, Tensor()};
+    return {needs_input_grad(0) ? a.dq : Tensor(),
+            needs_input_grad(1) ? a.dk : Tensor(),
+            needs_input_grad(2) ? a.dv : Tensor(),
+            dbias,
+            Tensor(),
+            a.drel};
   }
-  void release_saved() override { args = FlashAttentionBackward(); }
+  void release_saved() override {
+    args = FlashAttentionBackward();
+    weights = Tensor();
+  }
 };
 
 // The bias as the fused kernels read it, an (H, Tq, Tk) view shared by the batch: undefined when
@@ -203,6 +225,39 @@ Tensor shared_bias(const Tensor& bias, int64_t b, int64_t h, int64_t tq, int64_t
     return Tensor();
   }
   return e.select(0, 0);
+}
+
+// The (Tq, Tk) i64 map of relative buckets clamp(j - i, -clip, clip) + clip on `dev`.
+Tensor relative_buckets(int64_t tq, int64_t tk, int64_t clip, Device dev) {
+  std::vector<int64_t> idx(static_cast<size_t>(tq * tk));
+  for (int64_t i = 0; i < tq; ++i)
+    for (int64_t j = 0; j < tk; ++j)
+      idx[static_cast<size_t>(i * tk + j)] = std::clamp(j - i, -clip, clip) + clip;
+  return Tensor::from_vector<int64_t>(idx, {tq, tk}).to(dev);
+}
+
+// The relative positions by composed ops (the reference, and where the fused kernels do not
+// run): scores + the gathered key term, scaled; softmax with the bias and mask; attention's
+// dropout; the mixing and the bucket sums by scatter.
+RelativeAttention composed_relative(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& logits, const RelativeTerms& rel,
+                                    const Tensor& bias, const Tensor& mask4, double scale,
+                                    const AttentionOptions& opt) {
+  const int64_t tq = q.size(2), tk = k.size(2), nrel = 2 * rel.clip + 1;
+  const Tensor index =
+      rel.index.defined() ? rel.index : relative_buckets(tq, tk, rel.clip, q.device());
+  const Tensor inverse = rel.inverse.defined() || rel.index.defined()
+                             ? rel.inverse
+                             : relative_index_inverse(index, nrel);
+  Tensor scores = matmul(q, k.transpose(2, 3));
+  if (logits.defined()) scores = scores + relative_gather(logits, index, inverse);
+  Tensor probs = softmax(scores * scale, bias, mask4);
+  probs = attention_dropout(probs, opt.dropout_p, opt.training,
+                            opt.generator ? *opt.generator : default_generator());
+  RelativeAttention r;
+  r.out = matmul(probs, v);
+  if (rel.weights) r.weights = relative_scatter(probs, index, nrel, inverse);
+  return r;
 }
 
 }  // namespace
@@ -234,8 +289,11 @@ void set_default_fused_attention(FusedAttention mode) {
   g_fused_attention.store(static_cast<int>(mode), std::memory_order_relaxed);
 }
 
-Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
-                 const AttentionOptions& opt_in) {
+namespace {
+
+// attention(), and with relative positions (rel non-null) the relative form.
+RelativeAttention attention_impl(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                 const AttentionOptions& opt_in, const RelativeTerms* rel) {
   // Autocast: q, k, v and the bias in the compute dtype (recorded casts); an f32 bias once the
   // path is known (the fused kernels read it as it is).
   const Tensor q = autocast_to_compute(q_in), k = autocast_to_compute(k_in),
@@ -285,12 +343,32 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
   const double p = opt.training ? opt.dropout_p : 0.0;
   const Device dev = q.device();
   const DType dt = q.dtype();
+  Tensor logits;  // the relative key term's table, in q's dtype
+  if (rel != nullptr) {
+    ENGINE_CHECK(rel->clip >= 1, "[attention] relative positions need clip >= 1, got ", rel->clip);
+    if (rel->logits.defined()) {
+      const Shape want{b, h, tq, 2 * rel->clip + 1};
+      ENGINE_CHECK(rel->logits.shape() == want && rel->logits.device() == dev,
+                   "[attention] the relative logits ", describe(rel->logits),
+                   " must be (B, H, Tq, ", "2 clip + 1) = (", b, ", ", h, ", ", tq, ", ", want[3],
+                   ") on q's device");
+      logits = autocast_to_compute(rel->logits);
+      if (logits.dtype() != dt) logits = logits.to(dt);
+    }
+    for (const Tensor* t : {&rel->index, &rel->inverse})
+      ENGINE_CHECK(!t->defined() || t->device() == dev, "[attention] the relative index ",
+                   describe(*t), " must be on q's device");
+    ENGINE_CHECK(!rel->index.defined() || rel->index.shape() == Shape({tq, tk}),
+                 "[attention] the relative index ", describe(rel->index), " must be (Tq, Tk) = (",
+                 tq, ", ", tk, ")");
+  }
 
   // The fused kernels where they fit: one launch forward, no (B, H, Tq, Tk) tensor.
   const FusedAttention mode = opt.fused.value_or(default_fused_attention());
   const bool try_fused =
       (mode == FusedAttention::always || (mode == FusedAttention::without_dropout && p == 0)) &&
-      flash_attention_fits(q.device(), q.dtype(), b, h, d, dv);
+      flash_attention_fits(q.device(), q.dtype(), b, h, d, dv) &&
+      (rel == nullptr || 2 * rel->clip + 1 <= kFlashMaxRelBuckets);
   bool bias_shared = false;
   Tensor bias3 = try_fused ? shared_bias(opt.bias.defined() ? opt.bias.detach() : Tensor(), b, h,
                                          tq, tk, bias_shared)
@@ -322,8 +400,13 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
     f.out = empty_in_stride_order({b, h, tq, dv}, f.q.strides(), q.dtype(), q.device());
     f.lse = Tensor::empty({b, h, tq}, DType::f32, q.device());
     if (p > 0) f.mask_bits = Tensor::empty({b, h, tq, (tk + 3) / 4}, DType::u8, q.device());
+    if (rel != nullptr) {
+      f.rel_clip = rel->clip;
+      if (logits.defined()) f.rel = logits.detach().contiguous();
+      if (rel->weights) f.rel_weights = Tensor::empty({b, h, tq, 2 * rel->clip + 1}, dt, dev);
+    }
     flash_attention_forward_kernel(q.device(), f);
-    if (needs_grad({&q, &k, &v, &opt.bias})) {
+    if (needs_grad({&q, &k, &v, &opt.bias, &logits})) {
       auto n = std::make_shared<FlashAttentionNode>();
       FlashAttentionBackward& a = n->args;
       a.q = f.q;
@@ -337,11 +420,18 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
       a.scale = scale;
       a.p = p;
       a.state = f.state;
+      a.rel = f.rel;
+      a.rel_clip = f.rel_clip;
+      n->weights = f.rel_weights;
       if (opt.bias.defined()) n->bias_shape = opt.bias.shape();
-      record(n, {q, k, v, opt.bias, opt.key_mask}, {f.out});
+      if (f.rel_weights.defined())
+        record(n, {q, k, v, opt.bias, opt.key_mask, logits}, {f.out, f.rel_weights});
+      else
+        record(n, {q, k, v, opt.bias, opt.key_mask, logits}, {f.out});
     }
-    return f.out;
+    return {f.out, f.rel_weights};
   }
+  if (rel != nullptr) return composed_relative(q, k, v, logits, *rel, opt.bias, mask4, scale, opt);
 
   // (B, H, T, D) -> (B*H, T, D): one strided-batched GEMM per product.
   Tensor q3 = q.detach().contiguous().view({b * h, tq, d});
@@ -390,7 +480,18 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
     n->state = state;
     record(n, {q, k, v, opt.bias, opt.key_mask}, {out});
   }
-  return out;
+  return {out, Tensor()};
+}
+
+}  // namespace
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt) {
+  return attention_impl(q, k, v, opt, nullptr).out;
+}
+
+RelativeAttention attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                            const AttentionOptions& opt, const RelativeTerms& relative) {
+  return attention_impl(q, k, v, opt, &relative);
 }
 
 }  // namespace engine

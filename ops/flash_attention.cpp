@@ -4,6 +4,7 @@
 // per-entry unfused path keeps the scores in cache already): flash_attention_fits is for devices.
 #include "ops/flash_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -15,14 +16,16 @@
 namespace engine {
 
 void add_work_cost(WorkCost& cost, const FlashAttentionForward& a) {
-  for (const Tensor* t : {&a.q, &a.k, &a.v, &a.bias, &a.key_mask, &a.out, &a.lse, &a.mask_bits})
+  for (const Tensor* t : {&a.q, &a.k, &a.v, &a.bias, &a.key_mask, &a.out, &a.lse, &a.mask_bits,
+                          &a.rel, &a.rel_weights})
     if (t->defined()) add_work_cost(cost, *t);
   cost.flops += 4.0 * a.q.size(0) * a.q.size(1) * a.q.size(2) * a.k.size(2) * a.q.size(3);
 }
 
 void add_work_cost(WorkCost& cost, const FlashAttentionBackward& a) {
-  for (const Tensor* t : {&a.q, &a.k, &a.v, &a.bias, &a.key_mask, &a.out, &a.lse, &a.mask_bits,
-                          &a.dout, &a.dq, &a.dk, &a.dv, &a.dbias})
+  for (const Tensor* t :
+       {&a.q, &a.k, &a.v, &a.bias, &a.key_mask, &a.out, &a.lse, &a.mask_bits, &a.dout, &a.dq, &a.dk,
+        &a.dv, &a.dbias, &a.rel, &a.rel_weights, &a.drel_weights, &a.drel})
     if (t->defined()) add_work_cost(cost, *t);
   if (a.accumulate_dbias && a.dbias.defined()) add_work_cost(cost, a.dbias);  // read, then written
   // The gradient's four products (dP_d, dV, dQ, dK): the scores made again are recomputation,
@@ -36,6 +39,24 @@ bool flash_attention_fits(Device device, DType dtype, int64_t b, int64_t h, int6
     return false;
   if (dtype != DType::bf16 && dtype != DType::f16) return false;
   return d == dv && (d == 32 || d == 64 || d == 128) && b * h >= 1 && b * h <= 65535;
+}
+
+void check_flash_relative(const Tensor& q, int64_t rel_clip,
+                          std::initializer_list<std::pair<const char*, const Tensor*>> tables,
+                          const char* op) {
+  bool any = false;
+  for (const auto& [name, t] : tables) any = any || t->defined();
+  if (!any && rel_clip == 0) return;
+  ENGINE_CHECK(rel_clip >= 1 && 2 * rel_clip + 1 <= kFlashMaxRelBuckets, "[", op, "] rel_clip ",
+               rel_clip, " must be in [1, ", (kFlashMaxRelBuckets - 1) / 2,
+               "] where relative tables are given");
+  const Shape want{q.size(0), q.size(1), q.size(2), 2 * rel_clip + 1};
+  for (const auto& [name, t] : tables)
+    ENGINE_CHECK(!t->defined() || (t->shape() == want && t->dtype() == q.dtype() &&
+                                   t->is_contiguous() && t->device() == q.device()),
+                 "[", op, "] ", name, " ", describe(*t), " must be contiguous (B, H, Tq, R) = (",
+                 want[0], ", ", want[1], ", ", want[2], ", ", want[3],
+                 ") in q's dtype on q's device (q ", describe(q), ")");
 }
 
 bool flash_attention_layout_fits(const Tensor& t) {
@@ -67,6 +88,8 @@ struct Problem {
   PhiloxState state;
   std::vector<double> q, k, v, bias, mask;
   std::vector<double> bits;  // the forward's keep bits (the backward's mask_bits), or empty
+  int64_t clip, nrel;        // relative positions: rel_clip and R = 2 clip + 1 (0 and 0: none)
+  std::vector<double> rel;   // (B H Tq, R), or empty
 
   template <class A>
   Problem(const A& a)
@@ -83,7 +106,10 @@ struct Problem {
         k(host(a.k)),
         v(host(a.v)),
         bias(host(a.bias)),
-        mask(host(a.key_mask)) {
+        mask(host(a.key_mask)),
+        clip(a.rel_clip),
+        nrel(a.rel_clip > 0 ? 2 * a.rel_clip + 1 : 0),
+        rel(host(a.rel)) {
     ENGINE_CHECK(a.v.size(3) == d, "[flash_attention] v's head width ", a.v.size(3),
                  " differs from q's ", d);
     ENGINE_CHECK(!a.bias.defined() || a.bias.dtype() == a.q.dtype() || a.bias.dtype() == DType::f32,
@@ -100,9 +126,12 @@ struct Problem {
       }
       double s = 0;
       for (int64_t c = 0; c < d; ++c) s += q[(bh * tq + i) * d + c] * k[(bh * tk + j) * d + c];
+      if (!rel.empty()) s += rel[(bh * tq + i) * nrel + bucket(i, j)];
       x[j] = s * scale + (bias.empty() ? 0.0 : bias[(hi * tq + i) * tk + j]);
     }
   }
+  // Key j's relative bucket for query i: clamp(j - i, -clip, clip) + clip.
+  int64_t bucket(int64_t i, int64_t j) const { return std::clamp(j - i, -clip, clip) + clip; }
   int64_t groups() const { return (tk + 3) / 4; }
   // f(bi, hi, i, row) for every query row in order, row = (bi H + hi) Tq + i.
   template <class F>
@@ -133,6 +162,8 @@ struct Problem {
 
 void forward(const FlashAttentionForward& a) {
   check_host_state(a.state, "flash_attention");
+  check_flash_relative(a.q, a.rel_clip, {{"rel", &a.rel}, {"rel_weights", &a.rel_weights}},
+                       "flash_attention");
   const Problem P(a);
   ENGINE_CHECK(a.mask_bits.defined() == (a.p > 0),
                "[flash_attention] mask_bits must be given exactly when p > 0");
@@ -146,7 +177,8 @@ void forward(const FlashAttentionForward& a) {
     put(a.mask_bits, bits);
   }
   std::vector<double> out(static_cast<size_t>(P.b * P.h * P.tq * P.d)),
-      lse(static_cast<size_t>(P.b * P.h * P.tq));
+      lse(static_cast<size_t>(P.b * P.h * P.tq)),
+      weights(a.rel_weights.defined() ? static_cast<size_t>(P.b * P.h * P.tq * P.nrel) : 0);
   std::vector<double> x(static_cast<size_t>(P.tk)), pr(x.size());
   P.for_rows([&](int64_t bi, int64_t hi, int64_t i, int64_t row) {
     const int64_t bh = bi * P.h + hi;
@@ -161,19 +193,31 @@ void forward(const FlashAttentionForward& a) {
     for (int64_t j = 0; j < P.tk; ++j) {
       const double w = pr[j] * P.keep(bi, hi, i, j);
       for (int64_t c = 0; c < P.d; ++c) out[row * P.d + c] += w * P.v[(bh * P.tk + j) * P.d + c];
+      if (!weights.empty()) weights[row * P.nrel + P.bucket(i, j)] += w;
     }
   });
   put(a.out, out);
   put(a.lse, lse);
+  if (a.rel_weights.defined()) put(a.rel_weights, weights);
 }
 
 void backward(const FlashAttentionBackward& a) {
   check_host_state(a.state, "flash_attention_backward");
+  check_flash_relative(a.q, a.rel_clip,
+                       {{"rel", &a.rel},
+                        {"rel_weights", &a.rel_weights},
+                        {"drel_weights", &a.drel_weights},
+                        {"drel", &a.drel}},
+                       "flash_attention_backward");
+  ENGINE_CHECK(a.rel_weights.defined() == a.drel_weights.defined(),
+               "[flash_attention_backward] rel_weights and drel_weights come together");
   Problem P(a);
   ENGINE_CHECK(a.mask_bits.defined() == (a.p > 0),
                "[flash_attention_backward] mask_bits must be given exactly when p > 0");
   P.bits = host(a.mask_bits);
-  const std::vector<double> out = host(a.out), dout = host(a.dout), lse = host(a.lse);
+  const std::vector<double> out = host(a.out), dout = host(a.dout), lse = host(a.lse),
+                            weights = host(a.rel_weights), dweights = host(a.drel_weights);
+  std::vector<double> drel(a.drel.defined() ? static_cast<size_t>(P.b * P.h * P.tq * P.nrel) : 0);
   const int64_t n = P.b * P.h;
   std::vector<double> dq(static_cast<size_t>(n * P.tq * P.d)),
       dk(static_cast<size_t>(n * P.tk * P.d)), dv(dk.size());
@@ -185,12 +229,16 @@ void backward(const FlashAttentionBackward& a) {
     Problem::probs(x, lse[row], pr);
     double dsum = 0;  // rowsum(dout * out)
     for (int64_t c = 0; c < P.d; ++c) dsum += dout[row * P.d + c] * out[row * P.d + c];
+    for (int64_t r = 0; r < int64_t(dweights.size() ? P.nrel : 0); ++r)
+      dsum += weights[row * P.nrel + r] * dweights[row * P.nrel + r];
     for (int64_t j = 0; j < P.tk; ++j) {
       const double kp = P.keep(bi, hi, i, j);
-      double dpd = 0;  // dout_i . v_j
+      double dpd = 0;  // dout_i . v_j (+ dW of its bucket)
       for (int64_t c = 0; c < P.d; ++c) dpd += dout[row * P.d + c] * P.v[(bh * P.tk + j) * P.d + c];
+      if (!dweights.empty()) dpd += dweights[row * P.nrel + P.bucket(i, j)];
       const double ds = pr[j] * (dpd * kp - dsum);
       if (!ds_all.empty()) ds_all[static_cast<size_t>(row * P.tk + j)] = ds;
+      if (!drel.empty()) drel[row * P.nrel + P.bucket(i, j)] += P.scale * ds;
       for (int64_t c = 0; c < P.d; ++c) {
         dq[row * P.d + c] += P.scale * ds * P.k[(bh * P.tk + j) * P.d + c];
         dk[(bh * P.tk + j) * P.d + c] += P.scale * ds * P.q[row * P.d + c];
@@ -201,6 +249,7 @@ void backward(const FlashAttentionBackward& a) {
   put(a.dq, dq);
   put(a.dk, dk);
   put(a.dv, dv);
+  if (a.drel.defined()) put(a.drel, drel);
   if (a.dbias.defined()) {
     const int64_t per = P.h * P.tq * P.tk;
     std::vector<double> db =

@@ -68,8 +68,13 @@ struct Args {
   const float *bias32, *mask, *lse;  // bias32: an f32 bias (then bias is null)
   const uint8_t* bits;               // the forward's keep bits (backward, with dropout)
   T *o, *dq, *dk, *dv;
-  float *lse_out, *rowdot;                // rowdot: flash_backward_q writes it, kv / bias read it
-  uint8_t* bits_out;                      // the keep bits (forward, with dropout)
+  float *lse_out, *rowdot;  // rowdot: flash_backward_q writes it, kv / bias read it
+  uint8_t* bits_out;        // the keep bits (forward, with dropout)
+  // Relative positions ((B H Tq, R) rows, R = nrel = 2 rel_clip + 1; null: none): the key term,
+  // the forward's bucket sums W and their gradient dW (backward), W out (forward), drel out.
+  const T *rel, *rel_w, *drel_w;
+  T *rel_w_out, *drel_out;
+  int64_t rel_clip, nrel;
   int64_t batch, heads, tq, tk, groups4;  // groups4: bytes of keep bits a row, ceil(Tk / 4)
   int64_t bias_sh, bias_si, bias_sj;
   float scale, keep_scale;
@@ -89,8 +94,13 @@ __device__ inline float warp_sum(float v) {
   return v;
 }
 
-// The logit of element (b, h, i, j) from its product s = q_i . k_j: -inf outside the problem or
-// for a masked key.
+// Key j's relative bucket for query i: clamp(j - i, -rel_clip, rel_clip) + rel_clip.
+template <class T>
+__device__ inline int64_t rel_bucket(const Args<T>& a, int64_t i, int64_t j) {
+  const int64_t d = j - i;
+  return (d < -a.rel_clip ? -a.rel_clip : (d > a.rel_clip ? a.rel_clip : d)) + a.rel_clip;
+}
+
 // The bias term of element (h, i, j) inside the problem (0 without a bias or outside).
 template <class T>
 __device__ inline float bias_at(const Args<T>& a, int64_t h, int64_t i, int64_t j) {
@@ -100,12 +110,15 @@ __device__ inline float bias_at(const Args<T>& a, int64_t h, int64_t i, int64_t 
   return 0.0f;
 }
 
-// ... with the bias term given (bias_at's).
+// The logit of element (b, h, i, j) (bh = b H + h) from its product s = q_i . k_j, with the bias
+// term given (bias_at's): -inf outside the problem or for a masked key; the relative key term
+// added to s.
 template <class T>
-__device__ inline float logit_with(const Args<T>& a, int64_t b, int64_t i, int64_t j, float s,
-                                   float bias) {
+__device__ inline float logit_with(const Args<T>& a, int64_t b, int64_t bh, int64_t i, int64_t j,
+                                   float s, float bias) {
   if (i >= a.tq || j >= a.tk) return -INFINITY;
   if (a.mask && a.mask[b * a.tk + j] == 0.0f) return -INFINITY;
+  if (a.rel) s += to_acc(a.rel[(bh * a.tq + i) * a.nrel + rel_bucket(a, i, j)]);
   float x = s * a.scale;
   if (a.bias || a.bias32) x += bias;
   return x;
@@ -114,7 +127,7 @@ __device__ inline float logit_with(const Args<T>& a, int64_t b, int64_t i, int64
 template <class T>
 __device__ inline float logit(const Args<T>& a, int64_t b, int64_t h, int64_t i, int64_t j,
                               float s) {
-  return logit_with(a, b, i, j, s, bias_at(a, h, i, j));
+  return logit_with(a, b, b * a.heads + h, i, j, s, bias_at(a, h, i, j));
 }
 
 // The dropout factor of element (bh, i, j) in the backward: from the forward's keep bits.
@@ -206,6 +219,13 @@ __device__ inline void products_t(const FragA<T> (&a1)[ND], const T* r1, const F
   __syncwarp();
 }
 
+// The floats a row of a warp's relative sums takes (R rounded up to 16 bytes), and the shared
+// memory of a block's four warps' 16 rows each (0 without relative sums).
+__host__ __device__ inline int rel_ld(int64_t nrel) { return int((nrel + 3) / 4 * 4); }
+inline size_t rel_smem(bool used, int64_t nrel) {
+  return used ? size_t(kWarps) * 16 * rel_ld(nrel) * 4 : 0;
+}
+
 template <int D, class T>
 constexpr size_t forward_smem() {
   constexpr size_t ldk = D + 8;
@@ -233,6 +253,9 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
   const T* q = a.q + at(a.lq, b, h);
   const T* k = a.k + at(a.lk, b, h);
   const T* v = a.v + at(a.lv, b, h);
+  // The relative bucket sums of the warp's 16 rows (W, rescaled with O), after the fixed regions.
+  const int ldw = rel_ld(a.nrel);
+  const auto sW = smem_region<float>(smem, forward_smem<D, T>() + warp * 16 * ldw * 4);
 
   // The online softmax takes four rows at a time: lanes 8 g .. 8 g + 7 row 4 k + g, each lane 8
   // consecutive keys (one Philox block: attention's rule, ops/dropout.h); m[k], l[k]: the running
@@ -245,6 +268,8 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
     __syncwarp();
     for (int kk = 0; kk < ND; ++kk) wmma::load_matrix_sync(fq[kk], raw_ptr(sQ) + kk * 16, LDK);
     for (int e = lane; e < 16 * LDO; e += kWarpSize) sO[e] = 0.0f;
+    if (a.rel_w_out)
+      for (int e = lane; e < 16 * ldw; e += kWarpSize) sW[e] = 0.0f;
     for (int k = 0; k < 4; ++k) {
       m[k] = -INFINITY;
       l[k] = 0.0f;
@@ -304,6 +329,31 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
       for (int t = 0; t < 8; ++t)
         sP[r * LDP + c0 + t] = from_acc<T>(keep[t] ? pr[t] * a.keep_scale : 0.0f);
       for (int d = ql; d < D; d += 8) sO[r * LDO + d] *= corr;
+      if (a.rel_w_out) {
+        // W's row rescaled like O's, then this tile's P_d added per bucket: an interior bucket
+        // holds one key of the row (this lane's alone), the end buckets the tails (the octet's
+        // partial sums added in a fixed order by its first lane).
+        for (int e = ql; e < a.nrel; e += 8) sW[r * ldw + e] *= corr;
+        __syncwarp();
+        float tail_lo = 0.0f, tail_hi = 0.0f;
+        for (int t = 0; t < 8 && i < a.tq && j + t < a.tk; ++t) {
+          const float u = keep[t] ? pr[t] * a.keep_scale : 0.0f;
+          const int64_t c = rel_bucket(a, i, j + t);
+          if (c == 0)
+            tail_lo += u;
+          else if (c == a.nrel - 1)
+            tail_hi += u;
+          else
+            sW[r * ldw + c] += u;
+        }
+        tail_lo = octet_sum(tail_lo);
+        tail_hi = octet_sum(tail_hi);
+        if (ql == 0) {
+          sW[r * ldw] += tail_lo;
+          sW[r * ldw + a.nrel - 1] += tail_hi;
+        }
+        __syncwarp();
+      }
     }
     __syncwarp();
     // O += P_d V.
@@ -329,6 +379,9 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
     const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
     for (int d = ql; d < D; d += 8)
       a.o[at(a.lo, b, h) + i * a.lo.st + d] = from_acc<T>(float(sO[r * LDO + d]) * inv);
+    if (a.rel_w_out)
+      for (int e = ql; e < a.nrel; e += 8)
+        a.rel_w_out[(bh * a.tq + i) * a.nrel + e] = from_acc<T>(float(sW[r * ldw + e]) * inv);
     if (ql == 0) a.lse_out[bh * a.tq + i] = l[k] > 0.0f ? m[k] + logf(l[k]) : INFINITY;
   }
 }
@@ -341,8 +394,10 @@ template <class T>
 __device__ inline Grad element_grad_with(const Args<T>& a, int64_t b, int64_t bh, int64_t i,
                                          int64_t j, float s, float dpd, float lse_i, float rowdot_i,
                                          float bias) {
-  const float x = logit_with(a, b, i, j, s, bias);
+  const float x = logit_with(a, b, bh, i, j, s, bias);
   const float p = (x == -INFINITY || lse_i == INFINITY) ? 0.0f : expf(x - lse_i);
+  if (p != 0.0f && a.drel_w)  // the relative value term's gradient (dW of the key's bucket)
+    dpd += to_acc(a.drel_w[(bh * a.tq + i) * a.nrel + rel_bucket(a, i, j)]);
   const float kf = p != 0.0f ? keep_factor(a, bh, i, j) : 0.0f;
   return {p * kf, p * (dpd * kf - rowdot_i)};
 }
@@ -471,9 +526,18 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
              sdS = smem_region<T>(smem, o_ds);
   const auto sS = smem_region<float>(smem, o_s), sT = smem_region<float>(smem, o_t),
              sL = smem_region<float>(smem, o_l), sD = smem_region<float>(smem, o_d);
+  // drel's rows of the warp's 16 queries (raw sums of dS per bucket, scaled when written), after
+  // the fixed regions; the end buckets' sums kept per lane (its 8 rows) until the end.
+  const int ldw = rel_ld(a.nrel);
+  const auto sR = smem_region<float>(smem, q_smem<D, T>() + warp * 16 * ldw * 4);
+  float tail_lo[8], tail_hi[8];
+#pragma unroll
+  for (int t = 0; t < 8; ++t) tail_lo[t] = tail_hi[t] = 0.0f;
   FragA<T> fq[ND], fdo[ND];
   FragC dq[ND];
   if (active) {
+    if (a.drel_out)
+      for (int e = lane; e < 16 * ldw; e += kWarpSize) sR[e] = 0.0f;
     stage_warp_pair<T, D>(smem, o_q, a.q + at(a.lq, b, h), a.lq.st, o_do, a.dout + at(a.ldo, b, h),
                           a.ldo.st, LDK, i0, a.tq, lane);
     if (lane < 16) sL[lane] = i0 + lane < a.tq ? a.lse[bh * a.tq + i0 + lane] : INFINITY;
@@ -489,6 +553,11 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
         const T* o = a.out + at(a.lo, b, h) + i * a.lo.st;
         for (int c = lane; c < D; c += kWarpSize)
           s += to_acc(o[c]) * to_acc(static_cast<T>(sdO[r * LDK + c]));
+        if (a.drel_w) {  // + rowsum(W * dW): the relative value term's share of the output
+          const int64_t row = (bh * a.tq + i) * a.nrel;
+          for (int64_t c = lane; c < a.nrel; c += kWarpSize)
+            s += to_acc(a.rel_w[row + c]) * to_acc(a.drel_w[row + c]);
+        }
       }
       s = warp_sum(s);
       if (lane == 0) {
@@ -513,12 +582,23 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
       // S = Q_w K_sub^T and dP_d = dO_w V_sub^T (16 queries x 16 keys).
       products_t<T, ND>(fq, raw_ptr(sK) + sub * 16 * LDK, fdo, raw_ptr(sV) + sub * 16 * LDK, LDK,
                         sS, sT);
-      for (int e = lane; e < 256; e += kWarpSize) {
-        const int r = e / 16, c = e % 16;  // query r, key c
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        const int e = lane + kWarpSize * t, r = e / 16, c = e % 16;  // query r, key c
         const int64_t i = i0 + r, j = j0 + sub * 16 + c;
         const Grad gr = element_grad(a, b, h, bh, i, j, float(sS[r * kLdT + c]),
                                      float(sT[r * kLdT + c]), float(sL[r]), float(sD[r]));
         sdS[r * kLdH + c] = from_acc<T>(gr.ds);
+        if (a.drel_out && i < a.tq && j < a.tk) {
+          // An interior bucket holds one key of the row: its dS stored; the tails summed.
+          const int64_t bk = rel_bucket(a, i, j);
+          if (bk == 0)
+            tail_lo[t] += gr.ds;
+          else if (bk == a.nrel - 1)
+            tail_hi[t] += gr.ds;
+          else
+            sR[r * ldw + bk] = gr.ds;
+        }
       }
       __syncwarp();
       // dQ += dS K_sub.
@@ -532,11 +612,34 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
       __syncwarp();
     }
   }
-  if (active)
-    for (int nd = 0; nd < ND; ++nd) {
-      for (int e = 0; e < dq[nd].num_elements; ++e) dq[nd].x[e] *= a.scale;
-      store_tile<T>(dq[nd], sS, a.dq + at(a.ldq, b, h), a.ldq.st, i0, a.tq, nd * 16, lane);
+  if (!active) return;
+  for (int nd = 0; nd < ND; ++nd) {
+    for (int e = 0; e < dq[nd].num_elements; ++e) dq[nd].x[e] *= a.scale;
+    store_tile<T>(dq[nd], sS, a.dq + at(a.ldq, b, h), a.ldq.st, i0, a.tq, nd * 16, lane);
+  }
+  if (a.drel_out) {
+    // The tails: each row's 16 lanes' sums added in a fixed tree (xor within the half-warp).
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      float lo = tail_lo[t], hi = tail_hi[t];
+      for (int o = 8; o > 0; o /= 2) {
+        lo += __shfl_xor_sync(kFullMask, lo, o);
+        hi += __shfl_xor_sync(kFullMask, hi, o);
+      }
+      const int r = (lane + kWarpSize * t) / 16;
+      if (lane % 16 == 0) {
+        sR[r * ldw] = lo;
+        sR[r * ldw + a.nrel - 1] = hi;
+      }
     }
+    __syncwarp();
+    for (int64_t e = lane; e < 16 * a.nrel; e += kWarpSize) {
+      const int r = int(e / a.nrel), c = int(e % a.nrel);
+      if (i0 + r < a.tq)
+        a.drel_out[(bh * a.tq + i0 + r) * a.nrel + c] =
+            from_acc<T>(float(sR[r * ldw + c]) * a.scale);
+    }
+  }
 }
 
 template <int D, class T>
@@ -721,6 +824,16 @@ void dispatch_half(DType t, const char* op, F&& f) {
   ENGINE_FAIL("[", op, "] the CUDA kernel takes bf16 or f16, got ", dtype_name(t));
 }
 
+// The relative positions' tables into the arguments (rel_clip 0: none).
+template <class T>
+void set_relative(Args<T>& a, int64_t clip, const Tensor& rel, const Tensor& w, const Tensor& dw) {
+  a.rel_clip = clip;
+  a.nrel = clip > 0 ? 2 * clip + 1 : 0;
+  a.rel = rel.defined() ? dptr<const T>(rel) : nullptr;
+  a.rel_w = w.defined() ? dptr<const T>(w) : nullptr;
+  a.drel_w = dw.defined() ? dptr<const T>(dw) : nullptr;
+}
+
 unsigned tiles(int64_t n) { return static_cast<unsigned>((n + kTile - 1) / kTile); }
 
 void forward(const FlashAttentionForward& t) {
@@ -735,9 +848,13 @@ void forward(const FlashAttentionForward& t) {
     ENGINE_CHECK(t.mask_bits.defined() == a.drop,
                  "[flash_attention] mask_bits must be given exactly when p > 0");
     a.bits_out = a.drop ? t.mask_bits.data<uint8_t>() : nullptr;
+    check_flash_relative(t.q, t.rel_clip, {{"rel", &t.rel}, {"rel_weights", &t.rel_weights}},
+                         "flash_attention");
+    set_relative(a, t.rel_clip, t.rel, Tensor(), Tensor());
+    a.rel_w_out = t.rel_weights.defined() ? dptr<T>(t.rel_weights) : nullptr;
     if (a.tq == 0 || a.batch * a.heads == 0) return;
     dispatch_width(t.q.size(3), "flash_attention", [&]<int ND>() {
-      constexpr size_t smem = forward_smem<ND * 16, T>();
+      const size_t smem = forward_smem<ND * 16, T>() + rel_smem(a.rel_w_out, a.nrel);
       allow_smem(flash_forward<T, ND>, smem);
       const LaunchConfig cfg{dim3(tiles(a.tq), static_cast<unsigned>(a.batch * a.heads)),
                              dim3(kThreads), smem, stream};
@@ -768,6 +885,16 @@ void backward(const FlashAttentionBackward& t) {
     ENGINE_CHECK(t.mask_bits.defined() == a.drop,
                  "[flash_attention_backward] mask_bits must be given exactly when p > 0");
     a.bits = a.drop ? t.mask_bits.data<uint8_t>() : nullptr;
+    check_flash_relative(t.q, t.rel_clip,
+                         {{"rel", &t.rel},
+                          {"rel_weights", &t.rel_weights},
+                          {"drel_weights", &t.drel_weights},
+                          {"drel", &t.drel}},
+                         op);
+    ENGINE_CHECK(t.rel_weights.defined() == t.drel_weights.defined(), "[", op,
+                 "] rel_weights and drel_weights come together");
+    set_relative(a, t.rel_clip, t.rel, t.rel_weights, t.drel_weights);
+    a.drel_out = t.drel.defined() ? dptr<T>(t.drel) : nullptr;
     a.dq = dptr<T>(t.dq);
     a.dk = dptr<T>(t.dk);
     a.dv = dptr<T>(t.dv);
@@ -776,7 +903,7 @@ void backward(const FlashAttentionBackward& t) {
     a.rowdot = rowdot.data<float>();
     dispatch_width(d, "flash_attention_backward", [&]<int ND>() {
       if (a.tq > 0) {
-        constexpr size_t smem = q_smem<ND * 16, T>();
+        const size_t smem = q_smem<ND * 16, T>() + rel_smem(a.drel_out, a.nrel);
         allow_smem(flash_backward_q<T, ND>, smem);
         const LaunchConfig cfg{
             dim3(tiles(a.tq), static_cast<unsigned>(a.heads), static_cast<unsigned>(a.batch)),

@@ -11,9 +11,19 @@
 // ((b H + h) Tq + i) Tk + j, kept iff attention_keep(state, e, attention_dropout_threshold(p))
 // (attention's rule, ops/dropout.h: a 16-bit uniform each, 8 a Philox block), a kept probability
 // scaled by 1 / (1 - p). A query row with no kept key outputs zeros.
+//
+// Shaw et al.'s clipped relative positions (rel_clip C >= 1; R = 2C + 1 buckets; key j of query i
+// in bucket c(i, j) = clamp(j - i, -C, C) + C) ride along without a (B, H, Tq, Tk) tensor: their
+// key term is a per-row table `rel` (B, H, Tq, R) (q A^T for relative vectors A) gathered tile by
+// tile into the logits, and their value term needs the probabilities only summed per bucket,
+// W (B, H, Tq, R), which the forward writes (the caller adds W A). Every interior bucket holds
+// one key of a row, the two end buckets the tails, so the kernels keep a row's R sums in shared
+// memory (at most kFlashMaxRelBuckets).
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "engine/kernel.h"
 #include "engine/rng.h"
@@ -30,8 +40,16 @@ namespace engine {
 // f32, the same for every batch entry (TUPE's positional term, T5 buckets, ALiBi): an f32 term is
 // read as it is, so a model that builds it in f32 casts it to 16 bits in no layer. key_mask:
 // undefined or (B, Tk) f32 contiguous, nonzero = attend. 0 <= p < 1.
+constexpr int64_t kFlashMaxRelBuckets = 257;  // R = 2 rel_clip + 1 the kernels take (clip 128)
+
 struct FlashAttentionForward {
   Tensor q, k, v, bias, key_mask;
+  // Relative positions (rel_clip > 0): rel undefined or (B, H, Tq, R) contiguous in q's dtype,
+  // the logit of (i, j) then scale (q_i . k_j + rel[b, h, i, c(i, j)]) + bias; rel_weights
+  // undefined or (B, H, Tq, R) contiguous in q's dtype, written: W[b, h, i, r] = the sum of
+  // P_d[b, h, i, j] over the keys j of bucket r (0 where none).
+  Tensor rel, rel_weights;
+  int64_t rel_clip = 0;
   double scale = 1, p = 0;
   PhiloxState state;
   Tensor out;  // (B, H, Tq, D), q's dtype
@@ -48,15 +66,21 @@ inline Kernel<void(const FlashAttentionForward&)> flash_attention_forward_kernel
 // them; the keep bits come from mask_bits when p > 0):
 //   dP_d = dout v^T, dP = dropout(dP_d), dS = P (dP - rowsum(dout * out)),
 //   dq = scale dS k, dk = scale dS^T q, dv = P_d^T dout, dbias = sum over the batch of dS.
+// With relative positions, drel_weights (dW, the gradient of the forward's rel_weights; undefined:
+// none) adds dW[b, h, i, c(i, j)] to dP_d and rowsum(W * dW) to rowsum(dout * out) (rel_weights:
+// the forward's W, given with dW), and drel (undefined: not wanted; (B, H, Tq, R) contiguous in
+// q's dtype) = scale times the sum of dS over each bucket's keys.
 // dq, dk, dv: q's, k's and v's shapes and dtype. dbias: undefined (not wanted) or (H, Tq, Tk) f32
 // contiguous, summed over the batch in an order fixed by the shape (the same bits every run);
 // with accumulate_dbias that sum is added to what dbias holds (the gradient of a positional term
 // every layer reads, summed layer by layer in place, without an add of its own).
 struct FlashAttentionBackward {
   Tensor q, k, v, bias, key_mask, out, lse, mask_bits, dout;
+  Tensor rel, rel_weights, drel_weights;  // relative positions (the forward's), rel_clip > 0
+  int64_t rel_clip = 0;
   double scale = 1, p = 0;
   PhiloxState state;
-  Tensor dq, dk, dv, dbias;
+  Tensor dq, dk, dv, dbias, drel;
   bool accumulate_dbias = false;
   // Groups the batch is split into for dbias where the (Tq / 64) (Tk / 64) H tiles are too few
   // blocks to fill the device (each group's entries summed in order into its own partial, the
@@ -76,6 +100,13 @@ void add_work_cost(WorkCost& cost, const FlashAttentionBackward& a);
 // bf16 or f16 (tensor-core products of 16-bit values, f32 accumulators; f32 and f64 keep the
 // unfused path's precision); a head width D of 32, 64 or 128 for q, k and v alike; B H <= 65535.
 bool flash_attention_fits(Device device, DType dtype, int64_t b, int64_t h, int64_t d, int64_t dv);
+
+// The relative positions' tables the kernels check (forward: rel, rel_weights; backward also
+// rel_weights with drel_weights, and drel): (B, H, Tq, 2 rel_clip + 1) contiguous in q's dtype,
+// 1 <= rel_clip, 2 rel_clip + 1 <= kFlashMaxRelBuckets. `op` names the caller in the error.
+void check_flash_relative(const Tensor& q, int64_t rel_clip,
+                          std::initializer_list<std::pair<const char*, const Tensor*>> tables,
+                          const char* op);
 
 // Whether a (B, H, T, D) operand or result can go to the fused kernels in its own layout: its
 // head width contiguous (stride 1) and, on every dimension longer than one, strides and the
