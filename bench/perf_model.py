@@ -59,6 +59,10 @@ FLASH_FLOPS = 330e12
 # flash_backward_bias (only with a bias's gradient) makes S and dP_d again for dbias
 FLASH_PRODUCTS = {"flash_forward": 4, "flash_backward_kv": 8, "flash_backward_q": 6,
                   "flash_backward_bias": 4}
+# ... and with Shaw's relative vectors A (R, D) (a 16-bit 2-D tensor among the launch's), as
+# multiples of B H Tq R D: the forward's q A^T and W A, flash_backward_q's q A^T, dout A^T and
+# drel A (the kv and bias kernels read the first two's rows); both terms assumed (Shaw's presets)
+FLASH_REL_PRODUCTS = {"flash_forward": 4, "flash_backward_q": 6}
 
 # The measured commits' steps (pretrain_app --time, bf16, B = 32, dropout on: 5d401cc's in
 # ../shared/data/gpu/engine_steps.log, 3928985's in bench/perf_data/h200_3928985_steps.log) and
@@ -194,8 +198,11 @@ def describe5(name, op_row, launch, n_main):
             # written once per batch entry (the group's first only written)
             groups = launch["blocks"] / max(1, math.ceil(q[2] / 64) * q[1])
             nb += 8 * elems - 4 * groups * numel(q[1:3]) * k[2]
-        return "flash", nb, FLASH_PRODUCTS[base] * elems * q[3], "simple", \
-            elems / ATTENTION_DRAWS if drawn else 0
+        steps = FLASH_PRODUCTS[base] * elems * q[3]
+        rel = [t[0] for t in ts if len(t[0]) == 2 and t[1] in ("bf16", "f16")]
+        if rel:
+            steps += FLASH_REL_PRODUCTS.get(base, 0) * numel(q[:3]) * rel[0][0] * q[3]
+        return "flash", nb, steps, "simple", elems / ATTENTION_DRAWS if drawn else 0
     if base == "binary_bcast":  # 16-byte vectors, the broadcast operand a row or a value
         return "vec", share, 0, "simple", 0
     if base in ("bucket_lookup_fwd", "cls_reset_fwd"):  # 16-byte stores, coalesced index reads

@@ -130,19 +130,15 @@ Tensor BertLayer::self_attention(const Tensor& x, const Tensor& key_mask,
   if (!terms.shaw_table.defined()) {
     ctx = engine::attention(q, k, v, opt);
   } else {
-    // Shaw: logits q_i.(k_j + a_c(j-i)) scale, values v_j + a_c(j-i). The key term is q A^T
-    // (B, H, T, R) gathered per (i, j) inside the op, the value term the probabilities summed
-    // per bucket (B, H, T, R) times A: never a (T, T, d_h) tensor, and on a device in 16 bits
-    // never a (B, H, T, T) one (the fused kernels).
-    const Tensor& a = terms.shaw_table;  // (R, d_h)
+    // Shaw: logits q_i.(k_j + a_c(j-i)) scale, values v_j + a_c(j-i), inside the op: never a
+    // (T, T, d_h) tensor, and on a device in 16 bits never a (B, H, T, T) one (the fused
+    // kernels make q A^T and the probabilities' sums per bucket themselves).
     engine::RelativeTerms rel;
-    rel.clip = (a.size(0) - 1) / 2;
-    rel.logits = engine::matmul(q, a.transpose(0, 1));
-    rel.weights = true;
+    rel.table = terms.shaw_table;  // (2 clip + 1, d_h)
+    rel.clip = (rel.table.size(0) - 1) / 2;
     rel.index = terms.shaw_index;
     rel.inverse = terms.shaw_inverse;
-    const engine::RelativeAttention r = engine::attention(q, k, v, opt, rel);
-    ctx = r.out + engine::matmul(r.weights, a);
+    ctx = engine::attention(q, k, v, opt, rel);
   }
   Tensor merged = ctx.permute({0, 2, 1, 3}).reshape({b, t, h * dh});  // (B, T, d)
   return out.forward_no_bias(merged);

@@ -27,6 +27,7 @@
 #include "ops/elementwise.h"
 #include "ops/flash_attention.h"
 #include "ops/matmul.h"
+#include "ops/reduce.h"
 #include "ops/relative.h"
 #include "ops/softmax.h"
 
@@ -162,28 +163,48 @@ void gradients_in_layout(FlashAttentionBackward& a) {
   a.dv = empty_in_stride_order(a.v.shape(), a.v.strides(), a.v.dtype(), dev);
 }
 
+// A (B, H, T, X) operand as (H, B T, X), the batch and position dims merged: a view where its
+// layout allows (the model's q, dout and the relative tables below), else a copy.
+Tensor rows_by_head(const Tensor& t) {
+  return t.permute({1, 0, 2, 3}).reshape({t.size(1), t.size(0) * t.size(2), t.size(3)});
+}
+
+// A (B, H, Tq, R) relative table for the kernels to write, laid out (B, Tq, H, R) as the model's
+// q is (rows_by_head then a view).
+Tensor relative_rows(const Tensor& q, int64_t nrel) {
+  return Tensor::empty({q.size(0), q.size(2), q.size(1), nrel}, q.dtype(), q.device())
+      .permute({0, 2, 1, 3});
+}
+
+// The relative vectors' gradient from the kernels' tables: sum over (b, h, i) of drel_i^T q_i +
+// W_i^T dout_i, as products batched over the heads (f32 sums, K = B Tq) and a sum over them.
+Tensor relative_table_grad(const FlashAttentionBackward& a) {
+  const int64_t h = a.q.size(1), nrel = a.rel_table.size(0), d = a.rel_table.size(1);
+  const Tensor per_head = Tensor::empty({h, nrel, d}, DType::f32, a.q.device());
+  double beta = 0.0;
+  for (const auto& [table, rows] : {std::pair{a.drel, a.q}, std::pair{a.rel_weights, a.dout}}) {
+    if (!table.defined()) continue;
+    gemm(rows_by_head(table), true, rows_by_head(rows), false, per_head, 1.0, beta);
+    beta = 1.0;
+  }
+  return sum(per_head, {0}).to(a.rel_table.dtype());
+}
+
 // The fused path's node: the backward is flash_attention_backward_kernel on the saved inputs,
-// output and log-sum-exp. Inputs q, k, v, bias, key_mask and the relative key term's table;
-// outputs out and (with relative positions, when asked for) the bucket sums.
+// output and log-sum-exp. Inputs q, k, v, bias, key_mask and the relative vectors.
 struct FlashAttentionNode : Node {
-  // q, k, v, bias, key_mask, out, lse, mask_bits, scale, p, state; rel, rel_clip
+  // q, k, v, bias, key_mask, out, lse, mask_bits, scale, p, state; the relative positions'
   FlashAttentionBackward args;
   Shape bias_shape;  // the bias input's own shape (its gradient's)
-  Tensor weights;    // the forward's relative bucket sums, or undefined
   const char* name() const override { return "attention"; }
 
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
     FlashAttentionBackward a = args;
     const Device dev = a.q.device();
-    // Only the bucket sums may have a gradient (the output unused): dout is then zeros.
-    a.dout = grads[0].defined() ? in_fused_layout(grads[0])
-                                : Tensor::zeros(a.out.shape(), a.q.dtype(), dev);
-    if (grads.size() > 1 && grads[1].defined()) {
-      a.rel_weights = weights;
-      a.drel_weights = grads[1].to(a.q.dtype()).contiguous();
-    }
-    if (a.rel.defined() && needs_input_grad(5))
-      a.drel = Tensor::empty(a.rel.shape(), a.q.dtype(), dev);
+    a.dout = in_fused_layout(grads[0]);
+    const bool want_table = a.rel_table.defined() && needs_input_grad(5);
+    if (want_table && a.rel_keys) a.drel = relative_rows(a.q, a.rel_table.size(0));
+    if (want_table && a.rel_values) a.rel_weights = relative_rows(a.q, a.rel_table.size(0));
     gradients_in_layout(a);
     const int64_t h = a.q.size(1), tq = a.q.size(2), tk = a.k.size(2);
     if (a.bias.defined() && needs_input_grad(3)) {
@@ -206,12 +227,9 @@ struct FlashAttentionNode : Node {
             needs_input_grad(2) ? a.dv : Tensor(),
             dbias,
             Tensor(),
-            a.drel};
+            want_table ? relative_table_grad(a) : Tensor()};
   }
-  void release_saved() override {
-    args = FlashAttentionBackward();
-    weights = Tensor();
-  }
+  void release_saved() override { args = FlashAttentionBackward(); }
 };
 
 // The bias as the fused kernels read it, an (H, Tq, Tk) view shared by the batch: undefined when
@@ -237,12 +255,11 @@ Tensor relative_buckets(int64_t tq, int64_t tk, int64_t clip, Device dev) {
 }
 
 // The relative positions by composed ops (the reference, and where the fused kernels do not
-// run): scores + the gathered key term, scaled; softmax with the bias and mask; attention's
-// dropout; the mixing and the bucket sums by scatter.
-RelativeAttention composed_relative(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const Tensor& logits, const RelativeTerms& rel,
-                                    const Tensor& bias, const Tensor& mask4, double scale,
-                                    const AttentionOptions& opt) {
+// run): scores + the key term q A^T gathered per (i, j), scaled; softmax with the bias and mask;
+// attention's dropout; the mixing, + the probabilities' sums per bucket times A.
+Tensor composed_relative(const Tensor& q, const Tensor& k, const Tensor& v,
+                         const RelativeTerms& rel, const Tensor& bias, const Tensor& mask4,
+                         double scale, const AttentionOptions& opt) {
   const int64_t tq = q.size(2), tk = k.size(2), nrel = 2 * rel.clip + 1;
   const Tensor index =
       rel.index.defined() ? rel.index : relative_buckets(tq, tk, rel.clip, q.device());
@@ -250,14 +267,14 @@ RelativeAttention composed_relative(const Tensor& q, const Tensor& k, const Tens
                              ? rel.inverse
                              : relative_index_inverse(index, nrel);
   Tensor scores = matmul(q, k.transpose(2, 3));
-  if (logits.defined()) scores = scores + relative_gather(logits, index, inverse);
+  if (rel.keys)
+    scores = scores + relative_gather(matmul(q, rel.table.transpose(0, 1)), index, inverse);
   Tensor probs = softmax(scores * scale, bias, mask4);
   probs = attention_dropout(probs, opt.dropout_p, opt.training,
                             opt.generator ? *opt.generator : default_generator());
-  RelativeAttention r;
-  r.out = matmul(probs, v);
-  if (rel.weights) r.weights = relative_scatter(probs, index, nrel, inverse);
-  return r;
+  Tensor out = matmul(probs, v);
+  if (rel.values) out = out + matmul(relative_scatter(probs, index, nrel, inverse), rel.table);
+  return out;
 }
 
 }  // namespace
@@ -291,9 +308,9 @@ void set_default_fused_attention(FusedAttention mode) {
 
 namespace {
 
-// attention(), and with relative positions (rel non-null) the relative form.
-RelativeAttention attention_impl(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
-                                 const AttentionOptions& opt_in, const RelativeTerms* rel) {
+// attention(), and with relative positions (rel non-null) their form.
+Tensor attention_impl(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                      const AttentionOptions& opt_in, const RelativeTerms* rel) {
   // Autocast: q, k, v and the bias in the compute dtype (recorded casts); an f32 bias once the
   // path is known (the fused kernels read it as it is).
   const Tensor q = autocast_to_compute(q_in), k = autocast_to_compute(k_in),
@@ -343,18 +360,14 @@ RelativeAttention attention_impl(const Tensor& q_in, const Tensor& k_in, const T
   const double p = opt.training ? opt.dropout_p : 0.0;
   const Device dev = q.device();
   const DType dt = q.dtype();
-  Tensor logits;  // the relative key term's table, in q's dtype
+  Tensor table;  // the relative vectors, in q's dtype (for the fused kernels)
   if (rel != nullptr) {
     ENGINE_CHECK(rel->clip >= 1, "[attention] relative positions need clip >= 1, got ", rel->clip);
-    if (rel->logits.defined()) {
-      const Shape want{b, h, tq, 2 * rel->clip + 1};
-      ENGINE_CHECK(rel->logits.shape() == want && rel->logits.device() == dev,
-                   "[attention] the relative logits ", describe(rel->logits),
-                   " must be (B, H, Tq, ", "2 clip + 1) = (", b, ", ", h, ", ", tq, ", ", want[3],
-                   ") on q's device");
-      logits = autocast_to_compute(rel->logits);
-      if (logits.dtype() != dt) logits = logits.to(dt);
-    }
+    ENGINE_CHECK(rel->table.defined() && rel->table.shape() == Shape({2 * rel->clip + 1, d}) &&
+                     rel->table.device() == dev && dv == d,
+                 "[attention] the relative vectors ", describe(rel->table),
+                 " must be (2 clip + 1, D) = (", 2 * rel->clip + 1, ", ", d,
+                 ") on q's device, with v's head width ", dv, " = D");
     for (const Tensor* t : {&rel->index, &rel->inverse})
       ENGINE_CHECK(!t->defined() || t->device() == dev, "[attention] the relative index ",
                    describe(*t), " must be on q's device");
@@ -401,12 +414,15 @@ RelativeAttention attention_impl(const Tensor& q_in, const Tensor& k_in, const T
     f.lse = Tensor::empty({b, h, tq}, DType::f32, q.device());
     if (p > 0) f.mask_bits = Tensor::empty({b, h, tq, (tk + 3) / 4}, DType::u8, q.device());
     if (rel != nullptr) {
+      table = autocast_to_compute(rel->table);  // a recorded cast: A's gradient flows back
+      if (table.dtype() != dt) table = table.to(dt);
+      f.rel_table = table.detach().contiguous();
       f.rel_clip = rel->clip;
-      if (logits.defined()) f.rel = logits.detach().contiguous();
-      if (rel->weights) f.rel_weights = Tensor::empty({b, h, tq, 2 * rel->clip + 1}, dt, dev);
+      f.rel_keys = rel->keys;
+      f.rel_values = rel->values;
     }
     flash_attention_forward_kernel(q.device(), f);
-    if (needs_grad({&q, &k, &v, &opt.bias, &logits})) {
+    if (needs_grad({&q, &k, &v, &opt.bias, &table})) {
       auto n = std::make_shared<FlashAttentionNode>();
       FlashAttentionBackward& a = n->args;
       a.q = f.q;
@@ -420,18 +436,16 @@ RelativeAttention attention_impl(const Tensor& q_in, const Tensor& k_in, const T
       a.scale = scale;
       a.p = p;
       a.state = f.state;
-      a.rel = f.rel;
+      a.rel_table = f.rel_table;
       a.rel_clip = f.rel_clip;
-      n->weights = f.rel_weights;
+      a.rel_keys = f.rel_keys;
+      a.rel_values = f.rel_values;
       if (opt.bias.defined()) n->bias_shape = opt.bias.shape();
-      if (f.rel_weights.defined())
-        record(n, {q, k, v, opt.bias, opt.key_mask, logits}, {f.out, f.rel_weights});
-      else
-        record(n, {q, k, v, opt.bias, opt.key_mask, logits}, {f.out});
+      record(n, {q, k, v, opt.bias, opt.key_mask, table}, {f.out});
     }
-    return {f.out, f.rel_weights};
+    return f.out;
   }
-  if (rel != nullptr) return composed_relative(q, k, v, logits, *rel, opt.bias, mask4, scale, opt);
+  if (rel != nullptr) return composed_relative(q, k, v, *rel, opt.bias, mask4, scale, opt);
 
   // (B, H, T, D) -> (B*H, T, D): one strided-batched GEMM per product.
   Tensor q3 = q.detach().contiguous().view({b * h, tq, d});
@@ -480,17 +494,17 @@ RelativeAttention attention_impl(const Tensor& q_in, const Tensor& k_in, const T
     n->state = state;
     record(n, {q, k, v, opt.bias, opt.key_mask}, {out});
   }
-  return {out, Tensor()};
+  return out;
 }
 
 }  // namespace
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt) {
-  return attention_impl(q, k, v, opt, nullptr).out;
+  return attention_impl(q, k, v, opt, nullptr);
 }
 
-RelativeAttention attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                            const AttentionOptions& opt, const RelativeTerms& relative) {
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& opt,
+                 const RelativeTerms& relative) {
   return attention_impl(q, k, v, opt, &relative);
 }
 

@@ -53,28 +53,23 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v,
 
 // Shaw et al.'s clipped relative positions inside attention (the learned_rpe / sin_rpe presets):
 // key j of query i falls in bucket c(i, j) = clamp(j - i, -clip, clip) + clip of R = 2 clip + 1,
-// and
-//   logits_ij = scale (q_i . k_j + logits[b, h, i, c(i, j)]) + bias_ij      (the key term)
-//   weights[b, h, i, r] = the sum of dropout(softmax(logits))_ij over the keys j of bucket r
-// (the key term's table is q A^T for relative vectors A; the caller adds weights A to `out` for
-// the value term). Differentiable in q, k, v, the bias and `logits`; the weights' gradient flows
-// back through the probabilities. On a device in bf16 / f16 the fused kernels run it (no
-// (B, H, Tq, Tk) tensor; R <= kFlashMaxRelBuckets, ops/flash_attention.h); elsewhere the composed
-// ops (relative_gather, softmax, attention_dropout, relative_scatter: the reference), with the
-// same dropout mask.
+// each with a relative vector a_r (the rows of `table`, (R, D)), and
+//   logits_ij = scale (q_i . (k_j + a_c(i,j))) + bias_ij          (the key term)
+//   out_i     = sum_j P_d,ij (v_j + a_c(i,j))                      (the value term)
+// with P_d = dropout(softmax(logits)). Differentiable in q, k, v, the bias and the table. On a
+// device in bf16 / f16 the fused kernels run it (no (B, H, Tq, Tk) or (Tq, Tk, D) tensor; q A^T
+// and the probabilities' sums per bucket made inside them; R <= kFlashMaxRelBuckets,
+// ops/flash_attention.h); elsewhere the composed ops (q A^T through relative_gather, softmax,
+// attention_dropout, relative_scatter: the reference), with the same dropout mask.
 struct RelativeTerms {
-  int64_t clip = 0;      // >= 1
-  Tensor logits;         // undefined (no key term) or (B, H, Tq, 2 clip + 1)
-  bool weights = false;  // whether to return the bucket sums
+  int64_t clip = 0;                 // >= 1
+  Tensor table;                     // (2 clip + 1, D), D = q's and v's head width
+  bool keys = true, values = true;  // which terms (Shaw: both)
   // Optional: the (Tq, Tk) i64 bucket map c(i, j) and relative_index_inverse(index, R), which the
   // composed path reads (a model keeps them as constants of a length); made here when absent.
   Tensor index, inverse;
 };
-struct RelativeAttention {
-  Tensor out;      // (B, H, Tq, Dv)
-  Tensor weights;  // (B, H, Tq, R), or undefined when not asked for
-};
-RelativeAttention attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                            const AttentionOptions& options, const RelativeTerms& relative);
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                 const RelativeTerms& relative);
 
 }  // namespace engine

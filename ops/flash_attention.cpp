@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "engine/backend.h"
@@ -16,21 +17,30 @@
 namespace engine {
 
 void add_work_cost(WorkCost& cost, const FlashAttentionForward& a) {
-  for (const Tensor* t : {&a.q, &a.k, &a.v, &a.bias, &a.key_mask, &a.out, &a.lse, &a.mask_bits,
-                          &a.rel, &a.rel_weights})
+  for (const Tensor* t :
+       {&a.q, &a.k, &a.v, &a.bias, &a.key_mask, &a.out, &a.lse, &a.mask_bits, &a.rel_table})
     if (t->defined()) add_work_cost(cost, *t);
   cost.flops += 4.0 * a.q.size(0) * a.q.size(1) * a.q.size(2) * a.k.size(2) * a.q.size(3);
+  // Shaw's relative vectors: q A^T (key term) and W A (value term).
+  if (a.rel_table.defined())
+    cost.flops += 2.0 * (int(a.rel_keys) + int(a.rel_values)) * a.q.size(0) * a.q.size(1) *
+                  a.q.size(2) * a.rel_table.size(0) * a.q.size(3);
 }
 
 void add_work_cost(WorkCost& cost, const FlashAttentionBackward& a) {
   for (const Tensor* t :
        {&a.q, &a.k, &a.v, &a.bias, &a.key_mask, &a.out, &a.lse, &a.mask_bits, &a.dout, &a.dq, &a.dk,
-        &a.dv, &a.dbias, &a.rel, &a.rel_weights, &a.drel_weights, &a.drel})
+        &a.dv, &a.dbias, &a.rel_table, &a.drel, &a.rel_weights})
     if (t->defined()) add_work_cost(cost, *t);
   if (a.accumulate_dbias && a.dbias.defined()) add_work_cost(cost, a.dbias);  // read, then written
   // The gradient's four products (dP_d, dV, dQ, dK): the scores made again are recomputation,
   // not model FLOPs (the performance model times the kernels by the products they compute).
   cost.flops += 8.0 * a.q.size(0) * a.q.size(1) * a.q.size(2) * a.k.size(2) * a.q.size(3);
+  // Shaw's relative vectors: drel A into dq (key term), dout A^T into dP (value term); q A^T made
+  // again is recomputation, and the vectors' gradient is the caller's GEMMs.
+  if (a.rel_table.defined())
+    cost.flops += 2.0 * (int(a.rel_keys) + int(a.rel_values)) * a.q.size(0) * a.q.size(1) *
+                  a.q.size(2) * a.rel_table.size(0) * a.q.size(3);
 }
 
 bool flash_attention_fits(Device device, DType dtype, int64_t b, int64_t h, int64_t d, int64_t dv) {
@@ -41,22 +51,35 @@ bool flash_attention_fits(Device device, DType dtype, int64_t b, int64_t h, int6
   return d == dv && (d == 32 || d == 64 || d == 128) && b * h >= 1 && b * h <= 65535;
 }
 
-void check_flash_relative(const Tensor& q, int64_t rel_clip,
-                          std::initializer_list<std::pair<const char*, const Tensor*>> tables,
-                          const char* op) {
-  bool any = false;
-  for (const auto& [name, t] : tables) any = any || t->defined();
-  if (!any && rel_clip == 0) return;
+void check_flash_relative(const Tensor& q, const Tensor& v, const Tensor& rel_table,
+                          int64_t rel_clip, bool keys, bool values, const Tensor* drel,
+                          const Tensor* weights, const char* op) {
+  if (!rel_table.defined()) {
+    ENGINE_CHECK(
+        (drel == nullptr || !drel->defined()) && (weights == nullptr || !weights->defined()), "[",
+        op, "] drel and rel_weights need a rel_table");
+    return;
+  }
   ENGINE_CHECK(rel_clip >= 1 && 2 * rel_clip + 1 <= kFlashMaxRelBuckets, "[", op, "] rel_clip ",
-               rel_clip, " must be in [1, ", (kFlashMaxRelBuckets - 1) / 2,
-               "] where relative tables are given");
-  const Shape want{q.size(0), q.size(1), q.size(2), 2 * rel_clip + 1};
-  for (const auto& [name, t] : tables)
-    ENGINE_CHECK(!t->defined() || (t->shape() == want && t->dtype() == q.dtype() &&
-                                   t->is_contiguous() && t->device() == q.device()),
-                 "[", op, "] ", name, " ", describe(*t), " must be contiguous (B, H, Tq, R) = (",
-                 want[0], ", ", want[1], ", ", want[2], ", ", want[3],
-                 ") in q's dtype on q's device (q ", describe(q), ")");
+               rel_clip, " must be in [1, ", (kFlashMaxRelBuckets - 1) / 2, "]");
+  const int64_t nrel = 2 * rel_clip + 1;
+  ENGINE_CHECK(
+      rel_table.shape() == Shape({nrel, q.size(3)}) && rel_table.dtype() == q.dtype() &&
+          rel_table.is_contiguous() && rel_table.device() == q.device() && v.size(3) == q.size(3),
+      "[", op, "] rel_table ", describe(rel_table), " must be contiguous (2 rel_clip + 1, D) = (",
+      nrel, ", ", q.size(3), ") in q's dtype on q's device, with v's head width D (q ", describe(q),
+      ", v ", describe(v), ")");
+  const Shape want{q.size(0), q.size(1), q.size(2), nrel};
+  for (const auto& [name, t, term] :
+       {std::tuple{"drel", drel, keys}, std::tuple{"rel_weights", weights, values}}) {
+    if (t == nullptr || !t->defined()) continue;
+    ENGINE_CHECK(term, "[", op, "] ", name, " is given without its term");
+    ENGINE_CHECK(t->shape() == want && t->dtype() == q.dtype() && t->device() == q.device() &&
+                     t->stride(3) == 1,
+                 "[", op, "] ", name, " ", describe(*t), " must be (B, H, Tq, R) = (", want[0],
+                 ", ", want[1], ", ", want[2], ", ", want[3],
+                 ") in q's dtype on q's device, its last dim contiguous");
+  }
 }
 
 bool flash_attention_layout_fits(const Tensor& t) {
@@ -87,9 +110,12 @@ struct Problem {
   uint32_t threshold;
   PhiloxState state;
   std::vector<double> q, k, v, bias, mask;
-  std::vector<double> bits;  // the forward's keep bits (the backward's mask_bits), or empty
-  int64_t clip, nrel;        // relative positions: rel_clip and R = 2 clip + 1 (0 and 0: none)
-  std::vector<double> rel;   // (B H Tq, R), or empty
+  std::vector<double> bits;   // the forward's keep bits (the backward's mask_bits), or empty
+  int64_t clip, nrel;         // relative positions: rel_clip and R = 2 clip + 1 (0 and 0: none)
+  std::vector<double> table;  // (R, D), or empty
+  bool keys, values;          // the terms there
+  DType dtype;                // q's
+  std::vector<double> qa;     // with the key term: q A^T (B H Tq, R), rounded to q's dtype
 
   template <class A>
   Problem(const A& a)
@@ -107,11 +133,15 @@ struct Problem {
         v(host(a.v)),
         bias(host(a.bias)),
         mask(host(a.key_mask)),
-        clip(a.rel_clip),
-        nrel(a.rel_clip > 0 ? 2 * a.rel_clip + 1 : 0),
-        rel(host(a.rel)) {
+        clip(a.rel_table.defined() ? a.rel_clip : 0),
+        nrel(a.rel_table.defined() ? 2 * a.rel_clip + 1 : 0),
+        table(host(a.rel_table)),
+        keys(a.rel_table.defined() && a.rel_keys),
+        values(a.rel_table.defined() && a.rel_values),
+        dtype(a.q.dtype()) {
     ENGINE_CHECK(a.v.size(3) == d, "[flash_attention] v's head width ", a.v.size(3),
                  " differs from q's ", d);
+    if (keys) qa = times_table(q);
     ENGINE_CHECK(!a.bias.defined() || a.bias.dtype() == a.q.dtype() || a.bias.dtype() == DType::f32,
                  "[flash_attention] bias ", describe(a.bias), " must be in q's dtype (",
                  dtype_name(a.q.dtype()), ") or f32");
@@ -126,12 +156,25 @@ struct Problem {
       }
       double s = 0;
       for (int64_t c = 0; c < d; ++c) s += q[(bh * tq + i) * d + c] * k[(bh * tk + j) * d + c];
-      if (!rel.empty()) s += rel[(bh * tq + i) * nrel + bucket(i, j)];
+      if (keys) s += qa[(bh * tq + i) * nrel + bucket(i, j)];
       x[j] = s * scale + (bias.empty() ? 0.0 : bias[(hi * tq + i) * tk + j]);
     }
   }
+  // x A^T for rows x of D (q, dout), rounded to q's dtype as the kernels round them.
+  std::vector<double> times_table(const std::vector<double>& x) const {
+    const int64_t rows = static_cast<int64_t>(x.size()) / d;
+    std::vector<double> y(static_cast<size_t>(rows * nrel));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < nrel; ++c)
+        for (int64_t e = 0; e < d; ++e) y[r * nrel + c] += x[r * d + e] * table[c * d + e];
+    return Tensor::from_vector(y, {rows * nrel}).to(dtype).to(DType::f64).to_vector<double>();
+  }
   // Key j's relative bucket for query i: clamp(j - i, -clip, clip) + clip.
   int64_t bucket(int64_t i, int64_t j) const { return std::clamp(j - i, -clip, clip) + clip; }
+  // Element c of key j's value for query i: v_j (+ a_c(i, j) with the value term).
+  double value(int64_t bh, int64_t i, int64_t j, int64_t c) const {
+    return v[(bh * tk + j) * d + c] + (values ? table[bucket(i, j) * d + c] : 0.0);
+  }
   int64_t groups() const { return (tk + 3) / 4; }
   // f(bi, hi, i, row) for every query row in order, row = (bi H + hi) Tq + i.
   template <class F>
@@ -162,8 +205,8 @@ struct Problem {
 
 void forward(const FlashAttentionForward& a) {
   check_host_state(a.state, "flash_attention");
-  check_flash_relative(a.q, a.rel_clip, {{"rel", &a.rel}, {"rel_weights", &a.rel_weights}},
-                       "flash_attention");
+  check_flash_relative(a.q, a.v, a.rel_table, a.rel_clip, a.rel_keys, a.rel_values, nullptr,
+                       nullptr, "flash_attention");
   const Problem P(a);
   ENGINE_CHECK(a.mask_bits.defined() == (a.p > 0),
                "[flash_attention] mask_bits must be given exactly when p > 0");
@@ -177,8 +220,7 @@ void forward(const FlashAttentionForward& a) {
     put(a.mask_bits, bits);
   }
   std::vector<double> out(static_cast<size_t>(P.b * P.h * P.tq * P.d)),
-      lse(static_cast<size_t>(P.b * P.h * P.tq)),
-      weights(a.rel_weights.defined() ? static_cast<size_t>(P.b * P.h * P.tq * P.nrel) : 0);
+      lse(static_cast<size_t>(P.b * P.h * P.tq));
   std::vector<double> x(static_cast<size_t>(P.tk)), pr(x.size());
   P.for_rows([&](int64_t bi, int64_t hi, int64_t i, int64_t row) {
     const int64_t bh = bi * P.h + hi;
@@ -192,32 +234,26 @@ void forward(const FlashAttentionForward& a) {
     Problem::probs(x, lse[row], pr);
     for (int64_t j = 0; j < P.tk; ++j) {
       const double w = pr[j] * P.keep(bi, hi, i, j);
-      for (int64_t c = 0; c < P.d; ++c) out[row * P.d + c] += w * P.v[(bh * P.tk + j) * P.d + c];
-      if (!weights.empty()) weights[row * P.nrel + P.bucket(i, j)] += w;
+      for (int64_t c = 0; c < P.d; ++c) out[row * P.d + c] += w * P.value(bh, i, j, c);
     }
   });
   put(a.out, out);
   put(a.lse, lse);
-  if (a.rel_weights.defined()) put(a.rel_weights, weights);
 }
 
 void backward(const FlashAttentionBackward& a) {
   check_host_state(a.state, "flash_attention_backward");
-  check_flash_relative(a.q, a.rel_clip,
-                       {{"rel", &a.rel},
-                        {"rel_weights", &a.rel_weights},
-                        {"drel_weights", &a.drel_weights},
-                        {"drel", &a.drel}},
-                       "flash_attention_backward");
-  ENGINE_CHECK(a.rel_weights.defined() == a.drel_weights.defined(),
-               "[flash_attention_backward] rel_weights and drel_weights come together");
+  check_flash_relative(a.q, a.v, a.rel_table, a.rel_clip, a.rel_keys, a.rel_values, &a.drel,
+                       &a.rel_weights, "flash_attention_backward");
   Problem P(a);
   ENGINE_CHECK(a.mask_bits.defined() == (a.p > 0),
                "[flash_attention_backward] mask_bits must be given exactly when p > 0");
   P.bits = host(a.mask_bits);
-  const std::vector<double> out = host(a.out), dout = host(a.dout), lse = host(a.lse),
-                            weights = host(a.rel_weights), dweights = host(a.drel_weights);
-  std::vector<double> drel(a.drel.defined() ? static_cast<size_t>(P.b * P.h * P.tq * P.nrel) : 0);
+  const std::vector<double> out = host(a.out), dout = host(a.dout), lse = host(a.lse);
+  // dout A^T, rounded as the kernels round it: the value term's share of dP_d.
+  const std::vector<double> doa = P.values ? P.times_table(dout) : std::vector<double>();
+  std::vector<double> drel(a.drel.defined() ? static_cast<size_t>(P.b * P.h * P.tq * P.nrel) : 0),
+      weights(a.rel_weights.defined() ? static_cast<size_t>(P.b * P.h * P.tq * P.nrel) : 0);
   const int64_t n = P.b * P.h;
   std::vector<double> dq(static_cast<size_t>(n * P.tq * P.d)),
       dk(static_cast<size_t>(n * P.tk * P.d)), dv(dk.size());
@@ -229,16 +265,18 @@ void backward(const FlashAttentionBackward& a) {
     Problem::probs(x, lse[row], pr);
     double dsum = 0;  // rowsum(dout * out)
     for (int64_t c = 0; c < P.d; ++c) dsum += dout[row * P.d + c] * out[row * P.d + c];
-    for (int64_t r = 0; r < int64_t(dweights.size() ? P.nrel : 0); ++r)
-      dsum += weights[row * P.nrel + r] * dweights[row * P.nrel + r];
     for (int64_t j = 0; j < P.tk; ++j) {
       const double kp = P.keep(bi, hi, i, j);
-      double dpd = 0;  // dout_i . v_j (+ dW of its bucket)
+      double dpd = 0;  // dout_i . (v_j + a_c(i, j))
       for (int64_t c = 0; c < P.d; ++c) dpd += dout[row * P.d + c] * P.v[(bh * P.tk + j) * P.d + c];
-      if (!dweights.empty()) dpd += dweights[row * P.nrel + P.bucket(i, j)];
+      if (P.values) dpd += doa[row * P.nrel + P.bucket(i, j)];
       const double ds = pr[j] * (dpd * kp - dsum);
       if (!ds_all.empty()) ds_all[static_cast<size_t>(row * P.tk + j)] = ds;
       if (!drel.empty()) drel[row * P.nrel + P.bucket(i, j)] += P.scale * ds;
+      if (!weights.empty()) weights[row * P.nrel + P.bucket(i, j)] += pr[j] * kp;
+      if (P.keys)
+        for (int64_t c = 0; c < P.d; ++c)
+          dq[row * P.d + c] += P.scale * ds * P.table[P.bucket(i, j) * P.d + c];
       for (int64_t c = 0; c < P.d; ++c) {
         dq[row * P.d + c] += P.scale * ds * P.k[(bh * P.tk + j) * P.d + c];
         dk[(bh * P.tk + j) * P.d + c] += P.scale * ds * P.q[row * P.d + c];
@@ -250,6 +288,7 @@ void backward(const FlashAttentionBackward& a) {
   put(a.dk, dk);
   put(a.dv, dv);
   if (a.drel.defined()) put(a.drel, drel);
+  if (a.rel_weights.defined()) put(a.rel_weights, weights);
   if (a.dbias.defined()) {
     const int64_t per = P.h * P.tq * P.tk;
     std::vector<double> db =

@@ -25,6 +25,12 @@
 //                s128: 48 tiles); then each group's (H, Tq, Tk) f32 partial is written once and
 //   bias_sum     adds them in group order. No atomics. (A partial read and written once per batch
 //                entry, as before 2026-12-06, moved 8 bytes per element of the scores.)
+// Shaw's relative positions (a table A of R <= 129 vectors; flash_attention.h): the forward and
+// backward_q make q A^T (and backward_q dout A^T) for their warps' rows before the key tiles, A
+// staged 64 rows at a time where a key tile goes, and keep the rows in shared memory; the forward
+// keeps the probabilities' bucket sums W beside O (rescaled with it) and adds W A after the key
+// tiles as 64 more keys; backward_q writes q A^T and dout A^T for the kv and bias kernels (which
+// gather them), drel and W for the caller, and adds drel A to dQ after its key tiles.
 // The same bits on every run. The probabilities are rounded to the 16-bit type before their
 // products (as every flash kernel does), so results match the unfused path within that rounding.
 #include <cuda_runtime.h>
@@ -70,11 +76,14 @@ struct Args {
   T *o, *dq, *dk, *dv;
   float *lse_out, *rowdot;  // rowdot: flash_backward_q writes it, kv / bias read it
   uint8_t* bits_out;        // the keep bits (forward, with dropout)
-  // Relative positions ((B H Tq, R) rows, R = nrel = 2 rel_clip + 1; null: none): the key term,
-  // the forward's bucket sums W and their gradient dW (backward), W out (forward), drel out.
-  const T *rel, *rel_w, *drel_w;
-  T *rel_w_out, *drel_out;
+  // Relative positions (rel_table null: none; R = nrel = 2 rel_clip + 1): the vectors A (R, D);
+  // q A^T and dout A^T as (B H Tq, R) rows, which flash_backward_q writes for the kv and bias
+  // kernels (null: that term absent); drel and W out (layouts ldrel, lw; null: not written).
+  const T* rel_table;
+  T *qa, *doa, *drel_out, *w_out;
+  Rows ldrel, lw;
   int64_t rel_clip, nrel;
+  bool rel_keys, rel_values;
   int64_t batch, heads, tq, tk, groups4;  // groups4: bytes of keep bits a row, ceil(Tk / 4)
   int64_t bias_sh, bias_si, bias_sj;
   float scale, keep_scale;
@@ -110,15 +119,23 @@ __device__ inline float bias_at(const Args<T>& a, int64_t h, int64_t i, int64_t 
   return 0.0f;
 }
 
-// The logit of element (b, h, i, j) (bh = b H + h) from its product s = q_i . k_j, with the bias
-// term given (bias_at's): -inf outside the problem or for a masked key; the relative key term
-// added to s.
+// Element (bh, i, j)'s entry of a (B H Tq, R) relative table (q A^T or dout A^T, as
+// flash_backward_q wrote it): the one of the key's bucket, 0 outside the problem or without one.
 template <class T>
-__device__ inline float logit_with(const Args<T>& a, int64_t b, int64_t bh, int64_t i, int64_t j,
-                                   float s, float bias) {
+__device__ inline float rel_entry(const Args<T>& a, const T* table, int64_t bh, int64_t i,
+                                  int64_t j) {
+  if (table == nullptr || i >= a.tq || j >= a.tk) return 0.0f;
+  return to_acc(table[(bh * a.tq + i) * a.nrel + rel_bucket(a, i, j)]);
+}
+
+// The logit of element (b, h, i, j) from its product s = q_i . k_j (with the relative key term,
+// if any, added), with the bias term given (bias_at's): -inf outside the problem or for a masked
+// key.
+template <class T>
+__device__ inline float logit_with(const Args<T>& a, int64_t b, int64_t i, int64_t j, float s,
+                                   float bias) {
   if (i >= a.tq || j >= a.tk) return -INFINITY;
   if (a.mask && a.mask[b * a.tk + j] == 0.0f) return -INFINITY;
-  if (a.rel) s += to_acc(a.rel[(bh * a.tq + i) * a.nrel + rel_bucket(a, i, j)]);
   float x = s * a.scale;
   if (a.bias || a.bias32) x += bias;
   return x;
@@ -127,7 +144,7 @@ __device__ inline float logit_with(const Args<T>& a, int64_t b, int64_t bh, int6
 template <class T>
 __device__ inline float logit(const Args<T>& a, int64_t b, int64_t h, int64_t i, int64_t j,
                               float s) {
-  return logit_with(a, b, b * a.heads + h, i, j, s, bias_at(a, h, i, j));
+  return logit_with(a, b, i, j, s, bias_at(a, h, i, j));
 }
 
 // The dropout factor of element (bh, i, j) in the backward: from the forward's keep bits.
@@ -219,18 +236,64 @@ __device__ inline void products_t(const FragA<T> (&a1)[ND], const T* r1, const F
   __syncwarp();
 }
 
-// The floats a row of a warp's relative sums takes (R rounded up to 16 bytes), and the shared
-// memory of a block's four warps' 16 rows each (0 without relative sums).
-__host__ __device__ inline int rel_ld(int64_t nrel) { return int((nrel + 3) / 4 * 4); }
-inline size_t rel_smem(bool used, int64_t nrel) {
-  return used ? size_t(kWarps) * 16 * rel_ld(nrel) * 4 : 0;
+// s = a1 r^T (16 x 16), r 16 staged rows of `ld` elements read transposed, into a float tile of
+// `ldt` floats a row. The same products, in the same order, as products_t's.
+template <class T, int ND, class P>
+__device__ inline void product_t(const FragA<T> (&a1)[ND], const T* r, int ld, P tile, int ldt) {
+  FragC s;
+  wmma::fill_fragment(s, 0.0f);
+  for (int kk = 0; kk < ND; ++kk) {
+    FragB<T, wmma::col_major> fb;
+    wmma::load_matrix_sync(fb, r + kk * 16, ld);
+    wmma::mma_sync(s, a1[kk], fb, s);
+  }
+  wmma::store_matrix_sync(tile, s, ldt, wmma::mem_row_major);
 }
 
+// O += P V for a warp's 16 rows: P (16 x 64, `ldp` a row) and V (64 x D, `ldv`) staged, O
+// (16 x D, `ldo` floats a row) in shared memory.
+template <class T, int ND, class PO, class PP, class PV>
+__device__ inline void mix_rows(PO o, int ldo, PP p, int ldp, PV v, int ldv) {
+  for (int nd = 0; nd < ND; ++nd) {
+    FragC acc;
+    wmma::load_matrix_sync(acc, o + nd * 16, ldo, wmma::mem_row_major);
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      FragA<T> fp;
+      FragB<T, wmma::row_major> fv;
+      wmma::load_matrix_sync(fp, p + kk * 16, ldp);
+      wmma::load_matrix_sync(fv, v + kk * 16 * ldv + nd * 16, ldv);
+      wmma::mma_sync(acc, fp, fv, acc);
+    }
+    wmma::store_matrix_sync(o + nd * 16, acc, ldo, wmma::mem_row_major);
+  }
+}
+
+// A warp's relative rows in shared memory (R entries a row, rounded up to 16 bytes): 16-bit rows
+// (q A^T, dout A^T) and f32 rows (the forward's bucket sums W).
+__host__ __device__ inline int rel_ldh(int64_t nrel) { return int((nrel + 7) / 8 * 8); }
+__host__ __device__ inline int rel_ldf(int64_t nrel) { return int((nrel + 3) / 4 * 4); }
+
+// The relative vectors [c0, c0 + 64) (rows past R zeros) into the block's tile at byte offset o
+// (every thread of the block takes part).
+template <class T, int D, class B>
+__device__ inline void stage_rel(B smem, size_t o, const Args<T>& a, int64_t c0, int ld) {
+  stage_rows<T, D>(smem_region<uint4>(smem, o), ld, a.rel_table, D, c0, a.nrel, kTile, threadIdx.x,
+                   kThreads);
+}
+
+// The forward's shared memory: K and V tiles, then per warp its S (f32), P_d (16-bit) and O (f32)
+// tiles and either its staged Q rows (read once into fragments) or, with relative positions,
+// in their place and past them, its rows of q A^T (16-bit) and of W (f32).
 template <int D, class T>
-constexpr size_t forward_smem() {
-  constexpr size_t ldk = D + 8;
-  return 2 * kTile * ldk * sizeof(T) + kWarps * (16 * ldk * sizeof(T) + 16 * (kTile + 4) * 4 +
-                                                 16 * (kTile + 8) * sizeof(T) + 16 * (D + 4) * 4);
+__host__ __device__ inline size_t forward_warp_bytes(int64_t nrel) {
+  const size_t q_rows = 16 * (D + 8) * sizeof(T),
+               rel = nrel > 0 ? 16 * (rel_ldh(nrel) * sizeof(T) + rel_ldf(nrel) * 4) : 0;
+  return 16 * (kTile + 4) * 4 + 16 * (kTile + 8) * sizeof(T) + 16 * (D + 4) * 4 +
+         (q_rows > rel ? q_rows : rel);
+}
+template <int D, class T>
+size_t forward_smem(int64_t nrel) {
+  return 2 * kTile * (D + 8) * sizeof(T) + kWarps * forward_warp_bytes<D, T>(nrel);
 }
 
 template <class T, int ND>
@@ -241,21 +304,23 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
   const int64_t bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads;
   const int64_t i0 = int64_t(blockIdx.x) * kTile + warp * 16;
   const bool active = i0 < a.tq;  // warp-uniform
+  const bool rel = a.rel_table != nullptr;
+  const int ldh = rel_ldh(a.nrel), ldf = rel_ldf(a.nrel);
   const size_t o_k = 0, o_v = o_k + kTile * LDK * sizeof(T);
-  const size_t o_q =
-      o_v + kTile * LDK * sizeof(T) +
-      warp * (16 * LDK * sizeof(T) + 16 * LDS * 4 + 16 * LDP * sizeof(T) + 16 * LDO * 4);
-  const size_t o_s = o_q + 16 * LDK * sizeof(T), o_p = o_s + 16 * LDS * 4,
-               o_o = o_p + 16 * LDP * sizeof(T);
+  const size_t o_s =
+      o_v + kTile * LDK * sizeof(T) + warp * forward_warp_bytes<D, T>(rel ? a.nrel : 0);
+  const size_t o_p = o_s + 16 * LDS * 4, o_o = o_p + 16 * LDP * sizeof(T), o_q = o_o + 16 * LDO * 4,
+               o_w = o_q + 16 * ldh * sizeof(T);
   const auto sK = smem_region<T>(smem, o_k), sV = smem_region<T>(smem, o_v),
              sQ = smem_region<T>(smem, o_q), sP = smem_region<T>(smem, o_p);
   const auto sS = smem_region<float>(smem, o_s), sO = smem_region<float>(smem, o_o);
+  // Relative positions: the rows of q A^T (over sQ, once its rows are in fragments) and of W
+  // (rescaled with O's).
+  const auto sQA = smem_region<T>(smem, o_q);
+  const auto sW = smem_region<float>(smem, o_w);
   const T* q = a.q + at(a.lq, b, h);
   const T* k = a.k + at(a.lk, b, h);
   const T* v = a.v + at(a.lv, b, h);
-  // The relative bucket sums of the warp's 16 rows (W, rescaled with O), after the fixed regions.
-  const int ldw = rel_ld(a.nrel);
-  const auto sW = smem_region<float>(smem, forward_smem<D, T>() + warp * 16 * ldw * 4);
 
   // The online softmax takes four rows at a time: lanes 8 g .. 8 g + 7 row 4 k + g, each lane 8
   // consecutive keys (one Philox block: attention's rule, ops/dropout.h); m[k], l[k]: the running
@@ -267,12 +332,31 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
     stage_rows<T, D>(smem_region<uint4>(smem, o_q), LDK, q, a.lq.st, i0, a.tq, 16, lane, kWarpSize);
     __syncwarp();
     for (int kk = 0; kk < ND; ++kk) wmma::load_matrix_sync(fq[kk], raw_ptr(sQ) + kk * 16, LDK);
+    __syncwarp();  // sQ is read: its space is q A^T's
     for (int e = lane; e < 16 * LDO; e += kWarpSize) sO[e] = 0.0f;
-    if (a.rel_w_out)
-      for (int e = lane; e < 16 * ldw; e += kWarpSize) sW[e] = 0.0f;
+    if (rel && a.rel_values)
+      for (int e = lane; e < 16 * ldf; e += kWarpSize) sW[e] = 0.0f;
     for (int k = 0; k < 4; ++k) {
       m[k] = -INFINITY;
       l[k] = 0.0f;
+    }
+  }
+  if (rel && a.rel_keys) {
+    // q A^T for the warp's 16 rows, rounded to 16 bits (as flash_backward_q makes it): the
+    // vectors 64 at a time in the key tile's place, products as S's.
+    for (int64_t r0 = 0; r0 < a.nrel; r0 += kTile) {
+      __syncthreads();
+      stage_rel<T, D>(smem, o_k, a, r0, LDK);
+      __syncthreads();
+      if (!active) continue;
+      for (int n = 0; n < kTile / 16 && r0 + n * 16 < a.nrel; ++n)
+        product_t<T, ND>(fq, raw_ptr(sK) + n * 16 * LDK, LDK, raw_ptr(sS) + n * 16, LDS);
+      __syncwarp();
+      for (int e = lane; e < 16 * kTile; e += kWarpSize) {
+        const int r = e / kTile, c = e % kTile;
+        if (r0 + c < a.nrel) sQA[r * ldh + r0 + c] = from_acc<T>(float(sS[r * LDS + c]));
+      }
+      __syncwarp();
     }
   }
   for (int64_t j0 = 0; j0 < a.tk; j0 += kTile) {
@@ -299,7 +383,9 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
       float x[8], pr[8];
       float xm = -INFINITY;
       for (int t = 0; t < 8; ++t) {
-        x[t] = logit(a, b, h, i, j + t, float(sS[r * LDS + c0 + t]));
+        float s = float(sS[r * LDS + c0 + t]);
+        if (rel && a.rel_keys) s += to_acc(static_cast<T>(sQA[r * ldh + rel_bucket(a, i, j + t)]));
+        x[t] = logit(a, b, h, i, j + t, s);
         xm = fmaxf(xm, x[t]);
       }
       const float m_new = fmaxf(m[k], octet_max(xm));
@@ -329,11 +415,11 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
       for (int t = 0; t < 8; ++t)
         sP[r * LDP + c0 + t] = from_acc<T>(keep[t] ? pr[t] * a.keep_scale : 0.0f);
       for (int d = ql; d < D; d += 8) sO[r * LDO + d] *= corr;
-      if (a.rel_w_out) {
+      if (rel && a.rel_values) {
         // W's row rescaled like O's, then this tile's P_d added per bucket: an interior bucket
         // holds one key of the row (this lane's alone), the end buckets the tails (the octet's
         // partial sums added in a fixed order by its first lane).
-        for (int e = ql; e < a.nrel; e += 8) sW[r * ldw + e] *= corr;
+        for (int e = ql; e < a.nrel; e += 8) sW[r * ldf + e] *= corr;
         __syncwarp();
         float tail_lo = 0.0f, tail_hi = 0.0f;
         for (int t = 0; t < 8 && i < a.tq && j + t < a.tk; ++t) {
@@ -344,32 +430,37 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
           else if (c == a.nrel - 1)
             tail_hi += u;
           else
-            sW[r * ldw + c] += u;
+            sW[r * ldf + c] += u;
         }
         tail_lo = octet_sum(tail_lo);
         tail_hi = octet_sum(tail_hi);
         if (ql == 0) {
-          sW[r * ldw] += tail_lo;
-          sW[r * ldw + a.nrel - 1] += tail_hi;
+          sW[r * ldf] += tail_lo;
+          sW[r * ldf + a.nrel - 1] += tail_hi;
         }
         __syncwarp();
       }
     }
     __syncwarp();
-    // O += P_d V.
-    for (int nd = 0; nd < ND; ++nd) {
-      FragC acc;
-      wmma::load_matrix_sync(acc, raw_ptr(sO) + nd * 16, LDO, wmma::mem_row_major);
-      for (int kk = 0; kk < kTile / 16; ++kk) {
-        FragA<T> fp;
-        FragB<T, wmma::row_major> fv;
-        wmma::load_matrix_sync(fp, raw_ptr(sP) + kk * 16, LDP);
-        wmma::load_matrix_sync(fv, raw_ptr(sV) + kk * 16 * LDK + nd * 16, LDK);
-        wmma::mma_sync(acc, fp, fv, acc);
-      }
-      wmma::store_matrix_sync(raw_ptr(sO) + nd * 16, acc, LDO, wmma::mem_row_major);
-    }
+    mix_rows<T, ND>(raw_ptr(sO), LDO, raw_ptr(sP), LDP, raw_ptr(sV), LDK);  // O += P_d V
     __syncwarp();
+  }
+  if (rel && a.rel_values) {
+    // The value term: O += W A, the vectors 64 at a time in the value tile's place and W's
+    // columns (rounded to 16 bits, as P_d is) in P_d's.
+    for (int64_t r0 = 0; r0 < a.nrel; r0 += kTile) {
+      __syncthreads();
+      stage_rel<T, D>(smem, o_v, a, r0, LDK);
+      __syncthreads();
+      if (!active) continue;
+      for (int e = lane; e < 16 * kTile; e += kWarpSize) {
+        const int r = e / kTile, c = e % kTile;
+        sP[r * LDP + c] = from_acc<T>(r0 + c < a.nrel ? float(sW[r * ldf + r0 + c]) : 0.0f);
+      }
+      __syncwarp();
+      mix_rows<T, ND>(raw_ptr(sO), LDO, raw_ptr(sP), LDP, raw_ptr(sV), LDK);
+      __syncwarp();
+    }
   }
   if (!active) return;
   for (int k = 0; k < 4; ++k) {
@@ -379,9 +470,6 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
     const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
     for (int d = ql; d < D; d += 8)
       a.o[at(a.lo, b, h) + i * a.lo.st + d] = from_acc<T>(float(sO[r * LDO + d]) * inv);
-    if (a.rel_w_out)
-      for (int e = ql; e < a.nrel; e += 8)
-        a.rel_w_out[(bh * a.tq + i) * a.nrel + e] = from_acc<T>(float(sW[r * ldw + e]) * inv);
     if (ql == 0) a.lse_out[bh * a.tq + i] = l[k] > 0.0f ? m[k] + logf(l[k]) : INFINITY;
   }
 }
@@ -394,10 +482,8 @@ template <class T>
 __device__ inline Grad element_grad_with(const Args<T>& a, int64_t b, int64_t bh, int64_t i,
                                          int64_t j, float s, float dpd, float lse_i, float rowdot_i,
                                          float bias) {
-  const float x = logit_with(a, b, bh, i, j, s, bias);
+  const float x = logit_with(a, b, i, j, s, bias);
   const float p = (x == -INFINITY || lse_i == INFINITY) ? 0.0f : expf(x - lse_i);
-  if (p != 0.0f && a.drel_w)  // the relative value term's gradient (dW of the key's bucket)
-    dpd += to_acc(a.drel_w[(bh * a.tq + i) * a.nrel + rel_bucket(a, i, j)]);
   const float kf = p != 0.0f ? keep_factor(a, bh, i, j) : 0.0f;
   return {p * kf, p * (dpd * kf - rowdot_i)};
 }
@@ -471,8 +557,10 @@ __global__ void __launch_bounds__(kThreads) flash_backward_kv(Args<T> a) {
         // rows Tk apart); the shared tiles' strided reads cost a few bank conflicts instead
         const int r = e % 16, c = e / 16;
         const int qi = sub * 16 + c;
-        const Grad g = element_grad(a, b, h, bh, i0 + qi, j0 + r, float(sS[r * kLdT + c]),
-                                    float(sT[r * kLdT + c]), float(sL[qi]), float(sD[qi]));
+        const int64_t i = i0 + qi, j = j0 + r;
+        const Grad g = element_grad(
+            a, b, h, bh, i, j, float(sS[r * kLdT + c]) + rel_entry(a, a.qa, bh, i, j),
+            float(sT[r * kLdT + c]) + rel_entry(a, a.doa, bh, i, j), float(sL[qi]), float(sD[qi]));
         sP[r * kLdH + c] = from_acc<T>(g.pd);
         sdS[r * kLdH + c] = from_acc<T>(g.ds);
       }
@@ -505,6 +593,16 @@ constexpr size_t q_smem() {
   return 2 * kTile * ldk * sizeof(T) +
          kWarps * (2 * 16 * ldk * sizeof(T) + 2 * 16 * kLdT * 4 + 16 * kLdH * sizeof(T) + 2 * 64);
 }
+// ... with relative positions: per warp its rows of q A^T and dout A^T (16-bit) past the rest.
+template <int D, class T>
+size_t q_smem(int64_t nrel) {
+  return q_smem<D, T>() + (nrel > 0 ? kWarps * 2 * 16 * rel_ldh(nrel) * sizeof(T) : 0);
+}
+
+// The relative tables' row of element (b, h, i) in a Rows layout (the last dim contiguous).
+__device__ inline int64_t rel_row(const Rows& l, int64_t b, int64_t h, int64_t i) {
+  return at(l, b, h) + i * l.st;
+}
 
 template <class T, int ND>
 __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
@@ -526,25 +624,26 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
              sdS = smem_region<T>(smem, o_ds);
   const auto sS = smem_region<float>(smem, o_s), sT = smem_region<float>(smem, o_t),
              sL = smem_region<float>(smem, o_l), sD = smem_region<float>(smem, o_d);
-  // drel's rows of the warp's 16 queries (raw sums of dS per bucket, scaled when written), after
-  // the fixed regions; the end buckets' sums kept per lane (its 8 rows) until the end.
-  const int ldw = rel_ld(a.nrel);
-  const auto sR = smem_region<float>(smem, q_smem<D, T>() + warp * 16 * ldw * 4);
-  float tail_lo[8], tail_hi[8];
+  // Relative positions: the warp's rows of q A^T and dout A^T past the fixed regions; the end
+  // buckets' sums of dS and P_d kept per lane (its 8 rows) until the end.
+  const bool rel = a.rel_table != nullptr;
+  const int ldh = rel_ldh(a.nrel);
+  const size_t o_qa = q_smem<D, T>() + warp * 2 * 16 * ldh * sizeof(T);
+  const auto sQA = smem_region<T>(smem, o_qa),
+             sdOA = smem_region<T>(smem, o_qa + 16 * ldh * sizeof(T));
+  float ds_lo[8], ds_hi[8], w_lo[8], w_hi[8];
 #pragma unroll
-  for (int t = 0; t < 8; ++t) tail_lo[t] = tail_hi[t] = 0.0f;
+  for (int t = 0; t < 8; ++t) ds_lo[t] = ds_hi[t] = w_lo[t] = w_hi[t] = 0.0f;
   FragA<T> fq[ND], fdo[ND];
   FragC dq[ND];
   if (active) {
-    if (a.drel_out)
-      for (int e = lane; e < 16 * ldw; e += kWarpSize) sR[e] = 0.0f;
     stage_warp_pair<T, D>(smem, o_q, a.q + at(a.lq, b, h), a.lq.st, o_do, a.dout + at(a.ldo, b, h),
                           a.ldo.st, LDK, i0, a.tq, lane);
     if (lane < 16) sL[lane] = i0 + lane < a.tq ? a.lse[bh * a.tq + i0 + lane] : INFINITY;
     // D_i = rowsum(dout * out) of the warp's 16 rows (lane c adds columns c, c + 32, ..., then
     // warp_sum; dout from the staged tile): kept for this warp's dS and written for
     // flash_backward_kv and _bias, launched after this kernel (each (b, h, i) belongs to one
-    // warp of the grid).
+    // warp of the grid). With the relative value term, out holds it: the same sums.
     __syncwarp();
     for (int r = 0; r < 16; ++r) {
       const int64_t i = i0 + r;
@@ -553,11 +652,6 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
         const T* o = a.out + at(a.lo, b, h) + i * a.lo.st;
         for (int c = lane; c < D; c += kWarpSize)
           s += to_acc(o[c]) * to_acc(static_cast<T>(sdO[r * LDK + c]));
-        if (a.drel_w) {  // + rowsum(W * dW): the relative value term's share of the output
-          const int64_t row = (bh * a.tq + i) * a.nrel;
-          for (int64_t c = lane; c < a.nrel; c += kWarpSize)
-            s += to_acc(a.rel_w[row + c]) * to_acc(a.drel_w[row + c]);
-        }
       }
       s = warp_sum(s);
       if (lane == 0) {
@@ -570,6 +664,35 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
       wmma::load_matrix_sync(fq[kk], raw_ptr(sQ) + kk * 16, LDK);
       wmma::load_matrix_sync(fdo[kk], raw_ptr(sdO) + kk * 16, LDK);
       wmma::fill_fragment(dq[kk], 0.0f);
+    }
+  }
+  if (rel) {
+    // q A^T and dout A^T for the warp's 16 rows, 16-bit (the forward's q A^T, the same products
+    // in the same order), the vectors 64 at a time in the key tile's place; kept here and
+    // written for flash_backward_kv and _bias.
+    for (int64_t r0 = 0; r0 < a.nrel; r0 += kTile) {
+      __syncthreads();
+      stage_rel<T, D>(smem, o_k, a, r0, LDK);
+      __syncthreads();
+      if (!active) continue;
+      for (int n = 0; n < kTile / 16 && r0 + n * 16 < a.nrel; ++n) {
+        products_t<T, ND>(fq, raw_ptr(sK) + n * 16 * LDK, fdo, raw_ptr(sK) + n * 16 * LDK, LDK, sS,
+                          sT);
+        for (int e = lane; e < 256; e += kWarpSize) {
+          const int r = e / 16, c = int(r0) + n * 16 + e % 16;
+          const int64_t i = i0 + r;
+          if (c >= a.nrel) continue;
+          const T qa = from_acc<T>(float(sS[r * kLdT + e % 16])),
+                  doa = from_acc<T>(float(sT[r * kLdT + e % 16]));
+          sQA[r * ldh + c] = qa;
+          sdOA[r * ldh + c] = doa;
+          if (i < a.tq) {
+            if (a.qa) a.qa[(bh * a.tq + i) * a.nrel + c] = qa;
+            if (a.doa) a.doa[(bh * a.tq + i) * a.nrel + c] = doa;
+          }
+        }
+        __syncwarp();
+      }
     }
   }
   for (int64_t j0 = 0; j0 < a.tk; j0 += kTile) {
@@ -586,18 +709,25 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
       for (int t = 0; t < 8; ++t) {
         const int e = lane + kWarpSize * t, r = e / 16, c = e % 16;  // query r, key c
         const int64_t i = i0 + r, j = j0 + sub * 16 + c;
-        const Grad gr = element_grad(a, b, h, bh, i, j, float(sS[r * kLdT + c]),
-                                     float(sT[r * kLdT + c]), float(sL[r]), float(sD[r]));
+        float s = float(sS[r * kLdT + c]), dpd = float(sT[r * kLdT + c]);
+        const int64_t bk = rel ? rel_bucket(a, i, j) : 0;
+        if (rel && a.rel_keys) s += to_acc(static_cast<T>(sQA[r * ldh + bk]));
+        if (rel && a.rel_values) dpd += to_acc(static_cast<T>(sdOA[r * ldh + bk]));
+        const Grad gr = element_grad(a, b, h, bh, i, j, s, dpd, float(sL[r]), float(sD[r]));
         sdS[r * kLdH + c] = from_acc<T>(gr.ds);
-        if (a.drel_out && i < a.tq && j < a.tk) {
-          // An interior bucket holds one key of the row: its dS stored; the tails summed.
-          const int64_t bk = rel_bucket(a, i, j);
-          if (bk == 0)
-            tail_lo[t] += gr.ds;
-          else if (bk == a.nrel - 1)
-            tail_hi[t] += gr.ds;
-          else
-            sR[r * ldw + bk] = gr.ds;
+        if (rel && i < a.tq && j < a.tk) {
+          // An interior bucket holds one key of the row: its dS and P_d stored; the tails summed.
+          if (bk == 0) {
+            ds_lo[t] += gr.ds;
+            w_lo[t] += gr.pd;
+          } else if (bk == a.nrel - 1) {
+            ds_hi[t] += gr.ds;
+            w_hi[t] += gr.pd;
+          } else {
+            if (a.drel_out)
+              a.drel_out[rel_row(a.ldrel, b, h, i) + bk] = from_acc<T>(gr.ds * a.scale);
+            if (a.w_out) a.w_out[rel_row(a.lw, b, h, i) + bk] = from_acc<T>(gr.pd);
+          }
         }
       }
       __syncwarp();
@@ -612,34 +742,73 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
       __syncwarp();
     }
   }
-  if (!active) return;
-  for (int nd = 0; nd < ND; ++nd) {
-    for (int e = 0; e < dq[nd].num_elements; ++e) dq[nd].x[e] *= a.scale;
-    store_tile<T>(dq[nd], sS, a.dq + at(a.ldq, b, h), a.ldq.st, i0, a.tq, nd * 16, lane);
-  }
-  if (a.drel_out) {
-    // The tails: each row's 16 lanes' sums added in a fixed tree (xor within the half-warp).
+  if (active)
+    for (int nd = 0; nd < ND; ++nd)
+      for (int e = 0; e < dq[nd].num_elements; ++e) dq[nd].x[e] *= a.scale;
+  if (rel && active) {
+    // The tails: each row's 16 lanes' sums added in a fixed tree (xor within the half-warp) and
+    // written by its first lane; an interior bucket no key of the row falls in (j outside
+    // [0, Tk)) written as 0.
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
-      float lo = tail_lo[t], hi = tail_hi[t];
+      float dlo = ds_lo[t], dhi = ds_hi[t], wlo = w_lo[t], whi = w_hi[t];
       for (int o = 8; o > 0; o /= 2) {
-        lo += __shfl_xor_sync(kFullMask, lo, o);
-        hi += __shfl_xor_sync(kFullMask, hi, o);
+        dlo += __shfl_xor_sync(kFullMask, dlo, o);
+        dhi += __shfl_xor_sync(kFullMask, dhi, o);
+        wlo += __shfl_xor_sync(kFullMask, wlo, o);
+        whi += __shfl_xor_sync(kFullMask, whi, o);
       }
-      const int r = (lane + kWarpSize * t) / 16;
-      if (lane % 16 == 0) {
-        sR[r * ldw] = lo;
-        sR[r * ldw + a.nrel - 1] = hi;
+      const int64_t i = i0 + (lane + kWarpSize * t) / 16;
+      if (lane % 16 == 0 && i < a.tq) {
+        if (a.drel_out) {
+          a.drel_out[rel_row(a.ldrel, b, h, i)] = from_acc<T>(dlo * a.scale);
+          a.drel_out[rel_row(a.ldrel, b, h, i) + a.nrel - 1] = from_acc<T>(dhi * a.scale);
+        }
+        if (a.w_out) {
+          a.w_out[rel_row(a.lw, b, h, i)] = from_acc<T>(wlo);
+          a.w_out[rel_row(a.lw, b, h, i) + a.nrel - 1] = from_acc<T>(whi);
+        }
       }
     }
-    __syncwarp();
-    for (int64_t e = lane; e < 16 * a.nrel; e += kWarpSize) {
-      const int r = int(e / a.nrel), c = int(e % a.nrel);
-      if (i0 + r < a.tq)
-        a.drel_out[(bh * a.tq + i0 + r) * a.nrel + c] =
-            from_acc<T>(float(sR[r * ldw + c]) * a.scale);
+    for (int64_t e = lane; e < 16 * (a.nrel - 2); e += kWarpSize) {
+      const int64_t i = i0 + e / (a.nrel - 2), bk = 1 + e % (a.nrel - 2), j = i + bk - a.rel_clip;
+      if (i >= a.tq || (j >= 0 && j < a.tk)) continue;
+      if (a.drel_out) a.drel_out[rel_row(a.ldrel, b, h, i) + bk] = from_acc<T>(0.0f);
+      if (a.w_out) a.w_out[rel_row(a.lw, b, h, i) + bk] = from_acc<T>(0.0f);
+    }
+    __syncwarp();  // the warp's drel rows written before they are read back
+  }
+  if (rel && a.rel_keys) {
+    // The key term's share of dq: drel A (drel already scaled, as 16-bit values), the vectors 64
+    // at a time in the key tile's place, drel's columns 16 at a time in dS's.
+    for (int64_t r0 = 0; r0 < a.nrel; r0 += kTile) {
+      __syncthreads();
+      stage_rel<T, D>(smem, o_k, a, r0, LDK);
+      __syncthreads();
+      if (!active) continue;
+      for (int n = 0; n < kTile / 16 && r0 + n * 16 < a.nrel; ++n) {
+        for (int e = lane; e < 256; e += kWarpSize) {
+          const int r = e / 16, c = int(r0) + n * 16 + e % 16;
+          const int64_t i = i0 + r;
+          sdS[r * kLdH + e % 16] = i < a.tq && c < a.nrel
+                                       ? static_cast<T>(a.drel_out[rel_row(a.ldrel, b, h, i) + c])
+                                       : from_acc<T>(0.0f);
+        }
+        __syncwarp();
+        FragA<T> fds;
+        wmma::load_matrix_sync(fds, raw_ptr(sdS), kLdH);
+        for (int nd = 0; nd < ND; ++nd) {
+          FragB<T, wmma::row_major> fb;
+          wmma::load_matrix_sync(fb, raw_ptr(sK) + n * 16 * LDK + nd * 16, LDK);
+          wmma::mma_sync(dq[nd], fds, fb, dq[nd]);
+        }
+        __syncwarp();
+      }
     }
   }
+  if (!active) return;
+  for (int nd = 0; nd < ND; ++nd)
+    store_tile<T>(dq[nd], sS, a.dq + at(a.ldq, b, h), a.ldq.st, i0, a.tq, nd * 16, lane);
 }
 
 template <int D, class T>
@@ -716,10 +885,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int t = 0; t < kPer; ++t) {
         const int e = lane + kWarpSize * t, r = e / 16, c = e % 16;
-        acc[n][t] +=
-            element_grad_with(a, b, bh, i0 + r, j0 + n * 16 + c, float(sS[r * kLdT + c]),
-                              float(sT[r * kLdT + c]), float(sL[r]), float(sD[r]), bias[n][t])
-                .ds;
+        const int64_t i = i0 + r, j = j0 + n * 16 + c;
+        acc[n][t] += element_grad_with(a, b, bh, i, j,
+                                       float(sS[r * kLdT + c]) + rel_entry(a, a.qa, bh, i, j),
+                                       float(sT[r * kLdT + c]) + rel_entry(a, a.doa, bh, i, j),
+                                       float(sL[r]), float(sD[r]), bias[n][t])
+                         .ds;
       }
       __syncwarp();  // the tiles are read before the next products overwrite them
     }
@@ -824,15 +995,18 @@ void dispatch_half(DType t, const char* op, F&& f) {
   ENGINE_FAIL("[", op, "] the CUDA kernel takes bf16 or f16, got ", dtype_name(t));
 }
 
-// The relative positions' tables into the arguments (rel_clip 0: none).
+// The relative positions into the arguments (no table: none).
 template <class T>
-void set_relative(Args<T>& a, int64_t clip, const Tensor& rel, const Tensor& w, const Tensor& dw) {
-  a.rel_clip = clip;
-  a.nrel = clip > 0 ? 2 * clip + 1 : 0;
-  a.rel = rel.defined() ? dptr<const T>(rel) : nullptr;
-  a.rel_w = w.defined() ? dptr<const T>(w) : nullptr;
-  a.drel_w = dw.defined() ? dptr<const T>(dw) : nullptr;
+void set_relative(Args<T>& a, const Tensor& table, int64_t clip, bool keys, bool values) {
+  a.rel_table = table.defined() ? dptr<const T>(table) : nullptr;
+  a.rel_clip = table.defined() ? clip : 0;
+  a.nrel = table.defined() ? 2 * clip + 1 : 0;
+  a.rel_keys = table.defined() && keys;
+  a.rel_values = table.defined() && values;
 }
+
+// A relative table's layout (B, H, Tq, R), its last dim contiguous.
+Rows rel_rows(const Tensor& t) { return Rows{t.stride(0), t.stride(1), t.stride(2)}; }
 
 unsigned tiles(int64_t n) { return static_cast<unsigned>((n + kTile - 1) / kTile); }
 
@@ -848,13 +1022,12 @@ void forward(const FlashAttentionForward& t) {
     ENGINE_CHECK(t.mask_bits.defined() == a.drop,
                  "[flash_attention] mask_bits must be given exactly when p > 0");
     a.bits_out = a.drop ? t.mask_bits.data<uint8_t>() : nullptr;
-    check_flash_relative(t.q, t.rel_clip, {{"rel", &t.rel}, {"rel_weights", &t.rel_weights}},
-                         "flash_attention");
-    set_relative(a, t.rel_clip, t.rel, Tensor(), Tensor());
-    a.rel_w_out = t.rel_weights.defined() ? dptr<T>(t.rel_weights) : nullptr;
+    check_flash_relative(t.q, t.v, t.rel_table, t.rel_clip, t.rel_keys, t.rel_values, nullptr,
+                         nullptr, "flash_attention");
+    set_relative(a, t.rel_table, t.rel_clip, t.rel_keys, t.rel_values);
     if (a.tq == 0 || a.batch * a.heads == 0) return;
     dispatch_width(t.q.size(3), "flash_attention", [&]<int ND>() {
-      const size_t smem = forward_smem<ND * 16, T>() + rel_smem(a.rel_w_out, a.nrel);
+      const size_t smem = forward_smem<ND * 16, T>(a.nrel);
       allow_smem(flash_forward<T, ND>, smem);
       const LaunchConfig cfg{dim3(tiles(a.tq), static_cast<unsigned>(a.batch * a.heads)),
                              dim3(kThreads), smem, stream};
@@ -885,16 +1058,29 @@ void backward(const FlashAttentionBackward& t) {
     ENGINE_CHECK(t.mask_bits.defined() == a.drop,
                  "[flash_attention_backward] mask_bits must be given exactly when p > 0");
     a.bits = a.drop ? t.mask_bits.data<uint8_t>() : nullptr;
-    check_flash_relative(t.q, t.rel_clip,
-                         {{"rel", &t.rel},
-                          {"rel_weights", &t.rel_weights},
-                          {"drel_weights", &t.drel_weights},
-                          {"drel", &t.drel}},
-                         op);
-    ENGINE_CHECK(t.rel_weights.defined() == t.drel_weights.defined(), "[", op,
-                 "] rel_weights and drel_weights come together");
-    set_relative(a, t.rel_clip, t.rel, t.rel_weights, t.drel_weights);
-    a.drel_out = t.drel.defined() ? dptr<T>(t.drel) : nullptr;
+    check_flash_relative(t.q, t.v, t.rel_table, t.rel_clip, t.rel_keys, t.rel_values, &t.drel,
+                         &t.rel_weights, op);
+    set_relative(a, t.rel_table, t.rel_clip, t.rel_keys, t.rel_values);
+    // Relative positions: q A^T and dout A^T for the kv and bias kernels (flash_backward_q writes
+    // them), and drel where the caller wants none (the dq kernel reads its rows back).
+    Tensor qa, doa, drel = t.drel;
+    const Device dev = t.q.device();
+    if (a.rel_keys) {
+      qa = Tensor::empty(Shape{bh * a.tq * a.nrel}, t.q.dtype(), dev);
+      a.qa = dptr<T>(qa);
+      if (!drel.defined())
+        drel = Tensor::empty(Shape{a.batch, a.heads, a.tq, a.nrel}, t.q.dtype(), dev);
+      a.drel_out = dptr<T>(drel);
+      a.ldrel = rel_rows(drel);
+    }
+    if (a.rel_values) {
+      doa = Tensor::empty(Shape{bh * a.tq * a.nrel}, t.q.dtype(), dev);
+      a.doa = dptr<T>(doa);
+    }
+    if (t.rel_weights.defined()) {
+      a.w_out = dptr<T>(t.rel_weights);
+      a.lw = rel_rows(t.rel_weights);
+    }
     a.dq = dptr<T>(t.dq);
     a.dk = dptr<T>(t.dk);
     a.dv = dptr<T>(t.dv);
@@ -903,7 +1089,7 @@ void backward(const FlashAttentionBackward& t) {
     a.rowdot = rowdot.data<float>();
     dispatch_width(d, "flash_attention_backward", [&]<int ND>() {
       if (a.tq > 0) {
-        const size_t smem = q_smem<ND * 16, T>() + rel_smem(a.drel_out, a.nrel);
+        const size_t smem = q_smem<ND * 16, T>(a.nrel);
         allow_smem(flash_backward_q<T, ND>, smem);
         const LaunchConfig cfg{
             dim3(tiles(a.tq), static_cast<unsigned>(a.heads), static_cast<unsigned>(a.batch)),

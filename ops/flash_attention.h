@@ -12,18 +12,20 @@
 // (attention's rule, ops/dropout.h: a 16-bit uniform each, 8 a Philox block), a kept probability
 // scaled by 1 / (1 - p). A query row with no kept key outputs zeros.
 //
-// Shaw et al.'s clipped relative positions (rel_clip C >= 1; R = 2C + 1 buckets; key j of query i
-// in bucket c(i, j) = clamp(j - i, -C, C) + C) ride along without a (B, H, Tq, Tk) tensor: their
-// key term is a per-row table `rel` (B, H, Tq, R) (q A^T for relative vectors A) gathered tile by
-// tile into the logits, and their value term needs the probabilities only summed per bucket,
-// W (B, H, Tq, R), which the forward writes (the caller adds W A). Every interior bucket holds
-// one key of a row, the two end buckets the tails, so the kernels keep a row's R sums in shared
-// memory (at most kFlashMaxRelBuckets).
+// Shaw et al.'s clipped relative positions (rel_clip C >= 1; R = 2C + 1 relative vectors a_r, the
+// rows of rel_table; key j of query i in bucket c(i, j) = clamp(j - i, -C, C) + C) ride along
+// without a (B, H, Tq, Tk) or (Tq, Tk, D) tensor:
+//   key term     logit_ij = scale (q_i . k_j + QA_i,c(i,j)) + bias_ij, QA_i = q_i A^T made per
+//                row block on tensor cores (16 queries against 64 vectors at a time), rounded to
+//                the 16-bit type, kept in shared memory;
+//   value term   out_i = sum_j P_d,ij (v_j + a_c(i,j)) = P_d V + W_i A, W_i,r the probabilities
+//                of row i summed over bucket r, kept (f32) beside the output rows and rescaled
+//                with them, multiplied by A at the end as 64 more "keys".
+// Every interior bucket holds one key of a row, the two end buckets the tails, so a row's R
+// sums stay in shared memory (R <= kFlashMaxRelBuckets).
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
-#include <utility>
 
 #include "engine/kernel.h"
 #include "engine/rng.h"
@@ -40,16 +42,15 @@ namespace engine {
 // f32, the same for every batch entry (TUPE's positional term, T5 buckets, ALiBi): an f32 term is
 // read as it is, so a model that builds it in f32 casts it to 16 bits in no layer. key_mask:
 // undefined or (B, Tk) f32 contiguous, nonzero = attend. 0 <= p < 1.
-constexpr int64_t kFlashMaxRelBuckets = 257;  // R = 2 rel_clip + 1 the kernels take (clip 128)
+constexpr int64_t kFlashMaxRelBuckets = 129;  // R = 2 rel_clip + 1 the kernels take (clip 64)
 
 struct FlashAttentionForward {
   Tensor q, k, v, bias, key_mask;
-  // Relative positions (rel_clip > 0): rel undefined or (B, H, Tq, R) contiguous in q's dtype,
-  // the logit of (i, j) then scale (q_i . k_j + rel[b, h, i, c(i, j)]) + bias; rel_weights
-  // undefined or (B, H, Tq, R) contiguous in q's dtype, written: W[b, h, i, r] = the sum of
-  // P_d[b, h, i, j] over the keys j of bucket r (0 where none).
-  Tensor rel, rel_weights;
+  // Relative positions: rel_table (2 rel_clip + 1, D) contiguous in q's dtype, or undefined
+  // (none); rel_keys / rel_values: whether the key / value term is there (Shaw: both).
+  Tensor rel_table;
   int64_t rel_clip = 0;
+  bool rel_keys = true, rel_values = true;
   double scale = 1, p = 0;
   PhiloxState state;
   Tensor out;  // (B, H, Tq, D), q's dtype
@@ -66,21 +67,28 @@ inline Kernel<void(const FlashAttentionForward&)> flash_attention_forward_kernel
 // them; the keep bits come from mask_bits when p > 0):
 //   dP_d = dout v^T, dP = dropout(dP_d), dS = P (dP - rowsum(dout * out)),
 //   dq = scale dS k, dk = scale dS^T q, dv = P_d^T dout, dbias = sum over the batch of dS.
-// With relative positions, drel_weights (dW, the gradient of the forward's rel_weights; undefined:
-// none) adds dW[b, h, i, c(i, j)] to dP_d and rowsum(W * dW) to rowsum(dout * out) (rel_weights:
-// the forward's W, given with dW), and drel (undefined: not wanted; (B, H, Tq, R) contiguous in
-// q's dtype) = scale times the sum of dS over each bucket's keys.
+// With relative positions (the forward's rel_table, rel_clip, rel_keys, rel_values) the value
+// term adds (dout_i A^T)_c(i,j) to dP_d,ij (out, the whole output, gives the row sums as before),
+// the key term adds drel_i A to dq_i, and the kernels write (where defined) the two tables the
+// table's gradient is made of, d rel_table = sum over (b, h, i) of drel_i^T q_i + W_i^T dout_i:
+//   drel         (B, H, Tq, R) in q's dtype, the last dim contiguous (any other strides; a view of
+//                a (B, Tq, H, R) tensor lines its rows up with the model's q for that product):
+//                scale times the sum of dS over each bucket's keys (only with the key term);
+//   rel_weights  the same shape and rules: W, the probabilities summed per bucket (only with the
+//                value term).
 // dq, dk, dv: q's, k's and v's shapes and dtype. dbias: undefined (not wanted) or (H, Tq, Tk) f32
 // contiguous, summed over the batch in an order fixed by the shape (the same bits every run);
 // with accumulate_dbias that sum is added to what dbias holds (the gradient of a positional term
 // every layer reads, summed layer by layer in place, without an add of its own).
 struct FlashAttentionBackward {
   Tensor q, k, v, bias, key_mask, out, lse, mask_bits, dout;
-  Tensor rel, rel_weights, drel_weights;  // relative positions (the forward's), rel_clip > 0
+  Tensor rel_table;  // relative positions, as the forward had them
   int64_t rel_clip = 0;
+  bool rel_keys = true, rel_values = true;
   double scale = 1, p = 0;
   PhiloxState state;
-  Tensor dq, dk, dv, dbias, drel;
+  Tensor dq, dk, dv, dbias;
+  Tensor drel, rel_weights;  // relative positions' outputs (see above)
   bool accumulate_dbias = false;
   // Groups the batch is split into for dbias where the (Tq / 64) (Tk / 64) H tiles are too few
   // blocks to fill the device (each group's entries summed in order into its own partial, the
@@ -101,12 +109,14 @@ void add_work_cost(WorkCost& cost, const FlashAttentionBackward& a);
 // unfused path's precision); a head width D of 32, 64 or 128 for q, k and v alike; B H <= 65535.
 bool flash_attention_fits(Device device, DType dtype, int64_t b, int64_t h, int64_t d, int64_t dv);
 
-// The relative positions' tables the kernels check (forward: rel, rel_weights; backward also
-// rel_weights with drel_weights, and drel): (B, H, Tq, 2 rel_clip + 1) contiguous in q's dtype,
-// 1 <= rel_clip, 2 rel_clip + 1 <= kFlashMaxRelBuckets. `op` names the caller in the error.
-void check_flash_relative(const Tensor& q, int64_t rel_clip,
-                          std::initializer_list<std::pair<const char*, const Tensor*>> tables,
-                          const char* op);
+// The relative positions' arguments, checked ("[op] ..." otherwise): without rel_table nothing
+// else; with it 1 <= rel_clip, 2 rel_clip + 1 <= kFlashMaxRelBuckets, rel_table (2 rel_clip + 1,
+// D) contiguous in q's dtype on q's device, D == v's head width, and drel / weights (the
+// backward's outputs; null: the forward) undefined or, only with their term, (B, H, Tq, R) in
+// q's dtype on q's device with the last dim contiguous.
+void check_flash_relative(const Tensor& q, const Tensor& v, const Tensor& rel_table,
+                          int64_t rel_clip, bool keys, bool values, const Tensor* drel,
+                          const Tensor* weights, const char* op);
 
 // Whether a (B, H, T, D) operand or result can go to the fused kernels in its own layout: its
 // head width contiguous (stride 1) and, on every dimension longer than one, strides and the

@@ -39,7 +39,7 @@ struct Case {
   bool accumulate = false;  // dbias added to what it holds (accumulate_dbias)
   int64_t groups = 0;       // the batch's groups for dbias (0: the backend's choice)
   int64_t clip = 0;         // relative positions (Shaw): 0 none, else the clip of R = 2 clip + 1
-  int rel = 3;              // with clip: 1 the key term's table, 2 the bucket sums, 3 both
+  int rel = 3;              // with clip: 1 the key term, 2 the value term, 3 both
 };
 
 // (B, H, T, D) views in the layouts of the model's heads: `n` tensors of (B, T, H, D) (n = 1) or
@@ -72,7 +72,7 @@ void check_kernels(const Case& c, DType dt) {
             << dtype_name(dt) << " f32 bias " << c.f32_bias << " accumulate " << c.accumulate
             << " clip " << c.clip << " rel " << c.rel);
   const int64_t nrel = 2 * c.clip + 1;
-  const bool rel_logits = c.clip > 0 && (c.rel & 1) != 0, rel_sums = c.clip > 0 && (c.rel & 2) != 0;
+  const bool rel_keys = c.clip > 0 && (c.rel & 1) != 0, rel_values = c.clip > 0 && (c.rel & 2) != 0;
   Generator g(71);
   const double scale = 1.0 / std::sqrt(2.0 * c.d);
   FlashAttentionForward f;
@@ -96,14 +96,16 @@ void check_kernels(const Case& c, DType dt) {
   f.out = Tensor::empty({c.b, c.h, c.tq, c.d}, dt);
   f.lse = Tensor::empty({c.b, c.h, c.tq}, DType::f32);
   if (c.p > 0) f.mask_bits = Tensor::empty({c.b, c.h, c.tq, (c.tk + 3) / 4}, DType::u8);
-  f.rel_clip = c.clip;
-  if (rel_logits) f.rel = Tensor::randn({c.b, c.h, c.tq, nrel}, g).to(dt);
-  if (rel_sums) f.rel_weights = Tensor::empty({c.b, c.h, c.tq, nrel}, dt);
+  if (c.clip > 0) {
+    f.rel_table = Tensor::randn({nrel, c.d}, g).to(dt);
+    f.rel_clip = c.clip;
+    f.rel_keys = rel_keys;
+    f.rel_values = rel_values;
+  }
   flash_attention_forward_kernel(Device::cpu(), f);
 
   FlashAttentionForward fg = f;
-  to_gpu({&fg.q, &fg.k, &fg.v, &fg.key_mask, &fg.rel});
-  if (rel_sums) fg.rel_weights = Tensor::empty(f.rel_weights.shape(), dt, kGpu);
+  to_gpu({&fg.q, &fg.k, &fg.v, &fg.key_mask, &fg.rel_table});
   if (c.bias) fg.bias = f.bias.contiguous().to(kGpu).slice(0, 0, 1).expand({c.h, c.tq, c.tk});
   fg.out = Tensor::empty(f.out.shape(), dt, kGpu);
   if (c.strided) {
@@ -122,7 +124,6 @@ void check_kernels(const Case& c, DType dt) {
   if (c.p > 0) require_equal(fg.mask_bits, f.mask_bits);
   const double tol = tolerance(dt);
   require_close(fg.out, f.out, tol, tol);
-  if (rel_sums) require_close(fg.rel_weights, f.rel_weights, tol, tol);
   {
     // The log-sum-exp: +inf for the rows with no kept key, close elsewhere.
     const std::vector<float> got = fg.lse.to(Device::cpu()).to_vector<float>(),
@@ -157,13 +158,12 @@ void check_kernels(const Case& c, DType dt) {
   const Tensor dbias0 = Tensor::randn({c.h, c.tq, c.tk}, g);
   if (c.bias) bw.dbias = c.accumulate ? dbias0.clone() : Tensor::empty({c.h, c.tq, c.tk});
   bw.accumulate_dbias = c.accumulate;
-  bw.rel_clip = c.clip;
-  bw.rel = f.rel;
-  if (rel_sums) {  // the bucket sums' gradient, as a later product with the vectors gives it
-    bw.rel_weights = f.rel_weights;
-    bw.drel_weights = Tensor::randn(f.rel_weights.shape(), g).to(dt);
-  }
-  if (rel_logits) bw.drel = Tensor::empty(f.rel.shape(), dt);
+  bw.rel_table = f.rel_table;
+  bw.rel_clip = f.rel_clip;
+  bw.rel_keys = f.rel_keys;
+  bw.rel_values = f.rel_values;
+  if (rel_keys) bw.drel = Tensor::empty({c.b, c.h, c.tq, nrel}, dt);
+  if (rel_values) bw.rel_weights = Tensor::empty({c.b, c.h, c.tq, nrel}, dt);
   flash_attention_backward_kernel(Device::cpu(), bw);
   if (c.bias && c.accumulate) {  // the contract itself: the batch's sum added to dbias0
     FlashAttentionBackward fresh = bw;
@@ -179,8 +179,13 @@ void check_kernels(const Case& c, DType dt) {
   // bits each time.
   FlashAttentionBackward bg = bw;
   bg.batch_groups = c.groups;
-  to_gpu({&bg.q, &bg.k, &bg.v, &bg.key_mask, &bg.out, &bg.lse, &bg.mask_bits, &bg.dout, &bg.rel,
-          &bg.rel_weights, &bg.drel_weights});
+  to_gpu({&bg.q, &bg.k, &bg.v, &bg.key_mask, &bg.out, &bg.lse, &bg.mask_bits, &bg.dout,
+          &bg.rel_table});
+  // The relative tables out: (B, H, Tq, R), or views of (B, Tq, H, R) in the model's layouts.
+  auto rel_table_out = [&]() {
+    return c.strided ? Tensor::empty({c.b, c.tq, c.h, nrel}, dt, kGpu).permute({0, 2, 1, 3})
+                     : Tensor::empty({c.b, c.h, c.tq, nrel}, dt, kGpu);
+  };
   bg.bias = fg.bias;  // the head-broadcast view
   if (c.strided) {
     bg.q = fg.q;
@@ -203,13 +208,15 @@ void check_kernels(const Case& c, DType dt) {
     if (c.bias)
       bg.dbias =
           c.accumulate ? dbias0.to(kGpu) : Tensor::empty({c.h, c.tq, c.tk}, DType::f32, kGpu);
-    if (rel_logits) bg.drel = Tensor::empty(f.rel.shape(), dt, kGpu);
+    if (rel_keys) bg.drel = rel_table_out();
+    if (rel_values) bg.rel_weights = rel_table_out();
     flash_attention_backward_kernel(kGpu, bg);
     if (run == 0) {
-      first = {bg.dq, bg.dk, bg.dv, bg.dbias, bg.drel};
+      first = {bg.dq, bg.dk, bg.dv, bg.dbias, bg.drel, bg.rel_weights};
       continue;
     }
-    if (rel_logits) require_equal(bg.drel, first[4]);
+    if (rel_keys) require_equal(bg.drel, first[4]);
+    if (rel_values) require_equal(bg.rel_weights, first[5]);
     require_equal(bg.dq, first[0]);
     require_equal(bg.dk, first[1]);
     require_equal(bg.dv, first[2]);
@@ -218,7 +225,8 @@ void check_kernels(const Case& c, DType dt) {
   require_close(bg.dq, bw.dq, tol, tol, tol);
   require_close(bg.dk, bw.dk, tol, tol, tol);
   require_close(bg.dv, bw.dv, tol, tol, tol);
-  if (rel_logits) require_close(bg.drel, bw.drel, tol, tol, tol);
+  if (rel_keys) require_close(bg.drel, bw.drel, tol, tol, tol);
+  if (rel_values) require_close(bg.rel_weights, bw.rel_weights, tol, tol);
   // dS in f32 from 16-bit inputs, summed over the batch in f32.
   if (c.bias) require_close(bg.dbias, bw.dbias, 1e-3, 1e-4, 1e-4);
 }
@@ -249,13 +257,14 @@ TEST_CASE("flash attention kernels match the CPU's formulas: outputs, log-sum-ex
                         Case{3, 2, 16, 16, 32, 0.0, true, false, false, false, true, 1},
                         Case{4, 2, 130, 70, 32, 0.1, true, true, false, true, false, 1},
                         // Shaw's relative positions: tails on both sides (clip 5 < T), one query
-                        // against three key tiles, the largest R (257: no tail at these
-                        // lengths), the model's layouts, the key term or the bucket sums alone,
-                        // with a bias and its gradient in groups
+                        // against three key tiles, the largest R (129, three tiles of vectors),
+                        // the model's layouts, the key or the value term alone, with a bias and
+                        // its gradient in groups
                         Case{2, 2, 37, 70, 64, 0.2, false, true, false, false, false, 0, 5},
                         Case{3, 2, 16, 16, 32, 0.0, false, false, false, false, false, 0, 2},
                         Case{2, 1, 1, 130, 64, 0.25, false, true, false, false, false, 0, 64},
-                        Case{1, 2, 70, 20, 128, 0.1, false, false, false, false, false, 0, 128},
+                        Case{1, 2, 70, 20, 128, 0.1, false, false, false, false, false, 0, 64},
+                        Case{2, 2, 150, 140, 32, 0.1, false, true, false, false, false, 0, 40},
                         Case{2, 3, 37, 70, 64, 0.2, false, true, true, false, false, 0, 7},
                         Case{2, 2, 37, 70, 64, 0.0, false, true, false, false, false, 0, 9, 1},
                         Case{2, 2, 37, 70, 64, 0.2, false, true, false, false, false, 0, 9, 2},
@@ -368,53 +377,75 @@ TEST_CASE("attention's fused path equals its unfused path on the device, dropout
 }
 
 TEST_CASE("relative attention's fused path equals its composed path on the device", "[cuda]") {
-  // Shaw's terms (the key term's table q A^T and the bucket sums the value term multiplies A
-  // by) through the fused kernels against relative_gather / softmax / attention_dropout /
-  // relative_scatter on the same device: outputs, bucket sums, the gradients of q, k, v and the
-  // table (the bucket sums' gradient flowing back through the probabilities), the dropout mask
-  // (the same Philox words), tails on both sides (clip 6 < T), a padded batch entry.
+  // Shaw's terms through the fused kernels (q A^T and the probabilities' sums per bucket made
+  // inside them) against q A^T through relative_gather, softmax, attention_dropout and
+  // relative_scatter times A on the same device: the output and the gradients of q, k, v and the
+  // vectors, the dropout mask (the same Philox words), tails on both sides (clip 6 < T), a padded
+  // batch entry; q, k, v contiguous, or the model's views of one projection output (the table's
+  // gradient then by products over the heads on views, else on copies); each term alone.
   for (double p : {0.0, 0.25}) {
     for (DType dt : {DType::bf16, DType::f16}) {
-      INFO("p " << p << " " << dtype_name(dt));
-      const int64_t b = 2, h = 2, t = 45, d = 32, clip = 6, nrel = 2 * clip + 1;
-      Generator g(73);
-      const Tensor q0 = Tensor::randn({b, h, t, d}, g).to(dt),
-                   k0 = Tensor::randn({b, h, t, d}, g).to(dt),
-                   v0 = Tensor::randn({b, h, t, d}, g).to(dt),
-                   rel0 = Tensor::randn({b, h, t, nrel}, g).to(dt);
-      std::vector<float> m(static_cast<size_t>(b * t), 1.0f);
-      for (int64_t j = 30; j < t; ++j) m[static_cast<size_t>(t + j)] = 0.0f;
-      const Tensor mask = Tensor::from_vector(m, {b, t}).to(kGpu);
-      const Tensor dout = Tensor::randn({b, h, t, d}, g).to(dt).to(kGpu),
-                   dw = Tensor::randn({b, h, t, nrel}, g).to(dt).to(kGpu);
-      std::vector<Tensor> res[2];
-      uint64_t offsets[2];
-      for (int fused = 0; fused < 2; ++fused) {
-        Tensor q = q0.to(kGpu).set_requires_grad(), k = k0.to(kGpu).set_requires_grad(),
-               v = v0.to(kGpu).set_requires_grad(), rel = rel0.to(kGpu).set_requires_grad();
-        Generator gen(5);
-        AttentionOptions o;
-        o.key_mask = mask;
-        o.dropout_p = p;
-        o.training = true;
-        o.generator = &gen;
-        o.fused = fused == 1 ? FusedAttention::always : FusedAttention::never;
-        RelativeTerms rt;
-        rt.clip = clip;
-        rt.logits = rel;
-        rt.weights = true;
-        const RelativeAttention r = attention(q, k, v, o, rt);
-        REQUIRE(r.weights.shape() == Shape({b, h, t, nrel}));
-        // One scalar of both outputs: out . dout + weights . dw.
-        (sum(r.out * dout) + sum(r.weights * dw)).backward();
-        res[fused] = {r.out, r.weights, q.grad(), k.grad(), v.grad(), rel.grad()};
-        offsets[fused] = gen.offset();
-      }
-      REQUIRE(offsets[0] == offsets[1]);
-      const double tol = tolerance(dt);
-      for (int i = 0; i < 6; ++i) {
-        INFO("result " << i << " (out, weights, dq, dk, dv, drel)");
-        require_close(res[1][i], res[0][i], tol, tol, tol);
+      for (int layout = 0; layout < 2; ++layout) {
+        for (int terms : {3, 1, 2}) {
+          if (terms != 3 && (dt == DType::f16 || layout == 1)) continue;
+          INFO("p " << p << " " << dtype_name(dt) << " model layout " << layout << " terms "
+                    << terms);
+          const int64_t b = 2, h = 2, t = 45, d = 32, clip = 6, nrel = 2 * clip + 1;
+          Generator g(73);
+          const Tensor q0 = Tensor::randn({b, h, t, d}, g).to(dt),
+                       k0 = Tensor::randn({b, h, t, d}, g).to(dt),
+                       v0 = Tensor::randn({b, h, t, d}, g).to(dt), a0 = Tensor::randn({nrel, d}, g);
+          std::vector<float> m(static_cast<size_t>(b * t), 1.0f);
+          for (int64_t j = 30; j < t; ++j) m[static_cast<size_t>(t + j)] = 0.0f;
+          const Tensor mask = Tensor::from_vector(m, {b, t}).to(kGpu);
+          const Tensor dout = Tensor::randn({b, h, t, d}, g).to(dt).to(kGpu);
+          std::vector<Tensor> res[2];
+          uint64_t offsets[2];
+          for (int fused = 0; fused < 2; ++fused) {
+            Tensor q, k, v, qkv;
+            if (layout == 0) {
+              q = q0.to(kGpu).set_requires_grad();
+              k = k0.to(kGpu).set_requires_grad();
+              v = v0.to(kGpu).set_requires_grad();
+            } else {  // the projection's (B, T, 3, H, D) output, unbound
+              Tensor whole = Tensor::empty({b, t, 3, h, d}, dt, kGpu);
+              const Tensor src[3] = {q0, k0, v0};
+              for (int i = 0; i < 3; ++i)
+                whole.select(2, i).copy_(src[i].permute({0, 2, 1, 3}).to(kGpu));
+              qkv = whole.set_requires_grad();
+              const std::vector<Tensor> parts = qkv.permute({2, 0, 3, 1, 4}).unbind(0);
+              q = parts[0];
+              k = parts[1];
+              v = parts[2];
+            }
+            Tensor a = a0.to(kGpu).set_requires_grad();
+            Generator gen(5);
+            AttentionOptions o;
+            o.key_mask = mask;
+            o.dropout_p = p;
+            o.training = true;
+            o.generator = &gen;
+            o.fused = fused == 1 ? FusedAttention::always : FusedAttention::never;
+            RelativeTerms rt;
+            rt.clip = clip;
+            rt.table = a.to(dt);
+            rt.keys = (terms & 1) != 0;
+            rt.values = (terms & 2) != 0;
+            const Tensor out = attention(q, k, v, o, rt);
+            out.backward(dout);
+            if (layout == 0)
+              res[fused] = {out, q.grad(), k.grad(), v.grad(), a.grad()};
+            else
+              res[fused] = {out, qkv.grad(), a.grad()};
+            offsets[fused] = gen.offset();
+          }
+          REQUIRE(offsets[0] == offsets[1]);
+          const double tol = tolerance(dt);
+          for (size_t i = 0; i < res[0].size(); ++i) {
+            INFO("result " << i << " (out, dq, dk, dv, dA; or out, dqkv, dA)");
+            require_close(res[1][i], res[0][i], tol, tol, tol);
+          }
+        }
       }
     }
   }
@@ -427,8 +458,7 @@ TEST_CASE("relative attention takes the fused kernels, and refuses bad tables", 
   const Tensor q = Tensor::randn({b, h, t, d}, g).to(dt).to(kGpu);
   RelativeTerms rt;
   rt.clip = 4;
-  rt.logits = Tensor::randn({b, h, t, 9}, g).to(dt).to(kGpu);
-  rt.weights = true;
+  rt.table = Tensor::randn({9, d}, g).to(dt).to(kGpu);
   start_work_recording();
   attention(q, q, q, AttentionOptions{}, rt);
   bool fused = false, composed = false;
@@ -438,10 +468,23 @@ TEST_CASE("relative attention takes the fused kernels, and refuses bad tables", 
   }
   REQUIRE(fused);
   REQUIRE_FALSE(composed);
+  // A clip past the kernels' (R > kFlashMaxRelBuckets): the composed ops.
+  RelativeTerms wide = rt;
+  wide.clip = 70;
+  wide.table = Tensor::randn({141, d}, g).to(dt).to(kGpu);
+  start_work_recording();
+  attention(q, q, q, AttentionOptions{}, wide);
+  fused = composed = false;
+  for (const WorkRecord& r : stop_work_recording()) {
+    fused = fused || r.op == "flash_attention";
+    composed = composed || r.op == "relative_gather";
+  }
+  REQUIRE_FALSE(fused);
+  REQUIRE(composed);
   RelativeTerms bad = rt;
-  bad.logits = Tensor::randn({b, h, t, 7}, g).to(dt).to(kGpu);
+  bad.table = Tensor::randn({7, d}, g).to(dt).to(kGpu);
   REQUIRE_THROWS_WITH(attention(q, q, q, AttentionOptions{}, bad),
-                      Catch::Contains("relative logits") && Catch::Contains("(2, 2, 20, 9)"));
+                      Catch::Contains("relative vectors") && Catch::Contains("(9, 32)"));
   bad = rt;
   bad.clip = 0;
   REQUIRE_THROWS_WITH(attention(q, q, q, AttentionOptions{}, bad), Catch::Contains("clip >= 1"));
@@ -449,9 +492,12 @@ TEST_CASE("relative attention takes the fused kernels, and refuses bad tables", 
   f.q = f.k = f.v = q;
   f.out = Tensor::empty(q.shape(), dt, kGpu);
   f.lse = Tensor::empty({b, h, t}, DType::f32, kGpu);
-  f.rel_clip = 200;  // R = 401 > kFlashMaxRelBuckets
-  f.rel = Tensor::empty({b, h, t, 401}, dt, kGpu);
-  REQUIRE_THROWS_WITH(flash_attention_forward_kernel(kGpu, f), Catch::Contains("rel_clip 200"));
+  f.rel_clip = 70;  // R = 141 > kFlashMaxRelBuckets
+  f.rel_table = wide.table;
+  REQUIRE_THROWS_WITH(flash_attention_forward_kernel(kGpu, f), Catch::Contains("rel_clip 70"));
+  f.rel_clip = 4;
+  f.rel_table = Tensor::randn({9, d}, g).to(kGpu);  // f32 beside bf16 q
+  REQUIRE_THROWS_WITH(flash_attention_forward_kernel(kGpu, f), Catch::Contains("rel_table"));
 }
 
 TEST_CASE("attention's fused path takes the heads' split and merge as views: no copies", "[cuda]") {

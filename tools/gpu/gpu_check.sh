@@ -80,6 +80,11 @@ steps() {
       --steps 14 --time --dropout --device cuda --set train.precision=bf16 \
       --set train.cuda_graph=true || return 1
   done
+  # Shaw's relative positions through the fused kernels (predicted 7.31 ms, 2026-12-06).
+  echo "== bert_base_learned_rpe graph"
+  "$B/pretrain_app.sh" --config configs/bert_base_tupe_r.yaml --batch-file "$WORK/batch_128.safetensors" \
+    --steps 14 --time --dropout --device cuda --set train.precision=bf16 --set train.cuda_graph=true \
+    --set model.position.preset=learned_rpe || return 1
 }
 export -f steps
 export WORK LOGS B

@@ -66,6 +66,8 @@ def main():
         vs_bert_a = f"{bt / ba:.3f}" if bt and ba else "-"
         print(f"| BERT-{size.capitalize()} s{seq} | {cell(t)} | {cell(tg)} | {cell(a)} | {cell(ag)} "
               f"| {cell(full)} | {cell(masked)} | {cell(comp)} | {vs_torch} | {vs_bert_a} |")
+    if eng.get("bert_base_learned_rpe graph"):
+        print(f"\nBERT-Base s128 learned_rpe (Shaw), graph: {eng['bert_base_learned_rpe graph']:.2f} ms")
     mdl = pm.Model(fit)
     for size in ("base", "large"):
         ncu = os.path.join(out, f"ncu_{size}.csv.xz")
