@@ -268,6 +268,19 @@ __device__ inline void mix_rows(PO o, int ldo, PP p, int ldp, PV v, int ldv) {
   }
 }
 
+// acc += X R for a warp: X (16 x 16) staged in its 16-bit operand tile (kLdH a row), R 16 staged
+// rows of `ld` elements (dQ += dS K_sub; dQ += drel A_sub).
+template <class T, int ND, class PX, class PR>
+__device__ inline void add_product(FragC (&acc)[ND], PX x, PR rows, int ld) {
+  FragA<T> fx;
+  wmma::load_matrix_sync(fx, x, kLdH);
+  for (int nd = 0; nd < ND; ++nd) {
+    FragB<T, wmma::row_major> fb;
+    wmma::load_matrix_sync(fb, rows + nd * 16, ld);
+    wmma::mma_sync(acc[nd], fx, fb, acc[nd]);
+  }
+}
+
 // A warp's relative rows in shared memory (R entries a row, rounded up to 16 bytes): 16-bit rows
 // (q A^T, dout A^T) and f32 rows (the forward's bucket sums W).
 __host__ __device__ inline int rel_ldh(int64_t nrel) { return int((nrel + 7) / 8 * 8); }
@@ -279,6 +292,19 @@ template <class T, int D, class B>
 __device__ inline void stage_rel(B smem, size_t o, const Args<T>& a, int64_t c0, int ld) {
   stage_rows<T, D>(smem_region<uint4>(smem, o), ld, a.rel_table, D, c0, a.nrel, kTile, threadIdx.x,
                    kThreads);
+}
+
+// body(r0) for each tile of the relative vectors [r0, r0 + 64), staged at byte offset o in the
+// block's shared memory (every thread takes part; the body runs on the active warps).
+template <class T, int D, class B, class F>
+__device__ inline void over_rel_tiles(B smem, size_t o, const Args<T>& a, int ld, bool active,
+                                      F&& body) {
+  for (int64_t r0 = 0; r0 < a.nrel; r0 += kTile) {
+    __syncthreads();
+    stage_rel<T, D>(smem, o, a, r0, ld);
+    __syncthreads();
+    if (active) body(r0);
+  }
 }
 
 // The forward's shared memory: K and V tiles, then per warp its S (f32), P_d (16-bit) and O (f32)
@@ -344,11 +370,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
   if (rel && a.rel_keys) {
     // q A^T for the warp's 16 rows, rounded to 16 bits (as flash_backward_q makes it): the
     // vectors 64 at a time in the key tile's place, products as S's.
-    for (int64_t r0 = 0; r0 < a.nrel; r0 += kTile) {
-      __syncthreads();
-      stage_rel<T, D>(smem, o_k, a, r0, LDK);
-      __syncthreads();
-      if (!active) continue;
+    over_rel_tiles<T, D>(smem, o_k, a, LDK, active, [&](int64_t r0) {
       for (int n = 0; n < kTile / 16 && r0 + n * 16 < a.nrel; ++n)
         product_t<T, ND>(fq, raw_ptr(sK) + n * 16 * LDK, LDK, raw_ptr(sS) + n * 16, LDS);
       __syncwarp();
@@ -357,7 +379,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
         if (r0 + c < a.nrel) sQA[r * ldh + r0 + c] = from_acc<T>(float(sS[r * LDS + c]));
       }
       __syncwarp();
-    }
+    });
   }
   for (int64_t j0 = 0; j0 < a.tk; j0 += kTile) {
     __syncthreads();  // every warp is done with the previous tile
@@ -448,11 +470,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
   if (rel && a.rel_values) {
     // The value term: O += W A, the vectors 64 at a time in the value tile's place and W's
     // columns (rounded to 16 bits, as P_d is) in P_d's.
-    for (int64_t r0 = 0; r0 < a.nrel; r0 += kTile) {
-      __syncthreads();
-      stage_rel<T, D>(smem, o_v, a, r0, LDK);
-      __syncthreads();
-      if (!active) continue;
+    over_rel_tiles<T, D>(smem, o_v, a, LDK, active, [&](int64_t r0) {
       for (int e = lane; e < 16 * kTile; e += kWarpSize) {
         const int r = e / kTile, c = e % kTile;
         sP[r * LDP + c] = from_acc<T>(r0 + c < a.nrel ? float(sW[r * ldf + r0 + c]) : 0.0f);
@@ -460,7 +478,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
       __syncwarp();
       mix_rows<T, ND>(raw_ptr(sO), LDO, raw_ptr(sP), LDP, raw_ptr(sV), LDK);
       __syncwarp();
-    }
+    });
   }
   if (!active) return;
   for (int k = 0; k < 4; ++k) {
@@ -670,11 +688,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
     // q A^T and dout A^T for the warp's 16 rows, 16-bit (the forward's q A^T, the same products
     // in the same order), the vectors 64 at a time in the key tile's place; kept here and
     // written for flash_backward_kv and _bias.
-    for (int64_t r0 = 0; r0 < a.nrel; r0 += kTile) {
-      __syncthreads();
-      stage_rel<T, D>(smem, o_k, a, r0, LDK);
-      __syncthreads();
-      if (!active) continue;
+    over_rel_tiles<T, D>(smem, o_k, a, LDK, active, [&](int64_t r0) {
       for (int n = 0; n < kTile / 16 && r0 + n * 16 < a.nrel; ++n) {
         products_t<T, ND>(fq, raw_ptr(sK) + n * 16 * LDK, fdo, raw_ptr(sK) + n * 16 * LDK, LDK, sS,
                           sT);
@@ -693,7 +707,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
         }
         __syncwarp();
       }
-    }
+    });
   }
   for (int64_t j0 = 0; j0 < a.tk; j0 += kTile) {
     __syncthreads();
@@ -731,14 +745,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
         }
       }
       __syncwarp();
-      // dQ += dS K_sub.
-      FragA<T> fds;
-      wmma::load_matrix_sync(fds, raw_ptr(sdS), kLdH);
-      for (int nd = 0; nd < ND; ++nd) {
-        FragB<T, wmma::row_major> fb;
-        wmma::load_matrix_sync(fb, raw_ptr(sK) + sub * 16 * LDK + nd * 16, LDK);
-        wmma::mma_sync(dq[nd], fds, fb, dq[nd]);
-      }
+      add_product<T, ND>(dq, raw_ptr(sdS), raw_ptr(sK) + sub * 16 * LDK, LDK);  // dQ += dS K_sub
       __syncwarp();
     }
   }
@@ -781,11 +788,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
   if (rel && a.rel_keys) {
     // The key term's share of dq: drel A (drel already scaled, as 16-bit values), the vectors 64
     // at a time in the key tile's place, drel's columns 16 at a time in dS's.
-    for (int64_t r0 = 0; r0 < a.nrel; r0 += kTile) {
-      __syncthreads();
-      stage_rel<T, D>(smem, o_k, a, r0, LDK);
-      __syncthreads();
-      if (!active) continue;
+    over_rel_tiles<T, D>(smem, o_k, a, LDK, active, [&](int64_t r0) {
       for (int n = 0; n < kTile / 16 && r0 + n * 16 < a.nrel; ++n) {
         for (int e = lane; e < 256; e += kWarpSize) {
           const int r = e / 16, c = int(r0) + n * 16 + e % 16;
@@ -795,16 +798,10 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
                                        : from_acc<T>(0.0f);
         }
         __syncwarp();
-        FragA<T> fds;
-        wmma::load_matrix_sync(fds, raw_ptr(sdS), kLdH);
-        for (int nd = 0; nd < ND; ++nd) {
-          FragB<T, wmma::row_major> fb;
-          wmma::load_matrix_sync(fb, raw_ptr(sK) + n * 16 * LDK + nd * 16, LDK);
-          wmma::mma_sync(dq[nd], fds, fb, dq[nd]);
-        }
+        add_product<T, ND>(dq, raw_ptr(sdS), raw_ptr(sK) + n * 16 * LDK, LDK);
         __syncwarp();
       }
-    }
+    });
   }
   if (!active) return;
   for (int nd = 0; nd < ND; ++nd)
