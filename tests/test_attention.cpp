@@ -1,5 +1,6 @@
 // The fused attention op against its composed twin (matmul, softmax, attention's dropout rule,
 // matmul), finite differences, padding and errors.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 
@@ -139,6 +140,67 @@ TEST_CASE("attention gradients match finite differences", "[attention][gradcheck
       {q, hb});
   INFO(r.detail);
   REQUIRE(r.max_rel_error < 1e-6);
+}
+
+TEST_CASE("relative attention (Shaw) is its formula, and its gradients match finite differences",
+          "[attention][gradcheck]") {
+  // logits scale (q_i . (k_j + a_c(j - i))) + bias, out_i = sum_j P_ij (v_j + a_c(j - i)), c the
+  // clipped offset: element by element in f64 against the op (which makes the bucket map and its
+  // inverse itself when not given), then finite differences through q, k, v, bias and A, each
+  // term alone too. clip 2 < T: tails on both sides.
+  const int64_t B = 2, H = 2, T = 6, D = 3, clip = 2, R = 2 * clip + 1;
+  Tensor q = rand_input({B, H, T, D}, 21), k = rand_input({B, H, T, D}, 22);
+  Tensor v = rand_input({B, H, T, D}, 23), bias = rand_input({1, H, T, T}, 24);
+  Tensor a = rand_input({R, D}, 25);
+  const double scale = 0.4;
+  RelativeTerms rt;
+  rt.clip = clip;
+  rt.table = a;
+  AttentionOptions o;
+  o.scale = scale;
+  o.bias = bias;
+  const std::vector<double> got = attention(q, k, v, o, rt).to_vector<double>();
+  const std::vector<double> qv = q.to_vector<double>(), kv = k.to_vector<double>(),
+                            vv = v.to_vector<double>(), bv = bias.to_vector<double>(),
+                            av = a.to_vector<double>();
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    for (int64_t i = 0; i < T; ++i) {
+      std::vector<double> x(T);
+      double m = -1e300, l = 0;
+      auto c = [&](int64_t j) { return std::clamp(j - i, -clip, clip) + clip; };
+      for (int64_t j = 0; j < T; ++j) {
+        double s = 0;
+        for (int64_t e = 0; e < D; ++e)
+          s += qv[(bh * T + i) * D + e] * (kv[(bh * T + j) * D + e] + av[c(j) * D + e]);
+        x[j] = s * scale + bv[((bh % H) * T + i) * T + j];
+        m = std::max(m, x[j]);
+      }
+      for (double& e : x) l += (e = std::exp(e - m));
+      for (int64_t e = 0; e < D; ++e) {
+        double want = 0;
+        for (int64_t j = 0; j < T; ++j)
+          want += x[j] / l * (vv[(bh * T + j) * D + e] + av[c(j) * D + e]);
+        REQUIRE(got[(bh * T + i) * D + e] == Approx(want).epsilon(1e-12).margin(1e-12));
+      }
+    }
+  for (int terms : {3, 1, 2}) {
+    GradcheckReport r = gradcheck(
+        [&](const std::vector<Tensor>& in) {
+          Generator g(7);
+          AttentionOptions oo{
+              .scale = scale, .bias = in[3], .dropout_p = 0.25, .training = true, .generator = &g};
+          RelativeTerms t{
+              .clip = clip, .table = in[4], .keys = (terms & 1) != 0, .values = (terms & 2) != 0};
+          return attention(in[0], in[1], in[2], oo, t);
+        },
+        {q, k, v, bias, a});
+    INFO("terms " << terms << "\n" << r.detail);
+    REQUIRE(r.max_rel_error < 1e-6);
+  }
+  // Bad vectors: one clear error naming the expected shape.
+  rt.table = rand_input({R + 2, D}, 26);
+  REQUIRE_THROWS_WITH(attention(q, k, v, o, rt),
+                      Catch::Contains("relative vectors") && Catch::Contains("(5, 3)"));
 }
 
 TEST_CASE("attention handles padding, evaluation mode and a shared bias", "[attention]") {
