@@ -8,7 +8,6 @@
 //   dQ = scale dS K,  dK = scale dS^T Q,  dbias = sum of dS over the broadcast dims.
 #include "ops/attention.h"
 
-#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -245,15 +244,6 @@ Tensor shared_bias(const Tensor& bias, int64_t b, int64_t h, int64_t tq, int64_t
   return e.select(0, 0);
 }
 
-// The (Tq, Tk) i64 map of relative buckets clamp(j - i, -clip, clip) + clip on `dev`.
-Tensor relative_buckets(int64_t tq, int64_t tk, int64_t clip, Device dev) {
-  std::vector<int64_t> idx(static_cast<size_t>(tq * tk));
-  for (int64_t i = 0; i < tq; ++i)
-    for (int64_t j = 0; j < tk; ++j)
-      idx[static_cast<size_t>(i * tk + j)] = std::clamp(j - i, -clip, clip) + clip;
-  return Tensor::from_vector<int64_t>(idx, {tq, tk}).to(dev);
-}
-
 // The relative positions by composed ops (the reference, and where the fused kernels do not
 // run): scores + the key term q A^T gathered per (i, j), scaled; softmax with the bias and mask;
 // attention's dropout; the mixing, + the probabilities' sums per bucket times A.
@@ -262,7 +252,7 @@ Tensor composed_relative(const Tensor& q, const Tensor& k, const Tensor& v,
                          double scale, const AttentionOptions& opt) {
   const int64_t tq = q.size(2), tk = k.size(2), nrel = 2 * rel.clip + 1;
   const Tensor index =
-      rel.index.defined() ? rel.index : relative_buckets(tq, tk, rel.clip, q.device());
+      rel.index.defined() ? rel.index : relative_clip_index(tq, tk, rel.clip, q.device());
   const Tensor inverse = rel.inverse.defined() || rel.index.defined()
                              ? rel.inverse
                              : relative_index_inverse(index, nrel);

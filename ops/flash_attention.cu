@@ -360,14 +360,14 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
     for (int kk = 0; kk < ND; ++kk) wmma::load_matrix_sync(fq[kk], raw_ptr(sQ) + kk * 16, LDK);
     __syncwarp();  // sQ is read: its space is q A^T's
     for (int e = lane; e < 16 * LDO; e += kWarpSize) sO[e] = 0.0f;
-    if (rel && a.rel_values)
+    if (a.rel_values)
       for (int e = lane; e < 16 * ldf; e += kWarpSize) sW[e] = 0.0f;
     for (int k = 0; k < 4; ++k) {
       m[k] = -INFINITY;
       l[k] = 0.0f;
     }
   }
-  if (rel && a.rel_keys) {
+  if (a.rel_keys) {
     // q A^T for the warp's 16 rows, rounded to 16 bits (as flash_backward_q makes it): the
     // vectors 64 at a time in the key tile's place, products as S's.
     over_rel_tiles<T, D>(smem, o_k, a, LDK, active, [&](int64_t r0) {
@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
       float xm = -INFINITY;
       for (int t = 0; t < 8; ++t) {
         float s = float(sS[r * LDS + c0 + t]);
-        if (rel && a.rel_keys) s += to_acc(static_cast<T>(sQA[r * ldh + rel_bucket(a, i, j + t)]));
+        if (a.rel_keys) s += to_acc(static_cast<T>(sQA[r * ldh + rel_bucket(a, i, j + t)]));
         x[t] = logit(a, b, h, i, j + t, s);
         xm = fmaxf(xm, x[t]);
       }
@@ -437,7 +437,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
       for (int t = 0; t < 8; ++t)
         sP[r * LDP + c0 + t] = from_acc<T>(keep[t] ? pr[t] * a.keep_scale : 0.0f);
       for (int d = ql; d < D; d += 8) sO[r * LDO + d] *= corr;
-      if (rel && a.rel_values) {
+      if (a.rel_values) {
         // W's row rescaled like O's, then this tile's P_d added per bucket: an interior bucket
         // holds one key of the row (this lane's alone), the end buckets the tails (the octet's
         // partial sums added in a fixed order by its first lane).
@@ -467,7 +467,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
     mix_rows<T, ND>(raw_ptr(sO), LDO, raw_ptr(sP), LDP, raw_ptr(sV), LDK);  // O += P_d V
     __syncwarp();
   }
-  if (rel && a.rel_values) {
+  if (a.rel_values) {
     // The value term: O += W A, the vectors 64 at a time in the value tile's place and W's
     // columns (rounded to 16 bits, as P_d is) in P_d's.
     over_rel_tiles<T, D>(smem, o_v, a, LDK, active, [&](int64_t r0) {
@@ -725,8 +725,8 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
         const int64_t i = i0 + r, j = j0 + sub * 16 + c;
         float s = float(sS[r * kLdT + c]), dpd = float(sT[r * kLdT + c]);
         const int64_t bk = rel ? rel_bucket(a, i, j) : 0;
-        if (rel && a.rel_keys) s += to_acc(static_cast<T>(sQA[r * ldh + bk]));
-        if (rel && a.rel_values) dpd += to_acc(static_cast<T>(sdOA[r * ldh + bk]));
+        if (a.rel_keys) s += to_acc(static_cast<T>(sQA[r * ldh + bk]));
+        if (a.rel_values) dpd += to_acc(static_cast<T>(sdOA[r * ldh + bk]));
         const Grad gr = element_grad(a, b, h, bh, i, j, s, dpd, float(sL[r]), float(sD[r]));
         sdS[r * kLdH + c] = from_acc<T>(gr.ds);
         if (rel && i < a.tq && j < a.tk) {
@@ -785,7 +785,7 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
     }
     __syncwarp();  // the warp's drel rows written before they are read back
   }
-  if (rel && a.rel_keys) {
+  if (a.rel_keys) {
     // The key term's share of dq: drel A (drel already scaled, as 16-bit values), the vectors 64
     // at a time in the key tile's place, drel's columns 16 at a time in dS's.
     over_rel_tiles<T, D>(smem, o_k, a, LDK, active, [&](int64_t r0) {

@@ -3,6 +3,7 @@
 #include "ops/relative.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "engine/autograd.h"
 #include "engine/cpu/parallel.h"
@@ -160,6 +161,14 @@ ENGINE_REGISTER_KERNEL(relative_scatter_kernel, DeviceType::CPU, cpu::relative_s
 ENGINE_REGISTER_KERNEL(relative_invert_kernel, DeviceType::CPU, cpu::relative_invert);
 
 }  // namespace
+
+Tensor relative_clip_index(int64_t tq, int64_t tk, int64_t clip, Device device) {
+  std::vector<int64_t> idx(static_cast<size_t>(tq * tk));
+  for (int64_t i = 0; i < tq; ++i)
+    for (int64_t j = 0; j < tk; ++j)
+      idx[static_cast<size_t>(i * tk + j)] = std::clamp(j - i, -clip, clip) + clip;
+  return Tensor::from_vector<int64_t>(idx, {tq, tk}).to(device);
+}
 
 Tensor relative_index_inverse(const Tensor& index, int64_t num_buckets) {
   ENGINE_CHECK(index.defined() && index.dtype() == DType::i64 && index.dim() == 2,

@@ -21,6 +21,10 @@ namespace engine {
 // the index again, one thread per query row walking its keys.
 Tensor relative_index_inverse(const Tensor& index, int64_t num_buckets);
 
+// Shaw's index: the (Tq, Tk) i64 map of key j's bucket for query i, clamp(j - i, -clip, clip) +
+// clip (R = 2 clip + 1 buckets), built on the host and placed on `device`.
+Tensor relative_clip_index(int64_t tq, int64_t tk, int64_t clip, Device device);
+
 // x (..., Tq, R) and index (Tq, Tk) of i64 in [0, R) -> (..., Tq, Tk) with
 //   out[..., i, j] = x[..., i, index[i, j]].
 // Any number of leading dims (0 included); x may be non-contiguous. `inverse`, if given, is

@@ -4,7 +4,6 @@
 // ("bert.position.shaw_table"), fixed sinusoids, or sinusoids of learnable frequencies
 // ("bert.position.shaw_freq"). The layer applies them (BertLayer, models/bert.cpp) without a (T, T,
 // d_h) tensor: relative_gather / relative_scatter over (T, 2 clip + 1) rows.
-#include <algorithm>
 
 #include "engine/error.h"
 #include "models/bert.h"
@@ -33,11 +32,7 @@ class Shaw : public PositionComponent {
     if (K == Kind::learnable_sinusoid)
       freq_ = ctx.module.register_parameter("shaw_freq", position::sinusoid_freqs(dh));
     index_ = ctx.constants.add(2, [clip](int64_t t, engine::Device dev) {
-      std::vector<int64_t> idx(size_t(t * t));
-      for (int64_t i = 0; i < t; ++i)
-        for (int64_t j = 0; j < t; ++j)
-          idx[size_t(i * t + j)] = std::clamp(j - i, -clip, clip) + clip;
-      return Tensor::from_vector<int64_t>(idx, {t, t}).to(dev);
+      return engine::relative_clip_index(t, t, clip, dev);
     });
     // its inverse for the scatters (the values' term, the keys' term's backward): made once
     inverse_ = ctx.constants.add_derived(index_, [clip](const Tensor& index) {
