@@ -57,7 +57,7 @@ TEST_CASE("gradients accumulate across backward calls until zeroed", "[autograd]
   REQUIRE(vals(x.grad()) == std::vector<double>{3, 4});
 }
 
-TEST_CASE("retain_graph allows a second backward; otherwise it is a clear error", "[autograd]") {
+TEST_CASE("retain_graph allows a second backward, otherwise it is a clear error", "[autograd]") {
   Tensor x = Tensor::from_vector<double>({2}, {1}).set_requires_grad();
   Tensor y = x * x * x;  // 3x^2 = 12
   y.backward(Tensor(), /*retain_graph=*/true);

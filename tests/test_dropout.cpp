@@ -76,7 +76,7 @@ TEST_CASE("dropout keep rate is 1 - p over 1e5 elements", "[dropout]") {
   }
 }
 
-TEST_CASE("dropout: same state, same mask; other offset or seed, other mask", "[dropout]") {
+TEST_CASE("dropout: same state, same mask, other offset or seed, other mask", "[dropout]") {
   const Shape shape{3, 50};
   const double p = 0.5;
   Tensor a = dropout_mask(shape, p, {7, 100});

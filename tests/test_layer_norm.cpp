@@ -103,7 +103,7 @@ TEST_CASE("layer_norm gradcheck: x, weight and bias", "[layer_norm]") {
   REQUIRE(rep.max_rel_error < 1e-6);
 }
 
-TEST_CASE("layer_norm gradcheck: no affine; weight only; bias only", "[layer_norm]") {
+TEST_CASE("layer_norm gradcheck: no affine, weight only, bias only", "[layer_norm]") {
   Tensor x = rand_input({4, 9}, 204);
   auto plain = gradcheck(
       [](const std::vector<Tensor>& in) { return layer_norm(in[0], Tensor(), Tensor()); }, {x});

@@ -33,7 +33,7 @@ TEST_CASE("loss scaler grows after growth_interval clean steps", "[loss_scaler]"
   REQUIRE(s.skipped_steps() == 0);
 }
 
-TEST_CASE("loss scaler backs off and skips on inf/NaN; the streak restarts", "[loss_scaler]") {
+TEST_CASE("loss scaler backs off and skips on inf/NaN, the streak restarts", "[loss_scaler]") {
   LossScaler s(opts(3));
   REQUIRE(s.update(false));
   REQUIRE(s.update(false));

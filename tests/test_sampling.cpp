@@ -62,7 +62,7 @@ TEST_CASE("sample_categorical draws with the softmax's frequencies", "[sampling]
   }
 }
 
-TEST_CASE("sample_categorical: same stream state, same draws; f64 and f32 logits agree",
+TEST_CASE("sample_categorical: same stream state, same draws, f64 and f32 logits agree",
           "[sampling]") {
   Generator init(9);
   Tensor logits = Tensor::randn({64, 100}, init);

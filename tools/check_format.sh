@@ -25,6 +25,21 @@ for rule in "engine:ops models train data apps" "ops:models train data apps" \
         xargs -r grep -n "#include \"$dep/" || true)
   done
 done
+# A ';' in a Catch2 case's name is a CMake list separator: catch_discover_tests cuts the name there
+# and its CTest entry matches no case (tests/CMakeLists.txt).
+semicolons="$(git ls-files 'tests/*.cpp' 'tests/*.cu' | xargs -r python3 -c '
+import re, sys
+for f in sys.argv[1:]:
+    s = open(f).read()
+    for m in re.finditer(r"TEST_CASE\(\s*((?:\"(?:[^\"\\\\]|\\\\.)*\"\s*)+)", s):
+        if ";" in m.group(1):
+            print("  %s:%d" % (f, s.count("\n", 0, m.start()) + 1))
+')"
+if [ -n "$semicolons" ]; then
+  echo "check_format: test case names with a ';' (ctest would cut them; use ','):" >&2
+  echo "$semicolons" >&2
+  exit 1
+fi
 if [ ${#layering[@]} -gt 0 ]; then
   echo "check_format: ${#layering[@]} includes break the layering (docs/architecture.md):" >&2
   printf '  %s\n' "${layering[@]}" >&2

@@ -80,7 +80,7 @@ TEST_CASE("a captured graph's blocks are not handed out until the graph is destr
   CHECK(again.raw_data() == inside);
 }
 
-TEST_CASE("host synchronisation inside a capture is one clear error; the device goes on",
+TEST_CASE("host synchronisation inside a capture is one clear error, the device goes on",
           "[cuda]") {
   const Tensor x = Tensor::full({4, 4}, 1.5, DType::f32, kGpu);
   const auto fails_with = [&](const std::function<void()>& work, const std::string& what) {

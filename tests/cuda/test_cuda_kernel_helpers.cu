@@ -171,7 +171,7 @@ __global__ void contract_probe(const T* in, T* y) {
 }
 }  // namespace
 
-TEST_CASE("a * b + c in device code is one FMA, as nvcc contracts it; mul_rn is not", "[cuda]") {
+TEST_CASE("a * b + c in device code is one FMA, as nvcc contracts it, mul_rn is not", "[cuda]") {
   // (1 + e)(1 + e) - (1 + 2e) is e^2 with one rounding and 0 when the product rounds first.
   auto run = [](auto one) {
     using T = decltype(one);

@@ -575,7 +575,7 @@ std::pair<int, std::string> run_in_child(F&& f) {
 
 }  // namespace
 
-TEST_CASE("a shard truncated while mapped stops the process naming it; a deleted one still reads",
+TEST_CASE("a shard truncated while mapped stops the process naming it, a deleted one still reads",
           "[corpus]") {
   TempDir dir;
   TestTokenizer tok;
@@ -1066,7 +1066,7 @@ TEST_CASE("the masker chooses round-about 15% per sequence and never special ids
 
 // ---- determinism and resumption ----------------------------------------------------------------
 
-TEST_CASE("same seed, same batches; seek resumes exactly; another seed differs", "[batches]") {
+TEST_CASE("same seed, same batches, seek resumes exactly, another seed differs", "[batches]") {
   TempDir dir;
   TestTokenizer tok;
   const data::Corpus corpus(random_corpus(dir, 60, 200, 13));

@@ -139,7 +139,7 @@ TEST_CASE("GradReducer: bucketed sums equal the all-reduced gradients, started d
   CHECK(flat.grad().to_vector<float>() == got);
 }
 
-TEST_CASE("GradReducer in bf16: each bucket rounded, summed in f32, rounded once; f32 slab",
+TEST_CASE("GradReducer in bf16: each bucket rounded, summed in f32, rounded once, f32 slab",
           "[dist]") {
   const int r = comm().rank();
   engine::NamedTensors p = make_params(7);

@@ -317,7 +317,7 @@ TEST_CASE("seeded: a missing barrier gives different answers in forward and reve
   REQUIRE(results[1][5] == 0);  // reverse: it had not
 }
 
-TEST_CASE("a fault leaves the device's sticky error until reset; later work is skipped",
+TEST_CASE("a fault leaves the device's sticky error until reset, later work is skipped",
           "[emulator]") {
   DeviceBuffer<float> x(32, 3.0f);
   ENGINE_LAUNCH(mask_names_exited_lane, cfg(1, 32), x.p);

@@ -114,7 +114,7 @@ TEST_CASE("a host-to-device write does not wait for the device, and frees the ho
             std::vector<float>(5000, float(k)));
 }
 
-TEST_CASE("stream capture records work without running it; each graph launch runs it again",
+TEST_CASE("stream capture records work without running it, each graph launch runs it again",
           "[emulator]") {
   const int n = 300;
   float* d = nullptr;

@@ -221,7 +221,7 @@ TEST_CASE("alibi: the paper's slopes, a constant bias -m_h |j - i|, no parameter
   REQUIRE(terms.scale_factor == 1.0);
 }
 
-TEST_CASE("rope: q.k of identical tokens depends on j - i only; no parameters", "[bert]") {
+TEST_CASE("rope: q.k of identical tokens depends on j - i only, no parameters", "[bert]") {
   for (const char* preset : {"rope", "alibi"}) {
     INFO(preset);
     BertConfig c = tiny(preset);
@@ -402,7 +402,7 @@ TEST_CASE("model configs from YAML: sizes, presets and clear errors", "[bert][co
   REQUIRE_THROWS_WITH(cfg.set_assignment("novalue"), Contains("expects key.path=value"));
 }
 
-TEST_CASE("position families: every preset's are registered by their files; checks run at parse",
+TEST_CASE("position families: every preset's are registered by their files, checks run at parse",
           "[bert][config]") {
   REQUIRE(position_families_linked());
   for (const std::string& preset : position_presets()) {
@@ -573,7 +573,7 @@ TEST_CASE("a staged MLM batch: padded predictions keep the loss, refills in plac
       staged.stage(engine::testing::host_mlm_batch(2, 12, c.vocab_size, 1), engine::Device::cpu()));
 }
 
-TEST_CASE("model.embedding_size: embeddings of their own width, projected; JSON only when set",
+TEST_CASE("model.embedding_size: embeddings of their own width, projected, JSON only when set",
           "[bert][config]") {
   BertConfig c = engine::testing::tiny_bert("tupe_r");
   const std::string plain = c.to_json();

@@ -147,7 +147,7 @@ TEST_CASE("MLM + SOP: evaluation parts, and a batch without sentence labels", "[
                       Contains("objective mlm_sop needs the batch's sentence_labels (4)"));
 }
 
-TEST_CASE("MLM + SOP pretraining resumes with bit-identical losses; finetuning takes the pooler",
+TEST_CASE("MLM + SOP pretraining resumes with bit-identical losses, finetuning takes the pooler",
           "[sop][pretrain]") {
   BertConfig c = engine::testing::synthetic_bert();
   c.hidden_dropout = c.attention_dropout = 0.1;

@@ -206,7 +206,7 @@ TEST_CASE(
 
 TEST_CASE(
     "Trainer under bf16 autocast: the optimizer writes the parameters' bf16 copy, so a step "
-    "converts nothing; a weight edited between steps is seen, eagerly and in graph mode",
+    "converts nothing, a weight edited between steps is seen, eagerly and in graph mode",
     "[cuda][models][graph]") {
   // Trainer `t` keeps the copy its optimizer writes; trainer `ref` has its slab rewritten with
   // the same values before every step (an access: engine/storage.h), so it converts the slab each
