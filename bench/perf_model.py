@@ -216,6 +216,9 @@ def describe5(name, op_row, launch, n_main):
     if base == "bucket_lookup_sum":  # a warp per output over its pieces
         pieces = min(512, max(1, math.ceil(numel(ts[1][0]) / 2048)))
         return "aux", 0.0, math.ceil(pieces / 32), "simple", 0
+    if base in ("untied_bias_fwd", "untied_bias_bwd"):  # a thread an element, scalar coalesced
+        # loads and stores (P's rows are T + 2 long: no aligned vectors)
+        return "coalesced", share, 0, "simple", 0
     if base == "cls_reset_sums":  # a block per channel: its first row and column
         return "aux", 0.0, math.ceil(max(ts[0][0][1:]) / launch["threads"]), "simple", 0
     if base == "cross_entropy_online":  # a block per row, one pass in 8-element vectors with the
@@ -224,8 +227,18 @@ def describe5(name, op_row, launch, n_main):
         return "softmax_warp", share, 0, "simple", 0
     if base == "cross_entropy_backward_vec":  # elementwise over (N, C), 16-byte vectors
         return "vec", share, 0, "simple", 0
-    if base in ("flash_rowdot", "flash_bias_sum"):  # flash_bias_sum: the groups' partials of dbias
-        # (flash_rowdot: records before 2026-12-06; D_i is flash_backward_q's since)
+    if base == "flash_bias_sum":  # the G groups' f32 partials of dbias (H, Tq, Tk) read, dbias
+        # written (and read, when accumulating): G from flash_backward_bias's grid (Tk / 64,
+        # Tq / 64, H G); the op's average share before 2026-12-06
+        q = ts[0][0]
+        dbias = [t[0] for t in ts if len(t[0]) == 3 and t[1] == "f32"][-1]
+        tiles = math.ceil(q[2] / 64) * math.ceil(dbias[2] / 64) * q[1]
+        bias_blocks = [l["blocks"] for l in op_row["launch_list"]
+                       if l["kernel"].startswith("flash_backward_bias")]
+        groups = max(1, bias_blocks[0] // tiles) if bias_blocks else 1
+        nb = (groups + 2) * numel(dbias) * 4
+        return "vec", nb, steps(nb, 4), "simple", 0
+    if base == "flash_rowdot":  # records before 2026-12-06 (D_i is flash_backward_q's since)
         return "vec", share, steps(share, 4), "simple", 0
     if base in ("softmax_forward_warp", "softmax_backward_warp"):
         philox = numel(ts[0][0]) / PHILOX_WORDS if op == "attention_softmax" and dropout_on(ts) else 0

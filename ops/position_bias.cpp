@@ -1,4 +1,4 @@
-// bucket_lookup / cls_reset: argument checks, autograd wiring and the CPU kernels.
+// bucket_lookup / cls_reset / untied_bias: argument checks, autograd wiring and the CPU kernels.
 #include "ops/position_bias.h"
 
 #include <vector>
@@ -9,6 +9,17 @@
 #include "engine/error.h"
 
 namespace engine {
+
+void add_work_cost(WorkCost& cost, const UntiedBiasForward& a) {
+  for (const Tensor* t : {&a.product, &a.add, &a.out})
+    if (t->defined()) add_work_cost(cost, *t);
+}
+
+void add_work_cost(WorkCost& cost, const UntiedBiasBackward& a) {
+  for (const Tensor* t : {&a.grad, &a.dproduct, &a.dadd, &a.row_sums, &a.col_sums})
+    if (t->defined()) add_work_cost(cost, *t);
+}
+
 namespace {
 
 // ---- raw bodies (no graph) ---------------------------------------------------------------------
@@ -60,6 +71,60 @@ struct ClsResetNode : Node {
       out[1] = drow;
       out[2] = dcol;
     }
+    return out;
+  }
+};
+
+// untied_bias's launch: P as the kernels take it (out's dtype, or 16-bit with an f32 out on a
+// device), add in out's dtype.
+Tensor untied_raw(const Tensor& product, const Tensor& add, DType dt, const UntiedBiasOptions& o) {
+  const int64_t k = o.reset ? 2 : 0, c = product.shape()[0], t = product.shape()[1] - k;
+  UntiedBiasForward a;
+  a.product = product.detach().contiguous();
+  const DType pt = a.product.dtype();
+  const bool half_into_f32 =
+      !product.device().is_cpu() && dt == DType::f32 && (pt == DType::bf16 || pt == DType::f16);
+  if (pt != dt && !half_into_f32) a.product = a.product.to(dt);
+  if (add.defined()) a.add = add.detach().to(dt).contiguous();
+  a.out = Tensor::empty({c, t, t}, dt, product.device());
+  a.options = o;
+  untied_bias_kernel(product.device(), a);
+  return a.out;
+}
+
+struct UntiedBiasNode : Node {
+  UntiedBiasOptions options;
+  const char* name() const override { return "untied_bias"; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    const Tensor g = grads[0].contiguous();
+    const int64_t c = g.shape()[0];
+    std::vector<Tensor> out(2);
+    UntiedBiasBackward a;
+    a.grad = g;
+    a.options = options;
+    // dP in P's dtype where the kernels take it (the same as dout's, or 16-bit from f32 on a
+    // device), else in dout's and converted.
+    const DType pt = inputs[0].dtype;
+    const bool direct = pt == g.dtype() || (!g.device().is_cpu() && g.dtype() == DType::f32 &&
+                                            (pt == DType::bf16 || pt == DType::f16));
+    if (needs_input_grad(0)) {
+      a.dproduct = Tensor::empty(inputs[0].shape, direct ? pt : g.dtype(), g.device());
+      if (options.reset) {
+        a.row_sums = Tensor::empty({c}, g.dtype(), g.device());
+        a.col_sums = Tensor::empty({c}, g.dtype(), g.device());
+        cls_reset_sums_kernel(g.device(), g, a.row_sums, a.col_sums);
+      }
+    }
+    // dadd is dout itself where nothing is masked and the dtypes agree: no copy.
+    if (needs_input_grad(1)) {
+      if ((!options.reset || options.add_at_reset) && inputs[1].dtype == g.dtype())
+        out[1] = g;
+      else
+        a.dadd = Tensor::empty(g.shape(), g.dtype(), g.device());
+    }
+    if (a.dproduct.defined() || a.dadd.defined()) untied_bias_backward_kernel(g.device(), a);
+    if (a.dproduct.defined()) out[0] = a.dproduct.to(pt);
+    if (a.dadd.defined()) out[1] = a.dadd.to(inputs[1].dtype);
     return out;
   }
 };
@@ -153,8 +218,73 @@ void cls_reset_sums(const Tensor& grad, const Tensor& drow, const Tensor& dcol) 
   });
 }
 
+// Whether (i, j) of a (T, T) term is the [CLS] reset's: row 0, or column 0.
+inline bool at_reset(const UntiedBiasOptions& o, int64_t i, int64_t j) {
+  return o.reset && (i == 0 || j == 0);
+}
+
+void untied_bias(const UntiedBiasForward& a) {
+  const UntiedBiasOptions& o = a.options;
+  const int64_t c = a.out.shape()[0], t = a.out.shape()[1], n = a.product.shape()[1];
+  dispatch_floating(a.out.dtype(), "untied_bias", [&]<class T>() {
+    const T* p = a.product.data<T>();
+    const T* add = a.add.defined() ? a.add.data<T>() : nullptr;
+    T* out = a.out.data<T>();
+    const T s = static_cast<T>(o.scale);
+#pragma omp parallel for if (c * t * t > kParallelElems)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      const T* pc = p + ch * n * n;
+      const T theta1 = o.reset ? s * pc[t * n + t] : T(0),
+              theta2 = o.reset ? s * pc[(t + 1) * n + t + 1] : T(0);
+      for (int64_t i = 0; i < t; ++i)
+        for (int64_t j = 0; j < t; ++j) {
+          const int64_t e = (ch * t + i) * t + j;
+          T v;
+          if (at_reset(o, i, j)) {
+            v = i == 0 ? theta1 : theta2;
+            if (add && o.add_at_reset) v += add[e];
+          } else {
+            v = s * pc[i * n + j];
+            if (add) v += add[e];
+          }
+          out[e] = v;
+        }
+    }
+  });
+}
+
+void untied_bias_backward(const UntiedBiasBackward& a) {
+  const UntiedBiasOptions& o = a.options;
+  const int64_t c = a.grad.shape()[0], t = a.grad.shape()[1], k = o.reset ? 2 : 0, n = t + k;
+  dispatch_floating(a.grad.dtype(), "untied_bias", [&]<class T>() {
+    const T* g = a.grad.data<T>();
+    T* dp = a.dproduct.defined() ? a.dproduct.data<T>() : nullptr;
+    T* da = a.dadd.defined() ? a.dadd.data<T>() : nullptr;
+    const T s = static_cast<T>(o.scale);
+#pragma omp parallel for if (c * n * n > kParallelElems)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          if (i >= t || j >= t) {
+            if (!dp) continue;
+            T v = T(0);
+            if (i == j && i == t) v = s * a.row_sums.data<T>()[ch];
+            if (i == j && i == t + 1) v = s * a.col_sums.data<T>()[ch];
+            dp[(ch * n + i) * n + j] = v;
+            continue;
+          }
+          const T gv = g[(ch * t + i) * t + j];
+          const bool r = at_reset(o, i, j);
+          if (dp) dp[(ch * n + i) * n + j] = r ? T(0) : s * gv;
+          if (da) da[(ch * t + i) * t + j] = r && !o.add_at_reset ? T(0) : gv;
+        }
+  });
+}
+
 }  // namespace cpu
 
+ENGINE_REGISTER_KERNEL(untied_bias_kernel, DeviceType::CPU, cpu::untied_bias);
+ENGINE_REGISTER_KERNEL(untied_bias_backward_kernel, DeviceType::CPU, cpu::untied_bias_backward);
 ENGINE_REGISTER_KERNEL(bucket_lookup_kernel, DeviceType::CPU, cpu::bucket_lookup);
 ENGINE_REGISTER_KERNEL(bucket_lookup_backward_kernel, DeviceType::CPU, cpu::bucket_lookup_backward);
 ENGINE_REGISTER_KERNEL(cls_reset_kernel, DeviceType::CPU, cpu::cls_reset);
@@ -194,6 +324,34 @@ Tensor cls_reset(const Tensor& v, const Tensor& row, const Tensor& col) {
   Tensor r = row.detach().contiguous(), c = col.detach().contiguous();
   Tensor out = reset_raw(v, r, c);
   if (needs_grad(v, row, col)) record(std::make_shared<ClsResetNode>(), {v, row, col}, {out});
+  return out;
+}
+
+Tensor untied_bias(const Tensor& product, const Tensor& add, const UntiedBiasOptions& options) {
+  ENGINE_CHECK(product.defined(), "[untied_bias] got an undefined product");
+  const int64_t k = options.reset ? 2 : 0;
+  const Shape& ps = product.shape();
+  ENGINE_CHECK(is_floating(product.dtype()) && product.dim() == 3 && ps[1] == ps[2] && ps[1] > k,
+               "[untied_bias] product must be a floating (C, T + ", k, ", T + ", k,
+               ") tensor with T >= 1 (", options.reset ? "with" : "without",
+               " the [CLS] reset), got ", describe(product));
+  const int64_t t = ps[1] - k;
+  DType dt = product.dtype();
+  if (add.defined()) {
+    ENGINE_CHECK(is_floating(add.dtype()) && add.shape() == Shape({ps[0], t, t}) &&
+                     add.device() == product.device(),
+                 "[untied_bias] add must be a floating (C, T, T) = (", ps[0], ", ", t, ", ", t,
+                 ") tensor on the product's device (product ", describe(product), "), got ",
+                 describe(add));
+    dt = promote_floating(dt, add.dtype());
+  }
+  if (options.at_least_f32 && (dt == DType::bf16 || dt == DType::f16)) dt = DType::f32;
+  Tensor out = untied_raw(product, add, dt, options);
+  if (needs_grad(product, add)) {
+    auto node = std::make_shared<UntiedBiasNode>();
+    node->options = options;
+    record(node, {product, add}, {out});
+  }
   return out;
 }
 

@@ -1,4 +1,4 @@
-// CUDA kernels of bucket_lookup and cls_reset (see position_bias.h).
+// CUDA kernels of bucket_lookup, cls_reset and untied_bias (see position_bias.h).
 //
 // bucket_lookup, forward: grid.y over the channels, a thread per 4 consecutive positions (their
 //   indices two 16-byte loads, the values one vector store) when N % 4 == 0, else per position.
@@ -14,11 +14,16 @@
 //   least.
 // cls_reset: a thread per 16-byte vector of a row (per element when U is not a multiple), and a
 //   block per channel for the two sums (block_sum: a fixed order).
+// untied_bias: a thread per element each way (P's rows are T + 2 long: no aligned vectors), a
+//   row's threads coalesced; the reset's theta read from P's diagonal by the threads that need
+//   it; the backward's two sums are cls_reset_sums', launched first, and written to dP's diagonal
+//   by the elementwise launch.
 // Out-of-range bucket indices are reported (device_error.cuh: raised at the next host read) and
 // looked up as 0 / left out of the sums.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "engine/cuda/context.h"
 #include "engine/cuda/device_error.cuh"
@@ -149,6 +154,52 @@ __global__ void cls_reset_sums(const T* grad, T* drow, T* dcol, int64_t t, int64
   if (dcol && threadIdx.x == 0) dcol[blockIdx.x] = from_acc<T>(q);
 }
 
+// out (C, T, T) = s P + add, the reset's row and column from P's diagonal (position_bias.h). P
+// (C, N, N), N = T + 2 with the reset, else T. TP: out's type, or a 16-bit type into f32.
+template <class TP, class TO>
+__global__ void untied_bias_fwd(const TP* p, const TO* add, TO* out, int64_t c, int64_t t,
+                                int64_t n, Acc<TO> s, bool reset, bool add_at_reset) {
+  const int64_t total = c * t * t;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t ch = e / (t * t), r = e - ch * t * t, i = r / t, j = r - i * t;
+    const TP* pc = p + ch * n * n;
+    Acc<TO> v;
+    if (reset && (i == 0 || j == 0)) {
+      v = s * Acc<TO>(to_acc(i == 0 ? pc[t * n + t] : pc[(t + 1) * n + t + 1]));
+      if (add && add_at_reset) v += to_acc(add[e]);
+    } else {
+      v = s * Acc<TO>(to_acc(pc[i * n + j]));
+      if (add) v += to_acc(add[e]);
+    }
+    out[e] = from_acc<TO>(v);
+  }
+}
+
+// dP (C, N, N) = s dout off the reset, s rows[c] at (T, T) and s cols[c] at (T + 1, T + 1), 0
+// elsewhere; dadd (C, T, T) = dout, 0 at the reset unless add_at_reset. Either may be null.
+template <class TP, class TG>
+__global__ void untied_bias_bwd(const TG* g, const TG* rows, const TG* cols, TP* dp, TG* da,
+                                int64_t c, int64_t t, int64_t n, Acc<TG> s, bool reset,
+                                bool add_at_reset) {
+  const int64_t total = c * n * n;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t ch = e / (n * n), r = e - ch * n * n, i = r / n, j = r - i * n;
+    if (i >= t || j >= t) {
+      if (!dp) continue;
+      Acc<TG> v = Acc<TG>(0);
+      if (reset && i == j) v = s * to_acc(i == t ? rows[ch] : cols[ch]);
+      dp[e] = from_acc<TP>(v);
+      continue;
+    }
+    const int64_t ge = (ch * t + i) * t + j;
+    const bool at = reset && (i == 0 || j == 0);
+    if (dp) dp[e] = from_acc<TP>(at ? Acc<TG>(0) : s * to_acc(g[ge]));
+    if (da) da[ge] = at && !add_at_reset ? from_acc<TG>(Acc<TG>(0)) : g[ge];
+  }
+}
+
 unsigned grid_y(int64_t c) { return static_cast<unsigned>(c < 65535 ? c : 65535); }
 
 void bucket_lookup(const Tensor& table, const Tensor& index, const Tensor& out) {
@@ -237,8 +288,53 @@ void cls_reset_sums_launch(const Tensor& grad, const Tensor& drow, const Tensor&
   });
 }
 
+// fn<TP, TO>() with TO the device type of `to` and TP of `tp`: the same, or 16-bit into f32.
+template <class F>
+void dispatch_untied(DType tp, DType to, F&& fn) {
+  dispatch_device_floating(to, "untied_bias", [&]<class TO>() {
+    if (tp == to) return fn.template operator()<TO, TO>();
+    if constexpr (std::is_same_v<TO, float>)
+      dispatch_device_float(tp, "untied_bias",
+                            [&]<class TP>() { fn.template operator()<TP, float>(); });
+    else
+      ENGINE_FAIL("[untied_bias] a ", dtype_name(tp), " product into ", dtype_name(to));
+  });
+}
+
+void untied_bias(const UntiedBiasForward& a) {
+  const int64_t c = a.out.shape()[0], t = a.out.shape()[1], n = a.product.shape()[1];
+  if (a.out.numel() == 0) return;
+  DeviceGuard guard(a.out.device().index);
+  const UntiedBiasOptions& o = a.options;
+  dispatch_untied(a.product.dtype(), a.out.dtype(), [&]<class TP, class TO>() {
+    const LaunchConfig cfg{dim3(grid_blocks(a.out.numel(), kElementwiseThreads)),
+                           dim3(kElementwiseThreads), 0, compute_stream(a.out.device().index)};
+    launch_kernel("untied_bias_fwd", untied_bias_fwd<TP, TO>, cfg, dptr<const TP>(a.product),
+                  dptr<const TO>(a.add), dptr<TO>(a.out), c, t, n, static_cast<Acc<TO>>(o.scale),
+                  o.reset, o.add_at_reset);
+  });
+}
+
+void untied_bias_backward(const UntiedBiasBackward& a) {
+  const int64_t c = a.grad.shape()[0], t = a.grad.shape()[1], n = t + (a.options.reset ? 2 : 0);
+  if (c * n * n == 0) return;
+  DeviceGuard guard(a.grad.device().index);
+  const UntiedBiasOptions& o = a.options;
+  const DType tp = a.dproduct.defined() ? a.dproduct.dtype() : a.grad.dtype();
+  dispatch_untied(tp, a.grad.dtype(), [&]<class TP, class TG>() {
+    const LaunchConfig cfg{dim3(grid_blocks(c * n * n, kElementwiseThreads)),
+                           dim3(kElementwiseThreads), 0, compute_stream(a.grad.device().index)};
+    launch_kernel("untied_bias_bwd", untied_bias_bwd<TP, TG>, cfg, dptr<const TG>(a.grad),
+                  dptr<const TG>(a.row_sums), dptr<const TG>(a.col_sums), dptr<TP>(a.dproduct),
+                  dptr<TG>(a.dadd), c, t, n, static_cast<Acc<TG>>(o.scale), o.reset,
+                  o.add_at_reset);
+  });
+}
+
 }  // namespace
 
+ENGINE_REGISTER_KERNEL(untied_bias_kernel, DeviceType::CUDA, untied_bias);
+ENGINE_REGISTER_KERNEL(untied_bias_backward_kernel, DeviceType::CUDA, untied_bias_backward);
 ENGINE_REGISTER_KERNEL(bucket_lookup_kernel, DeviceType::CUDA, bucket_lookup);
 ENGINE_REGISTER_KERNEL(bucket_lookup_backward_kernel, DeviceType::CUDA, bucket_lookup_backward);
 ENGINE_REGISTER_KERNEL(cls_reset_kernel, DeviceType::CUDA, cls_reset);

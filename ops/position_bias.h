@@ -1,6 +1,7 @@
 // The building blocks of an attention bias every sequence of a batch shares, (C, T, T) with C the
 // heads: a per-bucket table looked up through a constant index map with the channels first (T5's
-// relative bias, models/position/t5.cpp), and TUPE's [CLS] reset (models/position/untied.cpp).
+// relative bias, models/position/t5.cpp), TUPE's [CLS] reset, and TUPE's whole untied term from
+// its product (scale, reset and the other terms' sum in one pass; models/position/untied.cpp).
 // Each is one pass over the bias each way, where the compositions they replace were an embedding
 // lookup into (T, T, C) rows, a permuted copy, a sort-keyed scatter, and three broadcast
 // products with 0/1 masks and two sums.
@@ -8,6 +9,7 @@
 
 #include "engine/kernel.h"
 #include "engine/tensor.h"
+#include "engine/work_log.h"
 
 namespace engine {
 
@@ -28,6 +30,29 @@ Tensor bucket_lookup(const Tensor& table, const Tensor& index);
 // non-contiguous.
 Tensor cls_reset(const Tensor& v, const Tensor& row, const Tensor& col);
 
+// TUPE's untied positional bias from its product, one pass each way (models/position/untied.cpp):
+// product P floating, (C, T + 2, T + 2) with the [CLS] reset (rows and columns T and T + 1 are
+// the reset's two vectors: theta1 = s P[c, T, T], theta2 = s P[c, T + 1, T + 1]) or (C, T, T)
+// without; add (C, T, T) floating or undefined, on P's device -> (C, T, T) contiguous in the
+// promoted dtype of P and add (f32 for 16-bit ones with at_least_f32), computed in f32 (f64 for
+// f64) and rounded once, s = scale:
+//   out[c, i, j] = s P[c, i, j] + add[c, i, j]
+//   reset: out[c, 0, j] = theta1[c] and out[c, i, 0] = theta2[c] (i >= 1), plus add there only
+//          when add_at_reset (TUPE-R's cls_reset: code resets the term, then adds the relative
+//          bias; paper resets the sum).
+// Gradients: dP = s dout off the reset, s times the sum of dout's first row at (T, T) and of the
+// rest of its first column at (T + 1, T + 1) (cls_reset's sums), 0 elsewhere; dadd = dout, zeroed
+// at the reset unless add_at_reset. P and add may be non-contiguous.
+struct UntiedBiasOptions {
+  double scale = 1;
+  bool reset = false;
+  bool add_at_reset = false;
+  // The term in f32 at least (a 16-bit P read into an f32 term): what the fused attention reads
+  // and sums the gradient of across layers without a cast a layer (models/position/untied.cpp).
+  bool at_least_f32 = false;
+};
+Tensor untied_bias(const Tensor& product, const Tensor& add, const UntiedBiasOptions& options);
+
 // ---- kernels (one table each; backends register implementations) ----------------------------
 // Every tensor contiguous; index flattened to (N), the bias viewed as (C, N).
 
@@ -47,5 +72,24 @@ inline Kernel<void(const Tensor& v, const Tensor& row, const Tensor& col, const 
 // may be undefined (not wanted).
 inline Kernel<void(const Tensor& grad, const Tensor& drow, const Tensor& dcol)>
     cls_reset_sums_kernel{"cls_reset_sums"};
+
+// untied_bias: P (C, T + k, T + k) and add (C, T, T, or undefined) of out's dtype or, for P, a
+// 16-bit dtype when out is f32; out (C, T, T). k = 2 with options.reset, else 0.
+struct UntiedBiasForward {
+  Tensor product, add, out;
+  UntiedBiasOptions options;
+};
+inline Kernel<void(const UntiedBiasForward&)> untied_bias_kernel{"untied_bias"};
+// grad (C, T, T); dproduct (C, T + k, T + k) of P's dtype, every element written; dadd (C, T, T)
+// of grad's dtype or undefined (not wanted); with the reset, row_sums / col_sums (C) of grad's
+// dtype: cls_reset_sums of grad (read for dP's two diagonal entries).
+struct UntiedBiasBackward {
+  Tensor grad, dproduct, dadd, row_sums, col_sums;
+  UntiedBiasOptions options;
+};
+inline Kernel<void(const UntiedBiasBackward&)> untied_bias_backward_kernel{"untied_bias_backward"};
+// The performance model's cost of a launch (engine/work_log.h): each defined tensor once.
+void add_work_cost(WorkCost& cost, const UntiedBiasForward& a);
+void add_work_cost(WorkCost& cost, const UntiedBiasBackward& a);
 
 }  // namespace engine

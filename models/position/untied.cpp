@@ -15,14 +15,11 @@
 namespace models {
 namespace {
 
-// TUPE's v = (p^ U^Q)(p^ U^K)^T / sqrt(2 d_h) over the first t rows: (H, t, t).
-Tensor untied_scores(const Tensor& pq, const Tensor& pk, int64_t t, double scale) {
-  return engine::matmul(pq.slice(1, 0, t), pk.slice(1, 0, t).transpose(1, 2)) * scale;
-}
-
-// theta of the [CLS] reset from one projected row (p_theta1 or p_theta2): (H).
-Tensor cls_theta_of(const Tensor& pq, const Tensor& pk, int64_t row, double scale) {
-  return engine::sum(pq.select(1, row) * pk.select(1, row), {1}) * scale;
+// (p^ U^Q)(p^ U^K)^T over every projected row: (H, rows, rows), unscaled. With the reset the
+// rows are the T positions then theta1's and theta2's vectors, whose diagonal entries are the
+// reset's values (untied_bias reads them there).
+Tensor untied_product(const Tensor& pq, const Tensor& pk) {
+  return engine::matmul(pq, pk.transpose(1, 2));
 }
 
 class Untied : public UntiedTerm {
@@ -42,33 +39,43 @@ class Untied : public UntiedTerm {
         ctx.module.register_parameter("cls_theta", Tensor::randn({2, e}, ctx.gen, 0.0, c.init_std));
   }
 
+  // The term in one pass (engine::untied_bias: scale, reset and the other components' bias), in
+  // finish_terms, once every component has added its bias: cls_reset: paper resets the sum of
+  // the terms; code resets the untied term, then adds the others (the relative bias with its
+  // [CLS] buckets).
   std::vector<Tensor> add_terms(int64_t t, engine::Device dev,
                                 AttentionTerms& terms) const override {
     Tensor pk;
-    Tensor pq = projected_positions(t, &pk);  // (H, T[+2], d_h)
-    Tensor v = untied_scores(pq, pk, t, scale());
-    if (reset_ == ClsReset::code) v = reset(v, pq, pk, t);  // code: reset(v) + b'
-    terms.bias = terms.bias.defined() ? v + terms.bias : v;
+    Tensor pq = projected_positions(t, &pk);
     terms.scale_factor = 2.0;
-    if (reset_ == ClsReset::paper) return {pq, pk};  // paper: reset(v + b) in finish_terms
-    return {};
+    return {untied_product(pq, pk)};  // (H, T[+2], T[+2])
   }
   void finish_terms(int64_t t, engine::Device dev, AttentionTerms& terms,
                     const std::vector<Tensor>& saved) const override {
-    if (reset_ == ClsReset::paper) terms.bias = reset(terms.bias, saved.at(0), saved.at(1), t);
+    engine::UntiedBiasOptions o;
+    o.scale = scale();
+    o.reset = reset_ != ClsReset::none;
+    o.add_at_reset = reset_ != ClsReset::paper;
+    o.at_least_f32 = true;  // read by every layer, its gradient summed over them: in f32
+    terms.bias = engine::untied_bias(saved.at(0), terms.bias, o);
   }
 
   Tensor untied_term(int64_t t) const override {
     Tensor pk;
     Tensor pq = projected_positions(t, &pk);
-    return untied_scores(pq, pk, t, scale()).unsqueeze(0);  // (1, H, T, T)
+    engine::UntiedBiasOptions o;
+    o.scale = scale();
+    return engine::untied_bias(untied_product(pq.slice(1, 0, t), pk.slice(1, 0, t)), Tensor(), o)
+        .unsqueeze(0);  // (1, H, T, T)
   }
   std::pair<Tensor, Tensor> cls_thetas() const override {
     ENGINE_CHECK(reset_ != ClsReset::none, "[bert] preset ", config_.position.preset,
                  " has no [CLS] reset");
     Tensor pk;
     Tensor pq = projected_positions(1, &pk);  // rows: position 0, theta1, theta2
-    return {cls_theta_of(pq, pk, 1, scale()), cls_theta_of(pq, pk, 2, scale())};
+    Tensor product = untied_product(pq, pk);
+    auto theta = [&](int64_t r) { return product.select(1, r).select(1, r) * scale(); };
+    return {theta(1), theta(2)};
   }
 
   void correlations(const CorrelationContext& ctx,
@@ -104,13 +111,6 @@ class Untied : public UntiedTerm {
     rows = norm_->forward(rows);
     *pk = position::heads_of(key_->forward(rows), config_.num_heads);
     return position::heads_of(query_->forward(rows), config_.num_heads);
-  }
-
-  // row 0 (from [CLS], including itself) = theta1, column 0 below it = theta2 (one pass each way:
-  // ops/position_bias.h).
-  Tensor reset(const Tensor& v, const Tensor& pq, const Tensor& pk, int64_t t) const {
-    auto theta = [&](int64_t r) { return cls_theta_of(pq, pk, t + r, scale()).to(v.dtype()); };
-    return engine::cls_reset(v, theta(0), theta(1));
   }
 
   BertConfig config_;

@@ -3,12 +3,15 @@
 
 Runs pretrain_app (standard library only) and compares what it computes with
 tests/golden/numerics.json, recorded before the refactor of issue 16 by the code as it was (and
-re-recorded on purpose four times since, each time the numerics were changed deliberately:
+re-recorded on purpose five times since, each time the numerics were changed deliberately:
 sum_to's summation order, then gradients summed in place into the leaves' buffers
 (docs/benchmarks.md), then attention's dropout rule, 16-bit draws, which changes the corpus runs'
 masks (ops/dropout.h), then TUPE's [CLS] reset and the T5 bias as ops of their own
 (ops/position_bias.h: the gradients of cls_theta and the relative table summed in another order,
-the TUPE cases only); the last recording was made on an Intel Xeon with AVX-512):
+the TUPE cases only), then TUPE's whole term as one pass over its product (untied_bias: theta1
+and theta2 read off the diagonal of one GEMM instead of two dot products, the scale and the other
+terms' sum applied in f32 before one rounding; the TUPE cases only, last-bit changes); the last
+recording was made on an Intel Xeon with AVX-512):
 
   * single-batch mode, one case per positional preset (and cls_reset: code, pre-LN, no segments):
     the initial loss, the logits, every parameter's gradient (--dump), the losses of 5 AdamW steps

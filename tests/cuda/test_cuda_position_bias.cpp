@@ -1,9 +1,10 @@
-// [cuda] bucket_lookup and cls_reset on the device against the CPU backend. The lookup and the
-// reset are copies: bit for bit. The sums (the table's gradient in pieces of position order, the
-// reset's row and column through block_sum) within f32 rounding of the CPU's, and the same bits
-// on every run. Awkward shapes: N not a multiple of 4 (the scalar path), rows not a multiple of
-// the vector width, more than 32 buckets (two groups), buckets no position names, N past the
-// 512-piece cap (several positions a thread), one row, one column; and a bad index on the device.
+// [cuda] bucket_lookup, cls_reset and untied_bias on the device against the CPU backend. The lookup
+// and the reset are copies: bit for bit. The sums (the table's gradient in pieces of position
+// order, the reset's row and column through block_sum) within f32 rounding of the CPU's, and the
+// same bits on every run. Awkward shapes: N not a multiple of 4 (the scalar path), rows not a
+// multiple of the vector width, more than 32 buckets (two groups), buckets no position names, N
+// past the 512-piece cap (several positions a thread), one row, one column; and a bad index on the
+// device.
 #include <catch2/catch.hpp>
 
 #include <vector>
@@ -119,4 +120,83 @@ TEST_CASE("cls_reset on the device: values bit for bit, the row and column sums 
   Tensor r = Tensor::randn({2}, g), c = Tensor::randn({2}, g);
   require_equal(cls_reset(v.to(kGpu), r.to(kGpu), c.to(kGpu)).to(Device::cpu()),
                 cls_reset(v, r, c));
+}
+
+TEST_CASE("untied_bias on the device against the CPU: every mode, 16-bit products into f32",
+          "[cuda]") {
+  Generator g(63);
+  struct Dt {
+    DType p, add;  // add's dtype (none when p's is 16-bit and add f16: no add)
+    bool with_add;
+  };
+  for (const Dt& d : {Dt{DType::f32, DType::f32, true}, Dt{DType::f64, DType::f64, true},
+                      Dt{DType::bf16, DType::f32, true}, Dt{DType::bf16, DType::bf16, false},
+                      Dt{DType::f16, DType::f16, true}})
+    for (int mode = 0; mode < 3; ++mode)  // 0: no reset, 1: paper, 2: code
+      for (int64_t c_t : {0, 1, 2}) {
+        const int64_t c = c_t == 0 ? 3 : c_t == 1 ? 16 : 2, t = c_t == 0 ? 5 : c_t == 1 ? 128 : 1;
+        UntiedBiasOptions o;
+        o.scale = 0.125;
+        o.reset = mode > 0;
+        o.add_at_reset = mode == 2;
+        const int64_t n = t + (o.reset ? 2 : 0);
+        INFO(dtype_name(d.p) << " add " << (d.with_add ? dtype_name(d.add) : "none") << " mode "
+                             << mode << " C " << c << " T " << t);
+        const DType out_dt = d.with_add ? promote_floating(d.p, d.add) : d.p;
+        const DType ref = out_dt == DType::f64 ? DType::f64 : DType::f32;
+        Tensor p = Tensor::randn({c, n, n}, g, 0, 1, d.p);
+        Tensor add = d.with_add ? Tensor::randn({c, t, t}, g, 0, 1, d.add) : Tensor();
+        Tensor pg = p.to(kGpu).set_requires_grad(),
+               ag = d.with_add ? add.to(kGpu).set_requires_grad() : Tensor();
+        Tensor out = untied_bias(pg, ag, o);
+        REQUIRE(out.dtype() == out_dt);
+        Tensor pc = p.to(ref).set_requires_grad(),
+               ac = d.with_add ? add.to(ref).set_requires_grad() : Tensor();
+        Tensor want = untied_bias(pc, ac, o);
+        const double tol = ref == DType::f64 ? 1e-12 : out_dt == DType::f32 ? 1e-6 : 1e-2;
+        require_close(out.to(Device::cpu()).to(ref), want.to(out_dt).to(ref), tol, tol);
+        Tensor dy = Tensor::randn({c, t, t}, g, 0, 1, out_dt);
+        out.backward(dy.to(kGpu));
+        want.backward(dy.to(ref));
+        // dP in P's dtype (16-bit from an f32 gradient: rounded once); the diagonal's sums
+        // within the dtype's rounding of the CPU's.
+        REQUIRE(pg.grad().dtype() == d.p);
+        const double gt = d.p == DType::f64 ? 1e-12 : d.p == DType::f32 ? 1e-5 : 1e-2;
+        require_close(pg.grad().to(Device::cpu()).to(ref), pc.grad().to(d.p).to(ref), gt, gt, gt);
+        if (d.with_add) {
+          REQUIRE(ag.grad().dtype() == d.add);
+          require_equal(ag.grad().to(Device::cpu()).to(ref), ac.grad().to(d.add).to(ref));
+        }
+      }
+  // at_least_f32: a bf16 product into an f32 term (the model's TUPE-A), its gradient bf16.
+  {
+    UntiedBiasOptions o;
+    o.scale = 0.25;
+    o.reset = true;
+    o.at_least_f32 = true;
+    Tensor p = Tensor::randn({3, 9, 9}, g, 0, 1, DType::bf16);
+    Tensor pg = p.to(kGpu).set_requires_grad(), pc = p.to(DType::f32).set_requires_grad();
+    Tensor out = untied_bias(pg, Tensor(), o);
+    REQUIRE(out.dtype() == DType::f32);
+    require_close(out.to(Device::cpu()), untied_bias(pc, Tensor(), o), 1e-6, 1e-6);
+    Tensor dy = Tensor::randn({3, 7, 7}, g);
+    out.backward(dy.to(kGpu));
+    untied_bias(pc, Tensor(), o).backward(dy);
+    REQUIRE(pg.grad().dtype() == DType::bf16);
+    require_close(pg.grad().to(Device::cpu()).to(DType::f32),
+                  pc.grad().to(DType::bf16).to(DType::f32), 1e-2, 1e-2, 1e-2);
+  }
+  // The same bits on a second run (the sums' fixed order).
+  UntiedBiasOptions o;
+  o.scale = 0.5;
+  o.reset = true;
+  Tensor base = Tensor::randn({4, 66, 66}, g).to(kGpu);
+  Tensor dy = Tensor::randn({4, 64, 64}, g).to(kGpu);
+  auto run = [&]() {
+    Tensor p = base.clone();
+    p.set_requires_grad();
+    untied_bias(p, Tensor(), o).backward(dy);
+    return p.grad().to(Device::cpu());
+  };
+  require_equal(run(), run());
 }
