@@ -1,8 +1,8 @@
 // CUDA kernels of layer_norm (see layer_norm.h).
 //
 // Forward: rows of up to 1024 a warp each (four rows a block), the row in registers, 4-element
-// vectors, mean and variance with the warp's Welford merge (f64: two passes of warp_sum); longer
-// rows a block each (block_welford). Statistics in f32 (f64 for f64), saved for the backward; y
+// vectors, mean and variance in two passes over the registers (warp_row_moments); longer rows a
+// block each (block_welford). Statistics in f32 (f64 for f64), saved for the backward; y
 // rounded once.
 // Backward:
 //   - dx per row (a warp, or a block above 1024): dxhat = dy * weight, the row means of dxhat and

@@ -20,36 +20,29 @@ inline int row_threads(int64_t c) {
 }
 
 // Mean and biased variance of a row of c elements that a warp holds in load4's layout (lane l,
-// group k: elements 4 (l + 32 k) + q; padding beyond c loaded as 0). S = double: two passes
-// (mean, then squared deviations), as the CPU computes them; float: Welford per lane and the
-// warp's lane-symmetric merge (every lane gets the same bits).
+// group k: elements 4 (l + 32 k) + q; padding beyond c loaded as 0), in S: two passes over the
+// registers (the mean, then the squared deviations), each summed by warp_sum's butterfly, so every
+// lane gets the same bits. (Until 2026-12-06 float rows took Welford's update per element, a
+// division each: 32 a lane at C = 1024, and the merges' too, in kernels that should be
+// memory-bound; the H200 measured the warp-per-row LayerNorm at 1.4 TB/s, half GELU's rate.)
 template <class S, int G, class A>
 __device__ inline void warp_row_moments(const A (&v)[G][4], int64_t c, int lane, S& mu, S& var) {
-  if constexpr (std::is_same_v<S, double>) {
-    double s = 0;
+  S s = 0;
 #pragma unroll
-    for (int k = 0; k < G; ++k)
+  for (int k = 0; k < G; ++k)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) s += v[k][q];  // padding is 0
-    mu = warp_sum(s) / static_cast<double>(c);
-    double sq = 0;
+    for (int q = 0; q < 4; ++q) s += static_cast<S>(v[k][q]);  // padding is 0
+  mu = warp_sum(s) / static_cast<S>(c);
+  S sq = 0;
 #pragma unroll
-    for (int k = 0; k < G; ++k)
+  for (int k = 0; k < G; ++k)
 #pragma unroll
-      for (int q = 0; q < 4; ++q)
-        if (4 * (lane + int64_t(kWarpSize) * k) + q < c) sq += (v[k][q] - mu) * (v[k][q] - mu);
-    var = warp_sum(sq) / static_cast<double>(c);
-  } else {
-    WelfordStat w;
-#pragma unroll
-    for (int k = 0; k < G; ++k)
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        if (4 * (lane + int64_t(kWarpSize) * k) + q < c) welford_add(w, v[k][q]);
-    w = warp_welford(w);
-    mu = w.mean;
-    var = w.m2 / w.count;
-  }
+    for (int q = 0; q < 4; ++q)
+      if (4 * (lane + int64_t(kWarpSize) * k) + q < c) {
+        const S dv = static_cast<S>(v[k][q]) - mu;
+        sq += dv * dv;
+      }
+  var = warp_sum(sq) / static_cast<S>(c);
 }
 
 // The first half of a LayerNorm input gradient for a row the warp holds (load4's layout): loads
