@@ -399,6 +399,9 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
     }
     __syncwarp();
     // Online softmax; P_d into sP, the keep bits out (two bytes of 4 keys), O's rows rescaled.
+    // Unrolled, so that m, l, x, pr and keep stay in registers (a runtime index puts an array in
+    // local memory: ptxas gave this kernel an 80-byte stack frame).
+#pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int r = 4 * k + quad;
       const int64_t i = i0 + r, j = j0 + c0;
@@ -424,9 +427,11 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
       if (a.drop && i < a.tq && j < a.tk) {
         attention_keep_run<8>(a.state, static_cast<uint64_t>((bh * a.tq + i) * a.tk + j),
                               a.threshold, keep);
+#pragma unroll
         for (int g = 0; g < 2; ++g) {
-          if (j + 4 * g >= a.tk) break;
+          if (j + 4 * g >= a.tk) continue;
           uint32_t byte = 0;
+#pragma unroll
           for (int t = 0; t < 4; ++t) {
             keep[4 * g + t] = keep[4 * g + t] && j + 4 * g + t < a.tk;
             byte |= uint32_t(keep[4 * g + t]) << t;
@@ -444,7 +449,9 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
         for (int e = ql; e < a.nrel; e += 8) sW[r * ldf + e] *= corr;
         __syncwarp();
         float tail_lo = 0.0f, tail_hi = 0.0f;
-        for (int t = 0; t < 8 && i < a.tq && j + t < a.tk; ++t) {
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+          if (i >= a.tq || j + t >= a.tk) continue;
           const float u = keep[t] ? pr[t] * a.keep_scale : 0.0f;
           const int64_t c = rel_bucket(a, i, j + t);
           if (c == 0)
@@ -481,6 +488,7 @@ __global__ void __launch_bounds__(kThreads) flash_forward(Args<T> a) {
     });
   }
   if (!active) return;
+#pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int r = 4 * k + quad;
     const int64_t i = i0 + r;
