@@ -6,7 +6,8 @@ The performance model (bench/perf_model.py) prices bytes, FLOPs and serial steps
 a kernel whose registers leave an SM few warps hides less latency than the model assumes. This
 compiles the given .cu files (default: every ops/*.cu and engine/cuda/*.cu) for sm_90 with
 `-Xptxas -v` (the CI builds PTX only, so ptxas never runs there) and prints one row per kernel
-instantiation. An SM has 65,536 registers and holds at most 64 warps; registers are given to a
+instantiation (its stack frame too: an array indexed at run time lives in local memory, not
+registers). An SM has 65,536 registers and holds at most 64 warps; registers are given to a
 warp in units of 256 (8 a thread), so a kernel of r registers a thread keeps at most
 floor(65536 / (32 ceil(r / 8) 8)) warps an SM, fewer when its blocks do not divide that (the
 "blocks of 4 warps" column: the flash kernels' 128 threads) or shared memory runs out first
@@ -66,14 +67,16 @@ def resources(path, root):
     for line in run.stderr.splitlines():
         m = re.search(r"Compiling entry function '(\w+)' for 'sm_90'", line)
         if m:
-            cur = {"mangled": m.group(1), "spill": 0, "smem": 0, "regs": 0}
+            cur = {"mangled": m.group(1), "spill": 0, "stack": 0, "smem": 0, "regs": 0}
             rows.append(cur)
             continue
         if cur is None:
             continue
-        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
+                      line)
         if m:
-            cur["spill"] = int(m.group(1)) + int(m.group(2))
+            cur["stack"] = int(m.group(1))
+            cur["spill"] = int(m.group(2)) + int(m.group(3))
         m = re.search(r"Used (\d+) registers", line)
         if m:
             cur["regs"] = int(m.group(1))
@@ -92,16 +95,16 @@ def main():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     files = a.files or sorted(glob.glob(os.path.join(root, "ops", "*.cu")) +
                               glob.glob(os.path.join(root, "engine", "cuda", "*.cu")))
-    print("| kernel | file | registers | spill bytes | static smem | warps an SM (registers) "
-          "| blocks of 4 warps |")
-    print("|---|---|---|---|---|---|---|")
+    print("| kernel | file | registers | spill bytes | stack frame | static smem "
+          "| warps an SM (registers) | blocks of 4 warps |")
+    print("|---|---|---|---|---|---|---|---|")
     for f in files:
         for r in resources(os.path.abspath(f), root):
             if a.match and not re.search(a.match, r["name"]):
                 continue
             w = warps_by_registers(r["regs"])
-            print(f"| `{r['name']}` | {r['file']} | {r['regs']} | {r['spill']} | {r['smem']} | "
-                  f"{w} | {w // 4} |")
+            print(f"| `{r['name']}` | {r['file']} | {r['regs']} | {r['spill']} | {r['stack']} | "
+                  f"{r['smem']} | {w} | {w // 4} |")
 
 
 if __name__ == "__main__":
