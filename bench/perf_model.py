@@ -216,6 +216,10 @@ def describe5(name, op_row, launch, n_main):
     if base == "bucket_lookup_sum":  # a warp per output over its pieces
         pieces = min(512, max(1, math.ceil(numel(ts[1][0]) / 2048)))
         return "aux", 0.0, math.ceil(pieces / 32), "simple", 0
+    if base == "add_rows_vec":  # a distinct-row scatter: each gradient row read, its table row
+        # read and written, 16-byte vectors
+        g = ts[0]
+        return "vec", 3 * numel(g[0]) * elem(g), 0, "simple", 0
     if base in ("untied_bias_fwd", "untied_bias_bwd"):  # a thread an element, scalar coalesced
         # loads and stores (P's rows are T + 2 long: no aligned vectors)
         return "coalesced", share, 0, "simple", 0

@@ -2,6 +2,7 @@
 #include "data/batch.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "engine/dtype.h"
 #include "engine/error.h"
@@ -57,8 +58,25 @@ bool StagedMlmBatch::stage(const MlmBatch& host, engine::Device device) {
   int64_t* t = targets_.data<int64_t>();
   std::copy_n(pos.data<int64_t>(), m, p);
   std::copy_n(tgt.data<int64_t>(), m, t);
-  std::fill(p + m, p + positions_.numel(), int64_t{0});
   std::fill(t + m, t + targets_.numel(), int64_t{-100});
+  // Unique positions padded with the smallest positions none of them takes (their rows' gradient
+  // is 0: the loss ignores the targets), so the padded tensor is unique too; else position 0.
+  const int64_t pad = positions_.numel() - m, slots = host.inputs.input_ids.numel();
+  const bool unique = host.positions_unique && slots - m >= pad;
+  if (unique) {
+    std::vector<int64_t> taken(p, p + m);
+    std::sort(taken.begin(), taken.end());
+    int64_t next = 0;  // the smallest position not yet checked
+    size_t k = 0;      // the first taken position >= next
+    for (int64_t i = m; i < positions_.numel(); ++i) {
+      for (; k < taken.size() && taken[k] <= next; ++k)
+        if (taken[k] == next) ++next;
+      p[i] = next++;
+    }
+  } else {
+    std::fill(p + m, p + positions_.numel(), int64_t{0});
+  }
+  const bool recapture = fresh || unique != batch_.positions_unique;
   if (fresh) {
     MlmBatch padded = host;
     padded.positions = positions_;
@@ -86,7 +104,8 @@ bool StagedMlmBatch::stage(const MlmBatch& host, engine::Device device) {
   }
   batch_.labels = host.labels;
   batch_.num_tokens = host.num_tokens;
-  return fresh;
+  batch_.positions_unique = unique;
+  return recapture;
 }
 
 MlmBatch make_mlm_batch(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& labels,
@@ -120,6 +139,7 @@ MlmBatch make_mlm_batch(const Tensor& input_ids, const Tensor& attention_mask, c
   const int64_t m = int64_t(positions.size());
   b.positions = Tensor::from_vector(positions, {m});
   b.targets = Tensor::from_vector(targets, {m});
+  b.positions_unique = true;  // ascending: one a label
   if (b.inputs.attention_mask.defined()) {
     const int64_t* mask = b.inputs.attention_mask.data<int64_t>();
     b.num_tokens = int64_t(std::count_if(mask, mask + n, [](int64_t v) { return v != 0; }));

@@ -33,6 +33,11 @@ struct MlmBatch {
   // order, -100 = a row with no pair; undefined otherwise.
   engine::Tensor sentence_labels;
   int64_t num_tokens = 0;  // non-padding tokens
+  // No value of positions repeats: set by the makers that build them in order (make_mlm_batch,
+  // the corpus batches) and by a staged batch that pads with unpredicted positions; the model's
+  // head then scatters its gradient as one row add each (engine::index_select's `unique`).
+  // False for a batch made by hand: the general scatter, correct for any positions.
+  bool positions_unique = false;
 
   int64_t num_predicted() const { return positions.numel(); }
   // inputs, positions, targets and sentence_labels on `device` (labels stays on the host).
@@ -41,8 +46,10 @@ struct MlmBatch {
 
 // A masked-LM batch kept in fixed device tensors and refilled in place, for a training step
 // captured as a graph (train/trainer.h's graph mode), which reads its inputs at the capture's
-// addresses. The predicted positions are padded to a capacity (position 0 with target -100, which
-// the MLM loss ignores: its mean divides by the targets not ignored), so the (M) tensors keep
+// addresses. The predicted positions are padded to a capacity (target -100, which the MLM loss
+// ignores: its mean divides by the targets not ignored; at the smallest positions no prediction
+// takes when the host's positions are unique and enough are left, so the padded ones are unique
+// too, else at position 0), so the (M) tensors keep
 // their shape from batch to batch: the capacity starts at the first batch's count plus an eighth
 // (at least 8, rounded up to 8) and grows the same way past it. batch().num_predicted() is the
 // capacity; weight micro-batches by the host batch's count.
@@ -50,8 +57,9 @@ class StagedMlmBatch {
  public:
   // Copies the host batch `host` in (one upload per tensor, as to(device) makes). Returns true
   // when the device tensors were (re)allocated — the first batch, another shape, a tensor present
-  // or absent where it was not, more predictions than the capacity —: a graph that read the old
-  // ones must be captured afresh.
+  // or absent where it was not, more predictions than the capacity — or the padded positions'
+  // uniqueness changed (the head's backward takes another path): a graph that read the old ones
+  // must be captured afresh.
   bool stage(const MlmBatch& host, engine::Device device);
   const MlmBatch& batch() const { return batch_; }
 

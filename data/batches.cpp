@@ -117,6 +117,7 @@ MlmBatch build_batch(const SequencePacker& packer, const Masker& masker, uint64_
   const int64_t m = static_cast<int64_t>(positions.size());
   b.positions = engine::Tensor::from_vector(positions, {m});
   b.targets = engine::Tensor::from_vector(targets, {m});
+  b.positions_unique = true;  // r T + t in order
   b.num_tokens = tokens;
   return b;
 }

@@ -291,8 +291,9 @@ void BertForMaskedLM::check_predicted(const data::MlmBatch& batch) const {
 }
 
 MlmOutput BertForMaskedLM::head(const Tensor& flat, const data::MlmBatch& batch) const {
-  // The head and the (M, V) logits only at the predicted positions, gathered first.
-  Tensor h = engine::index_select(flat, batch.positions);  // (M, d)
+  // The head and the (M, V) logits only at the predicted positions, gathered first (their
+  // gradient rows added back one each where the batch knows its positions distinct).
+  Tensor h = engine::index_select(flat, batch.positions, batch.positions_unique);  // (M, d)
   h = norm.forward(dense.forward_gelu(h));
   MlmOutput out;
   out.logits = engine::linear(h, bert.token_embedding, decoder_bias);  // (M, V), tied decoder

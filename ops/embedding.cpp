@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "engine/autograd.h"
 #include "engine/cpu/parallel.h"
@@ -52,10 +53,29 @@ void check_index_tensor(const Tensor& x, const Tensor& index, const char* op, co
                describe(index));
 }
 
+// Host-side check of a contiguous CPU index that its caller says is unique: a repeat names both
+// positions. (A device index is not read: the caller's word, see index_select.)
+void check_unique(const Tensor& index, int64_t rows, const char* op) {
+  if (!index.device().is_cpu()) return;
+  dispatch_index(index.dtype(), op, [&]<class I>() {
+    const I* p = index.data<I>();
+    std::vector<int64_t> first(static_cast<size_t>(rows), -1);
+    for (int64_t i = 0; i < index.numel(); ++i) {
+      int64_t& f = first[static_cast<size_t>(p[i])];
+      ENGINE_CHECK(f < 0, "[", op, "] index ", static_cast<int64_t>(p[i]), " at positions ", f,
+                   " and ", i,
+                   " repeats, but the index was given as unique (expected distinct "
+                   "values; pass unique = false for an index that repeats)");
+      f = i;
+    }
+  });
+}
+
 struct GatherRowsNode : Node {
   const char* op = "gather_rows";
-  Tensor index;     // (M) contiguous, detached: the only thing the scatter-add needs
-  Tensor inverted;  // its sorted_index_keys when the caller made them once, else undefined
+  Tensor index;         // (M) contiguous, detached: the only thing the scatter-add needs
+  Tensor inverted;      // its sorted_index_keys when the caller made them once, else undefined
+  bool unique = false;  // index's values distinct: one row add each (add_rows)
   const char* name() const override { return op; }
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
     const TensorMeta& m = inputs[0];
@@ -67,7 +87,10 @@ struct GatherRowsNode : Node {
     Tensor gx = sink ? Tensor() : Tensor::zeros(m.shape, grads[0].dtype(), m.device);
     if (n > 0 && d > 0) {
       Tensor g = grads[0].contiguous().view({index.numel(), d});  // (M, D)
-      scatter_add_rows_kernel(m.device, g, index, inverted, (sink ? *sink : gx).view({n, d}));
+      if (unique)
+        add_rows_kernel(m.device, g, index, (sink ? *sink : gx).view({n, d}));
+      else
+        scatter_add_rows_kernel(m.device, g, index, inverted, (sink ? *sink : gx).view({n, d}));
     }
     return {gx};
   }
@@ -77,7 +100,7 @@ struct GatherRowsNode : Node {
 // Shared body: x (N, ...) viewed as (N, D), a flattened index (M) -> out of `out_shape`
 // (M * D elements), recorded when x requires grad.
 Tensor gather_rows(const Tensor& x, const Tensor& index, const Shape& out_shape, const char* op,
-                   const char* what, const Tensor& inverted = Tensor()) {
+                   const char* what, const Tensor& inverted = Tensor(), bool unique = false) {
   const int64_t n = x.shape()[0];
   const int64_t d = shape_numel(Shape(x.shape().begin() + 1, x.shape().end()));
   Tensor idx = index.detach().contiguous().reshape({index.numel()});  // (M)
@@ -90,6 +113,8 @@ Tensor gather_rows(const Tensor& x, const Tensor& index, const Shape& out_shape,
     auto node = std::make_shared<GatherRowsNode>();
     node->op = op;
     node->index = idx;
+    node->unique = unique;
+    if (unique) check_unique(idx, n, op);
     if (inverted.defined()) {
       ENGINE_CHECK(inverted.dtype() == DType::i64 && inverted.numel() == idx.numel() &&
                        inverted.device() == idx.device(),
@@ -158,6 +183,26 @@ void scatter_add_rows(const Tensor& grad_out, const Tensor& index, const Tensor&
   });
 }
 
+void add_rows(const Tensor& grad_out, const Tensor& index, const Tensor& grad_table) {
+  const int64_t m = grad_out.shape()[0], d = grad_out.shape()[1];
+  if (m == 0 || d == 0) return;
+  dispatch_floating(grad_table.dtype(), "add_rows", [&]<class T>() {
+    dispatch_index(index.dtype(), "add_rows", [&]<class I>() {
+      const I* idx = index.data<I>();
+      const T* src = grad_out.data<T>();
+      T* dst = grad_table.data<T>();
+      // Distinct rows: no two threads touch one.
+      const bool parallel = m * d > ::engine::cpu::kParallelMinElems && !omp_in_parallel();
+#pragma omp parallel for if (parallel)
+      for (int64_t i = 0; i < m; ++i) {
+        T* row = dst + static_cast<int64_t>(idx[i]) * d;
+        const T* s = src + i * d;
+        for (int64_t c = 0; c < d; ++c) row[c] += s[c];
+      }
+    });
+  });
+}
+
 void sort_index_keys(const Tensor& index, int64_t rows, const Tensor& keys) {
   dispatch_index(index.dtype(), "sort_index_keys", [&]<class I>() {
     const I* idx = index.data<I>();
@@ -172,17 +217,18 @@ void sort_index_keys(const Tensor& index, int64_t rows, const Tensor& keys) {
 
 ENGINE_REGISTER_KERNEL(gather_rows_kernel, DeviceType::CPU, cpu::gather_rows);
 ENGINE_REGISTER_KERNEL(scatter_add_rows_kernel, DeviceType::CPU, cpu::scatter_add_rows);
+ENGINE_REGISTER_KERNEL(add_rows_kernel, DeviceType::CPU, cpu::add_rows);
 ENGINE_REGISTER_KERNEL(sort_index_keys_kernel, DeviceType::CPU, cpu::sort_index_keys);
 
 }  // namespace
 
-Tensor index_select(const Tensor& x, const Tensor& index) {
+Tensor index_select(const Tensor& x, const Tensor& index, bool unique) {
   check_index_tensor(x, index, "index_select", "index");
   ENGINE_CHECK(x.dim() >= 1, "[index_select] expects x with at least 1 dim, got ", describe(x));
   ENGINE_CHECK(index.dim() == 1, "[index_select] index must be 1-D, got ", describe(index));
   Shape out_shape = x.shape();
   out_shape[0] = index.numel();  // (M, ...)
-  return gather_rows(x, index, out_shape, "index_select", "index");
+  return gather_rows(x, index, out_shape, "index_select", "index", Tensor(), unique);
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& ids, const Tensor& inverted) {

@@ -381,9 +381,58 @@ void scatter_add_rows(const Tensor& grad_out, const Tensor& index, const Tensor&
   });
 }
 
+// ---- add_rows: a scatter whose rows are distinct -----------------------------------------------
+
+// table[index[i]] += grad[i], V elements a thread (16 bytes when the rows allow), in the scatter's
+// accumulation type: the bits scatter_level gives a row of one key.
+template <class T, class I, int V>
+__global__ void add_rows_vec(const T* grad, const I* index, T* table, int64_t m, int64_t dv,
+                             int64_t rows) {
+  using A = ScatterAcc<T>;
+  const int64_t n = m * dv;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < n;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = e / dv, c = e - i * dv;
+    const int64_t r = static_cast<int64_t>(index[i]);
+    if (r < 0 || r >= rows) continue;  // gather_rows reported it; the row gets nothing
+    const Vec<T, V> g = reinterpret_cast<const Vec<T, V>*>(grad)[e];
+    Vec<T, V>& dst = reinterpret_cast<Vec<T, V>*>(table)[r * dv + c];
+    Vec<T, V> o = dst;
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      o.v[j] = from_acc<T>(static_cast<A>(to_acc(o.v[j])) + static_cast<A>(to_acc(g.v[j])));
+    dst = o;
+  }
+}
+
+void add_rows(const Tensor& grad_out, const Tensor& index, const Tensor& grad_table) {
+  const int64_t m = grad_out.shape()[0], d = grad_out.shape()[1], rows = grad_table.shape()[0];
+  if (m == 0 || d == 0) return;
+  DeviceGuard guard(grad_out.device().index);
+  const cudaStream_t stream = compute_stream(grad_out.device().index);
+  dispatch_index(index.dtype(), "add_rows", [&]<class I>() {
+    dispatch_device_floating(grad_table.dtype(), "add_rows", [&]<class T>() {
+      constexpr int kV = sizeof(T) >= 16 ? 1 : 16 / int(sizeof(T));
+      const bool vec =
+          d % kV == 0 && aligned16(grad_out.raw_data()) && aligned16(grad_table.raw_data());
+      auto launch = [&](auto kernel, int v) {
+        const LaunchConfig cfg{dim3(grid_blocks(m * (d / v), kElementwiseThreads)),
+                               dim3(kElementwiseThreads), 0, stream};
+        launch_kernel("add_rows_vec", kernel, cfg, dptr<const T>(grad_out), dptr<const I>(index),
+                      dptr<T>(grad_table), m, d / v, rows);
+      };
+      if (vec)
+        launch(add_rows_vec<T, I, kV>, kV);
+      else
+        launch(add_rows_vec<T, I, 1>, 1);
+    });
+  });
+}
+
 }  // namespace
 
 ENGINE_REGISTER_KERNEL(gather_rows_kernel, DeviceType::CUDA, gather_rows);
+ENGINE_REGISTER_KERNEL(add_rows_kernel, DeviceType::CUDA, add_rows);
 ENGINE_REGISTER_KERNEL(scatter_add_rows_kernel, DeviceType::CUDA, scatter_add_rows);
 ENGINE_REGISTER_KERNEL(sort_index_keys_kernel, DeviceType::CUDA, sort_index_keys);
 

@@ -7,8 +7,12 @@
 namespace engine {
 
 // x (N, ...) and a 1-D i32/i64 index (M) -> x's rows at index: (M, ...). The backward
-// scatter-adds into a zero (N, ...) gradient, so repeated indices accumulate.
-Tensor index_select(const Tensor& x, const Tensor& index);
+// scatter-adds into a zero (N, ...) gradient, so repeated indices accumulate. unique: the caller
+// knows no index value repeats (the MLM head's predicted positions, data::MlmBatch's
+// positions_unique): the backward then adds each gradient row into its row in one pass (no sort
+// of the index, no levels); a CPU index is checked and a repeat is an error naming it, a device
+// index is the caller's word (a repeated value there would race).
+Tensor index_select(const Tensor& x, const Tensor& index, bool unique = false);
 
 // weight (V, D) and i32/i64 ids of any shape -> (*ids.shape, D). Same kernels as index_select.
 // `inverted` (optional): sorted_index_keys(ids, V) made once for ids that do not change (the
@@ -38,6 +42,10 @@ inline Kernel<void(const Tensor& table, const Tensor& index, const Tensor& out)>
 inline Kernel<void(const Tensor& grad_out, const Tensor& index, const Tensor& inverted,
                    const Tensor& grad_table)>
     scatter_add_rows_kernel{"scatter_add_rows"};
+// grad_table (N, D) += grad_out (M, D) row i into row index[i], index's values distinct (one
+// add an element: the same bits as scatter_add_rows). All contiguous, floating.
+inline Kernel<void(const Tensor& grad_out, const Tensor& index, const Tensor& grad_table)>
+    add_rows_kernel{"add_rows"};
 // keys (M) i64 = sorted_index_keys(index, rows); index contiguous. A device kernel must not
 // produce keys from an out-of-range id (trap rather than sort it).
 inline Kernel<void(const Tensor& index, int64_t rows, const Tensor& keys)> sort_index_keys_kernel{

@@ -192,3 +192,44 @@ TEST_CASE("embedding records one node, and none without grad", "[embedding]") {
     REQUIRE(tape_size() == before + 1);
   }
 }
+
+TEST_CASE("index_select with a unique index: one row add each, the general scatter's bits",
+          "[embedding]") {
+  Generator g(5);
+  // Distinct positions in no order (a staged batch's padding comes after its ascending ones).
+  const std::vector<int64_t> ids = {7, 2, 9, 0, 4, 11, 1};
+  Tensor idx = Tensor::from_vector(ids, {7});
+  Tensor x = Tensor::randn({12, 3, 5}, g);
+  Tensor dy = Tensor::randn({7, 3, 5}, g);
+  Tensor a = x.clone().set_requires_grad(), b = x.clone().set_requires_grad();
+  Tensor ya = index_select(a, idx, true), yb = index_select(b, idx);
+  REQUIRE(ya.to_vector<float>() == yb.to_vector<float>());
+  ya.backward(dy);
+  yb.backward(dy);
+  REQUIRE(a.grad().to_vector<float>() == b.grad().to_vector<float>());
+  // Into a gradient already held (a second backward adds): still the same bits.
+  index_select(a, idx, true).backward(dy * 0.5);
+  index_select(b, idx).backward(dy * 0.5);
+  REQUIRE(a.grad().to_vector<float>() == b.grad().to_vector<float>());
+  // Rows no index names get nothing.
+  const std::vector<float> ga = a.grad().to_vector<float>();
+  for (int64_t r : {3, 5, 6, 8, 10})
+    for (int64_t e = 0; e < 15; ++e) REQUIRE(ga[size_t(r * 15 + e)] == 0.f);
+
+  // Finite differences through the unique path.
+  auto r = gradcheck(
+      [&](const std::vector<Tensor>& v) {
+        return index_select(v[0], Tensor::from_vector<int32_t>({3, 0, 2}, {3}), true);
+      },
+      {rand_input({4, 2}, 31)});
+  INFO(r.detail);
+  REQUIRE(r.max_rel_error < 1e-6);
+
+  // A CPU index given as unique that repeats: an error naming the value and both positions.
+  Tensor w = Tensor::randn({6, 2}, g).set_requires_grad();
+  REQUIRE_THROWS_WITH(index_select(w, Tensor::from_vector<int64_t>({1, 4, 1}, {3}), true),
+                      Catch::Contains("[index_select] index 1 at positions 0 and 2 repeats") &&
+                          Catch::Contains("given as unique"));
+  // Without a gradient to scatter nothing is checked (the forward is a gather either way).
+  REQUIRE(index_select(w.detach(), Tensor::from_vector<int64_t>({1, 1}, {2}), true).size(0) == 2);
+}

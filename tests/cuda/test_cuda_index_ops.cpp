@@ -152,6 +152,31 @@ TEST_CASE("index_select and embedding on the device equal the CPU, with a determ
     const double rel = dt == DType::f64 ? 1e-12 : (dt == DType::bf16 ? 1e-2 : 2e-3);
     require_close(got, want, rel, rel, rel);
   }
+  // A unique index (the MLM head's positions): one row add each (add_rows), the general
+  // scatter's bits on the device, and the CPU's; 16-byte rows and rows that are not.
+  for (DType dt : {DType::f32, DType::bf16, DType::f16, DType::f64})
+    for (int64_t d : {24, 5}) {
+      INFO("unique " << dtype_name(dt) << " d " << d);
+      std::vector<int64_t> ids(300);
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 37) % 401);
+      Tensor idx = Tensor::from_vector(ids, {300}).to(kGpu);
+      Tensor x = Tensor::randn({401, d}, g).to(dt);
+      Tensor dy = Tensor::randn({300, d}, g).to(dt).to(kGpu);
+      Tensor a = x.to(kGpu).set_requires_grad(), b = x.to(kGpu).set_requires_grad();
+      index_select(a, idx, true).backward(dy);
+      index_select(b, idx).backward(dy);
+      require_equal(a.grad(), b.grad());
+      index_select(a, idx, true).backward(dy);  // into the gradient it holds
+      index_select(b, idx).backward(dy);
+      require_equal(a.grad(), b.grad());
+      // The CPU computes in f32 (f64): g, then g + g, are exact in the 16-bit types too.
+      const DType ref = dt == DType::f64 ? DType::f64 : DType::f32;
+      Tensor c = x.to(ref).set_requires_grad();
+      const Tensor dyc = dy.to(Device::cpu()).to(ref);
+      index_select(c, idx.to(Device::cpu()), true).backward(dyc);
+      index_select(c, idx.to(Device::cpu()), true).backward(dyc);
+      require_equal(a.grad().to(Device::cpu()), c.grad().to(dt));
+    }
   // A mismatched inverted index is refused naming the op.
   Tensor w = Tensor::randn({4, 3}, g).to(kGpu).set_requires_grad();
   Tensor ix = Tensor::from_vector(std::vector<int64_t>{1, 2}, {2}).to(kGpu);

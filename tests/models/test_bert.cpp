@@ -541,11 +541,36 @@ TEST_CASE("a staged MLM batch: padded predictions keep the loss, refills in plac
                              tgt = staged.batch().targets.to_vector<int64_t>();
   CHECK(std::vector<int64_t>(pos.begin(), pos.begin() + m) == h1.positions.to_vector<int64_t>());
   CHECK(std::vector<int64_t>(tgt.begin(), tgt.begin() + m) == h1.targets.to_vector<int64_t>());
+  // Padded at the smallest positions no prediction takes: the padded positions stay unique (the
+  // head's gradient then goes back one row add each).
+  REQUIRE(h1.positions_unique);
+  CHECK(staged.batch().positions_unique);
+  std::vector<int64_t> unused;
+  for (int64_t p = 0; int64_t(unused.size()) < capacity - m; ++p)
+    if (std::find(pos.begin(), pos.begin() + m, p) == pos.begin() + m) unused.push_back(p);
   for (int64_t i = m; i < capacity; ++i) {
-    CHECK(pos[size_t(i)] == 0);
+    CHECK(pos[size_t(i)] == unused[size_t(i - m)]);
     CHECK(tgt[size_t(i)] == -100);
   }
   CHECK(loss_of(staged.batch()) == Approx(loss_of(h1)).epsilon(1e-6));
+  {
+    // The general scatter's gradients through the unique one (within rounding: the head's sums
+    // over its rows take the padding's zero rows too).
+    BertForMaskedLM ma(c, 3), mb(c, 3);
+    ma.train(false);
+    mb.train(false);
+    data::MlmBatch general = h1;  // the general scatter
+    general.positions_unique = false;
+    ma.forward(staged.batch(), g).loss.backward();
+    mb.forward(general, g).loss.backward();
+    const auto pa = ma.named_parameters(), pb = mb.named_parameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      INFO(pa[i].first);
+      const std::vector<float> ga = pa[i].second.grad().to_vector<float>(),
+                               gb = pb[i].second.grad().to_vector<float>();
+      for (size_t k = 0; k < ga.size(); ++k) CHECK(ga[k] == Approx(gb[k]).margin(1e-6));
+    }
+  }
   // Another batch of the same shapes (seed 6: the same count, other tokens and targets): refilled
   // in place, and the first host batch is left as it was.
   const void* ids_at = staged.batch().inputs.input_ids.raw_data();
@@ -566,9 +591,26 @@ TEST_CASE("a staged MLM batch: padded predictions keep the loss, refills in plac
   REQUIRE(staged.stage(many, engine::Device::cpu()));
   CHECK(staged.batch().num_predicted() == 48);
   CHECK(loss_of(staged.batch()) == Approx(loss_of(many)).epsilon(1e-6));
-  // A smaller batch fits the grown capacity; another shape does not.
+  // 33 of 36 slots predicted: too few unused positions for 15 pads, so position 0 pads and the
+  // batch is not unique.
+  CHECK_FALSE(staged.batch().positions_unique);
+  // A smaller batch fits the grown capacity (48 pads > 36 - m unused: position 0 again, no
+  // recapture); another shape does not.
   REQUIRE_FALSE(staged.stage(h1, engine::Device::cpu()));
+  CHECK_FALSE(staged.batch().positions_unique);
   CHECK(loss_of(staged.batch()) == Approx(loss_of(h1)).epsilon(1e-6));
+  {
+    // Uniqueness changing between batches of the same shapes asks for a new capture (the head's
+    // backward takes another path).
+    data::StagedMlmBatch s2;
+    REQUIRE(s2.stage(h1, engine::Device::cpu()));
+    CHECK(s2.batch().positions_unique);
+    data::MlmBatch by_hand = h2;
+    by_hand.positions_unique = false;
+    CHECK(s2.stage(by_hand, engine::Device::cpu()));
+    CHECK_FALSE(s2.batch().positions_unique);
+    CHECK_FALSE(s2.stage(by_hand, engine::Device::cpu()));
+  }
   REQUIRE(
       staged.stage(engine::testing::host_mlm_batch(2, 12, c.vocab_size, 1), engine::Device::cpu()));
 }
