@@ -75,16 +75,20 @@ struct ClsResetNode : Node {
   }
 };
 
-// untied_bias's launch: P as the kernels take it (out's dtype, or 16-bit with an f32 out on a
-// device), add in out's dtype.
+// The dtype the kernels take P (or write dP) in next to a term (or its gradient) of dtype dt:
+// P's own where it is dt's, or 16-bit with an f32 term on a device; else dt (P converted).
+DType kernel_product_dtype(DType pt, DType dt, Device dev) {
+  const bool half_into_f32 =
+      !dev.is_cpu() && dt == DType::f32 && (pt == DType::bf16 || pt == DType::f16);
+  return pt == dt || half_into_f32 ? pt : dt;
+}
+
+// untied_bias's launch: P as the kernels take it, add in out's dtype.
 Tensor untied_raw(const Tensor& product, const Tensor& add, DType dt, const UntiedBiasOptions& o) {
   const int64_t k = o.reset ? 2 : 0, c = product.shape()[0], t = product.shape()[1] - k;
   UntiedBiasForward a;
   a.product = product.detach().contiguous();
-  const DType pt = a.product.dtype();
-  const bool half_into_f32 =
-      !product.device().is_cpu() && dt == DType::f32 && (pt == DType::bf16 || pt == DType::f16);
-  if (pt != dt && !half_into_f32) a.product = a.product.to(dt);
+  a.product = a.product.to(kernel_product_dtype(a.product.dtype(), dt, product.device()));
   if (add.defined()) a.add = add.detach().to(dt).contiguous();
   a.out = Tensor::empty({c, t, t}, dt, product.device());
   a.options = o;
@@ -102,13 +106,11 @@ struct UntiedBiasNode : Node {
     UntiedBiasBackward a;
     a.grad = g;
     a.options = options;
-    // dP in P's dtype where the kernels take it (the same as dout's, or 16-bit from f32 on a
-    // device), else in dout's and converted.
+    // dP in P's dtype where the kernels take it, else in dout's and converted.
     const DType pt = inputs[0].dtype;
-    const bool direct = pt == g.dtype() || (!g.device().is_cpu() && g.dtype() == DType::f32 &&
-                                            (pt == DType::bf16 || pt == DType::f16));
     if (needs_input_grad(0)) {
-      a.dproduct = Tensor::empty(inputs[0].shape, direct ? pt : g.dtype(), g.device());
+      a.dproduct = Tensor::empty(inputs[0].shape, kernel_product_dtype(pt, g.dtype(), g.device()),
+                                 g.device());
       if (options.reset) {
         a.row_sums = Tensor::empty({c}, g.dtype(), g.device());
         a.col_sums = Tensor::empty({c}, g.dtype(), g.device());
