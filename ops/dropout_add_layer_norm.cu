@@ -114,7 +114,7 @@ __global__ void dropout_add_layer_norm_warp(Fwd<T, S> a, int64_t rows, int64_t c
     store4(a.sum + r * c, j0, c, vec, z);
   }
   S mu, var;
-  warp_row_moments<S>(v, c, lane, mu, var);
+  warp_row_moments<S, G>([&](int k, int q) { return static_cast<S>(v[k][q]); }, c, lane, mu, var);
   const S rs = S(1) / dmath::sqrt(var + a.eps);
   if (lane == 0) {
     a.mean[r] = mu;

@@ -38,19 +38,17 @@ __global__ void layer_norm_forward_warp(const T* x, const T* weight, const T* bi
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / kWarpSize;
   if (r >= rows) return;  // the whole warp
   const T* xr = x + r * c;
-  Acc<T> v[G][4];
+  Vec<T, 4> v[G];  // the row as loaded (padding 0)
 #pragma unroll
   for (int k = 0; k < G; ++k) {
     const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
-    if (j0 < c) {
-      load4(xr, j0, c, vec, v[k]);
-    } else {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) v[k][q] = Acc<T>(0);
-    }
+    for (int q = 0; q < 4; ++q) v[k].v[q] = from_acc<T>(Acc<T>(0));
+    if (j0 < c) load4_raw(xr, j0, c, vec, v[k]);
   }
   S mu, var;
-  warp_row_moments<S>(v, c, lane, mu, var);
+  warp_row_moments<S, G>([&](int k, int q) { return static_cast<S>(to_acc(v[k].v[q])); }, c, lane,
+                         mu, var);
   const S rs = S(1) / dmath::sqrt(var + eps);
   if (lane == 0) {
     mean[r] = mu;
@@ -66,7 +64,7 @@ __global__ void layer_norm_forward_warp(const T* x, const T* weight, const T* bi
     T out[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      S h = (static_cast<S>(v[k][q]) - mu) * rs;
+      S h = (static_cast<S>(to_acc(v[k].v[q])) - mu) * rs;
       if (weight) h *= static_cast<S>(wv[q]);
       if (bias) h += static_cast<S>(bv[q]);
       out[q] = from_acc<T>(h);

@@ -20,18 +20,18 @@ inline int row_threads(int64_t c) {
 }
 
 // Mean and biased variance of a row of c elements that a warp holds in load4's layout (lane l,
-// group k: elements 4 (l + 32 k) + q; padding beyond c loaded as 0), in S: two passes over the
-// registers (the mean, then the squared deviations), each summed by warp_sum's butterfly, so every
-// lane gets the same bits. (Until 2026-12-06 float rows took Welford's update per element, a
-// division each: 32 a lane at C = 1024, and the merges' too, in kernels that should be
-// memory-bound; the H200 measured the warp-per-row LayerNorm at 1.4 TB/s, half GELU's rate.)
-template <class S, int G, class A>
-__device__ inline void warp_row_moments(const A (&v)[G][4], int64_t c, int lane, S& mu, S& var) {
+// group k: elements 4 (l + 32 k) + q; padding beyond c 0), element (k, q) as S from at(k, q), in S:
+// two passes over the registers (the mean, then the squared deviations), each summed by warp_sum's
+// butterfly, so every lane gets the same bits. (Until 2026-12-06 float rows took Welford's update
+// per element, a division each: 32 a lane at C = 1024, and the merges' too, in kernels that should
+// be memory-bound; the H200 measured the warp-per-row LayerNorm at 1.4 TB/s, half GELU's rate.)
+template <class S, int G, class At>
+__device__ inline void warp_row_moments(At&& at, int64_t c, int lane, S& mu, S& var) {
   S s = 0;
 #pragma unroll
   for (int k = 0; k < G; ++k)
 #pragma unroll
-    for (int q = 0; q < 4; ++q) s += static_cast<S>(v[k][q]);  // padding is 0
+    for (int q = 0; q < 4; ++q) s += at(k, q);  // padding is 0
   mu = warp_sum(s) / static_cast<S>(c);
   S sq = 0;
 #pragma unroll
@@ -39,10 +39,23 @@ __device__ inline void warp_row_moments(const A (&v)[G][4], int64_t c, int lane,
 #pragma unroll
     for (int q = 0; q < 4; ++q)
       if (4 * (lane + int64_t(kWarpSize) * k) + q < c) {
-        const S dv = static_cast<S>(v[k][q]) - mu;
+        const S dv = at(k, q) - mu;
         sq += dv * dv;
       }
   var = warp_sum(sq) / static_cast<S>(c);
+}
+
+// A row's group of 4 elements as loaded, kept in T (load4's layout; elements past n zero): a
+// 16-bit row then holds half the registers of its widened values where ptxas keeps them packed
+// (layer_norm_forward_warp: 114 registers a thread with the row widened, 72 kept in bf16).
+template <class T>
+__device__ inline void load4_raw(const T* p, int64_t j, int64_t n, bool vec, Vec<T, 4>& out) {
+  if (vec) {
+    out = *reinterpret_cast<const Vec<T, 4>*>(p + j);
+    return;
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) out.v[q] = j + q < n ? p[j + q] : from_acc<T>(Acc<T>(0));
 }
 
 // The first half of a LayerNorm input gradient for a row the warp holds (load4's layout): loads
