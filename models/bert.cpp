@@ -26,7 +26,14 @@ Linear::Linear(int64_t in, int64_t out, Generator& gen, double std, bool has_bia
 
 Tensor Linear::forward(const Tensor& x) const { return engine::linear(x, weight, bias); }
 
-Tensor Linear::forward_no_bias(const Tensor& x) const { return engine::linear(x, weight); }
+Tensor Linear::forward_for_join(const Tensor& x, Tensor& join_bias) const {
+  if (bias.defined() && !x.device().is_cpu() && engine::autocast_active()) {
+    join_bias = Tensor();
+    return engine::linear(x, weight, bias);
+  }
+  join_bias = bias;
+  return engine::linear(x, weight);
+}
 
 Tensor Linear::forward_gelu(const Tensor& x) const {
   if (!bias.defined()) return engine::gelu(engine::linear(x, weight));
@@ -112,7 +119,8 @@ Tensor BertLayer::attention_logits(const Tensor& x, const AttentionTerms& terms)
 }
 
 Tensor BertLayer::self_attention(const Tensor& x, const Tensor& key_mask,
-                                 const AttentionTerms& terms, Generator& gen) const {
+                                 const AttentionTerms& terms, Generator& gen,
+                                 Tensor& join_bias) const {
   const int64_t b = x.size(0), t = x.size(1), h = config_.num_heads, dh = config_.head_size();
   Projected pr = project(x, terms);
   const Tensor &q = pr.q, &k = pr.k, &v = pr.v;
@@ -141,7 +149,7 @@ Tensor BertLayer::self_attention(const Tensor& x, const Tensor& key_mask,
     ctx = engine::attention(q, k, v, opt, rel);
   }
   Tensor merged = ctx.permute({0, 2, 1, 3}).reshape({b, t, h * dh});  // (B, T, d)
-  return out.forward_no_bias(merged);
+  return out.forward_for_join(merged, join_bias);
 }
 
 Tensor BertLayer::forward(const Tensor& x, const Tensor& key_mask, const AttentionTerms& terms,
@@ -149,21 +157,19 @@ Tensor BertLayer::forward(const Tensor& x, const Tensor& key_mask, const Attenti
   const bool training = this->training();
   const double p = config_.hidden_dropout;
   // Each residual join is one op (bias + dropout + add + LayerNorm, one pass each way); the
-  // sublayers' last GEMMs leave their biases to it.
+  // sublayers' last GEMMs leave their biases to it, or carry them on a device under autocast
+  // (Linear::forward_for_join).
+  Tensor join_bias;
   if (config_.pre_layer_norm) {
     // y = x + dropout(attention(LN1(x))); LN2(y) from the same pass.
-    const engine::DropoutAddNorm y =
-        ffn_norm.forward_residual(self_attention(attention_norm.forward(x), key_mask, terms, gen),
-                                  out.bias, x, p, training, gen);
+    const Tensor h = self_attention(attention_norm.forward(x), key_mask, terms, gen, join_bias);
+    const engine::DropoutAddNorm y = ffn_norm.forward_residual(h, join_bias, x, p, training, gen);
     return y.sum + engine::dropout(fc2.forward(fc1.forward_gelu(y.normed)), p, training, gen);
   }
-  const Tensor y =
-      attention_norm
-          .forward_residual(self_attention(x, key_mask, terms, gen), out.bias, x, p, training, gen)
-          .normed;
-  return ffn_norm
-      .forward_residual(fc2.forward_no_bias(fc1.forward_gelu(y)), fc2.bias, y, p, training, gen)
-      .normed;
+  const Tensor h = self_attention(x, key_mask, terms, gen, join_bias);
+  const Tensor y = attention_norm.forward_residual(h, join_bias, x, p, training, gen).normed;
+  const Tensor f = fc2.forward_for_join(fc1.forward_gelu(y), join_bias);
+  return ffn_norm.forward_residual(f, join_bias, y, p, training, gen).normed;
 }
 
 // ---- the model ---------------------------------------------------------------------------------

@@ -40,8 +40,12 @@ class Linear : public engine::Module {
   Tensor forward(const Tensor& x) const;  // (..., in) -> (..., out)
   // gelu(forward(x)), the bias added inside the GELU's pass (engine::bias_gelu).
   Tensor forward_gelu(const Tensor& x) const;
-  // x weight^T without the bias (an op that adds it in its own pass takes `bias`).
-  Tensor forward_no_bias(const Tensor& x) const;
+  // The product for a residual join and, in join_bias, the bias the join is to add: on a device
+  // under 16-bit autocast the GEMMs carry it both ways (forward_gelu's rule) and join_bias is
+  // undefined, so the join's backward sums two parameter gradients in its warps' shared memory,
+  // not three (8 KiB a warp at width 1024, not 12: 20 warps an SM, not 16); elsewhere
+  // x weight^T and `bias` (the join adds it in its f32 sum).
+  Tensor forward_for_join(const Tensor& x, Tensor& join_bias) const;
   Tensor weight, bias;  // (out, in), (out)
 };
 
@@ -81,10 +85,10 @@ class BertLayer : public engine::Module {
   };
   Projected project(const Tensor& x, const AttentionTerms& terms) const;
   Tensor scaled_scores(const Projected& pr, const AttentionTerms& terms) const;
-  // The attention sublayer's output projection, before its bias (out.bias: the residual join
-  // adds it).
+  // The attention sublayer's output projection and, in join_bias, the bias the residual join is
+  // to add (Linear::forward_for_join).
   Tensor self_attention(const Tensor& x, const Tensor& key_mask, const AttentionTerms& terms,
-                        Generator& gen) const;
+                        Generator& gen, Tensor& join_bias) const;
   BertConfig config_;
 };
 

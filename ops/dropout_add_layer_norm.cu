@@ -1,21 +1,29 @@
 // CUDA kernels of dropout_add_layer_norm (see dropout_add_layer_norm.h).
 //
-// Rows of up to 1024 (every BERT width) a warp each, the row in registers as 4-element groups
-// (load4's layout), each group's keep bits from one Philox block (dropout_keep4: the CPU's and
-// dropout's mask):
+// Rows of up to 1024 (every BERT width) a warp each, the row held as loaded (Raw4: a 16-bit row
+// two elements a register) in 4-element groups (load4's layout), each group's keep bits from one
+// Philox block (dropout_keep4: the CPU's and dropout's mask), drawn one group at a time into a
+// word of bits before the row's passes (keep_mask):
 //   forward   reads x, residual (and the bias), writes sum once (rounded to T; the statistics and
 //             normed come from the rounded sum, which is what the backward reads) and normed;
 //   backward  reads sum and dnormed (and dsum), writes d_residual and dx, and adds each row's
-//             dweight / dln_bias / dbias terms into its warp's accumulators in shared memory; a
-//             warp takes R consecutive rows (R from the row count alone, ~2048 warps in all), a
-//             block's W warps are added in order into one partial row per block, and a second
-//             launch (column_sums) adds the blocks' partials per column in order. No atomics: the
-//             same bits on every run (not the CPU's: its chunks are others).
+//             dweight / dln_bias / dbias terms (those wanted) into its warp's accumulators in
+//             shared memory; a warp takes R consecutive rows (R from the row count alone, ~4096
+//             warps in all), a block's W warps are added in order into one partial row per block,
+//             and a second launch (column_sums) adds the blocks' partials per column in order. No
+//             atomics: the same bits on every run (not the CPU's: its chunks are others).
+// Registers (ptxas, sm_90, bf16 at C = 1024; tools/gpu/kernel_resources.py): forward 56 under its
+// launch bounds (36 warps an SM; 72 with the row widened to f32 and a Philox block a group in
+// flight), backward 94 under its bounds of 5 blocks an SM (20 warps; 151 before: 13), no spills;
+// its shared memory (8 KiB a warp for two sums at C = 1024, 12 KiB for three) then allows 6
+// blocks, or 4 with dbias (the model's linears carry their biases on a device under autocast:
+// Linear::forward_for_join).
 // Rows over 1024: a block per row each way, and the parameter gradients through column_sums over
 // (sum, dnormed, dx).
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "engine/cuda/context.h"
@@ -31,7 +39,7 @@ namespace engine::cuda {
 namespace {
 
 constexpr int kForwardWarps = 4;        // rows (warps) per block of the forward
-constexpr int64_t kTargetWarps = 2048;  // backward: ~16 warps for each of an H200's 132 SMs
+constexpr int64_t kTargetWarps = 4096;  // backward: ~31 warps for each of an H200's 132 SMs
 
 // The dropout a launch applies (dropout_rule's, in the compute type): kept elements times scale.
 template <class T>
@@ -78,6 +86,25 @@ __device__ inline void keep_group(const Drop<T>& d, uint64_t i0, bool (&keep)[4]
   }
 }
 
+// The keep bits of a warp-held row's groups (bit 4 k + q: element (k, q) of load4's layout), drawn
+// one group at a time (a loop the compiler does not unroll, so no more than one Philox block is in
+// flight in a thread), before the row's passes.
+template <class T, int G>
+__device__ inline uint32_t keep_mask(const Drop<T>& d, int64_t r, int64_t c, int lane) {
+  static_assert(4 * G <= 32, "a row group's bits fit one word");
+  uint32_t mask = 0;
+#pragma unroll 1
+  for (int k = 0; k < G; ++k) {
+    const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
+    if (j0 >= c) break;
+    bool keep[4];
+    keep_group(d, static_cast<uint64_t>(r * c + j0), keep);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) mask |= uint32_t(keep[q]) << (4 * k + q);
+  }
+  return mask;
+}
+
 // Keep bit of the one stream element i (the block-per-row kernels).
 template <class T>
 __device__ inline bool keep_one(const Drop<T>& d, uint64_t i) {
@@ -87,39 +114,44 @@ __device__ inline bool keep_one(const Drop<T>& d, uint64_t i) {
 // ---- a warp per row ------------------------------------------------------------------------
 
 template <class T, class S, int E>
-__global__ void dropout_add_layer_norm_warp(Fwd<T, S> a, int64_t rows, int64_t c, bool vec) {
+__global__ void __launch_bounds__(kForwardWarps* kWarpSize, sizeof(T) == 2 ? 8 : 1)
+    dropout_add_layer_norm_warp(Fwd<T, S> a, int64_t rows, int64_t c, bool vec) {
   constexpr int G = E / 4;
   const int lane = threadIdx.x % kWarpSize;
   const int64_t r = blockIdx.x * int64_t(kForwardWarps) + threadIdx.x / kWarpSize;
   if (r >= rows) return;  // the whole warp
-  Acc<T> v[G][4];
+  const uint32_t kept = keep_mask<T, G>(a.drop, r, c, lane);
+  Raw4<T> z[G];  // the row's rounded sum, as stored (padding 0)
 #pragma unroll
   for (int k = 0; k < G; ++k) {
     const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) v[k][q] = Acc<T>(0);
+    zero_raw(z[k]);
     if (j0 >= c) continue;
     Acc<T> xv[4], rv[4], bv[4] = {};
     load4(a.x + r * c, j0, c, vec, xv);
     load4(a.residual + r * c, j0, c, vec, rv);
     if (a.bias) load4(a.bias, j0, c, vec, bv);
-    bool keep[4];
-    keep_group(a.drop, static_cast<uint64_t>(r * c + j0), keep);
-    T z[4];
+    T zq[4];
+    Vec<T, 4> held;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      z[q] = from_acc<T>(rv[q] + (keep[q] ? (xv[q] + bv[q]) * a.drop.scale : Acc<T>(0)));
-      if (j0 + q < c) v[k][q] = to_acc(z[q]);
+      const bool keep = (kept >> (4 * k + q)) & 1u;
+      zq[q] = from_acc<T>(rv[q] + (keep ? (xv[q] + bv[q]) * a.drop.scale : Acc<T>(0)));
+      held.v[q] = j0 + q < c ? zq[q] : from_acc<T>(Acc<T>(0));
     }
-    store4(a.sum + r * c, j0, c, vec, z);
+    memcpy(z[k].w, &held, sizeof(held));
+    store4(a.sum + r * c, j0, c, vec, zq);
   }
   S mu, var;
-  warp_row_moments<S, G>([&](int k, int q) { return static_cast<S>(v[k][q]); }, c, lane, mu, var);
+  warp_row_moments<S, G>([&](int k, int q) { return static_cast<S>(raw_at(z[k], q)); }, c, lane, mu,
+                         var);
   const S rs = S(1) / dmath::sqrt(var + a.eps);
   if (lane == 0) {
     a.mean[r] = mu;
     a.rstd[r] = rs;
   }
+#pragma unroll
+  for (int k = 0; k < G; ++k) opaque(z[k]);  // widened again below, not kept in f32
 #pragma unroll
   for (int k = 0; k < G; ++k) {
     const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
@@ -130,7 +162,7 @@ __global__ void dropout_add_layer_norm_warp(Fwd<T, S> a, int64_t rows, int64_t c
     T out[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      S h = (static_cast<S>(v[k][q]) - mu) * rs;
+      S h = (static_cast<S>(raw_at(z[k], q)) - mu) * rs;
       if (a.weight) h *= static_cast<S>(wv[q]);
       if (a.ln_bias) h += static_cast<S>(bv[q]);
       out[q] = from_acc<T>(h);
@@ -139,53 +171,73 @@ __global__ void dropout_add_layer_norm_warp(Fwd<T, S> a, int64_t rows, int64_t c
   }
 }
 
-// Shared-memory accumulator index of output kk (0 dweight, 1 dln_bias, 2 dbias), lane group k,
-// element q: the lanes of a warp touch consecutive words.
+// Shared-memory accumulator index of slot n (the wanted outputs' in order: dweight, dln_bias,
+// dbias), lane group k, element q: the lanes of a warp touch consecutive words.
 template <int G>
-__device__ inline int acc_index(int kk, int k, int q, int lane) {
-  return ((kk * G + k) * 4 + q) * kWarpSize + lane;
+__device__ inline int acc_index(int n, int k, int q, int lane) {
+  return ((n * G + k) * 4 + q) * kWarpSize + lane;
 }
 
-// W warps a block, each rows [w R, (w + 1) R); part: 3 x blocks x c partial sums (block order).
+// The accumulator slots a warp keeps: one per wanted parameter gradient (E x 32 words each).
+template <class T, class S>
+__host__ __device__ inline int acc_slots(const Bwd<T, S>& a) {
+  return int(a.want_w) + int(a.want_lb) + int(a.want_b);
+}
+
+// W warps a block, each rows [w R, (w + 1) R); part: 3 x blocks x c partial sums (block order;
+// an output not wanted is not written). Each warp's slots in shared memory (acc_slots x E x 32
+// words: 8 KiB at c = 1024 for the LayerNorm's two, 12 KiB with dbias: 24 and 16 warps an SM);
+// the row held as loaded (warp_row_dxhat), dxhat and xhat made again in the second pass, which
+// also adds the parameter-gradient terms (the first pass only sums). Launch bounds: 6 blocks an
+// SM, the most 8 KiB a warp leaves room for.
 template <class T, class S, int E, int W>
-__global__ void dropout_add_layer_norm_backward_warp(Bwd<T, S> a, int64_t rows, int64_t c,
-                                                     int64_t rows_per_warp, bool vec, S* part) {
+__global__ void __launch_bounds__(W* kWarpSize, sizeof(T) == 2 ? 20 / W : 1)
+    dropout_add_layer_norm_backward_warp(Bwd<T, S> a, int64_t rows, int64_t c,
+                                         int64_t rows_per_warp, bool vec, S* part) {
   constexpr int G = E / 4;
-  constexpr int kPerWarp = 3 * G * 4 * kWarpSize;
-  ENGINE_DYNAMIC_SHARED(S, sh);  // W x kPerWarp
+  const int slots = acc_slots(a), per_warp = slots * G * 4 * kWarpSize;
+  const int slot_lb = int(a.want_w), slot_b = slot_lb + int(a.want_lb);
+  ENGINE_DYNAMIC_SHARED(S, sh);  // W x per_warp
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const auto acc = sh + warp * kPerWarp;                           // a checked pointer in emulation
-  for (int i = lane; i < kPerWarp; i += kWarpSize) acc[i] = S(0);  // this warp's own words
+  const auto acc = sh + warp * per_warp;                           // a checked pointer in emulation
+  for (int i = lane; i < per_warp; i += kWarpSize) acc[i] = S(0);  // this warp's own words
   const int64_t r0 = (blockIdx.x * int64_t(W) + warp) * rows_per_warp;
   const int64_t r1 = r0 + rows_per_warp < rows ? r0 + rows_per_warp : rows;
   const bool want_dz = a.d_residual || a.dx || a.want_b;
   for (int64_t r = r0; r < r1; ++r) {
     const S mu = a.mean[r], rs = a.rstd[r];
-    S d[G][4], xh[G][4];  // dxhat and xhat
+    const uint32_t kept = want_dz ? keep_mask<T, G>(a.drop, r, c, lane) : 0u;
+    Raw4<T> xr[G], gr[G];  // the row's sum and dnormed, as loaded
     S mean_g, mean_gx;
-    warp_row_dxhat<T, S, G>(a.sum + r * c, a.dnormed + r * c, a.weight, mu, rs, c, lane, vec, d, xh,
-                            mean_g, mean_gx, [&](int k, int q, S g, S x) {
-                              if (a.want_w) acc[acc_index<G>(0, k, q, lane)] += g * x;
-                              if (a.want_lb) acc[acc_index<G>(1, k, q, lane)] += g;
-                            });
-    if (!want_dz) continue;
+    warp_row_dxhat<T, S, G>(a.sum + r * c, a.dnormed + r * c, a.weight, mu, rs, c, lane, vec, xr,
+                            gr, mean_g, mean_gx);
 #pragma unroll
     for (int k = 0; k < G; ++k) {
       const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
       if (j0 >= c) continue;
-      Acc<T> sv[4] = {};
+      Acc<T> sv[4] = {}, wv[4] = {};
+      if (a.weight) load4(a.weight, j0, c, vec, wv);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // padding: dy 0, nothing added
+        const S g = static_cast<S>(raw_at(gr[k], q));
+        const S xh = (static_cast<S>(raw_at(xr[k], q)) - mu) * rs;
+        if (a.want_w) acc[acc_index<G>(0, k, q, lane)] += g * xh;
+        if (a.want_lb) acc[acc_index<G>(slot_lb, k, q, lane)] += g;
+      }
+      if (!want_dz) continue;
       if (a.dsum) load4(a.dsum + r * c, j0, c, vec, sv);
-      bool keep[4];
-      keep_group(a.drop, static_cast<uint64_t>(r * c + j0), keep);
       T dz[4], dxv[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
+        const S d = dxhat_of(static_cast<S>(raw_at(gr[k], q)), a.weight != nullptr, wv[q]);
+        const S xh = (static_cast<S>(raw_at(xr[k], q)) - mu) * rs;
         // Rounded where the unfused path rounds: layer_norm's dx, the sum with dsum, dropout's.
-        dz[q] = from_acc<T>(rs * (d[k][q] - mean_g - xh[k][q] * mean_gx));
+        dz[q] = from_acc<T>(rs * (d - mean_g - xh * mean_gx));
         if (a.dsum) dz[q] = from_acc<T>(to_acc(dz[q]) + sv[q]);
-        dxv[q] = keep[q] ? from_acc<T>(to_acc(dz[q]) * a.drop.scale) : from_acc<T>(Acc<T>(0));
+        dxv[q] = (kept >> (4 * k + q)) & 1u ? from_acc<T>(to_acc(dz[q]) * a.drop.scale)
+                                            : from_acc<T>(Acc<T>(0));
         if (a.want_b && j0 + q < c)
-          acc[acc_index<G>(2, k, q, lane)] += static_cast<S>(to_acc(dxv[q]));
+          acc[acc_index<G>(slot_b, k, q, lane)] += static_cast<S>(to_acc(dxv[q]));
       }
       if (a.d_residual) store4(a.d_residual + r * c, j0, c, vec, dz);
       if (a.dx) store4(a.dx + r * c, j0, c, vec, dxv);
@@ -193,15 +245,16 @@ __global__ void dropout_add_layer_norm_backward_warp(Bwd<T, S> a, int64_t rows, 
   }
   __syncthreads();
   // The block's partial row per output: its warps in order.
-  for (int kk = 0; kk < 3; ++kk) {
+  for (int kk = 0, n = 0; kk < 3; ++kk) {
     if (!(kk == 0 ? a.want_w : kk == 1 ? a.want_lb : a.want_b)) continue;
     for (int64_t col = threadIdx.x; col < c; col += blockDim.x) {
       const int g = static_cast<int>(col / 4), q = static_cast<int>(col % 4);
-      const int i = acc_index<G>(kk, g / kWarpSize, q, g % kWarpSize);
+      const int i = acc_index<G>(n, g / kWarpSize, q, g % kWarpSize);
       S s = sh[i];
-      for (int w = 1; w < W; ++w) s += sh[w * kPerWarp + i];
+      for (int w = 1; w < W; ++w) s += sh[w * per_warp + i];
       part[(kk * int64_t(gridDim.x) + blockIdx.x) * c + col] = s;
     }
+    ++n;
   }
 }
 
@@ -409,7 +462,7 @@ void backward(const DropoutAddNormBackward& t) {
     Tensor part = Tensor::empty({any_sums ? 3 * blocks * c : 1},
                                 sizeof(S) == 8 ? DType::f64 : DType::f32, t.sum.device());
     dispatch_row_elems(e, [&]<int E>() {
-      const size_t smem = size_t(W) * 3 * E * kWarpSize * sizeof(S);
+      const size_t smem = size_t(W) * acc_slots(a) * E * kWarpSize * sizeof(S);
       const LaunchConfig cfg{dim3(static_cast<unsigned>(blocks)), dim3(W * kWarpSize), smem,
                              stream};
       ENGINE_LAUNCH((dropout_add_layer_norm_backward_warp<T, S, E, W>), cfg, a, rows, c,

@@ -38,22 +38,24 @@ __global__ void layer_norm_forward_warp(const T* x, const T* weight, const T* bi
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / kWarpSize;
   if (r >= rows) return;  // the whole warp
   const T* xr = x + r * c;
-  Vec<T, 4> v[G];  // the row as loaded (padding 0)
+  Raw4<T> v[G];  // the row as loaded (padding 0)
 #pragma unroll
   for (int k = 0; k < G; ++k) {
     const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) v[k].v[q] = from_acc<T>(Acc<T>(0));
+    zero_raw(v[k]);
     if (j0 < c) load4_raw(xr, j0, c, vec, v[k]);
   }
   S mu, var;
-  warp_row_moments<S, G>([&](int k, int q) { return static_cast<S>(to_acc(v[k].v[q])); }, c, lane,
-                         mu, var);
+  warp_row_moments<S, G>([&](int k, int q) { return static_cast<S>(raw_at(v[k], q)); }, c, lane, mu,
+                         var);
   const S rs = S(1) / dmath::sqrt(var + eps);
   if (lane == 0) {
     mean[r] = mu;
     rstd[r] = rs;
   }
+#pragma unroll
+  for (int k = 0; k < G; ++k) opaque(v[k]);  // widened again below, not kept in f32
 #pragma unroll
   for (int k = 0; k < G; ++k) {
     const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
@@ -64,7 +66,7 @@ __global__ void layer_norm_forward_warp(const T* x, const T* weight, const T* bi
     T out[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      S h = (static_cast<S>(to_acc(v[k].v[q])) - mu) * rs;
+      S h = (static_cast<S>(raw_at(v[k], q)) - mu) * rs;
       if (weight) h *= static_cast<S>(wv[q]);
       if (bias) h += static_cast<S>(bv[q]);
       out[q] = from_acc<T>(h);
@@ -81,17 +83,23 @@ __global__ void layer_norm_backward_warp(const T* x, const T* weight, const S* m
   const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / kWarpSize;
   if (r >= rows) return;
   const S mu = mean[r], rs = rstd[r];
-  S d[G][4], xh[G][4];  // dxhat and xhat
+  Raw4<T> xr[G], gr[G];  // the row's x and dy, as loaded
   S mean_g, mean_gx;
-  warp_row_dxhat<T, S, G>(x + r * c, dy + r * c, weight, mu, rs, c, lane, vec, d, xh, mean_g,
-                          mean_gx, [](int, int, S, S) {});
+  warp_row_dxhat<T, S, G>(x + r * c, dy + r * c, weight, mu, rs, c, lane, vec, xr, gr, mean_g,
+                          mean_gx);
 #pragma unroll
   for (int k = 0; k < G; ++k) {
     const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
     if (j0 >= c) continue;
+    Acc<T> wv[4] = {};
+    if (weight) load4(weight, j0, c, vec, wv);
     T out[4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) out[q] = from_acc<T>(rs * (d[k][q] - mean_g - xh[k][q] * mean_gx));
+    for (int q = 0; q < 4; ++q) {
+      const S d = dxhat_of(static_cast<S>(raw_at(gr[k], q)), weight != nullptr, wv[q]);
+      const S xh = (static_cast<S>(raw_at(xr[k], q)) - mu) * rs;
+      out[q] = from_acc<T>(rs * (d - mean_g - xh * mean_gx));
+    }
     store4(dx + r * c, j0, c, vec, out);
   }
 }

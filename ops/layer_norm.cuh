@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "engine/cuda/kernels.cuh"
@@ -45,52 +46,113 @@ __device__ inline void warp_row_moments(At&& at, int64_t c, int lane, S& mu, S& 
   var = warp_sum(sq) / static_cast<S>(c);
 }
 
-// A row's group of 4 elements as loaded, kept in T (load4's layout; elements past n zero): a
-// 16-bit row then holds half the registers of its widened values where ptxas keeps them packed
-// (layer_norm_forward_warp: 114 registers a thread with the row widened, 72 kept in bf16).
+// A row's group of 4 elements as loaded (load4's layout; elements past n zero), kept as 32-bit
+// words: a 16-bit row two elements a register, half the registers of its widened values (ptxas
+// gives a 16-bit value a register of its own, so a Vec<bf16, 4> kept as is saves nothing). A
+// kernel that reads the row in two passes marks it `opaque` between them, so that the second pass
+// widens it again (raw_at) instead of the compiler keeping the first pass's f32 values alive
+// across the reduction.
 template <class T>
-__device__ inline void load4_raw(const T* p, int64_t j, int64_t n, bool vec, Vec<T, 4>& out) {
+struct Raw4 {
+  uint32_t w[sizeof(T)];  // 4 sizeof(T) bytes
+};
+
+template <class T>
+__device__ inline void load4_raw(const T* p, int64_t j, int64_t n, bool vec, Raw4<T>& out) {
+  Vec<T, 4> v;
   if (vec) {
-    out = *reinterpret_cast<const Vec<T, 4>*>(p + j);
-    return;
-  }
+    v = *reinterpret_cast<const Vec<T, 4>*>(p + j);
+  } else {
 #pragma unroll
-  for (int q = 0; q < 4; ++q) out.v[q] = j + q < n ? p[j + q] : from_acc<T>(Acc<T>(0));
+    for (int q = 0; q < 4; ++q) v.v[q] = j + q < n ? p[j + q] : from_acc<T>(Acc<T>(0));
+  }
+  memcpy(out.w, &v, sizeof(v));
+}
+
+// A group of zeros.
+template <class T>
+__device__ inline void zero_raw(Raw4<T>& r) {
+#pragma unroll
+  for (int i = 0; i < int(sizeof(T)); ++i) r.w[i] = 0u;  // +0 in every floating type
+}
+
+// Element q of a held group, widened (to_acc).
+template <class T>
+__device__ inline Acc<T> raw_at(const Raw4<T>& r, int q) {
+  T e;
+  if constexpr (sizeof(T) == 2) {
+    const uint16_t b = static_cast<uint16_t>(q % 2 != 0 ? r.w[q / 2] >> 16 : r.w[q / 2] & 0xffffu);
+    memcpy(static_cast<void*>(&e), &b, sizeof(b));
+  } else {
+    memcpy(static_cast<void*>(&e), &r.w[q * int(sizeof(T)) / 4], sizeof(T));
+  }
+  return to_acc(e);
+}
+
+// Tells the compiler nothing about a held group's words past this point (an empty asm that
+// "changes" each one), so values it made from them before are made again after, not kept in
+// registers. No instruction; on the host and in emulation nothing at all.
+// Only 16-bit rows: a 32-bit row's words are its widened values already (marking them cost the
+// f32 LayerNorm backward 19 registers).
+template <class T>
+__device__ inline void opaque(Raw4<T>& r) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == 2) {
+#pragma unroll
+    for (int i = 0; i < int(sizeof(T)); ++i) asm volatile("" : "+r"(r.w[i]));
+  }
+#else
+  (void)r;
+#endif
+}
+
+// One element's dxhat = dy * weight, rounded before use (the CPU stores it first; fused into the
+// subtraction, a one-element row would get a nonzero dx), or dy without a weight.
+template <class S, class W>
+__device__ inline S dxhat_of(S g, bool has_weight, W w) {
+  return has_weight ? dmath::mul_rn(g, static_cast<S>(w)) : g;
 }
 
 // The first half of a LayerNorm input gradient for a row the warp holds (load4's layout): loads
-// the row's normalised input x and its gradient dy (rows of c, `vec`: 4-element vectors), forms
-// dxhat = dy * weight (weight may be null: 1), rounded before use (the CPU stores it first; fused
-// into the subtraction, a one-element row would get a nonzero dx), and xhat = (x - mu) rs, and
-// returns the row means of dxhat and dxhat * xhat; padding counts as dy = 0. each(k, q, dy, xhat)
-// sees every element (its parameter-gradient terms). The input gradient is then
-// rs (d - mean_g - xh mean_gx).
-template <class T, class S, int G, class F>
+// the row's normalised input x and its gradient dy (rows of c, `vec`: 4-element vectors) into xr
+// and gr as loaded (load4_raw) and returns the row means of dxhat (dxhat_of) and dxhat * xhat,
+// xhat = (x - mu) rs; padding counts as dy = 0. xr and gr come back `opaque`: the second pass
+// makes dxhat and xhat again from them (the same expressions, the same bits) instead of the
+// compiler holding 2 x 32 f32 values a lane across the reductions (the residual join's backward
+// held 151 registers that way, 13 warps an SM). The input gradient is then
+// rs (dxhat - mean_g - xhat mean_gx).
+template <class T, class S, int G>
 __device__ inline void warp_row_dxhat(const T* x, const T* dy, const T* weight, S mu, S rs,
-                                      int64_t c, int lane, bool vec, S (&d)[G][4], S (&xh)[G][4],
-                                      S& mean_g, S& mean_gx, F&& each) {
+                                      int64_t c, int lane, bool vec, Raw4<T> (&xr)[G],
+                                      Raw4<T> (&gr)[G], S& mean_g, S& mean_gx) {
   S sum_g = 0, sum_gx = 0;
 #pragma unroll
   for (int k = 0; k < G; ++k) {
     const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
-    Acc<T> xv[4] = {}, gv[4] = {}, wv[4] = {};
+    Acc<T> wv[4] = {};
+#pragma unroll
+    zero_raw(xr[k]);
+    zero_raw(gr[k]);
     if (j0 < c) {
-      load4(x, j0, c, vec, xv);
-      load4(dy, j0, c, vec, gv);
+      load4_raw(x, j0, c, vec, xr[k]);
+      load4_raw(dy, j0, c, vec, gr[k]);
       if (weight) load4(weight, j0, c, vec, wv);
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const S g = static_cast<S>(gv[q]);
-      d[k][q] = weight ? dmath::mul_rn(g, static_cast<S>(wv[q])) : g;
-      xh[k][q] = (static_cast<S>(xv[q]) - mu) * rs;
-      sum_g += d[k][q];
-      sum_gx += d[k][q] * xh[k][q];
-      each(k, q, g, xh[k][q]);
+      const S d = dxhat_of(static_cast<S>(raw_at(gr[k], q)), weight != nullptr, wv[q]);
+      const S xh = (static_cast<S>(raw_at(xr[k], q)) - mu) * rs;
+      sum_g += d;
+      sum_gx += d * xh;
     }
   }
   mean_g = warp_sum(sum_g) / static_cast<S>(c);
   mean_gx = warp_sum(sum_gx) / static_cast<S>(c);
+#pragma unroll
+  for (int k = 0; k < G; ++k) {
+    opaque(xr[k]);
+    opaque(gr[k]);
+  }
 }
 
 }  // namespace engine::cuda
