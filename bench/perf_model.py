@@ -276,8 +276,12 @@ def describe5(name, op_row, launch, n_main):
         if launch.get("first", True):
             return "vec", share, 16, "scatter_level", 0
         return "aux", 0.0, 16, "scatter_level", 0
-    if base == "sort_key_tiles":  # 2048 keys a block through a bitonic network in shared memory
-        return "coalesced", 16.0 * numel(ts[0][0]), 66 * 2, "simple", 0
+    if base == "sort_key_tiles":  # 2048 keys a block through a bitonic network in shared memory:
+        # the index read, a 64-bit key per entry written (the index is the op's second tensor,
+        # after the gradient rows: until 2026-12-06 the rows' count was taken, 268 MB at
+        # BERT-Large s512, 225 us for a launch the H200 ran in ~21 us)
+        idx = ts[1] if len(ts) > 1 else ts[0]
+        return "coalesced", (8.0 + elem(idx)) * numel(idx[0]), 66 * 2, "simple", 0
     if base in ("gather_rows_elems", "relative_gather_elems", "relative_scatter_elems",
                 "adamw_elems", "unscale_check_partials", "copy_ids", "write_values",
                 "relative_invert_index"):
