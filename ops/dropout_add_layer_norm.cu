@@ -13,10 +13,11 @@
 //             and a second launch (column_sums) adds the blocks' partials per column in order. No
 //             atomics: the same bits on every run (not the CPU's: its chunks are others).
 // Registers (ptxas, sm_90, bf16 at C = 1024; tools/gpu/kernel_resources.py): forward 56 under its
-// launch bounds (36 warps an SM; 72 with the row widened to f32 and a Philox block a group in
-// flight), backward 94 under its bounds of 5 blocks an SM (20 warps; 151 before: 13), no spills;
-// its shared memory (8 KiB a warp for two sums at C = 1024, 12 KiB for three) then allows 6
-// blocks, or 4 with dbias (the model's linears carry their biases on a device under autocast:
+// launch bounds of 8 blocks an SM (36 warps; 72 before, unbounded), backward 94 under its bounds
+// of 5 (20 warps; 151 before: 13), no spills. Unbounded, the backward's unrolled second pass holds
+// 126-150 (its shared-memory sums' loads hoisted ahead; 80 without the sums), and 6 blocks spill.
+// Its shared memory (8 KiB a warp for two sums at C = 1024, 12 KiB for three) allows 6 blocks, or
+// 4 with dbias (the model's linears carry their biases on a device under autocast:
 // Linear::forward_for_join).
 // Rows over 1024: a block per row each way, and the parameter gradients through column_sums over
 // (sum, dnormed, dx).
@@ -87,8 +88,8 @@ __device__ inline void keep_group(const Drop<T>& d, uint64_t i0, bool (&keep)[4]
 }
 
 // The keep bits of a warp-held row's groups (bit 4 k + q: element (k, q) of load4's layout), drawn
-// one group at a time (a loop the compiler does not unroll, so no more than one Philox block is in
-// flight in a thread), before the row's passes.
+// one group at a time (a loop the compiler does not unroll: one Philox block in flight in a thread,
+// not eight beside the row) into one word, before the row's passes.
 template <class T, int G>
 __device__ inline uint32_t keep_mask(const Drop<T>& d, int64_t r, int64_t c, int lane) {
   static_assert(4 * G <= 32, "a row group's bits fit one word");

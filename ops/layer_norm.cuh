@@ -118,8 +118,8 @@ __device__ inline S dxhat_of(S g, bool has_weight, W w) {
 // and gr as loaded (load4_raw) and returns the row means of dxhat (dxhat_of) and dxhat * xhat,
 // xhat = (x - mu) rs; padding counts as dy = 0. xr and gr come back `opaque`: the second pass
 // makes dxhat and xhat again from them (the same expressions, the same bits) instead of the
-// compiler holding 2 x 32 f32 values a lane across the reductions (the residual join's backward
-// held 151 registers that way, 13 warps an SM). The input gradient is then
+// compiler holding 2 x 32 f32 values a lane across the reductions (the bf16 LayerNorm backward at
+// C = 1024: 92 registers that way, 61 now). The input gradient is then
 // rs (dxhat - mean_g - xhat mean_gx).
 template <class T, class S, int G>
 __device__ inline void warp_row_dxhat(const T* x, const T* dy, const T* weight, S mu, S rs,
@@ -130,7 +130,6 @@ __device__ inline void warp_row_dxhat(const T* x, const T* dy, const T* weight, 
   for (int k = 0; k < G; ++k) {
     const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
     Acc<T> wv[4] = {};
-#pragma unroll
     zero_raw(xr[k]);
     zero_raw(gr[k]);
     if (j0 < c) {
