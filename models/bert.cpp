@@ -26,8 +26,17 @@ Linear::Linear(int64_t in, int64_t out, Generator& gen, double std, bool has_bia
 
 Tensor Linear::forward(const Tensor& x) const { return engine::linear(x, weight, bias); }
 
+namespace {
+
+// Whether a linear's bias rides its GEMMs both ways (the forward's BIAS epilogue; the weight
+// gradient's GEMM sums its gradient, linear's bias_grad epilogue) rather than the next op's pass:
+// on a device under 16-bit autocast (forward_gelu, forward_for_join).
+bool bias_on_gemm(const Tensor& x) { return !x.device().is_cpu() && engine::autocast_active(); }
+
+}  // namespace
+
 Tensor Linear::forward_for_join(const Tensor& x, Tensor& join_bias) const {
-  if (bias.defined() && !x.device().is_cpu() && engine::autocast_active()) {
+  if (bias.defined() && bias_on_gemm(x)) {
     join_bias = Tensor();
     return engine::linear(x, weight, bias);
   }
@@ -37,12 +46,10 @@ Tensor Linear::forward_for_join(const Tensor& x, Tensor& join_bias) const {
 
 Tensor Linear::forward_gelu(const Tensor& x) const {
   if (!bias.defined()) return engine::gelu(engine::linear(x, weight));
-  // On a device under 16-bit autocast the bias rides the GEMMs both ways (the forward's BIAS
-  // epilogue; the weight gradient's GEMM sums its gradient, linear's bias_grad epilogue) and
-  // GELU's backward is elementwise; elsewhere bias_gelu sums the bias's gradient in the pass that
-  // makes GELU's (the same passes over the activations, no column sums of their own left).
-  if (!x.device().is_cpu() && engine::autocast_active())
-    return engine::gelu(engine::linear(x, weight, bias));
+  // Where the bias rides the GEMMs (bias_on_gemm) GELU's backward is elementwise; elsewhere
+  // bias_gelu sums the bias's gradient in the pass that makes GELU's (the same passes over the
+  // activations, no column sums of their own left).
+  if (bias_on_gemm(x)) return engine::gelu(engine::linear(x, weight, bias));
   return engine::bias_gelu(engine::linear(x, weight), bias);
 }
 

@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kForwardWarps* kWarpSize, sizeof(T) == 2 ? 8 :
     T out[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      S h = (static_cast<S>(raw_at(z[k], q)) - mu) * rs;
+      S h = xhat_at(z[k], q, mu, rs);
       if (a.weight) h *= static_cast<S>(wv[q]);
       if (a.ln_bias) h += static_cast<S>(bv[q]);
       out[q] = from_acc<T>(h);
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(W* kWarpSize, sizeof(T) == 2 ? 20 / W : 1)
 #pragma unroll
       for (int q = 0; q < 4; ++q) {  // padding: dy 0, nothing added
         const S g = static_cast<S>(raw_at(gr[k], q));
-        const S xh = (static_cast<S>(raw_at(xr[k], q)) - mu) * rs;
+        const S xh = xhat_at(xr[k], q, mu, rs);
         if (a.want_w) acc[acc_index<G>(0, k, q, lane)] += g * xh;
         if (a.want_lb) acc[acc_index<G>(slot_lb, k, q, lane)] += g;
       }
@@ -230,10 +230,10 @@ __global__ void __launch_bounds__(W* kWarpSize, sizeof(T) == 2 ? 20 / W : 1)
       T dz[4], dxv[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const S d = dxhat_of(static_cast<S>(raw_at(gr[k], q)), a.weight != nullptr, wv[q]);
-        const S xh = (static_cast<S>(raw_at(xr[k], q)) - mu) * rs;
+        const S d = dxhat_at<S>(gr[k], q, a.weight != nullptr, wv[q]);
+        const S xh = xhat_at(xr[k], q, mu, rs);
         // Rounded where the unfused path rounds: layer_norm's dx, the sum with dsum, dropout's.
-        dz[q] = from_acc<T>(rs * (d - mean_g - xh * mean_gx));
+        dz[q] = from_acc<T>(layer_norm_dx(d, xh, rs, mean_g, mean_gx));
         if (a.dsum) dz[q] = from_acc<T>(to_acc(dz[q]) + sv[q]);
         dxv[q] = (kept >> (4 * k + q)) & 1u ? from_acc<T>(to_acc(dz[q]) * a.drop.scale)
                                             : from_acc<T>(Acc<T>(0));

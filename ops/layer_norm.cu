@@ -66,7 +66,7 @@ __global__ void layer_norm_forward_warp(const T* x, const T* weight, const T* bi
     T out[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      S h = (static_cast<S>(raw_at(v[k], q)) - mu) * rs;
+      S h = xhat_at(v[k], q, mu, rs);
       if (weight) h *= static_cast<S>(wv[q]);
       if (bias) h += static_cast<S>(bv[q]);
       out[q] = from_acc<T>(h);
@@ -96,9 +96,9 @@ __global__ void layer_norm_backward_warp(const T* x, const T* weight, const S* m
     T out[4];
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const S d = dxhat_of(static_cast<S>(raw_at(gr[k], q)), weight != nullptr, wv[q]);
-      const S xh = (static_cast<S>(raw_at(xr[k], q)) - mu) * rs;
-      out[q] = from_acc<T>(rs * (d - mean_g - xh * mean_gx));
+      const S d = dxhat_at<S>(gr[k], q, weight != nullptr, wv[q]);
+      const S xh = xhat_at(xr[k], q, mu, rs);
+      out[q] = from_acc<T>(layer_norm_dx(d, xh, rs, mean_g, mean_gx));
     }
     store4(dx + r * c, j0, c, vec, out);
   }

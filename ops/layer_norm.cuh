@@ -106,20 +106,33 @@ __device__ inline void opaque(Raw4<T>& r) {
 #endif
 }
 
-// One element's dxhat = dy * weight, rounded before use (the CPU stores it first; fused into the
+// Element q of a held group normalised: xhat = (x - mu) rs.
+template <class S, class T>
+__device__ inline S xhat_at(const Raw4<T>& x, int q, S mu, S rs) {
+  return (static_cast<S>(raw_at(x, q)) - mu) * rs;
+}
+
+// Element q's dxhat = dy * weight, rounded before use (the CPU stores it first; fused into the
 // subtraction, a one-element row would get a nonzero dx), or dy without a weight.
-template <class S, class W>
-__device__ inline S dxhat_of(S g, bool has_weight, W w) {
+template <class S, class T, class W>
+__device__ inline S dxhat_at(const Raw4<T>& dy, int q, bool has_weight, W w) {
+  const S g = static_cast<S>(raw_at(dy, q));
   return has_weight ? dmath::mul_rn(g, static_cast<S>(w)) : g;
+}
+
+// The input gradient of an element from its dxhat and xhat and its row's means (warp_row_dxhat).
+template <class S>
+__device__ inline S layer_norm_dx(S dxhat, S xhat, S rs, S mean_g, S mean_gx) {
+  return rs * (dxhat - mean_g - xhat * mean_gx);
 }
 
 // The first half of a LayerNorm input gradient for a row the warp holds (load4's layout): loads
 // the row's normalised input x and its gradient dy (rows of c, `vec`: 4-element vectors) into xr
-// and gr as loaded (load4_raw) and returns the row means of dxhat (dxhat_of) and dxhat * xhat,
-// xhat = (x - mu) rs; padding counts as dy = 0. xr and gr come back `opaque`: the second pass
+// and gr as loaded (load4_raw) and returns the row means of dxhat (dxhat_at) and dxhat * xhat
+// (xhat_at); padding counts as dy = 0. xr and gr come back `opaque`: the second pass
 // makes dxhat and xhat again from them (the same expressions, the same bits) instead of the
 // compiler holding 2 x 32 f32 values a lane across the reductions (the bf16 LayerNorm backward at
-// C = 1024: 92 registers that way, 61 now). The input gradient is then
+// C = 1024: 92 registers that way, 58 now). The input gradient is then
 // rs (dxhat - mean_g - xhat mean_gx).
 template <class T, class S, int G>
 __device__ inline void warp_row_dxhat(const T* x, const T* dy, const T* weight, S mu, S rs,
@@ -139,8 +152,8 @@ __device__ inline void warp_row_dxhat(const T* x, const T* dy, const T* weight, 
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      const S d = dxhat_of(static_cast<S>(raw_at(gr[k], q)), weight != nullptr, wv[q]);
-      const S xh = (static_cast<S>(raw_at(xr[k], q)) - mu) * rs;
+      const S d = dxhat_at<S>(gr[k], q, weight != nullptr, wv[q]);
+      const S xh = xhat_at(xr[k], q, mu, rs);
       sum_g += d;
       sum_gx += d * xh;
     }
