@@ -378,6 +378,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrMaxGridDimX:
       *value = p.maxGridSize[0];
       break;
+    case cudaDevAttrClusterLaunch:  // thread block clusters (emu/simt.h)
+      *value = 1;
+      break;
     default:
       return fail(cudaErrorInvalidValue);
   }
@@ -776,6 +779,20 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
   return cudaSuccess;
 }
 
+// The emulator builds every kernel for its device, compute capability 9.0
+// (cudaGetDeviceProperties).
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, const void* func) {
+  if (!attr || !func) return fail(cudaErrorInvalidValue);
+  *attr = cudaFuncAttributes{};
+  attr->maxThreadsPerBlock = 1024;
+  attr->ptxVersion = 90;
+  attr->binaryVersion = 90;
+  EMU_LOCK;
+  const auto it = rt().max_dynamic_smem.find(func);
+  attr->maxDynamicSharedSizeBytes = it != rt().max_dynamic_smem.end() ? it->second : 48 * 1024;
+  return cudaSuccess;
+}
+
 cudaError_t cudaGetLastError() {
   cudaError_t e = emu::t_last_error;
   emu::t_last_error = cudaSuccess;
@@ -798,6 +815,8 @@ const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidConfiguration:
       return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidClusterSize:
+      return "cudaErrorInvalidClusterSize";
     case cudaErrorLaunchFailure:
       return "cudaErrorLaunchFailure";
     case cudaErrorInvalidDevice:
@@ -831,6 +850,8 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "out of memory";
     case cudaErrorInvalidConfiguration:
       return "invalid configuration argument";
+    case cudaErrorInvalidClusterSize:
+      return "invalid cluster size";
     case cudaErrorLaunchFailure: {
       EMU_LOCK;
       auto& m = rt().fault_messages;

@@ -107,9 +107,10 @@ struct PoolAllocator {
 
 // ---- a block in flight ---------------------------------------------------------------------
 
-enum class State : int { runnable, at_barrier, at_warp, done };
+enum class State : int { runnable, at_barrier, at_warp, at_cluster, done };
 
 struct Slot;
+struct Cluster;
 
 struct Thread {
   Slot* slot = nullptr;  // the worker's fiber that runs this CUDA thread
@@ -157,8 +158,43 @@ struct Block {
   size_t smem_bytes = 0;
   bool faulted = false;
   std::string fault;
-  char barrier_sync = 0;  // sanitizer happens-before object for __syncthreads
+  // Sanitizer happens-before objects for __syncthreads, one per parity of the block's barriers
+  // (`barriers` released so far): a thread released from barrier k acquires what the arrivals
+  // at k released, never what a thread released since on arriving at k + 1 (it may run first).
+  char barrier_sync[2] = {};
+  uint64_t barriers = 0;
   char warp_sync[32] = {};
+  Cluster* cluster = nullptr;  // the block's cluster (null: a launch without clusters)
+  unsigned rank = 0;           // its rank in the cluster
+  bool secondary = false;      // faulted because another block of its cluster did
+};
+
+// The blocks of a cluster in flight, each run by a thread of its own (run_cluster), and their
+// barrier: a block arrives once every live thread of it waits in cluster_sync; the last arrival
+// releases them all (a new generation). A block that ends (done or faulted) is marked exited;
+// the others then fault instead of waiting for it.
+struct Cluster {
+  dim3 dim;
+  std::vector<Block*> blocks;  // by rank
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  std::atomic<uint64_t> generation{0};          // barriers released (written under mu)
+  std::unique_ptr<std::atomic<bool>[]> exited;  // by rank (set under mu)
+  char sync[2] = {};  // sanitizer happens-before objects for cluster_sync, by generation parity
+
+  unsigned size() const { return static_cast<unsigned>(blocks.size()); }
+  // The first other block that has exited (-1: none), under mu.
+  int exited_other(unsigned self) const {
+    for (unsigned r = 0; r < size(); ++r)
+      if (r != self && exited[r].load(std::memory_order_acquire)) return static_cast<int>(r);
+    return -1;
+  }
+  void mark_exited(unsigned rank) {
+    std::lock_guard<std::mutex> lock(mu);
+    exited[rank].store(true, std::memory_order_release);
+    cv.notify_all();
+  }
 };
 
 thread_local Block* t_block = nullptr;
@@ -378,39 +414,50 @@ std::string describe_waits(Block& b) {
       break;
     }
     os << (shown > 1 ? "; " : "") << "thread " << dim_str(t.idx) << " waits in "
-       << (t.state == State::at_barrier ? "__syncthreads" : op_name(t.op)) << " at "
-       << site_str(t.site);
+       << (t.state == State::at_barrier   ? "__syncthreads"
+           : t.state == State::at_cluster ? "cluster.sync"
+                                          : op_name(t.op))
+       << " at " << site_str(t.site);
     if (t.state == State::at_warp) os << " (mask " << hex(t.mask) << ")";
   }
   return os.str();
 }
 
-// Releases the block barrier if every live thread waits at it; returns whether it did.
-bool resolve_barrier(Block& b) {
-  Thread* first = nullptr;
+// Whether every live thread of the block waits in `state` (a block barrier, or the cluster's:
+// `what` names it) at one call site; `first` is the first of them. A thread waiting at another
+// site, or one that has exited, is a fault (and false).
+bool all_wait(Block& b, State state, const char* what, Thread*& first) {
+  first = nullptr;
   Thread* exited = nullptr;
   for (Thread& t : b.threads) {
     if (t.state == State::done) {
       if (!exited) exited = &t;
       continue;
     }
-    if (t.state != State::at_barrier) return false;
+    if (t.state != state) return false;
     if (!first) {
       first = &t;
     } else if (t.site.line != first->site.line || std::strcmp(t.site.file, first->site.file) != 0) {
-      record_fault(b, where(b, &t) + ": __syncthreads at " + site_str(t.site) + " while thread " +
+      record_fault(b, where(b, &t) + ": " + what + " at " + site_str(t.site) + " while thread " +
                           dim_str(first->idx) + " waits at " + site_str(first->site) +
-                          ": a barrier reached at different call sites (divergent __syncthreads)");
+                          ": a barrier reached at different call sites (divergent " + what + ")");
       return false;
     }
   }
   if (!first) return false;
   if (exited) {
-    record_fault(b, where(b, first) + ": __syncthreads at " + site_str(first->site) +
+    record_fault(b, where(b, first) + ": " + what + " at " + site_str(first->site) +
                         " is not reached by thread " + dim_str(exited->idx) +
-                        ", which has exited (a __syncthreads in a branch not every thread takes)");
+                        ", which has exited (a " + what + " in a branch not every thread takes)");
     return false;
   }
+  return true;
+}
+
+// Releases the block barrier if every live thread waits at it; returns whether it did.
+bool resolve_barrier(Block& b) {
+  Thread* first = nullptr;
+  if (!all_wait(b, State::at_barrier, "__syncthreads", first)) return false;
   int count = 0, all = 1, any = 0;
   for (Thread& t : b.threads) {
     count += t.predicate != 0;
@@ -422,6 +469,43 @@ bool resolve_barrier(Block& b) {
     t.reduced = kind == 0 ? count : kind == 1 ? all : any;
     t.state = State::runnable;
   }
+  ++b.barriers;
+  g_barriers.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+// Once every live thread of the block waits in cluster_sync: the block arrives at its cluster's
+// barrier, this worker waits for the cluster's other blocks and the threads are released; returns
+// whether they were. A thread that has exited, or a block of the cluster that ends without
+// arriving, is a fault (the GPU would wait for ever).
+bool resolve_cluster(Block& b) {
+  Thread* first = nullptr;
+  if (!all_wait(b, State::at_cluster, "cluster.sync", first)) return false;
+  if (Cluster* c = b.cluster) {
+    std::unique_lock<std::mutex> lock(c->mu);
+    const uint64_t generation = c->generation.load(std::memory_order_relaxed);
+    if (++c->arrived == static_cast<int>(c->size())) {
+      c->arrived = 0;
+      c->generation.store(generation + 1, std::memory_order_release);
+      c->cv.notify_all();
+    } else {
+      int gone = -1;
+      c->cv.wait(lock, [&] {
+        gone = c->exited_other(b.rank);
+        return c->generation.load(std::memory_order_relaxed) != generation || gone >= 0;
+      });
+      if (c->generation.load(std::memory_order_relaxed) == generation) {
+        const Block& o = *c->blocks[gone];
+        b.secondary = o.faulted;  // its fault is the one to report
+        record_fault(b, where(b, first) + ": cluster.sync at " + site_str(first->site) +
+                            " waits for block " + dim_str(o.idx) + " of its cluster, which " +
+                            (o.faulted ? "faulted" : "has exited without reaching it"));
+        return false;
+      }
+    }
+  }
+  if (!b.cluster) ++b.barriers;  // a cluster of one block: the block's barrier
+  for (Thread& t : b.threads) t.state = State::runnable;
   g_barriers.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
@@ -525,6 +609,8 @@ void run_block(Block& b, const std::function<void()>& body, Schedule sched, uint
     if (b.faulted) break;
     if (released || ran) continue;
     if (resolve_barrier(b)) continue;
+    if (b.faulted) break;
+    if (resolve_cluster(b)) continue;
     if (b.faulted) break;
     bool all_done = true;
     for (Thread& t : b.threads) all_done &= t.state == State::done;
@@ -641,9 +727,10 @@ int syncthreads_reduce(Site site, int kind, int predicate) {
   t.site = site;
   t.reduce_kind = kind;
   t.predicate = predicate;
-  san::release(&b.barrier_sync);
+  char* sync = &b.barrier_sync[b.barriers % 2];
+  san::release(sync);
   park(State::at_barrier);
-  san::acquire(&b.barrier_sync);
+  san::acquire(sync);
   return t.reduced;
 }
 
@@ -684,32 +771,234 @@ void* dynamic_shared_base() {
 }
 size_t dynamic_shared_bytes() { return t_block->smem_bytes; }
 
+namespace {
+bool holds(const Block& o, const unsigned char* q, size_t n) {
+  const auto* base = o.smem.data();
+  return q >= base && q + n <= base + o.smem_bytes;
+}
+}  // namespace
+
 void shared_check(const void* p, size_t n, bool write) {
   san::Ignore ignore;
   Block& b = *t_block;
-  const auto* base = b.smem.data();
   const auto* q = static_cast<const unsigned char*>(p);
-  if (q < base || q + n > base + b.smem_bytes) {
-    const long long off = q - base;
+  // The owner: this block, or (distributed shared memory) another block of its cluster.
+  Block* o = &b;
+  if (!holds(b, q, n) && b.cluster)
+    for (Block* c : b.cluster->blocks)
+      if (c != &b && holds(*c, q, n)) o = c;
+  if (!holds(*o, q, n)) {
+    const long long off = q - b.smem.data();
     device_fault(std::string(write ? "write" : "read") + " of " + std::to_string(n) +
                  " bytes at dynamic shared memory offset " + std::to_string(off) +
                  ", outside the " + std::to_string(b.smem_bytes) +
                  " bytes the launch gave (dynamic shared memory overflow)");
   }
-  const size_t off = static_cast<size_t>(q - base);
+  const size_t off = static_cast<size_t>(q - o->smem.data());
+  const std::string whose = o == &b ? "" : " of block " + dim_str(o->idx) + " of the cluster";
+  if (o != &b && b.cluster->exited[o->rank].load(std::memory_order_acquire)) {
+    b.secondary = o->faulted;  // its fault is the one to report
+    device_fault(std::string(write ? "write" : "read") + " of dynamic shared memory" + whose +
+                 " after that block exited (a block must wait in cluster.sync until the others "
+                 "are done with its shared memory)");
+  }
+  // Relaxed atomics: another block of the cluster may check these bytes at the same time.
   if (write) {
-    std::memset(&b.written[off], 1, n);
+    for (size_t i = 0; i < n; ++i)
+      std::atomic_ref<unsigned char>(o->written[off + i]).store(1, std::memory_order_relaxed);
     return;
   }
   for (size_t i = 0; i < n; ++i)
-    if (!b.written[off + i])
-      device_fault("read of dynamic shared memory at offset " + std::to_string(off + i) +
-                   " before any thread of the block wrote it");
+    if (!std::atomic_ref<unsigned char>(o->written[off + i]).load(std::memory_order_relaxed))
+      device_fault("read of dynamic shared memory" + whose + " at offset " +
+                   std::to_string(off + i) + " before any thread of " +
+                   (o == &b ? "the block" : "that block") + " wrote it");
+}
+
+void cluster_sync(Site site) {
+  san::Ignore ignore;  // the emulator's fields; the barrier's ordering is release / acquire
+  Block& b = *t_block;
+  Thread& t = *b.current;
+  t.site = site;
+  // This barrier's object (its generation's parity; see Block::barrier_sync).
+  char* sync = b.cluster
+                   ? &b.cluster->sync[b.cluster->generation.load(std::memory_order_acquire) % 2]
+                   : &b.barrier_sync[b.barriers % 2];
+  san::release(sync);
+  park(State::at_cluster);
+  san::acquire(sync);
+}
+
+unsigned cluster_block_rank() { return t_block->rank; }
+
+dim3 cluster_dim() { return t_block->cluster ? t_block->cluster->dim : dim3(1, 1, 1); }
+
+dim3 cluster_block_index() {
+  const dim3 d = cluster_dim();
+  const unsigned r = t_block->rank;
+  return dim3(r % d.x, (r / d.x) % d.y, r / (d.x * d.y));
+}
+
+void* cluster_map_shared(const void* p, unsigned rank) {
+  san::Ignore ignore;
+  Block& b = *t_block;
+  const unsigned n = b.cluster ? b.cluster->size() : 1;
+  if (rank >= n)
+    device_fault("map_shared_rank to rank " + std::to_string(rank) + ", outside the cluster of " +
+                 std::to_string(n) + " block" + (n == 1 ? "" : "s"));
+  const auto* q = static_cast<const unsigned char*>(p);
+  if (!holds(b, q, 1))
+    device_fault(
+        "map_shared_rank of an address outside the block's dynamic shared memory (the "
+        "emulator maps dynamic shared memory only)");
+  Block& o = b.cluster ? *b.cluster->blocks[rank] : b;
+  return o.smem.data() + (q - b.smem.data());
 }
 
 // ---- host side --------------------------------------------------------------------------------
 
 int max_dynamic_shared(const void* kernel);  // runtime.cpp
+
+namespace {
+
+constexpr uint64_t kMaxClusterBlocks = 8;  // the portable cluster size
+
+// A block about to run at idx, with fresh dynamic shared memory (NaN bytes until written, the
+// canary after them).
+void prepare(Block& b, uint3 idx, size_t shared_bytes) {
+  b.idx = idx;
+  b.faulted = false;
+  b.secondary = false;
+  b.fault.clear();
+  b.smem_bytes = shared_bytes;
+  if (shared_bytes) {
+    b.smem.assign(shared_bytes + kCanary, 0xFF);
+    std::memset(b.smem.data() + shared_bytes, 0xA5, kCanary);
+    b.written.assign(shared_bytes, 0);
+  }
+}
+
+// Threads that run the blocks of a cluster beside the caller (rank r > 0 on thread r - 1), so
+// that they run at the same time, each block's fibers on a thread of its own; made on first use,
+// kept for the process.
+class Crew {
+ public:
+  ~Crew() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  // Runs job(r) for r in [0, n), r = 0 on the caller; returns when all have returned.
+  void run(unsigned n, const std::function<void(unsigned)>& job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      while (threads_.size() + 1 < n) {
+        const unsigned rank = static_cast<unsigned>(threads_.size()) + 1;
+        threads_.emplace_back([this, rank] { loop(rank); });
+      }
+      job_ = &job;
+      n_ = n;
+      pending_ = n - 1;
+      ++generation_;
+    }
+    cv_.notify_all();
+    job(0);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void loop(unsigned rank) {
+    uint64_t seen = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      seen = generation_ - 1;  // made for the run in progress: take part in it
+    }
+    for (;;) {
+      const std::function<void(unsigned)>* job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || (generation_ != seen && rank < n_); });
+        if (stop_) return;
+        seen = generation_;
+        job = job_;
+      }
+      (*job)(rank);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--pending_ == 0) done_cv_.notify_all();
+    }
+  }
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(unsigned)>* job_ = nullptr;
+  unsigned n_ = 0;
+  size_t pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+Crew& crew() {
+  static Crew c;
+  return c;
+}
+
+// The clusters of a launch one after another, each cluster's blocks at the same time (Crew);
+// the first fault (a block's own rather than one it took from another block of its cluster) or
+// exception is reported and the launch stops there.
+void run_clusters(const char* kernel, const LaunchShape& shape, const std::function<void()>& body,
+                  Schedule sched, uint64_t seed, std::string& fault, std::exception_ptr& error) {
+  const dim3 g = shape.grid, c = shape.cluster;
+  const unsigned size = c.x * c.y * c.z;
+  const dim3 n(g.x / c.x, g.y / c.y, g.z / c.z);  // clusters in each dimension
+  const uint64_t clusters = uint64_t(n.x) * n.y * n.z;
+  std::vector<Block> blocks(size);
+  std::mutex error_mu;
+  for (uint64_t k = 0; k < clusters && fault.empty() && !error; ++k) {
+    const uint3 at{static_cast<unsigned>(k % n.x), static_cast<unsigned>((k / n.x) % n.y),
+                   static_cast<unsigned>(k / (uint64_t(n.x) * n.y))};
+    Cluster cl;
+    cl.dim = c;
+    cl.exited = std::make_unique<std::atomic<bool>[]>(size);
+    for (unsigned r = 0; r < size; ++r) {
+      Block& b = blocks[r];
+      b.kernel = kernel;
+      b.dim = shape.block;
+      b.cluster = &cl;
+      b.rank = r;
+      cl.exited[r].store(false, std::memory_order_relaxed);
+      prepare(
+          b,
+          uint3{at.x * c.x + r % c.x, at.y * c.y + (r / c.x) % c.y, at.z * c.z + r / (c.x * c.y)},
+          shape.shared_bytes);
+      cl.blocks.push_back(&b);
+    }
+    crew().run(size, [&](unsigned r) {
+      t_block_dim = shape.block;
+      t_grid_dim = shape.grid;
+      try {
+        run_block(blocks[r], body, sched, seed);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!error) error = std::current_exception();
+        blocks[r].faulted = true;  // its cluster's other blocks stop waiting for it
+        blocks[r].secondary = true;
+      }
+      cl.mark_exited(r);
+    });
+    for (const Block& b : blocks)
+      if (b.faulted && !b.secondary && fault.empty()) fault = b.fault;
+    for (const Block& b : blocks)
+      if (b.faulted && fault.empty() && !b.fault.empty()) fault = b.fault;
+    for (Block& b : blocks) b.cluster = nullptr;
+  }
+}
+
+}  // namespace
 
 int launch(const char* kernel, const void* fn, const LaunchShape& shape, void* stream,
            std::function<void()> body) {
@@ -720,7 +1009,12 @@ int launch(const char* kernel, const void* fn, const LaunchShape& shape, void* s
     return set_last_error(cudaErrorInvalidConfiguration);
   if (shape.shared_bytes > static_cast<size_t>(max_dynamic_shared(fn)))
     return set_last_error(cudaErrorInvalidValue);
-  auto work = [kernel, shape, body = std::move(body)] {
+  const dim3 c = shape.cluster;
+  const uint64_t cluster_blocks = uint64_t(c.x) * c.y * c.z;
+  if (cluster_blocks == 0 || cluster_blocks > kMaxClusterBlocks || g.x % c.x || g.y % c.y ||
+      g.z % c.z)
+    return set_last_error(cudaErrorInvalidClusterSize);
+  auto work = [kernel, shape, cluster_blocks, body = std::move(body)] {
     const uint64_t nblocks = uint64_t(shape.grid.x) * shape.grid.y * shape.grid.z;
     const Schedule sched = schedule();
     const uint64_t seed = g_seed.load();
@@ -730,40 +1024,38 @@ int launch(const char* kernel, const void* fn, const LaunchShape& shape, void* s
     std::string fault;
     std::exception_ptr error;
     std::lock_guard<std::mutex> one_launch(pool().launch_mutex());
-    pool().run([&] {
-      Block b;
-      b.kernel = kernel;
-      b.dim = shape.block;
-      t_block_dim = shape.block;
-      t_grid_dim = shape.grid;
-      for (;;) {
-        const uint64_t i = next.fetch_add(1);
-        if (i >= nblocks || failed.load()) break;
-        b.idx = uint3{static_cast<unsigned>(i % shape.grid.x),
-                      static_cast<unsigned>((i / shape.grid.x) % shape.grid.y),
-                      static_cast<unsigned>(i / (uint64_t(shape.grid.x) * shape.grid.y))};
-        b.faulted = false;
-        b.fault.clear();
-        b.smem_bytes = shape.shared_bytes;
-        if (shape.shared_bytes) {
-          b.smem.assign(shape.shared_bytes + kCanary, 0xFF);  // NaN bytes until written
-          std::memset(b.smem.data() + shape.shared_bytes, 0xA5, kCanary);
-          b.written.assign(shape.shared_bytes, 0);
+    if (cluster_blocks > 1) {
+      run_clusters(kernel, shape, body, sched, seed, fault, error);
+    } else {
+      pool().run([&] {
+        Block b;
+        b.kernel = kernel;
+        b.dim = shape.block;
+        t_block_dim = shape.block;
+        t_grid_dim = shape.grid;
+        for (;;) {
+          const uint64_t i = next.fetch_add(1);
+          if (i >= nblocks || failed.load()) break;
+          prepare(b,
+                  uint3{static_cast<unsigned>(i % shape.grid.x),
+                        static_cast<unsigned>((i / shape.grid.x) % shape.grid.y),
+                        static_cast<unsigned>(i / (uint64_t(shape.grid.x) * shape.grid.y))},
+                  shape.shared_bytes);
+          try {
+            run_block(b, body, sched, seed);
+          } catch (...) {
+            std::lock_guard<std::mutex> lock(fault_mu);
+            if (!error) error = std::current_exception();
+            failed = true;
+          }
+          if (b.faulted) {
+            std::lock_guard<std::mutex> lock(fault_mu);
+            if (fault.empty()) fault = b.fault;
+            failed = true;
+          }
         }
-        try {
-          run_block(b, body, sched, seed);
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(fault_mu);
-          if (!error) error = std::current_exception();
-          failed = true;
-        }
-        if (b.faulted) {
-          std::lock_guard<std::mutex> lock(fault_mu);
-          if (fault.empty()) fault = b.fault;
-          failed = true;
-        }
-      }
-    });
+      });
+    }
     g_launches.fetch_add(1, std::memory_order_relaxed);
     if (!fault.empty()) throw Fault{fault};
     if (error) std::rethrow_exception(error);

@@ -40,6 +40,20 @@ extern thread_local dim3 t_grid_dim;
 [[noreturn]] void device_fault(const std::string& what);
 
 void syncthreads(Site site);
+
+// Thread block clusters (sm_90; emu/cluster.h gives cooperative_groups' cluster_group over these):
+// the blocks of a cluster run at the same time, each on a thread of its own, so a cluster barrier
+// and a block's reads of another's dynamic shared memory behave as on the GPU. cluster_sync is
+// the barrier of every thread of every block of the cluster (a block that exits, or a thread that
+// exits, while the others wait is a fault, as a divergent __syncthreads is); cluster_map_shared
+// is the address of the same byte of dynamic shared memory in block `rank` of the cluster (the
+// emulator maps dynamic shared memory only; an address outside it, or a rank outside the
+// cluster, is a fault). A launch without a cluster is a cluster of one block.
+void cluster_sync(Site site);
+unsigned cluster_block_rank();
+dim3 cluster_dim();
+dim3 cluster_block_index();
+void* cluster_map_shared(const void* p, unsigned rank);
 int syncthreads_reduce(Site site, int kind, int predicate);  // kind: 0 count, 1 and, 2 or
 void syncwarp(Site site, unsigned mask);
 
@@ -59,8 +73,10 @@ T shfl_generic(Site site, WarpOp op, unsigned mask, T var, int arg, int width) {
 
 // Dynamic shared memory of the running block, checked element by element: every access through
 // a SharedPtr is bounds-checked against the launch's size and a read of bytes no thread has
-// written yet is a fault. Converting to a raw pointer drops the checks (the canary after the
-// region still catches writes past it when the block ends).
+// written yet is a fault. In a cluster the same holds for another block's memory (reached through
+// cluster_map_shared), and an access to a block that has exited is a fault. Converting to a raw
+// pointer drops the checks (the canary after the region still catches writes past it when the block
+// ends).
 void* dynamic_shared_base();
 size_t dynamic_shared_bytes();
 void shared_check(const void* p, size_t n, bool write);
@@ -111,10 +127,13 @@ class SharedPtr {
 // 1024 per block, a grid or block dimension past its limit, more dynamic shared memory than 48 KiB
 // or the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize) returns the real error code
 // (cudaErrorInvalidConfiguration / cudaErrorInvalidValue) and sets cudaGetLastError, as the real
-// launch does.
+// launch does. `cluster`: the blocks of a thread block cluster in each dimension (1 x 1 x 1: none);
+// at most 8 blocks (the portable size) dividing the grid in every dimension, otherwise
+// cudaErrorInvalidClusterSize.
 struct LaunchShape {
   dim3 grid, block;
   size_t shared_bytes;
+  dim3 cluster = dim3(1, 1, 1);
 };
 int launch(const char* kernel, const void* fn, const LaunchShape& shape, void* stream,
            std::function<void()> body);

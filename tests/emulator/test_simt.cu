@@ -8,11 +8,13 @@
 #include <vector>
 
 #include "emu/runtime.h"
+#include "engine/cuda/cluster.cuh"
 #include "engine/cuda/launch.h"
 #include "engine/cuda/wmma.cuh"
 
 using engine::cuda::LaunchConfig;
 namespace wmma = nvcuda::wmma;
+namespace cg = cooperative_groups;
 
 namespace {
 
@@ -92,7 +94,70 @@ __global__ void dynamic_scan(const int* x, int* out, int n) {
   if (t < n) out[t] = buf[t];
 }
 
+// A cluster's blocks sum their rows through distributed shared memory: each block writes a row
+// of its own (rank-dependent values) into its shared memory, then block r adds element t of every
+// block's row in rank order and writes it, with the block's place in the cluster, for the host.
+// Twice over the same buffer (the second round's writes wait for the first round's reads: the
+// second cluster.sync), and a last sync before exit (the others read this block's memory).
+__global__ void cluster_row_sums(int* out, int* where) {
+  ENGINE_DYNAMIC_SHARED(int, row);
+  const cg::cluster_group cluster = cg::this_cluster();
+  const unsigned rank = cluster.block_rank(), n = cluster.num_blocks();
+  const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  for (int round = 0; round < 2; ++round) {
+    row[threadIdx.x] = int(rank + 1) * 100 * (round + 1) + int(threadIdx.x);
+    cluster.sync();  // every row written
+    int s = 0;
+    for (unsigned r = 0; r < n; ++r) s += cluster.map_shared_rank(row, int(r))[threadIdx.x];
+    out[(round * gridDim.x * gridDim.y * gridDim.z + block) * blockDim.x + threadIdx.x] = s;
+    cluster.sync();  // every row read before it is written again, or the block exits
+  }
+  if (threadIdx.x == 0) {
+    const dim3 d = cluster.dim_blocks(), i = cluster.block_index();
+    int* w = where + block * 7;
+    w[0] = int(rank), w[1] = int(n), w[2] = int(d.x), w[3] = int(d.y), w[4] = int(i.x);
+    w[5] = int(i.y), w[6] = int(d.z * 10 + i.z);
+  }
+}
+
 // ---- seeded bugs -----------------------------------------------------------------------------
+
+// Cluster misuse: what 0: block rank 1 returns before the cluster barrier the others wait in;
+// 1: a rank outside the cluster; 2: a read of another block's bytes it never wrote; 3: a block
+// reads its neighbour's memory after the neighbour exited (no sync before exit): rank 1 waits
+// for rank 0's flag (out[63], raised as it leaves) and a while longer, so that rank 0 is gone.
+__global__ void cluster_misuse(int* out, int what) {
+  ENGINE_DYNAMIC_SHARED(int, buf);
+  const cg::cluster_group cluster = cg::this_cluster();
+  const unsigned rank = cluster.block_rank(), n = cluster.num_blocks();
+  if (what == 0) {
+    buf[threadIdx.x] = 1;
+    if (rank == 1) return;
+    cluster.sync();
+    out[threadIdx.x] = buf[threadIdx.x];
+  }
+  if (what == 1) out[threadIdx.x] = cluster.map_shared_rank(buf, int(n))[threadIdx.x];
+  if (what == 2) {
+    if (threadIdx.x != 0) buf[threadIdx.x] = 1;
+    cluster.sync();
+    out[threadIdx.x] = cluster.map_shared_rank(buf, int((rank + 1) % n))[threadIdx.x];
+    cluster.sync();
+  }
+  if (what == 3) {
+    buf[threadIdx.x] = 1;
+    cluster.sync();
+    if (rank == 0) {  // leaves; block 1 reads its memory afterwards
+      if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(out + 63, 1);
+      return;
+    }
+    if (blockIdx.x == 1) {
+      while (!__syncthreads_or(atomicAdd(out + 63, 0) != 0)) {
+      }
+      for (int spin = 0; spin < 200; ++spin) __syncthreads();
+    }
+    out[threadIdx.x] = cluster.map_shared_rank(buf, 0)[threadIdx.x];
+  }
+}
 
 __global__ void divergent_barrier(float* x) {
   if (threadIdx.x % 2 == 0) {
@@ -247,6 +312,87 @@ TEST_CASE("launch configurations the real runtime refuses", "[emulator]") {
   DeviceBuffer<int> in(64, 1), out(64);
   ENGINE_LAUNCH(dynamic_scan, cfg(1, 64, 64 * 1024), in.p, out.p, 64);
   REQUIRE(out.host()[63] == 64);
+}
+
+TEST_CASE("thread block clusters: ranks, the cluster barrier, distributed shared memory",
+          "[emulator]") {
+  const int threads = 64;
+  // 1-D clusters of 4 over 8 blocks, and 2 x 2 clusters over a (4, 2, 1) grid.
+  for (const auto& [grid, cluster] :
+       {std::pair{dim3(8), dim3(4)}, std::pair{dim3(4, 2), dim3(2, 2)}}) {
+    const unsigned blocks = grid.x * grid.y * grid.z, n = cluster.x * cluster.y * cluster.z;
+    DeviceBuffer<int> out(2 * blocks * threads, -1), where(blocks * 7, -1);
+    LaunchConfig c{grid, dim3(threads), threads * sizeof(int), nullptr, cluster};
+    ENGINE_LAUNCH(cluster_row_sums, c, out.p, where.p);
+    const std::vector<int> h = out.host(), w = where.host();
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        const unsigned block = bx + grid.x * by;
+        const unsigned ix = bx % cluster.x, iy = by % cluster.y, rank = ix + cluster.x * iy;
+        INFO("block " << bx << "," << by);
+        CHECK(w[block * 7 + 0] == int(rank));
+        CHECK(w[block * 7 + 1] == int(n));
+        CHECK(w[block * 7 + 2] == int(cluster.x));
+        CHECK(w[block * 7 + 3] == int(cluster.y));
+        CHECK(w[block * 7 + 4] == int(ix));
+        CHECK(w[block * 7 + 5] == int(iy));
+        CHECK(w[block * 7 + 6] == 10);
+        for (int round = 0; round < 2; ++round)
+          for (int t = 0; t < threads; ++t)
+            REQUIRE(h[(round * blocks + block) * threads + t] ==
+                    int(n * (n + 1) / 2) * 100 * (round + 1) + int(n) * t);
+      }
+  }
+  // A launch without clusters is a cluster of one block.
+  DeviceBuffer<int> out(2 * 3 * threads), where(3 * 7);
+  ENGINE_LAUNCH(cluster_row_sums, cfg(3, threads, threads * sizeof(int)), out.p, where.p);
+  CHECK(out.host()[threads + 5] == 100 + 5);
+  CHECK(where.host()[7 + 1] == 1);
+}
+
+TEST_CASE("cluster launches the real runtime refuses", "[emulator]") {
+  DeviceBuffer<int> out(1024), where(64 * 7);
+  for (const auto& [grid, cluster] : {std::pair{dim3(6), dim3(4)}, std::pair{dim3(16), dim3(16)},
+                                      std::pair{dim3(4, 3), dim3(2, 2)}}) {
+    LaunchConfig c{grid, dim3(32), 32 * sizeof(int), nullptr, cluster};
+    REQUIRE_THROWS_WITH(ENGINE_LAUNCH(cluster_row_sums, c, out.p, where.p),
+                        Catch::Contains("cluster_row_sums") && Catch::Contains("clusters of") &&
+                            Catch::Contains("invalid cluster size"));
+  }
+}
+
+TEST_CASE("seeded: cluster misuse", "[emulator]") {
+  DeviceBuffer<int> out(64);
+  const LaunchConfig c{dim3(4), dim3(32), 32 * sizeof(int), nullptr, dim3(2)};
+  ENGINE_LAUNCH(cluster_misuse, c, out.p, 0);
+  expect_fault({"kernel 'cluster_misuse'", "block (0,0,0)", "cluster.sync at",
+                "waits for block (1,0,0) of its cluster, which has exited without reaching it"});
+  ENGINE_LAUNCH(cluster_misuse, c, out.p, 1);
+  expect_fault({"kernel 'cluster_misuse'", "map_shared_rank to rank 2, outside the cluster of 2"});
+  ENGINE_LAUNCH(cluster_misuse, c, out.p, 2);
+  expect_fault({"kernel 'cluster_misuse'", "thread (0,0,0)",
+                "read of dynamic shared memory of block (",
+                "at offset 0 before any thread of "
+                "that block wrote it"});
+  // Block 1 reads after block 0 is gone unless the host thread running block 0 stalls past
+  // block 1's wait: up to 5 tries, the first fault's text checked.
+  std::string text;
+  const LaunchConfig one{dim3(2), dim3(32), 32 * sizeof(int), nullptr, dim3(2)};
+  for (int attempt = 0; attempt < 5 && text.empty(); ++attempt) {
+    REQUIRE(cudaMemset(out.p, 0, 64 * sizeof(int)) == cudaSuccess);
+    ENGINE_LAUNCH(cluster_misuse, one, out.p, 3);
+    const cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) continue;
+    REQUIRE(e == cudaErrorLaunchFailure);
+    text = cudaGetErrorString(e);
+    emu::clear_sticky_error();
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+  }
+  INFO(text);
+  for (const char* piece : {"kernel 'cluster_misuse'", "block (1,0,0)",
+                            "read of dynamic shared memory of block (0,0,0) of the cluster after "
+                            "that block exited"})
+    CHECK(text.find(piece) != std::string::npos);
 }
 
 TEST_CASE("seeded: __syncthreads reached at different call sites", "[emulator]") {
