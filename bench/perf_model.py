@@ -56,9 +56,11 @@ ATTENTION_DRAWS = 8     # attention's dropout: 16-bit uniforms, 8 a block (ops/d
 # tiles through shared memory, no asynchronous copies: about a third of the dense peak)
 FLASH_FLOPS = 330e12
 # The fused kernels' products, as multiples of B H Tq Tk D (2 per product they compute):
-# flash_backward_bias (only with a bias's gradient) makes S and dP_d again for dbias
+# flash_backward_bias (only with a bias's gradient) makes S and dP_d again for dbias;
+# flash_backward_q_bias (from 2026-12-06, where a bias's gradient is wanted) makes S, dP_d and dQ
+# once for both: flash_backward_q's products, the bias kernel's none
 FLASH_PRODUCTS = {"flash_forward": 4, "flash_backward_kv": 8, "flash_backward_q": 6,
-                  "flash_backward_bias": 4}
+                  "flash_backward_bias": 4, "flash_backward_q_bias": 6}
 # ... and with Shaw's relative vectors A (R, D) (a 16-bit 2-D tensor among the launch's), as
 # multiples of B H Tq R D: the forward's q A^T and W A, flash_backward_q's q A^T, dout A^T and
 # drel A (the kv and bias kernels read the first two's rows); both terms assumed (Shaw's presets)

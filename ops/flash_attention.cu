@@ -17,6 +17,14 @@
 //                before 2026-12-06: 24 launches and ~0.6 ms of reads at BERT-Large s512.)
 //   backward_kv  grid (Tk / 64, B H): each warp's 16 keys against every query tile: S^T and
 //                dP_d^T made again, dV += P_d^T dO and dK += dS^T Q in registers (fragments).
+//   backward_q_bias (where dbias is wanted, D <= 64, no relative positions, Tk <= 512, a device
+//                that runs clusters: sm_90) replaces backward_q and backward_bias, first: the
+//                bias kernel's grid in clusters of its Tk / 64 blocks (a cluster one (query
+//                tile, head, group)); per batch entry S and dP_d made once for both dbias (as
+//                below) and dQ's share of the block's key tile, dS K, which the cluster adds in
+//                rank order through distributed shared memory (engine/cuda/cluster.cuh); D_i
+//                made by every block, written by key tile 0's. 6 product-units where q and bias
+//                made 10. (2026-12-06; the H200 has not run it.)
 //   backward_bias (only for dbias) grid (Tk / 64, Tq / 64, H G): each warp's 16 queries against
 //                the block's 64 keys, S and dP_d made again for every batch entry of its group in
 //                order and dS summed in registers (each lane its own elements of the tile), the
@@ -38,6 +46,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "engine/cuda/cluster.cuh"
 #include "engine/cuda/context.h"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/launch.h"
@@ -520,6 +529,94 @@ __device__ inline Grad element_grad(const Args<T>& a, int64_t b, int64_t h, int6
   return element_grad_with(a, b, bh, i, j, s, dpd, lse_i, rowdot_i, bias_at(a, h, i, j));
 }
 
+// D_i = rowsum(dout * out) of a warp's 16 rows from i0 into sD (lane c adds columns c, c + 32,
+// ..., then warp_sum; dout from the warp's staged tile), and into a.rowdot where `write`.
+template <class T, int D, class PO, class PD>
+__device__ inline void warp_rowdots(const Args<T>& a, int64_t b, int64_t h, int64_t i0, PO sdO,
+                                    PD sD, int lane, bool write) {
+  const int64_t bh = b * a.heads + h;
+  for (int r = 0; r < 16; ++r) {
+    const int64_t i = i0 + r;
+    float s = 0.0f;
+    if (i < a.tq) {
+      const T* o = a.out + at(a.lo, b, h) + i * a.lo.st;
+      for (int c = lane; c < D; c += kWarpSize)
+        s += to_acc(o[c]) * to_acc(static_cast<T>(sdO[r * (D + 8) + c]));
+    }
+    s = warp_sum(s);
+    if (lane == 0) {
+      sD[r] = i < a.tq ? s : 0.0f;
+      if (i < a.tq && write) a.rowdot[bh * a.tq + i] = s;
+    }
+  }
+}
+
+// A warp's share of a dbias tile (H, Tq, Tk): its 16 queries from i0 against the block's keys from
+// j0, the lane's elements e = lane + 32 t of 16-key sub-tile n (query e / 16, key e % 16). Its
+// sums start at 0 and its bias terms are read once (the same for every batch entry; 0 for an
+// inactive warp); written (or added to what dbias holds) once at the end.
+template <int kSubs, int kPer>
+struct DbiasTile {
+  float acc[kSubs][kPer], bias[kSubs][kPer];
+
+  template <class T>
+  __device__ void start(const Args<T>& a, int64_t h, int64_t i0, int64_t j0, int lane,
+                        bool active) {
+#pragma unroll
+    for (int n = 0; n < kSubs; ++n)
+#pragma unroll
+      for (int t = 0; t < kPer; ++t) {
+        const int e = lane + kWarpSize * t;
+        acc[n][t] = 0.0f;
+        bias[n][t] = active ? bias_at(a, h, i0 + e / 16, j0 + n * 16 + e % 16) : 0.0f;
+      }
+  }
+  // One batch entry b, for an active warp: for each 16-key sub-tile n of the block's staged keys
+  // (`ld` elements a row), S = Q_w K_n^T and dP_d = dO_w V_n^T made again (16 queries x 16 keys,
+  // into the warp's f32 tiles sS and sT), each of the lane's elements' dS added into its sum and
+  // handed to each(r, c, ds) (query r, key c of the sub-tile), then after(n) once the warp is
+  // done with the tiles (before the next products overwrite them).
+  template <class T, int ND, class PK, class PF, class Each, class After>
+  __device__ void entry(const Args<T>& a, const FragA<T> (&fq)[ND], const FragA<T> (&fdo)[ND],
+                        PK sK, PK sV, int ld, PF sS, PF sT, PF sL, PF sD, int64_t b, int64_t h,
+                        int64_t i0, int64_t j0, int lane, Each&& each, After&& after) {
+    const int64_t bh = b * a.heads + h;
+#pragma unroll
+    for (int n = 0; n < kSubs; ++n) {
+      if (j0 + n * 16 >= a.tk) break;
+      products_t<T, ND>(fq, raw_ptr(sK) + n * 16 * ld, fdo, raw_ptr(sV) + n * 16 * ld, ld, sS, sT);
+#pragma unroll
+      for (int t = 0; t < kPer; ++t) {
+        const int e = lane + kWarpSize * t, r = e / 16, c = e % 16;
+        const int64_t i = i0 + r, j = j0 + n * 16 + c;
+        const float ds = element_grad_with(a, b, bh, i, j,
+                                           float(sS[r * kLdT + c]) + rel_entry(a, a.qa, bh, i, j),
+                                           float(sT[r * kLdT + c]) + rel_entry(a, a.doa, bh, i, j),
+                                           float(sL[r]), float(sD[r]), bias[n][t])
+                             .ds;
+        acc[n][t] += ds;
+        each(r, c, ds);
+      }
+      __syncwarp();
+      after(n);
+    }
+  }
+  template <class T>
+  __device__ void write(const Args<T>& a, float* dbias, int64_t h, int64_t i0, int64_t j0, int lane,
+                        bool accumulate) const {
+#pragma unroll
+    for (int n = 0; n < kSubs; ++n)
+#pragma unroll
+      for (int t = 0; t < kPer; ++t) {
+        const int e = lane + kWarpSize * t, r = e / 16, c = e % 16;
+        const int64_t i = i0 + r, j = j0 + n * 16 + c;
+        if (i >= a.tq || j >= a.tk) continue;
+        float* dst = dbias + (h * a.tq + i) * a.tk + j;
+        *dst = accumulate ? *dst + acc[n][t] : acc[n][t];
+      }
+  }
+};
+
 template <int D, class T>
 constexpr size_t kv_smem() {
   constexpr size_t ldk = D + 8;
@@ -666,25 +763,11 @@ __global__ void __launch_bounds__(kThreads) flash_backward_q(Args<T> a) {
     stage_warp_pair<T, D>(smem, o_q, a.q + at(a.lq, b, h), a.lq.st, o_do, a.dout + at(a.ldo, b, h),
                           a.ldo.st, LDK, i0, a.tq, lane);
     if (lane < 16) sL[lane] = i0 + lane < a.tq ? a.lse[bh * a.tq + i0 + lane] : INFINITY;
-    // D_i = rowsum(dout * out) of the warp's 16 rows (lane c adds columns c, c + 32, ..., then
-    // warp_sum; dout from the staged tile): kept for this warp's dS and written for
-    // flash_backward_kv and _bias, launched after this kernel (each (b, h, i) belongs to one
-    // warp of the grid). With the relative value term, out holds it: the same sums.
+    // D_i: kept for this warp's dS and written for flash_backward_kv and _bias, launched after
+    // this kernel (each (b, h, i) belongs to one warp of the grid). With the relative value
+    // term, out holds it: the same sums.
     __syncwarp();
-    for (int r = 0; r < 16; ++r) {
-      const int64_t i = i0 + r;
-      float s = 0.0f;
-      if (i < a.tq) {
-        const T* o = a.out + at(a.lo, b, h) + i * a.lo.st;
-        for (int c = lane; c < D; c += kWarpSize)
-          s += to_acc(o[c]) * to_acc(static_cast<T>(sdO[r * LDK + c]));
-      }
-      s = warp_sum(s);
-      if (lane == 0) {
-        sD[r] = i < a.tq ? s : 0.0f;
-        if (i < a.tq) a.rowdot[bh * a.tq + i] = s;
-      }
-    }
+    warp_rowdots<T, D>(a, b, h, i0, sdO, sD, lane, true);
     __syncwarp();
     for (int kk = 0; kk < ND; ++kk) {
       wmma::load_matrix_sync(fq[kk], raw_ptr(sQ) + kk * 16, LDK);
@@ -823,6 +906,54 @@ constexpr size_t bias_smem() {
          kWarps * (2 * 16 * ldk * sizeof(T) + 2 * 16 * kLdT * 4 + 2 * 64);
 }
 
+// What flash_backward_bias and flash_backward_q_bias share: the block's tile (key tile
+// blockIdx.x, query tile blockIdx.y, head and batch group blockIdx.z), a warp's 16 queries, the
+// group's entries, and bias_smem's layout: the block's K and V tiles, then per warp its Q and dO
+// rows (16-bit), its S and dP_d tiles (f32), and its rows' log-sum-exps and D_i.
+template <int D, class T>
+struct BiasBlock {
+  static constexpr int LDK = D + 8;
+  int warp, lane;
+  int64_t j0, h, g, b_first, b_end, q0, i0;
+  bool active;
+  size_t o_k, o_v, o_q, o_do, o_s, o_t, o_l, o_d;
+
+  __device__ BiasBlock(const Args<T>& a, int64_t per_group)
+      : warp(threadIdx.x / kWarpSize), lane(threadIdx.x % kWarpSize) {
+    j0 = int64_t(blockIdx.x) * kTile;
+    h = blockIdx.z % a.heads;
+    g = blockIdx.z / a.heads;
+    b_first = g * per_group;
+    b_end = b_first + per_group < a.batch ? b_first + per_group : a.batch;
+    q0 = int64_t(blockIdx.y) * kTile;
+    i0 = q0 + warp * 16;
+    active = i0 < a.tq;
+    o_k = 0;
+    o_v = o_k + kTile * LDK * sizeof(T);
+    o_q = o_v + kTile * LDK * sizeof(T) +
+          warp * (2 * 16 * LDK * sizeof(T) + 2 * 16 * kLdT * 4 + 2 * 64);
+    o_do = o_q + 16 * LDK * sizeof(T);
+    o_s = o_do + 16 * LDK * sizeof(T);
+    o_t = o_s + 16 * kLdT * 4;
+    o_l = o_t + 16 * kLdT * 4;
+    o_d = o_l + 64;
+  }
+  // Batch entry b's K and V tiles (the whole block) and the warp's Q and dO rows and their
+  // log-sum-exps (active warps), after a barrier (every warp done with the previous entry's).
+  template <class B>
+  __device__ void stage(B smem, const Args<T>& a, int64_t b) const {
+    __syncthreads();
+    stage_block_pair<T, D>(smem, o_k, a.k + at(a.lk, b, h), a.lk.st, o_v, a.v + at(a.lv, b, h),
+                           a.lv.st, LDK, j0, a.tk);
+    if (!active) return;
+    stage_warp_pair<T, D>(smem, o_q, a.q + at(a.lq, b, h), a.lq.st, o_do, a.dout + at(a.ldo, b, h),
+                          a.ldo.st, LDK, i0, a.tq, lane);
+    const auto sL = smem_region<float>(smem, o_l);
+    const int64_t bh = b * a.heads + h;
+    if (lane < 16) sL[lane] = i0 + lane < a.tq ? a.lse[bh * a.tq + i0 + lane] : INFINITY;
+  }
+};
+
 // dbias over the block's tile of (h, 64 queries, 64 keys), a warp 16 queries: for every batch
 // entry of group g (entries [g per_group, (g + 1) per_group)) in order, S = Q_w K^T and
 // dP_d = dO_w V^T made again and dS added into the lane's own elements (registers: element
@@ -833,47 +964,22 @@ __global__ void __launch_bounds__(kThreads)
     flash_backward_bias(Args<T> a, float* out, int64_t per_group, bool accumulate) {
   constexpr int D = ND * 16, LDK = D + 8, kSubs = kTile / 16, kPer = 256 / kWarpSize;
   ENGINE_DYNAMIC_SHARED(unsigned char, smem);
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int64_t j0 = int64_t(blockIdx.x) * kTile, h = blockIdx.z % a.heads,
-                g = blockIdx.z / a.heads;
-  const int64_t b_first = g * per_group,
-                b_end = b_first + per_group < a.batch ? b_first + per_group : a.batch;
-  float* dbias = out + g * a.heads * a.tq * a.tk;
-  const int64_t i0 = int64_t(blockIdx.y) * kTile + warp * 16;
-  const bool active = i0 < a.tq;
-  const size_t o_k = 0, o_v = o_k + kTile * LDK * sizeof(T);
-  const size_t o_q = o_v + kTile * LDK * sizeof(T) +
-                     warp * (2 * 16 * LDK * sizeof(T) + 2 * 16 * kLdT * 4 + 2 * 64);
-  const size_t o_do = o_q + 16 * LDK * sizeof(T), o_s = o_do + 16 * LDK * sizeof(T),
-               o_t = o_s + 16 * kLdT * 4, o_l = o_t + 16 * kLdT * 4, o_d = o_l + 64;
-  const auto sK = smem_region<T>(smem, o_k), sV = smem_region<T>(smem, o_v),
-             sQ = smem_region<T>(smem, o_q), sdO = smem_region<T>(smem, o_do);
-  const auto sS = smem_region<float>(smem, o_s), sT = smem_region<float>(smem, o_t),
-             sL = smem_region<float>(smem, o_l), sD = smem_region<float>(smem, o_d);
+  const BiasBlock<D, T> k(a, per_group);
+  const int lane = k.lane;
+  const int64_t j0 = k.j0, h = k.h, i0 = k.i0;
+  const bool active = k.active;
+  float* dbias = out + k.g * a.heads * a.tq * a.tk;
+  const auto sK = smem_region<T>(smem, k.o_k), sV = smem_region<T>(smem, k.o_v),
+             sQ = smem_region<T>(smem, k.o_q), sdO = smem_region<T>(smem, k.o_do);
+  const auto sS = smem_region<float>(smem, k.o_s), sT = smem_region<float>(smem, k.o_t),
+             sL = smem_region<float>(smem, k.o_l), sD = smem_region<float>(smem, k.o_d);
   // The lane's sums, and its elements' bias terms (the same for every entry: read once).
-  float acc[kSubs][kPer], bias[kSubs][kPer];
-#pragma unroll
-  for (int n = 0; n < kSubs; ++n)
-#pragma unroll
-    for (int t = 0; t < kPer; ++t) {
-      const int e = lane + kWarpSize * t;
-      acc[n][t] = 0.0f;
-      bias[n][t] = active ? bias_at(a, h, i0 + e / 16, j0 + n * 16 + e % 16) : 0.0f;
-    }
-  for (int64_t b = b_first; b < b_end; ++b) {
+  DbiasTile<kSubs, kPer> tile;
+  tile.start(a, h, i0, j0, lane, active);
+  for (int64_t b = k.b_first; b < k.b_end; ++b) {
     const int64_t bh = b * a.heads + h;
-    __syncthreads();  // every warp is done with the previous entry's tiles
-    stage_block_pair<T, D>(smem, o_k, a.k + at(a.lk, b, h), a.lk.st, o_v, a.v + at(a.lv, b, h),
-                           a.lv.st, LDK, j0, a.tk);
-    if (active) {
-      stage_warp_pair<T, D>(smem, o_q, a.q + at(a.lq, b, h), a.lq.st, o_do,
-                            a.dout + at(a.ldo, b, h), a.ldo.st, LDK, i0, a.tq, lane);
-      if (lane < 16) {
-        const bool in = i0 + lane < a.tq;
-        sL[lane] = in ? a.lse[bh * a.tq + i0 + lane] : INFINITY;
-        sD[lane] = in ? a.rowdot[bh * a.tq + i0 + lane] : 0.0f;
-      }
-    }
+    k.stage(smem, a, b);
+    if (active && lane < 16) sD[lane] = i0 + lane < a.tq ? a.rowdot[bh * a.tq + i0 + lane] : 0.0f;
     __syncthreads();
     if (!active) continue;
     FragA<T> fq[ND], fdo[ND];
@@ -881,36 +987,12 @@ __global__ void __launch_bounds__(kThreads)
       wmma::load_matrix_sync(fq[kk], raw_ptr(sQ) + kk * 16, LDK);
       wmma::load_matrix_sync(fdo[kk], raw_ptr(sdO) + kk * 16, LDK);
     }
-#pragma unroll
-    for (int n = 0; n < kSubs; ++n) {
-      if (j0 + n * 16 >= a.tk) break;
-      // S = Q_w K_n^T and dP_d = dO_w V_n^T (16 queries x 16 keys).
-      products_t<T, ND>(fq, raw_ptr(sK) + n * 16 * LDK, fdo, raw_ptr(sV) + n * 16 * LDK, LDK, sS,
-                        sT);
-#pragma unroll
-      for (int t = 0; t < kPer; ++t) {
-        const int e = lane + kWarpSize * t, r = e / 16, c = e % 16;
-        const int64_t i = i0 + r, j = j0 + n * 16 + c;
-        acc[n][t] += element_grad_with(a, b, bh, i, j,
-                                       float(sS[r * kLdT + c]) + rel_entry(a, a.qa, bh, i, j),
-                                       float(sT[r * kLdT + c]) + rel_entry(a, a.doa, bh, i, j),
-                                       float(sL[r]), float(sD[r]), bias[n][t])
-                         .ds;
-      }
-      __syncwarp();  // the tiles are read before the next products overwrite them
-    }
+    tile.entry(
+        a, fq, fdo, sK, sV, LDK, sS, sT, sL, sD, b, h, i0, j0, lane, [](int, int, float) {},
+        [](int) {});
   }
   if (!active) return;
-#pragma unroll
-  for (int n = 0; n < kSubs; ++n)
-#pragma unroll
-    for (int t = 0; t < kPer; ++t) {
-      const int e = lane + kWarpSize * t, r = e / 16, c = e % 16;
-      const int64_t i = i0 + r, j = j0 + n * 16 + c;
-      if (i >= a.tq || j >= a.tk) continue;
-      float* dst = dbias + (h * a.tq + i) * a.tk + j;
-      *dst = accumulate ? *dst + acc[n][t] : acc[n][t];
-    }
+  tile.write(a, dbias, h, i0, j0, lane, accumulate);
 }
 
 // dbias[e] = the groups' partials part[g n + e] added in group order (accumulate: added to
@@ -923,6 +1005,121 @@ __global__ void flash_bias_sum(const float* part, float* dbias, int64_t n, int64
     for (int64_t g = 0; g < groups; ++g) s += part[g * n + e];
     dbias[e] = accumulate ? dbias[e] + s : s;
   }
+}
+
+// The fused dQ and dbias kernel's shared memory: flash_backward_bias's, then per warp its dS tile
+// (16-bit), then the block's two f32 tiles of dQ shares (64 rows of D + 4 floats), one per
+// parity of the batch entry.
+constexpr int kMaxCluster = 8;  // blocks of a cluster (the portable size): Tk <= 512
+template <int D>
+constexpr int ldq() {
+  return D + 4;
+}
+template <int D, class T>
+constexpr size_t q_bias_smem() {
+  return bias_smem<D, T>() + kWarps * 16 * kLdH * sizeof(T) + 2 * kTile * ldq<D>() * 4;
+}
+
+// dQ and dbias in one pass, where dbias is wanted (flash_backward_q and flash_backward_bias in
+// one kernel: S and dP_d made once for both): grid (Tk / 64, Tq / 64, H G) as
+// flash_backward_bias's, in clusters of the Tk / 64 blocks along x, so that a cluster holds one
+// (query tile, head, group) and each of its blocks one key tile. A warp 16 queries. For each
+// batch entry of the group, in order:
+//   - D_i for the warp's rows (every block of the cluster makes it; the key tile 0's writes it
+//     for flash_backward_kv, launched after), S and dP_d made again, dS added into the lane's
+//     dbias elements (as flash_backward_bias) and dQ_share = dS K_tile in fragments;
+//   - the shares into the block's f32 tile of this entry's parity; cluster.sync; block r adds
+//     rows [r R, (r + 1) R) of the C blocks' tiles in rank order (R = 64 / C rounded up; their
+//     shared memory read through the cluster) and writes them, scaled, as dq's rows.
+// The next entry writes the other tile, so one barrier an entry suffices: a block writes a tile
+// again only after the barrier every block reached once done reading it. A last barrier keeps
+// each block until the others have read its tiles. dQ's sum over the key tiles is a fixed order
+// (within a tile along its keys, then the tiles in rank order): the same bits on every run,
+// though not flash_backward_q's order.
+template <class T, int ND>
+__global__ void __launch_bounds__(kThreads)
+    flash_backward_q_bias(Args<T> a, float* out, int64_t per_group, bool accumulate) {
+#if ENGINE_CLUSTERS
+  constexpr int D = ND * 16, LDK = D + 8, LDQ = ldq<D>(), kSubs = kTile / 16,
+                kPer = 256 / kWarpSize;
+  ENGINE_DYNAMIC_SHARED(unsigned char, smem);
+  const cg::cluster_group cluster = cg::this_cluster();
+  const BiasBlock<D, T> k(a, per_group);
+  const int warp = k.warp, lane = k.lane;
+  const int64_t j0 = k.j0, h = k.h, q0 = k.q0, i0 = k.i0;
+  const bool active = k.active;
+  float* dbias = out + k.g * a.heads * a.tq * a.tk;
+  const size_t o_ds = bias_smem<D, T>() + warp * 16 * kLdH * sizeof(T),
+               o_part = bias_smem<D, T>() + kWarps * 16 * kLdH * sizeof(T);
+  const auto sK = smem_region<T>(smem, k.o_k), sV = smem_region<T>(smem, k.o_v),
+             sQ = smem_region<T>(smem, k.o_q), sdO = smem_region<T>(smem, k.o_do),
+             sdS = smem_region<T>(smem, o_ds);
+  const auto sS = smem_region<float>(smem, k.o_s), sT = smem_region<float>(smem, k.o_t),
+             sL = smem_region<float>(smem, k.o_l), sD = smem_region<float>(smem, k.o_d);
+  // The lane's dbias sums, and its elements' bias terms (the same for every entry: read once).
+  DbiasTile<kSubs, kPer> tile;
+  tile.start(a, h, i0, j0, lane, active);
+  // This block's rows of the reduction.
+  const int nblocks = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const int rows = (kTile + nblocks - 1) / nblocks, r_first = rank * rows,
+            r_end = r_first + rows < kTile ? r_first + rows : kTile;
+  for (int64_t b = k.b_first; b < k.b_end; ++b) {
+    const auto part = smem_region<float>(smem, o_part + ((b - k.b_first) % 2) * kTile * LDQ * 4);
+    k.stage(smem, a, b);
+    if (active) {
+      __syncwarp();
+      warp_rowdots<T, D>(a, b, h, i0, sdO, sD, lane, blockIdx.x == 0);
+    }
+    __syncthreads();
+    if (active) {
+      FragA<T> fq[ND], fdo[ND];
+      FragC dq[ND];
+      for (int kk = 0; kk < ND; ++kk) {
+        wmma::load_matrix_sync(fq[kk], raw_ptr(sQ) + kk * 16, LDK);
+        wmma::load_matrix_sync(fdo[kk], raw_ptr(sdO) + kk * 16, LDK);
+        wmma::fill_fragment(dq[kk], 0.0f);
+      }
+      // dQ += dS K_n after each sub-tile (dS rounded to 16 bits in the warp's operand tile).
+      tile.entry(
+          a, fq, fdo, sK, sV, LDK, sS, sT, sL, sD, b, h, i0, j0, lane,
+          [&](int r, int c, float ds) { sdS[r * kLdH + c] = from_acc<T>(ds); },
+          [&](int n) {
+            add_product<T, ND>(dq, raw_ptr(sdS), raw_ptr(sK) + n * 16 * LDK, LDK);
+            __syncwarp();
+          });
+      for (int nd = 0; nd < ND; ++nd)
+        wmma::store_matrix_sync(raw_ptr(part) + warp * 16 * LDQ + nd * 16, dq[nd], LDQ,
+                                wmma::mem_row_major);
+    }
+    cluster.sync();  // every block's shares of this entry written
+    // This block's rows of dq: the C shares added in rank order, 4 columns a thread.
+    T* dq_rows = a.dq + at(a.ldq, b, h);
+    for (int e = threadIdx.x; e < (r_end - r_first) * (D / 4); e += kThreads) {
+      const int r = r_first + e / (D / 4), c = (e % (D / 4)) * 4;
+      const int64_t i = q0 + r;
+      if (i >= a.tq) continue;
+      float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int k = 0; k < nblocks; ++k) {
+        const float4 v =
+            cluster.map_shared_rank(smem_region<float4>(part, 0), k)[(r * LDQ + c) / 4];
+        s.x += v.x;
+        s.y += v.y;
+        s.z += v.z;
+        s.w += v.w;
+      }
+      T* dst = dq_rows + i * a.ldq.st + c;
+      dst[0] = from_acc<T>(s.x * a.scale);
+      dst[1] = from_acc<T>(s.y * a.scale);
+      dst[2] = from_acc<T>(s.z * a.scale);
+      dst[3] = from_acc<T>(s.w * a.scale);
+    }
+  }
+  cluster.sync();  // the other blocks are done reading this block's tiles
+  if (!active) return;
+  tile.write(a, dbias, h, i0, j0, lane, accumulate);
+#else
+  __trap();  // clusters need sm_90 (the host launches this kernel only where they run)
+#endif
 }
 
 // An operand's layout, checked against the kernels' contract (flash_attention_layout_fits).
@@ -1092,8 +1289,44 @@ void backward(const FlashAttentionBackward& t) {
     // D_i = rowsum(dout * out): flash_backward_q's, which runs first.
     Tensor rowdot = Tensor::empty(Shape{bh * a.tq}, DType::f32, t.q.device());
     a.rowdot = rowdot.data<float>();
+    // dbias: groups of the batch where the tiles alone are fewer blocks than kTargetBlocks (each
+    // group's entries summed in order into its own partial, the partials then added in group
+    // order by flash_bias_sum); one group writes dbias directly.
+    const bool want_dbias = t.dbias.defined() && a.tq > 0 && a.tk > 0;
+    int64_t groups = 1, per_group = a.batch;
+    Tensor part;
+    if (want_dbias) {
+      const int64_t tile_blocks = int64_t(tiles(a.tk)) * tiles(a.tq) * a.heads;
+      groups =
+          t.batch_groups > 0 ? t.batch_groups : (kTargetBlocks + tile_blocks - 1) / tile_blocks;
+      groups = groups < 1 ? 1 : (groups > a.batch ? a.batch : groups);
+      per_group = (a.batch + groups - 1) / groups;
+      groups = (a.batch + per_group - 1) / per_group;  // none empty
+      if (groups > 1)
+        part = Tensor::empty(Shape{groups * a.heads * a.tq * a.tk}, DType::f32, t.q.device());
+    }
+    float* bias_out =
+        groups > 1 ? part.data<float>() : (want_dbias ? t.dbias.data<float>() : nullptr);
+    const bool bias_accumulate = groups > 1 ? false : t.accumulate_dbias;
+    const dim3 bias_grid(tiles(a.tk), tiles(a.tq), static_cast<unsigned>(a.heads * groups));
     dispatch_width(d, "flash_attention_backward", [&]<int ND>() {
-      if (a.tq > 0) {
+      // dQ and dbias in one kernel (flash_backward_q_bias, clusters of the key tiles) where
+      // dbias is wanted, the head width is 64 or less, there are no relative positions, the key
+      // tiles fit a cluster and the device runs clusters; otherwise flash_backward_q before the
+      // kv kernel and flash_backward_bias after it.
+      bool fused = false;
+      if constexpr (ND <= 4) {  // (wider heads: the kernel would spill)
+        fused = want_dbias && a.rel_table == nullptr && tiles(a.tk) <= kMaxCluster &&
+                clusters_run(flash_backward_q_bias<T, ND>, t.q.device().index);
+        if (fused) {
+          constexpr size_t smem = q_bias_smem<ND * 16, T>();
+          allow_smem(flash_backward_q_bias<T, ND>, smem);
+          const LaunchConfig cfg{bias_grid, dim3(kThreads), smem, stream, dim3(tiles(a.tk))};
+          ENGINE_LAUNCH((flash_backward_q_bias<T, ND>), cfg, a, bias_out, per_group,
+                        bias_accumulate);
+        }
+      }
+      if (!fused && a.tq > 0) {
         const size_t smem = q_smem<ND * 16, T>(a.nrel);
         allow_smem(flash_backward_q<T, ND>, smem);
         const LaunchConfig cfg{
@@ -1108,36 +1341,20 @@ void backward(const FlashAttentionBackward& t) {
                                stream};
         ENGINE_LAUNCH((flash_backward_kv<T, ND>), cfg, a);
       }
-      if (t.dbias.defined() && a.tq > 0 && a.tk > 0) {
-        // Groups of the batch where the tiles alone are fewer blocks than kTargetBlocks (each
-        // group's entries summed in order into its own partial, the partials then added in
-        // group order); one group writes dbias directly.
-        const int64_t tile_blocks = int64_t(tiles(a.tk)) * tiles(a.tq) * a.heads;
-        int64_t groups =
-            t.batch_groups > 0 ? t.batch_groups : (kTargetBlocks + tile_blocks - 1) / tile_blocks;
-        groups = groups < 1 ? 1 : (groups > a.batch ? a.batch : groups);
-        const int64_t per_group = (a.batch + groups - 1) / groups;
-        groups = (a.batch + per_group - 1) / per_group;  // none empty
-        Tensor part;
-        if (groups > 1)
-          part = Tensor::empty(Shape{groups * a.heads * a.tq * a.tk}, DType::f32, t.q.device());
+      if (want_dbias && !fused) {
         constexpr size_t smem = bias_smem<ND * 16, T>();
         allow_smem(flash_backward_bias<T, ND>, smem);
-        const LaunchConfig cfg{
-            dim3(tiles(a.tk), tiles(a.tq), static_cast<unsigned>(a.heads * groups)), dim3(kThreads),
-            smem, stream};
-        ENGINE_LAUNCH((flash_backward_bias<T, ND>), cfg, a,
-                      groups > 1 ? part.data<float>() : t.dbias.data<float>(), per_group,
-                      groups > 1 ? false : t.accumulate_dbias);
-        if (groups > 1) {
-          const int64_t n = a.heads * a.tq * a.tk;
-          const int64_t blocks = (n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096;
-          const LaunchConfig sum_cfg{dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream};
-          ENGINE_LAUNCH(flash_bias_sum, sum_cfg, part.data<float>(), t.dbias.data<float>(), n,
-                        groups, t.accumulate_dbias);
-        }
+        const LaunchConfig cfg{bias_grid, dim3(kThreads), smem, stream};
+        ENGINE_LAUNCH((flash_backward_bias<T, ND>), cfg, a, bias_out, per_group, bias_accumulate);
       }
     });
+    if (want_dbias && groups > 1) {
+      const int64_t n = a.heads * a.tq * a.tk;
+      const int64_t blocks = (n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096;
+      const LaunchConfig sum_cfg{dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream};
+      ENGINE_LAUNCH(flash_bias_sum, sum_cfg, part.data<float>(), t.dbias.data<float>(), n, groups,
+                    t.accumulate_dbias);
+    }
   });
 }
 

@@ -210,7 +210,22 @@ void check_kernels(const Case& c, DType dt) {
           c.accumulate ? dbias0.to(kGpu) : Tensor::empty({c.h, c.tq, c.tk}, DType::f32, kGpu);
     if (rel_keys) bg.drel = rel_table_out();
     if (rel_values) bg.rel_weights = rel_table_out();
+    start_work_recording();
     flash_attention_backward_kernel(kGpu, bg);
+    std::vector<std::string> kernels;
+    for (const WorkRecord& r : stop_work_recording())
+      for (const LaunchRecord& l : r.kernels) kernels.push_back(l.kernel);
+    // dQ and dbias in one kernel (clusters of the key tiles) where dbias is wanted, D <= 64, no
+    // relative positions and at most 8 key tiles; otherwise the q kernel, and the bias kernel.
+    const bool fused = c.bias && c.d <= 64 && c.clip == 0 && (c.tk + 63) / 64 <= 8;
+    auto launched = [&](const std::string& name) {
+      return std::any_of(kernels.begin(), kernels.end(),
+                         [&](const std::string& k) { return k.find(name) != std::string::npos; });
+    };
+    CHECK(launched("flash_backward_q_bias<") == fused);
+    CHECK(launched("flash_backward_q<") == !fused);
+    CHECK(launched("flash_backward_bias<") == (c.bias && !fused));
+    CHECK(launched("flash_backward_kv<"));
     if (run == 0) {
       first = {bg.dq, bg.dk, bg.dv, bg.dbias, bg.drel, bg.rel_weights};
       continue;
@@ -235,40 +250,43 @@ void check_kernels(const Case& c, DType dt) {
 
 TEST_CASE("flash attention kernels match the CPU's formulas: outputs, log-sum-exp, gradients",
           "[cuda]") {
-  for (const Case& c : {Case{2, 2, 37, 70, 64, 0.0, true, true},    // ragged tiles, masks
-                        Case{3, 2, 16, 16, 32, 0.3, true, false},   // dropout, one fragment
-                        Case{2, 1, 1, 130, 64, 0.25, false, true},  // one query, three key tiles
-                        Case{1, 2, 70, 20, 128, 0.1, true, false},
-                        Case{5, 2, 20, 33, 32, 0.1, true, true},   // dbias over 5 entries
-                        Case{4, 2, 130, 70, 32, 0.1, true, true},  // dbias: 3 x 2 tiles
-                        // the model's layouts: rows H D (q, out, dout, dq) and 2 H D (k, v, dk,
-                        // dv) apart, heads D apart
-                        Case{2, 3, 37, 70, 64, 0.2, true, true, true},
-                        Case{3, 2, 16, 20, 32, 0.0, false, true, true},
-                        Case{1, 2, 70, 20, 128, 0.1, true, false, true},
-                        // an f32 bias read as it is; dbias added to what it holds
-                        Case{2, 3, 37, 70, 64, 0.2, true, true, true, true},
-                        Case{5, 2, 20, 33, 32, 0.1, true, true, false, true, true},
-                        Case{3, 2, 16, 16, 32, 0.0, true, false, false, false, true},
-                        // dbias in groups of 3 and 2 (the backend's choice at these sizes: a
-                        // group an entry), and in one group written straight into dbias
-                        Case{5, 2, 20, 33, 32, 0.1, true, true, false, false, false, 2},
-                        Case{5, 2, 20, 33, 32, 0.1, true, true, true, true, true, 2},
-                        Case{3, 2, 16, 16, 32, 0.0, true, false, false, false, true, 1},
-                        Case{4, 2, 130, 70, 32, 0.1, true, true, false, true, false, 1},
-                        // Shaw's relative positions: tails on both sides (clip 5 < T), one query
-                        // against three key tiles, the largest R (129, three tiles of vectors),
-                        // the model's layouts, the key or the value term alone, with a bias and
-                        // its gradient in groups
-                        Case{2, 2, 37, 70, 64, 0.2, false, true, false, false, false, 0, 5},
-                        Case{3, 2, 16, 16, 32, 0.0, false, false, false, false, false, 0, 2},
-                        Case{2, 1, 1, 130, 64, 0.25, false, true, false, false, false, 0, 64},
-                        Case{1, 2, 70, 20, 128, 0.1, false, false, false, false, false, 0, 64},
-                        Case{2, 2, 150, 140, 32, 0.1, false, true, false, false, false, 0, 40},
-                        Case{2, 3, 37, 70, 64, 0.2, false, true, true, false, false, 0, 7},
-                        Case{2, 2, 37, 70, 64, 0.0, false, true, false, false, false, 0, 9, 1},
-                        Case{2, 2, 37, 70, 64, 0.2, false, true, false, false, false, 0, 9, 2},
-                        Case{5, 2, 20, 33, 32, 0.1, true, true, false, true, true, 2, 3}}) {
+  for (const Case& c :
+       {Case{2, 2, 37, 70, 64, 0.0, true, true},    // ragged tiles, masks
+        Case{3, 2, 16, 16, 32, 0.3, true, false},   // dropout, one fragment
+        Case{2, 1, 1, 130, 64, 0.25, false, true},  // one query, three key tiles
+        Case{1, 2, 70, 20, 128, 0.1, true, false},
+        Case{5, 2, 20, 33, 32, 0.1, true, true},   // dbias over 5 entries
+        Case{4, 2, 130, 70, 32, 0.1, true, true},  // dbias: 3 x 2 tiles
+        // dbias with 8 key tiles (the largest cluster) and with 9 (none)
+        Case{2, 1, 20, 512, 64, 0.1, true, true}, Case{2, 1, 20, 530, 32, 0.1, true, true},
+        // the model's layouts: rows H D (q, out, dout, dq) and 2 H D (k, v, dk,
+        // dv) apart, heads D apart
+        Case{2, 3, 37, 70, 64, 0.2, true, true, true},
+        Case{3, 2, 16, 20, 32, 0.0, false, true, true},
+        Case{1, 2, 70, 20, 128, 0.1, true, false, true},
+        // an f32 bias read as it is; dbias added to what it holds
+        Case{2, 3, 37, 70, 64, 0.2, true, true, true, true},
+        Case{5, 2, 20, 33, 32, 0.1, true, true, false, true, true},
+        Case{3, 2, 16, 16, 32, 0.0, true, false, false, false, true},
+        // dbias in groups of 3 and 2 (the backend's choice at these sizes: a
+        // group an entry), and in one group written straight into dbias
+        Case{5, 2, 20, 33, 32, 0.1, true, true, false, false, false, 2},
+        Case{5, 2, 20, 33, 32, 0.1, true, true, true, true, true, 2},
+        Case{3, 2, 16, 16, 32, 0.0, true, false, false, false, true, 1},
+        Case{4, 2, 130, 70, 32, 0.1, true, true, false, true, false, 1},
+        // Shaw's relative positions: tails on both sides (clip 5 < T), one query
+        // against three key tiles, the largest R (129, three tiles of vectors),
+        // the model's layouts, the key or the value term alone, with a bias and
+        // its gradient in groups
+        Case{2, 2, 37, 70, 64, 0.2, false, true, false, false, false, 0, 5},
+        Case{3, 2, 16, 16, 32, 0.0, false, false, false, false, false, 0, 2},
+        Case{2, 1, 1, 130, 64, 0.25, false, true, false, false, false, 0, 64},
+        Case{1, 2, 70, 20, 128, 0.1, false, false, false, false, false, 0, 64},
+        Case{2, 2, 150, 140, 32, 0.1, false, true, false, false, false, 0, 40},
+        Case{2, 3, 37, 70, 64, 0.2, false, true, true, false, false, 0, 7},
+        Case{2, 2, 37, 70, 64, 0.0, false, true, false, false, false, 0, 9, 1},
+        Case{2, 2, 37, 70, 64, 0.2, false, true, false, false, false, 0, 9, 2},
+        Case{5, 2, 20, 33, 32, 0.1, true, true, false, true, true, 2, 3}}) {
     check_kernels(c, DType::bf16);
   }
   check_kernels(Case{2, 2, 37, 70, 64, 0.2, false, true, false, false, false, 0, 5}, DType::f16);
