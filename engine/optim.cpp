@@ -60,16 +60,19 @@ Optimizer::Optimizer(const char* name, FlatParameters& params, OptimizerOptions 
 
   exp_avg_ = Tensor::zeros({params.numel()}, DType::f32, data.device());
   exp_avg_sq_ = Tensor::zeros({params.numel()}, DType::f32, data.device());
-  // Decay is per parameter, but the kernels run once over the slab: a u8 mask (one byte against
-  // the 28 bytes of p, g, m and v each element already moves) keeps every kernel a flat
-  // elementwise loop with no entry lookup. Padding is 0 (it holds zeros either way).
-  std::vector<uint8_t> mask(static_cast<size_t>(params.numel()), 0);
+  // Decay is per parameter, but the kernels run once over the slab: a bit an element (decay_bit;
+  // an eighth of a byte against the 30 bytes of p, g, m, v and the copy each element moves)
+  // keeps every kernel a flat elementwise loop with no entry lookup. Padding is 0 (it holds
+  // zeros either way).
+  std::vector<uint8_t> bits(static_cast<size_t>(decay_bits_bytes(params.numel())), 0);
   for (const FlatParameters::Entry& e : params.entries()) {
     const bool on = !decay || decay(e.name);
     decayed_.push_back(on);
-    std::fill_n(mask.begin() + e.offset, e.numel, static_cast<uint8_t>(on ? 1 : 0));
+    if (on)
+      for (int64_t i = e.offset; i < e.offset + e.numel; ++i)
+        bits[static_cast<size_t>(i >> 3)] |= static_cast<uint8_t>(1u << (i & 7));
   }
-  decay_mask_ = Tensor::from_vector(mask, {params.numel()}, data.device());
+  decay_bits_ = Tensor::from_vector(bits, {decay_bits_bytes(params.numel())}, data.device());
 }
 
 Optimizer::~Optimizer() = default;
@@ -201,7 +204,7 @@ void AdamW::apply(double lr, double grad_scale, const Tensor& controls, double c
   s.controls = controls;
   s.clip_norm = clip_norm;
   s.copy = copy;
-  adamw_kernel(data.device(), data, params_.grad(), exp_avg_, exp_avg_sq_, decay_mask_, s);
+  adamw_kernel(data.device(), data, params_.grad(), exp_avg_, exp_avg_sq_, decay_bits_, s);
 }
 
 std::array<double, 3> AdamW::next_step_scalars(double lr) const {
@@ -277,7 +280,7 @@ void Lamb::apply(double lr, double grad_scale, const Tensor& controls, double cl
   s.controls = controls;
   s.clip_norm = clip_norm;
   s.copy = copy;
-  lamb_kernel(data.device(), data, params_.grad(), exp_avg_, exp_avg_sq_, decay_mask_, layout_, s);
+  lamb_kernel(data.device(), data, params_.grad(), exp_avg_, exp_avg_sq_, decay_bits_, layout_, s);
 }
 
 std::unique_ptr<Optimizer> make_optimizer(FlatParameters& params, const OptimizerOptions& options,

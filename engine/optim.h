@@ -112,7 +112,7 @@ class Optimizer {
   FlatParameters& params_;
   OptimizerOptions options_;
   Tensor exp_avg_, exp_avg_sq_;
-  Tensor decay_mask_;  // u8, slab layout: 1 where weight decay applies
+  Tensor decay_bits_;  // u8, a bit an element of the slab (decay_bit): 1 where weight decay applies
   std::vector<bool> decayed_;
   int64_t step_ = 0;
 
@@ -217,6 +217,19 @@ ENGINE_HD bool resolve_adamw_controls(const double* c, double clip_norm, double&
   return true;
 }
 
+// Whether weight decay applies to element i of the slab: bit i % 8 of byte i / 8 of the decay
+// bits (Optimizer::decay_bits; a bit, not a byte, an element: 1 / 32 of AdamW's traffic was the
+// u8 mask's, and 335 MB held at BERT-Large); and the 4 bits of elements i .. i + 3, i a multiple
+// of 4 (one 16-byte vector of the slab).
+ENGINE_HD bool decay_bit(const uint8_t* bits, int64_t i) {
+  return ((bits[i >> 3] >> (i & 7)) & 1u) != 0;
+}
+ENGINE_HD unsigned decay_bits4(const uint8_t* bits, int64_t i) {
+  return (static_cast<unsigned>(bits[i >> 3]) >> (i & 4)) & 15u;
+}
+// The bytes of decay bits a slab of n elements takes.
+inline int64_t decay_bits_bytes(int64_t n) { return (n + 7) / 8; }
+
 // LAMB's trust ratio from a tensor's sums of squares (of p and of its update u), on the host and on
 // the device alike: ||p|| / ||u|| where it applies and both are non-zero, else 1.
 ENGINE_HD double lamb_trust_ratio(double sum_p2, double sum_u2, bool applies) {
@@ -256,15 +269,16 @@ class LinearSchedule {
 // ---- kernels (one table per launch; backends register implementations) ----------------------
 
 // One AdamW step over whole slabs (all 1-D, contiguous, same numel): param, grad, exp_avg and
-// exp_avg_sq f32, decay_mask u8. Per element, in f32 in this order (PyTorch's op order):
+// exp_avg_sq f32, and the decay bits (u8, decay_bits_bytes(numel): decay_bit). Per element, in
+// f32 in this order (PyTorch's op order):
 //   g = grad * f32(grad_scale)
-//   p *= mask ? f32(decay_factor) : 1
+//   p *= decay_bit ? f32(decay_factor) : 1
 //   m = m * f32(beta1) + f32(1 - beta1) * g
 //   v = v * f32(beta2) + f32(1 - beta2) * g * g
 //   p += f32(-step_size) * m / (sqrt(v) / f32(bias_correction2_sqrt) + f32(eps))
 // and, with s.copy, copy = p converted to its dtype.
 inline Kernel<void(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-                   const Tensor& exp_avg_sq, const Tensor& decay_mask, const AdamWStepScalars& s)>
+                   const Tensor& exp_avg_sq, const Tensor& decay_bits, const AdamWStepScalars& s)>
     adamw_kernel{"adamw"};
 
 // The scalars of one LAMB step, host doubles (the kernels round lr x ratio, the bias corrections,
@@ -283,19 +297,20 @@ struct LambStepScalars {
 };
 void add_work_cost(WorkCost& cost, const LambStepScalars& s);  // the controls and the copy
 
-// One LAMB step over whole slabs (param, grad, exp_avg, exp_avg_sq f32 and decay_mask u8, 1-D,
-// contiguous, one numel) with the layout's chunks. Per element, in f32 in this order:
+// One LAMB step over whole slabs (param, grad, exp_avg, exp_avg_sq f32, 1-D, contiguous, one
+// numel, and the decay bits as adamw_kernel's) with the layout's chunks. Per element, in f32 in
+// this order:
 //   g = grad * f32(grad_scale)
 //   m = m * f32(beta1) + f32(1 - beta1) * g
 //   v = v * f32(beta2) + f32(1 - beta2) * g * g
-//   u = (m / f32(bc1)) / (sqrt(v / f32(bc2)) + f32(eps)) + (mask ? f32(wd) * p : 0)
+//   u = (m / f32(bc1)) / (sqrt(v / f32(bc2)) + f32(eps)) + (decay_bit ? f32(wd) * p : 0)
 //   p = p + f32(-(lr * ratio)) * u
 // each chunk's sums of double(p)^2 and double(u)^2 in kLambLanes lanes (lane t: elements
 // 4 (t + 256 k) + j, k then j ascending) added in block_sum's butterfly order; each tensor's sums
 // over its chunks likewise (lane t: chunks t, t + 256, ...); ratio = sqrt(P) / sqrt(U) in f64.
 // With s.copy, copy = p converted to its dtype.
 inline Kernel<void(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-                   const Tensor& exp_avg_sq, const Tensor& decay_mask, const LambLayout& layout,
+                   const Tensor& exp_avg_sq, const Tensor& decay_bits, const LambLayout& layout,
                    const LambStepScalars& s)>
     lamb_kernel{"lamb"};
 

@@ -28,15 +28,16 @@ void write_copy(const Tensor& param, const Tensor& copy) {
 }
 
 void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-           const Tensor& decay_mask, const AdamWStepScalars& s) {
+           const Tensor& decay_bits, const AdamWStepScalars& s) {
   const int64_t n = param.numel();
-  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask})
+  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq})
     ENGINE_ASSERT(t->is_contiguous() && t->numel() == n);
+  ENGINE_ASSERT(decay_bits.is_contiguous() && decay_bits.numel() == decay_bits_bytes(n));
   float* p = param.data<float>();
   const float* g = grad.data<float>();
   float* m = exp_avg.data<float>();
   float* v = exp_avg_sq.data<float>();
-  const uint8_t* mask = decay_mask.data<uint8_t>();
+  const uint8_t* bits = decay_bits.data<uint8_t>();
   AdamWStepScalars r = s;  // with the device controls resolved (a graph's step)
   if (s.controls.defined() &&
       !resolve_adamw_controls(s.controls.data<double>(), s.clip_norm, r.decay_factor, r.step_size,
@@ -60,8 +61,8 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
     // exp_avg_sq.mul_(b2).addcmul_(g, g, value=1-b2);
     // denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps); param.addcdiv_(exp_avg, denom, -step_size).
     // Entries without decay multiply by 1, which PyTorch's weight_decay=0 group does too (exact).
-    const float gi = g[i] * grad_scale;                // exact when 1 (no clipping)
-    const float factor = mask[i] != 0 ? decay : 1.0f;  // a select, so the loop vectorises
+    const float gi = g[i] * grad_scale;                      // exact when 1 (no clipping)
+    const float factor = decay_bit(bits, i) ? decay : 1.0f;  // a select
     const float pi = p[i] * factor;
     const float mi = m[i] * beta1 + one_minus_beta1 * gi;
     const float vi = v[i] * beta2 + one_minus_beta2 * gi * gi;
@@ -111,10 +112,11 @@ inline float lamb_update(float p, float g, float& m, float& v, uint8_t decay, co
 }
 
 void lamb(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-          const Tensor& decay_mask, const LambLayout& layout, const LambStepScalars& s) {
+          const Tensor& decay_bits, const LambLayout& layout, const LambStepScalars& s) {
   const int64_t n = param.numel();
-  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask})
+  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq})
     ENGINE_ASSERT(t->is_contiguous() && t->numel() == n);
+  ENGINE_ASSERT(decay_bits.is_contiguous() && decay_bits.numel() == decay_bits_bytes(n));
   double lr = s.lr, bc1 = s.bias_correction1, bc2 = s.bias_correction2, grad_scale = s.grad_scale;
   if (s.controls.defined() &&
       !resolve_adamw_controls(s.controls.data<double>(), s.clip_norm, lr, bc1, bc2, grad_scale))
@@ -128,7 +130,7 @@ void lamb(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const 
   const float* g = grad.data<float>();
   float* m = exp_avg.data<float>();
   float* v = exp_avg_sq.data<float>();
-  const uint8_t* mask = decay_mask.data<uint8_t>();
+  const uint8_t* bits = decay_bits.data<uint8_t>();
   const int64_t* chunks = layout.chunks.data<int64_t>();
   const int64_t* first = layout.tensor_chunks.data<int64_t>();
   const uint8_t* trust = layout.trust.data<uint8_t>();
@@ -152,9 +154,9 @@ void lamb(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const 
     const float* gc = g + start;
     float* mc = m + start;
     float* vc = v + start;
-    const uint8_t* dc = mask + start;
 #pragma omp simd
-    for (int64_t e = 0; e < len; ++e) ub[e] = lamb_update(pc[e], gc[e], mc[e], vc[e], dc[e], f);
+    for (int64_t e = 0; e < len; ++e)
+      ub[e] = lamb_update(pc[e], gc[e], mc[e], vc[e], decay_bit(bits, start + e), f);
     alignas(64) double sp[kLambLanes] = {}, su[kLambLanes] = {};
     for (int64_t k = 0; k < kLambChunk / (4 * kLambLanes); ++k)
       for (int64_t j = 0; j < 4; ++j) {

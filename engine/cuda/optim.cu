@@ -1,6 +1,7 @@
 // The CUDA kernels of the AdamW step (engine/optim.h; LAMB's at the end): one fused elementwise
 // pass over the flat parameter slab in 16-byte vectors (param, grad, exp_avg, exp_avg_sq f32 and
-// the u8 decay mask: 17 bytes read and 12 written per element, nothing else; with device controls,
+// the decay bits, a bit an element: 16 bytes and a bit read and 12 written per element (and the
+// 16-bit copy's 2), nothing else; with device controls,
 // AdamW::step_on_device, one single-thread kernel resolves them first). Every f32 operation rounds
 // on its own in the CPU kernel's (PyTorch's) order: products go through mul_rn, which nvcc never
 // contracts into an FMA, and sqrt and division are IEEE-rounded (nvcc's defaults, -prec-sqrt /
@@ -45,8 +46,8 @@ __device__ inline void adamw_one(float& p, float g, float& m, float& v, uint8_t 
   p = pi + dmath::mul_rn(s.neg_step_size, mi) / denom;
 }
 
-// Four elements a thread: 16-byte loads and stores of p, g, m, v and 4 bytes of the mask (the
-// slabs are aligned); the n % 4 tail one element a thread.
+// Four elements a thread: 16-byte loads and stores of p, g, m, v and their 4 decay bits (half a
+// byte; the slabs are aligned); the n % 4 tail one element a thread.
 // The device controls of AdamW::step_on_device, resolved once by one thread (not by each of the
 // step's threads: double sqrt and division, and a read of mapped host memory): the step's scalars
 // rounded to f32 as the host rounds them, or skip. A bad index recorded by the step's kernels
@@ -86,7 +87,7 @@ __device__ inline void store_copy4(H* copy, int64_t i, const Vec<float, 4>& pv) 
 // when the step is skipped. `copy` (null: none): the updated parameters converted to H, 8 bytes
 // stored per 4 elements (AdamWStepScalars::copy).
 template <class H>
-__global__ void adamw_vec4(float* p, const float* g, float* m, float* v, const uint8_t* mask,
+__global__ void adamw_vec4(float* p, const float* g, float* m, float* v, const uint8_t* bits,
                            int64_t n, AdamWFloats s, const AdamWResolved* resolved, H* copy) {
   if (resolved != nullptr) {
     if (resolved->skip != 0) return;
@@ -99,9 +100,9 @@ __global__ void adamw_vec4(float* p, const float* g, float* m, float* v, const u
     const Vec<float, 4> gv = reinterpret_cast<const Vec<float, 4>*>(g)[i];
     Vec<float, 4> mv = reinterpret_cast<Vec<float, 4>*>(m)[i];
     Vec<float, 4> vv = reinterpret_cast<Vec<float, 4>*>(v)[i];
-    const Vec<uint8_t, 4> dv = reinterpret_cast<const Vec<uint8_t, 4>*>(mask)[i];
+    const unsigned d4 = decay_bits4(bits, 4 * i);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) adamw_one(pv.v[j], gv.v[j], mv.v[j], vv.v[j], dv.v[j], s);
+    for (int j = 0; j < 4; ++j) adamw_one(pv.v[j], gv.v[j], mv.v[j], vv.v[j], (d4 >> j) & 1u, s);
     reinterpret_cast<Vec<float, 4>*>(p)[i] = pv;
     reinterpret_cast<Vec<float, 4>*>(m)[i] = mv;
     reinterpret_cast<Vec<float, 4>*>(v)[i] = vv;
@@ -109,7 +110,7 @@ __global__ void adamw_vec4(float* p, const float* g, float* m, float* v, const u
   }
   if (first < n % 4) {
     const int64_t i = n / 4 * 4 + first;
-    adamw_one(p[i], g[i], m[i], v[i], mask[i], s);
+    adamw_one(p[i], g[i], m[i], v[i], decay_bit(bits, i), s);
     if (copy != nullptr) copy[i] = from_acc<H>(p[i]);
   }
 }
@@ -133,7 +134,7 @@ H* copy_ptr(const Tensor& copy) {
 }
 
 void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-           const Tensor& decay_mask, const AdamWStepScalars& s) {
+           const Tensor& decay_bits, const AdamWStepScalars& s) {
   const int64_t n = param.numel();
   if (n == 0) return;
   DeviceGuard guard(param.device().index);
@@ -144,7 +145,7 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
       static_cast<float>(1.0 - s.beta2),  static_cast<float>(s.bias_correction2_sqrt),
       static_cast<float>(s.eps),          static_cast<float>(-s.step_size),
       static_cast<float>(s.grad_scale)};
-  require_aligned_slabs("adamw", {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask, &s.copy});
+  require_aligned_slabs("adamw", {&param, &grad, &exp_avg, &exp_avg_sq, &decay_bits, &s.copy});
   const int threads = kElementwiseThreads;
   const int index = param.device().index;
   cudaStream_t stream = compute_stream(index);
@@ -162,7 +163,7 @@ void adamw(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const
       resolved.defined() ? static_cast<const AdamWResolved*>(resolved.raw_data()) : nullptr;
   with_copy_type(s.copy, "adamw", [&]<class H>() {
     ENGINE_LAUNCH(adamw_vec4<H>, cfg, dptr<float>(param), dptr<const float>(grad),
-                  dptr<float>(exp_avg), dptr<float>(exp_avg_sq), dptr<const uint8_t>(decay_mask), n,
+                  dptr<float>(exp_avg), dptr<float>(exp_avg_sq), dptr<const uint8_t>(decay_bits), n,
                   f, r, copy_ptr<H>(s.copy));
   });
 }
@@ -223,7 +224,7 @@ __global__ void lamb_resolve(const double* controls, double clip_norm, LambFloat
 }
 
 __global__ void lamb_moments(const float* p, const float* g, float* m, float* v,
-                             const uint8_t* mask, const int64_t* chunks, double* partials,
+                             const uint8_t* bits, const int64_t* chunks, double* partials,
                              LambFloats f, const LambResolved* resolved) {
   if (resolved != nullptr) {
     if (resolved->skip != 0) return;
@@ -246,15 +247,15 @@ __global__ void lamb_moments(const float* p, const float* g, float* m, float* v,
       const Vec<float, 4> gv = *reinterpret_cast<const Vec<float, 4>*>(g + i);
       Vec<float, 4> mv = *reinterpret_cast<Vec<float, 4>*>(m + i);
       Vec<float, 4> vv = *reinterpret_cast<Vec<float, 4>*>(v + i);
-      const Vec<uint8_t, 4> dv = *reinterpret_cast<const Vec<uint8_t, 4>*>(mask + i);
+      const unsigned d4 = decay_bits4(bits, i);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        add(pv.v[j], lamb_one(pv.v[j], gv.v[j], mv.v[j], vv.v[j], dv.v[j], f));
+        add(pv.v[j], lamb_one(pv.v[j], gv.v[j], mv.v[j], vv.v[j], (d4 >> j) & 1u, f));
       *reinterpret_cast<Vec<float, 4>*>(m + i) = mv;
       *reinterpret_cast<Vec<float, 4>*>(v + i) = vv;
     } else {  // the chunk's last, partial vector
       for (int64_t j = 0; e + j < len; ++j)
-        add(p[i + j], lamb_one(p[i + j], g[i + j], m[i + j], v[i + j], mask[i + j], f));
+        add(p[i + j], lamb_one(p[i + j], g[i + j], m[i + j], v[i + j], decay_bit(bits, i + j), f));
     }
   }
   a = block_sum(a);
@@ -284,7 +285,7 @@ __global__ void lamb_ratios(const int64_t* first, const uint8_t* trust, const do
 }
 
 template <class H>
-__global__ void lamb_apply(float* p, const float* m, const float* v, const uint8_t* mask,
+__global__ void lamb_apply(float* p, const float* m, const float* v, const uint8_t* bits,
                            const int64_t* chunks, const float* step_scales, LambFloats f,
                            const LambResolved* resolved, H* copy) {
   if (resolved != nullptr) {
@@ -302,17 +303,17 @@ __global__ void lamb_apply(float* p, const float* m, const float* v, const uint8
       Vec<float, 4> pv = *reinterpret_cast<Vec<float, 4>*>(p + i);
       const Vec<float, 4> mv = *reinterpret_cast<const Vec<float, 4>*>(m + i);
       const Vec<float, 4> vv = *reinterpret_cast<const Vec<float, 4>*>(v + i);
-      const Vec<uint8_t, 4> dv = *reinterpret_cast<const Vec<uint8_t, 4>*>(mask + i);
+      const unsigned d4 = decay_bits4(bits, i);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        pv.v[j] =
-            pv.v[j] + dmath::mul_rn(scale, lamb_stored(pv.v[j], mv.v[j], vv.v[j], dv.v[j], f));
+        pv.v[j] = pv.v[j] +
+                  dmath::mul_rn(scale, lamb_stored(pv.v[j], mv.v[j], vv.v[j], (d4 >> j) & 1u, f));
       *reinterpret_cast<Vec<float, 4>*>(p + i) = pv;
       if (copy != nullptr) store_copy4(copy, i / 4, pv);
     } else {
       for (int64_t j = 0; e + j < len; ++j) {
-        p[i + j] = p[i + j] +
-                   dmath::mul_rn(scale, lamb_stored(p[i + j], m[i + j], v[i + j], mask[i + j], f));
+        p[i + j] = p[i + j] + dmath::mul_rn(scale, lamb_stored(p[i + j], m[i + j], v[i + j],
+                                                               decay_bit(bits, i + j), f));
         if (copy != nullptr) copy[i + j] = from_acc<H>(p[i + j]);
       }
     }
@@ -320,7 +321,7 @@ __global__ void lamb_apply(float* p, const float* m, const float* v, const uint8
 }
 
 void lamb(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-          const Tensor& decay_mask, const LambLayout& layout, const LambStepScalars& s) {
+          const Tensor& decay_bits, const LambLayout& layout, const LambStepScalars& s) {
   if (layout.num_chunks == 0) return;
   DeviceGuard guard(param.device().index);
   const LambFloats f{static_cast<float>(s.beta1),
@@ -332,7 +333,7 @@ void lamb(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const 
                      static_cast<float>(s.eps),
                      static_cast<float>(s.weight_decay),
                      static_cast<float>(s.grad_scale)};
-  require_aligned_slabs("lamb", {&param, &grad, &exp_avg, &exp_avg_sq, &decay_mask, &s.copy});
+  require_aligned_slabs("lamb", {&param, &grad, &exp_avg, &exp_avg_sq, &decay_bits, &s.copy});
   const int index = param.device().index;
   cudaStream_t stream = compute_stream(index);
   Tensor resolved;
@@ -349,7 +350,7 @@ void lamb(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const 
   const dim3 chunk_grid(static_cast<unsigned>(layout.num_chunks));
   ENGINE_LAUNCH(lamb_moments, (LaunchConfig{chunk_grid, threads, 0, stream}),
                 dptr<const float>(param), dptr<const float>(grad), dptr<float>(exp_avg),
-                dptr<float>(exp_avg_sq), dptr<const uint8_t>(decay_mask),
+                dptr<float>(exp_avg_sq), dptr<const uint8_t>(decay_bits),
                 dptr<const int64_t>(layout.chunks), dptr<double>(layout.partials), f, r);
   ENGINE_LAUNCH(lamb_ratios,
                 (LaunchConfig{dim3(static_cast<unsigned>(layout.num_tensors)), threads, 0, stream}),
@@ -358,7 +359,7 @@ void lamb(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const 
   with_copy_type(s.copy, "lamb", [&]<class H>() {
     ENGINE_LAUNCH(lamb_apply<H>, (LaunchConfig{chunk_grid, threads, 0, stream}), dptr<float>(param),
                   dptr<const float>(exp_avg), dptr<const float>(exp_avg_sq),
-                  dptr<const uint8_t>(decay_mask), dptr<const int64_t>(layout.chunks),
+                  dptr<const uint8_t>(decay_bits), dptr<const int64_t>(layout.chunks),
                   dptr<const float>(layout.step_scales), f, r, copy_ptr<H>(s.copy));
   });
 }

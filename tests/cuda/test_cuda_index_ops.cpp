@@ -412,9 +412,11 @@ TEST_CASE("the AdamW step on the device equals the CPU step bit for bit", "[cuda
     INFO("slab of " << n);
     Tensor p = Tensor::randn({n}, g), grad = Tensor::randn({n}, g, 0, 0.1);
     Tensor m = Tensor::randn({n}, g, 0, 0.01), v = scale(Tensor::rand({n}, g), 1e-4);
-    std::vector<uint8_t> mask(static_cast<size_t>(n));
-    for (size_t i = 0; i < mask.size(); ++i) mask[i] = static_cast<uint8_t>(i % 3 != 0);
-    Tensor mk = Tensor::from_vector(mask, {n});
+    // Decay on every element but each third (bit i % 8 of byte i / 8: decay_bit).
+    std::vector<uint8_t> bits(static_cast<size_t>(decay_bits_bytes(n)), 0);
+    for (int64_t i = 0; i < n; ++i)
+      if (i % 3 != 0) bits[static_cast<size_t>(i / 8)] |= static_cast<uint8_t>(1u << (i % 8));
+    Tensor mk = Tensor::from_vector(bits, {decay_bits_bytes(n)});
     Tensor pg = p.to(kGpu), mg = m.to(kGpu), vg = v.to(kGpu);
     AdamWStepScalars s;
     s.beta1 = 0.9;
@@ -442,5 +444,23 @@ TEST_CASE("the AdamW step on the device equals the CPU step bit for bit", "[cuda
     require_equal(pg, p);
     require_equal(mg, m);
     require_equal(vg, v);
+    // Only the elements whose bit is set decay: with no gradient and no moments, p = 1 becomes
+    // the decay factor there and stays 1 elsewhere.
+    AdamWStepScalars z;
+    z.beta1 = 0.9;
+    z.beta2 = 0.999;
+    z.eps = 1e-6;
+    z.decay_factor = 0.5;
+    z.step_size = 1e-3;
+    z.bias_correction2_sqrt = 1.0;
+    for (Device dev : {Device::cpu(), kGpu}) {
+      Tensor ones = Tensor::ones({n}).to(dev), zero = Tensor::zeros({n}).to(dev);
+      adamw_kernel(dev, ones, zero, zero.clone(), zero.clone(), mk.to(dev), z);
+      const std::vector<float> got = ones.to(Device::cpu()).to_vector<float>();
+      for (int64_t i = 0; i < n; ++i) {
+        INFO(dev.str() << " element " << i);
+        REQUIRE(got[static_cast<size_t>(i)] == (i % 3 != 0 ? 0.5f : 1.0f));
+      }
+    }
   }
 }
