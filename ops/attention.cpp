@@ -430,6 +430,7 @@ Tensor attention_impl(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in
       a.rel_clip = f.rel_clip;
       a.rel_keys = f.rel_keys;
       a.rel_values = f.rel_values;
+      a.clusters = flash_attention_clusters();
       if (opt.bias.defined()) n->bias_shape = opt.bias.shape();
       record(n, {q, k, v, opt.bias, opt.key_mask, table}, {f.out});
     }

@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -41,6 +43,18 @@ void add_work_cost(WorkCost& cost, const FlashAttentionBackward& a) {
   if (a.rel_table.defined())
     cost.flops += 2.0 * (int(a.rel_keys) + int(a.rel_values)) * a.q.size(0) * a.q.size(1) *
                   a.q.size(2) * a.rel_table.size(0) * a.q.size(3);
+}
+
+bool flash_attention_clusters() {
+  static const bool on = [] {
+    const char* v = std::getenv("ENGINE_ATTENTION_CLUSTERS");
+    if (v == nullptr || *v == 0) return true;
+    const std::string s(v);
+    ENGINE_CHECK(s == "on" || s == "off", "ENGINE_ATTENTION_CLUSTERS is '", s,
+                 "'; expected on or off");
+    return s == "on";
+  }();
+  return on;
 }
 
 bool flash_attention_fits(Device device, DType dtype, int64_t b, int64_t h, int64_t d, int64_t dv) {

@@ -1312,11 +1312,11 @@ void backward(const FlashAttentionBackward& t) {
     dispatch_width(d, "flash_attention_backward", [&]<int ND>() {
       // dQ and dbias in one kernel (flash_backward_q_bias, clusters of the key tiles) where
       // dbias is wanted, the head width is 64 or less, there are no relative positions, the key
-      // tiles fit a cluster and the device runs clusters; otherwise flash_backward_q before the
-      // kv kernel and flash_backward_bias after it.
+      // tiles fit a cluster, the device runs clusters and the caller lets it (t.clusters);
+      // otherwise flash_backward_q before the kv kernel and flash_backward_bias after it.
       bool fused = false;
       if constexpr (ND <= 4) {  // (wider heads: the kernel would spill)
-        fused = want_dbias && a.rel_table == nullptr && tiles(a.tk) <= kMaxCluster &&
+        fused = want_dbias && t.clusters && a.rel_table == nullptr && tiles(a.tk) <= kMaxCluster &&
                 clusters_run(flash_backward_q_bias<T, ND>, t.q.device().index);
         if (fused) {
           constexpr size_t smem = q_bias_smem<ND * 16, T>();

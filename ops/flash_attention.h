@@ -95,6 +95,10 @@ struct FlashAttentionBackward {
   // partials then in group order): 0 lets the backend choose from the shape; tests set it to
   // cover groups of several entries.
   int64_t batch_groups = 0;
+  // Where dbias is wanted and the device runs thread block clusters: dQ and dbias from one
+  // kernel (CUDA's flash_backward_q_bias) rather than two. false: the two, as on a device without
+  // clusters (ENGINE_ATTENTION_CLUSTERS=off for the attention op: flash_attention_clusters()).
+  bool clusters = true;
 };
 inline Kernel<void(const FlashAttentionBackward&)> flash_attention_backward_kernel{
     "flash_attention_backward"};
@@ -103,6 +107,11 @@ inline Kernel<void(const FlashAttentionBackward&)> flash_attention_backward_kern
 // products (forward 2: 4 B H Tq Tk D; backward 4: 8 B H Tq Tk D, the recomputed scores apart).
 void add_work_cost(WorkCost& cost, const FlashAttentionForward& a);
 void add_work_cost(WorkCost& cost, const FlashAttentionBackward& a);
+
+// The attention op's FlashAttentionBackward::clusters: the environment variable
+// ENGINE_ATTENTION_CLUSTERS (on, the default, or off: to time the two-kernel backward beside the
+// cluster kernel, or to rule the latter out; another value is an error naming it), read once.
+bool flash_attention_clusters();
 
 // Whether the fused kernels take this problem on `device`: a backend registered them; q's dtype
 // bf16 or f16 (tensor-core products of 16-bit values, f32 accumulators; f32 and f64 keep the

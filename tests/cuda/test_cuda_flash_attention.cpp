@@ -66,6 +66,21 @@ void to_gpu(std::initializer_list<Tensor*> tensors) {
     if (t->defined()) *t = t->to(kGpu);
 }
 
+// The device's backward of `a`, and the kernels it launched, in order.
+std::vector<std::string> backward_kernels(const FlashAttentionBackward& a) {
+  start_work_recording();
+  flash_attention_backward_kernel(kGpu, a);
+  std::vector<std::string> kernels;
+  for (const WorkRecord& r : stop_work_recording())
+    for (const LaunchRecord& l : r.kernels) kernels.push_back(l.kernel);
+  return kernels;
+}
+
+bool launched(const std::vector<std::string>& kernels, const std::string& name) {
+  return std::any_of(kernels.begin(), kernels.end(),
+                     [&](const std::string& k) { return k.find(name) != std::string::npos; });
+}
+
 void check_kernels(const Case& c, DType dt) {
   INFO("B " << c.b << " groups " << c.groups << " H " << c.h << " Tq " << c.tq << " Tk " << c.tk
             << " D " << c.d << " p " << c.p << " bias " << c.bias << " mask " << c.mask << " "
@@ -210,22 +225,14 @@ void check_kernels(const Case& c, DType dt) {
           c.accumulate ? dbias0.to(kGpu) : Tensor::empty({c.h, c.tq, c.tk}, DType::f32, kGpu);
     if (rel_keys) bg.drel = rel_table_out();
     if (rel_values) bg.rel_weights = rel_table_out();
-    start_work_recording();
-    flash_attention_backward_kernel(kGpu, bg);
-    std::vector<std::string> kernels;
-    for (const WorkRecord& r : stop_work_recording())
-      for (const LaunchRecord& l : r.kernels) kernels.push_back(l.kernel);
+    const std::vector<std::string> kernels = backward_kernels(bg);
     // dQ and dbias in one kernel (clusters of the key tiles) where dbias is wanted, D <= 64, no
     // relative positions and at most 8 key tiles; otherwise the q kernel, and the bias kernel.
     const bool fused = c.bias && c.d <= 64 && c.clip == 0 && (c.tk + 63) / 64 <= 8;
-    auto launched = [&](const std::string& name) {
-      return std::any_of(kernels.begin(), kernels.end(),
-                         [&](const std::string& k) { return k.find(name) != std::string::npos; });
-    };
-    CHECK(launched("flash_backward_q_bias<") == fused);
-    CHECK(launched("flash_backward_q<") == !fused);
-    CHECK(launched("flash_backward_bias<") == (c.bias && !fused));
-    CHECK(launched("flash_backward_kv<"));
+    CHECK(launched(kernels, "flash_backward_q_bias<") == fused);
+    CHECK(launched(kernels, "flash_backward_q<") == !fused);
+    CHECK(launched(kernels, "flash_backward_bias<") == (c.bias && !fused));
+    CHECK(launched(kernels, "flash_backward_kv<"));
     if (run == 0) {
       first = {bg.dq, bg.dk, bg.dv, bg.dbias, bg.drel, bg.rel_weights};
       continue;
@@ -240,6 +247,26 @@ void check_kernels(const Case& c, DType dt) {
   require_close(bg.dq, bw.dq, tol, tol, tol);
   require_close(bg.dk, bw.dk, tol, tol, tol);
   require_close(bg.dv, bw.dv, tol, tol, tol);
+  if (c.bias && !c.strided && c.clip == 0) {
+    // Without clusters (clusters = false, as on a device that has none, or
+    // ENGINE_ATTENTION_CLUSTERS=off): flash_backward_q and _bias, within rounding of the CPU.
+    FlashAttentionBackward two = bg;
+    two.clusters = false;
+    two.dq = Tensor::empty(f.q.shape(), dt, kGpu);
+    two.dk = Tensor::empty(f.k.shape(), dt, kGpu);
+    two.dv = Tensor::empty(f.v.shape(), dt, kGpu);
+    two.dbias = c.accumulate ? dbias0.to(kGpu) : Tensor::empty({c.h, c.tq, c.tk}, DType::f32, kGpu);
+    const std::vector<std::string> kernels = backward_kernels(two);
+    CHECK_FALSE(launched(kernels, "flash_backward_q_bias<"));
+    CHECK(launched(kernels, "flash_backward_q<"));
+    CHECK(launched(kernels, "flash_backward_bias<"));
+    require_close(two.dq, bw.dq, tol, tol, tol);
+    require_close(two.dk, bw.dk, tol, tol, tol);
+    require_close(two.dv, bw.dv, tol, tol, tol);
+    require_close(two.dbias, bw.dbias, 1e-3, 1e-4, 1e-4);
+    require_equal(two.dk, bg.dk);  // the kv kernel is the same either way
+    require_equal(two.dv, bg.dv);
+  }
   if (rel_keys) require_close(bg.drel, bw.drel, tol, tol, tol);
   if (rel_values) require_close(bg.rel_weights, bw.rel_weights, tol, tol);
   // dS in f32 from 16-bit inputs, summed over the batch in f32.
