@@ -68,6 +68,11 @@ def main():
               f"| {cell(full)} | {cell(masked)} | {cell(comp)} | {vs_torch} | {vs_bert_a} |")
     if eng.get("bert_base_learned_rpe graph"):
         print(f"\nBERT-Base s128 learned_rpe (Shaw), graph: {eng['bert_base_learned_rpe graph']:.2f} ms")
+    for size in ("base", "large"):  # the two-kernel dQ / dbias backward beside the cluster kernel
+        off, on = eng.get(f"bert_{size}_tupe_r graph clusters off"), eng.get(f"bert_{size}_tupe_r graph")
+        if off and on:
+            print(f"\nBERT-{size.capitalize()} TUPE-R, graph: {on:.2f} ms with the cluster kernel, "
+                  f"{off:.2f} ms without (ENGINE_ATTENTION_CLUSTERS=off)")
     mdl = pm.Model(fit)
     for size in ("base", "large"):
         ncu = os.path.join(out, f"ncu_{size}.csv.xz")
