@@ -169,7 +169,7 @@ struct Block {
   bool secondary = false;      // faulted because another block of its cluster did
 };
 
-// The blocks of a cluster in flight, each run by a thread of its own (run_cluster), and their
+// The blocks of a cluster in flight, each run by a thread of its own (run_clusters), and their
 // barrier: a block arrives once every live thread of it waits in cluster_sync; the last arrival
 // releases them all (a new generation). A block that ends (done or faulted) is marked exited;
 // the others then fault instead of waiting for it.
