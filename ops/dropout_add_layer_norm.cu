@@ -189,8 +189,8 @@ __host__ __device__ inline int acc_slots(const Bwd<T, S>& a) {
 // an output not wanted is not written). Each warp's slots in shared memory (acc_slots x E x 32
 // words: 8 KiB at c = 1024 for the LayerNorm's two, 12 KiB with dbias: 24 and 16 warps an SM);
 // the row held as loaded (warp_row_dxhat), dxhat and xhat made again in the second pass, which
-// also adds the parameter-gradient terms (the first pass only sums). Launch bounds: 6 blocks an
-// SM, the most 8 KiB a warp leaves room for.
+// also adds the parameter-gradient terms (the first pass only sums). Launch bounds for 16-bit rows:
+// 20 warps an SM (5 blocks of 4: 94 registers; 6 blocks spill; see the file's header).
 template <class T, class S, int E, int W>
 __global__ void __launch_bounds__(W* kWarpSize, sizeof(T) == 2 ? 20 / W : 1)
     dropout_add_layer_norm_backward_warp(Bwd<T, S> a, int64_t rows, int64_t c,

@@ -1107,11 +1107,9 @@ __global__ void __launch_bounds__(kThreads)
         s.z += v.z;
         s.w += v.w;
       }
-      T* dst = dq_rows + i * a.ldq.st + c;
-      dst[0] = from_acc<T>(s.x * a.scale);
-      dst[1] = from_acc<T>(s.y * a.scale);
-      dst[2] = from_acc<T>(s.z * a.scale);
-      dst[3] = from_acc<T>(s.w * a.scale);
+      const T out[4] = {from_acc<T>(s.x * a.scale), from_acc<T>(s.y * a.scale),
+                        from_acc<T>(s.z * a.scale), from_acc<T>(s.w * a.scale)};
+      store4(dq_rows + i * a.ldq.st, c, D, true, out);  // 8 bytes (rows on 16-byte boundaries)
     }
   }
   cluster.sync();  // the other blocks are done reading this block's tiles
