@@ -209,12 +209,20 @@ def describe5(name, op_row, launch, n_main):
         return "vec", share, 0, "simple", 0
     if base in ("bucket_lookup_fwd", "cls_reset_fwd"):  # 16-byte stores, coalesced index reads
         return "vec", share, 0, "simple", 0
-    if base == "bucket_lookup_partials":  # grad (C, N) and the index once, one element a thread
-        # a step, every 128th of the piece
+    if base == "bucket_lookup_partials":  # grad (C, N) and the index once. N % 4 == 0: a thread
+        # step is 4 consecutive positions (their indices two 16-byte loads, their values one
+        # vector, 16 bytes in f32), every 128th group of the piece: "vec"; else one position a
+        # step, scalar coalesced. Steps: the groups a thread of a piece walks (the grid is pieces x
+        # C x groups of 32 buckets; every block of a piece walks all of it)
         g, idx = ts[0], ts[1]
-        nb = numel(g[0]) * elem(g) + numel(idx[0]) * elem(idx)
-        return "coalesced", nb, math.ceil(numel(idx[0]) / (launch["blocks"] * launch["threads"])), \
-            "simple", 0
+        n = numel(idx[0])
+        nb = numel(g[0]) * elem(g) + n * elem(idx)
+        width = 4 if n % 4 == 0 else 1
+        table = ts[2][0] if len(ts) >= 3 and len(ts[2][0]) == 2 else None
+        per_piece = table[1] * math.ceil(table[0] / 32) if table else 1
+        pieces = max(1, launch["blocks"] // per_piece)
+        return ("vec" if width == 4 else "coalesced"), nb, \
+            math.ceil(n / (pieces * launch["threads"] * width)), "simple", 0
     if base == "bucket_lookup_sum":  # a warp per output over its pieces
         pieces = min(512, max(1, math.ceil(numel(ts[1][0]) / 2048)))
         return "aux", 0.0, math.ceil(pieces / 32), "simple", 0
@@ -222,9 +230,15 @@ def describe5(name, op_row, launch, n_main):
         # read and written, 16-byte vectors
         g = ts[0]
         return "vec", 3 * numel(g[0]) * elem(g), 0, "simple", 0
-    if base in ("untied_bias_fwd", "untied_bias_bwd"):  # a thread an element, scalar coalesced
-        # loads and stores (P's rows are T + 2 long: no aligned vectors)
-        return "coalesced", share, 0, "simple", 0
+    if base in ("untied_bias_fwd", "untied_bias_bwd"):  # T a multiple of 16 bytes of out's
+        # (dout's) type: a thread per 16-byte vector of a (T, T) row, the big streams (add read and
+        # out written; dout read and dadd written) 16-byte vectors, P's / dP's (T + 2)-long rows
+        # scalar but coalesced (2 of 10 bytes an element in the bf16-product f32 runs): "vec";
+        # else a thread an element, scalar coalesced
+        big = ts[-1] if base == "untied_bias_fwd" else ts[0]
+        width = max(1, 16 // elem(big))
+        vec = bool(big[0]) and big[0][-1] % width == 0
+        return ("vec" if vec else "coalesced"), share, 0, "simple", 0
     if base == "cls_reset_sums":  # a block per channel: its first row and column
         return "aux", 0.0, math.ceil(max(ts[0][0][1:]) / launch["threads"]), "simple", 0
     if base == "cross_entropy_online":  # a block per row, one pass in 8-element vectors with the

@@ -4,9 +4,11 @@
 // same bits on every run. Awkward shapes: N not a multiple of 4 (the scalar path), rows not a
 // multiple of the vector width, more than 32 buckets (two groups), buckets no position names, N
 // past the 512-piece cap (several positions a thread), one row, one column; and a bad index on the
-// device.
+// device. untied_bias's 16-byte vector path (T a multiple of the width) and its scalar path (T not,
+// or operands off a 16-byte boundary) give the same bits.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <vector>
 
 #include "cuda_test_support.h"
@@ -67,18 +69,21 @@ TEST_CASE("bucket_lookup on the device: the lookup bit for bit, the table's grad
       }
     }
   }
-  // bf16: the lookup a copy, the sums in f32 rounded once.
-  Tensor index = random_index({9, 9}, 6, 3);
-  Tensor tb = Tensor::randn({6, 2}, g).to(DType::bf16);
-  require_equal(bucket_lookup(tb.to(kGpu), index.to(kGpu)).to(Device::cpu()),
-                bucket_lookup(tb, index));
-  Tensor tbg = tb.to(kGpu).set_requires_grad();
-  Tensor dy = Tensor::randn({2, 9, 9}, g).to(DType::bf16);
-  bucket_lookup(tbg, index.to(kGpu)).backward(dy.to(kGpu));
-  Tensor t32 = tb.to(DType::f32).set_requires_grad();
-  bucket_lookup(t32, index).backward(dy.to(DType::f32));
-  require_close(tbg.grad().to(Device::cpu()).to(DType::f32),
-                t32.grad().to(DType::bf16).to(DType::f32), 1e-2, 1e-2);
+  // bf16: the lookup a copy, the sums in f32 rounded once (N = 81: a position a step; 64: 4).
+  for (int64_t m : {9, 8}) {
+    INFO("bf16 index " << m << " x " << m);
+    Tensor index = random_index({m, m}, 6, 3);
+    Tensor tb = Tensor::randn({6, 2}, g).to(DType::bf16);
+    require_equal(bucket_lookup(tb.to(kGpu), index.to(kGpu)).to(Device::cpu()),
+                  bucket_lookup(tb, index));
+    Tensor tbg = tb.to(kGpu).set_requires_grad();
+    Tensor dy = Tensor::randn({2, m, m}, g).to(DType::bf16);
+    bucket_lookup(tbg, index.to(kGpu)).backward(dy.to(kGpu));
+    Tensor t32 = tb.to(DType::f32).set_requires_grad();
+    bucket_lookup(t32, index).backward(dy.to(DType::f32));
+    require_close(tbg.grad().to(Device::cpu()).to(DType::f32),
+                  t32.grad().to(DType::bf16).to(DType::f32), 1e-2, 1e-2);
+  }
 }
 
 TEST_CASE("bucket_lookup on the device reports an index out of range", "[cuda]") {
@@ -199,4 +204,82 @@ TEST_CASE("untied_bias on the device against the CPU: every mode, 16-bit product
     return p.grad().to(Device::cpu());
   };
   require_equal(run(), run());
+}
+
+TEST_CASE("untied_bias on the device: 16-byte vectors and the scalar path give the same bits",
+          "[cuda]") {
+  // T = 8: the vector path for f32 (4 a vector), f64 (2) and 16-bit (8) outputs; T = 6: f64's
+  // only. Each run again with add and dout one element off a 16-byte boundary (the scalar path
+  // for every dtype). The forward bit for bit against its rounding spelled out: s P + add one FMA,
+  // at the reset s theta rounded and then add added (in f32 for 16-bit, rounded once).
+  Generator g(64);
+  struct Dt {
+    DType p, add;
+  };
+  // A copy of x one element into a device buffer: contiguous, not 16-byte aligned.
+  auto shifted = [](const Tensor& x) {
+    std::vector<double> v = x.to(Device::cpu()).to(DType::f64).to_vector<double>();
+    v.insert(v.begin(), 0.0);
+    const int64_t m = x.numel();
+    return Tensor::from_vector<double>(v, {m + 1}).to(x.dtype()).to(kGpu);
+  };
+  for (const Dt& d : {Dt{DType::f32, DType::f32}, Dt{DType::bf16, DType::f32},
+                      Dt{DType::bf16, DType::bf16}, Dt{DType::f64, DType::f64}})
+    for (int mode = 0; mode < 3; ++mode)  // 0: no reset, 1: paper, 2: code
+      for (int64_t t : {8, 6}) {
+        const int64_t c = 3;
+        UntiedBiasOptions o;
+        o.scale = 0.3;
+        o.reset = mode > 0;
+        o.add_at_reset = mode == 2;
+        const int64_t n = t + (o.reset ? 2 : 0);
+        INFO(dtype_name(d.p) << " add " << dtype_name(d.add) << " mode " << mode << " T " << t);
+        const DType acc = d.add == DType::f64 ? DType::f64 : DType::f32;
+        Tensor p = Tensor::randn({c, n, n}, g, 0, 1, d.p);
+        Tensor add = Tensor::randn({c, t, t}, g, 0, 1, d.add);
+        Tensor dy = Tensor::randn({c, t, t}, g, 0, 1, d.add);
+        // The forward's rounding, in the accumulation type T.
+        auto reference = [&]<class T>() {
+          const std::vector<double> pv = p.to(DType::f64).to_vector<double>();
+          const std::vector<double> av = add.to(DType::f64).to_vector<double>();
+          std::vector<double> out(size_t(c * t * t));
+          const T s = T(o.scale);
+          for (int64_t ch = 0; ch < c; ++ch)
+            for (int64_t i = 0; i < t; ++i)
+              for (int64_t j = 0; j < t; ++j) {
+                const int64_t e = (ch * t + i) * t + j;
+                const T a = T(av[size_t(e)]);
+                T v;
+                if (o.reset && (i == 0 || j == 0)) {
+                  const int64_t k = i == 0 ? t : t + 1;
+                  volatile T prod = s * T(pv[size_t((ch * n + k) * n + k)]);  // not fused
+                  v = o.add_at_reset ? T(prod + a) : T(prod);
+                } else {
+                  v = std::fma(s, T(pv[size_t((ch * n + i) * n + j)]), a);
+                }
+                out[size_t(e)] = double(v);
+              }
+          return Tensor::from_vector<double>(out, {c, t, t}).to(acc).to(d.add);
+        };
+        const Tensor want =
+            acc == DType::f64 ? reference.operator()<double>() : reference.operator()<float>();
+        // Aligned: the vector path where T allows it.
+        Tensor pg = p.to(kGpu).set_requires_grad(), ag = add.to(kGpu).set_requires_grad();
+        Tensor out = untied_bias(pg, ag, o);
+        require_equal(out, want);
+        out.backward(dy.to(kGpu));
+        // One element off: the scalar path.
+        Tensor p2 = p.to(kGpu).set_requires_grad(), buf = shifted(add).set_requires_grad();
+        Tensor out2 = untied_bias(p2, buf.slice(0, 1, c * t * t + 1).view({c, t, t}), o);
+        require_equal(out2, out);
+        out2.backward(shifted(dy).slice(0, 1, c * t * t + 1).view({c, t, t}));
+        require_equal(p2.grad(), pg.grad());
+        require_equal(buf.grad().slice(0, 1, c * t * t + 1).view({c, t, t}), ag.grad());
+        // And the CPU's gradients (dP's two diagonal sums within rounding).
+        Tensor pc = p.to(acc).set_requires_grad(), ac = add.to(acc).set_requires_grad();
+        untied_bias(pc, ac, o).backward(dy.to(acc));
+        const double gt = d.p == DType::f64 ? 1e-12 : d.p == DType::f32 ? 1e-5 : 1e-2;
+        require_close(pg.grad().to(acc), pc.grad().to(d.p).to(acc), gt, gt, gt);
+        require_equal(ag.grad().to(acc), ac.grad().to(d.add).to(acc));
+      }
 }
