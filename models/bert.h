@@ -59,6 +59,8 @@ class LayerNorm : public engine::Module {
   engine::DropoutAddNorm forward_residual(const Tensor& h, const Tensor& h_bias,
                                           const Tensor& residual, double p, bool training,
                                           Generator& gen) const;
+  // dropout(this norm of x, p) in one op each way (engine::layer_norm_dropout: the embeddings').
+  Tensor forward_dropout(const Tensor& x, double p, bool training, Generator& gen) const;
   Tensor weight, bias;
   double eps;
 };

@@ -44,7 +44,8 @@ std::vector<engine::Tensor> dropout_masks(const engine::Tensor& loss) {
     if (!n || !seen.insert(n.get()).second) continue;
     if (std::strcmp(n->name(), "dropout") == 0 ||
         std::strcmp(n->name(), "attention_dropout") == 0 ||
-        std::strcmp(n->name(), "dropout_add_layer_norm") == 0)
+        std::strcmp(n->name(), "dropout_add_layer_norm") == 0 ||
+        std::strcmp(n->name(), "layer_norm_dropout") == 0)
       found.push_back(n);
     for (const engine::Edge& e : n->next) todo.push_back(e.node);
   }
@@ -53,6 +54,12 @@ std::vector<engine::Tensor> dropout_masks(const engine::Tensor& loss) {
   engine::NoGrad ng;
   std::vector<engine::Tensor> masks;
   for (const auto& n : found) {
+    // The embeddings' fused LayerNorm and dropout: its mask from its stream state.
+    if (std::strcmp(n->name(), "layer_norm_dropout") == 0) {
+      const engine::Tensor keep = engine::layer_norm_dropout_mask(*n);
+      if (keep.defined()) masks.push_back(keep.to(engine::Device::cpu()));
+      continue;
+    }
     // The gradient of ones is nonzero where an element was kept: dropout's output, or the fused
     // residual join's sum (its normed output given zeros: the sum's gradient is then exactly the
     // ones, and the branch input's is ones x keep / (1 - p)).

@@ -47,23 +47,55 @@ void add_work_cost(WorkCost& cost, const DropoutAddNormBackward& a) {
     if (t->defined()) add_work_cost(cost, *t);
 }
 
+std::vector<Tensor> layer_norm_backward_one_pass(const Node& node, const Tensor& x,
+                                                 const Tensor& weight, const Tensor& mean,
+                                                 const Tensor& rstd, const Tensor& dy, double p,
+                                                 PhiloxState state) {
+  DropoutAddNormBackward a;
+  a.sum = x;
+  a.weight = weight;
+  a.mean = mean;
+  a.rstd = rstd;
+  a.p = p;
+  a.state = state;
+  a.drop_normed = p > 0;  // p == 0: the plain LayerNorm backward (nothing to mask)
+  a.dnormed = dy.contiguous();
+  // The parameters' gradients as the join's: f32 sinks on a device (Node::grad_sink_f32),
+  // written where their zero was deferred.
+  auto out = [&](size_t i, bool* write) {
+    if (!node.needs_input_grad(i)) return Tensor();
+    if (write && !x.device().is_cpu())
+      if (const Tensor* f32 = node.grad_sink_f32(i, write)) return *f32;
+    return Tensor::empty(node.inputs[i].shape, node.inputs[i].dtype, x.device());
+  };
+  a.d_residual = out(0, nullptr);
+  a.dweight = out(1, &a.write_dweight);
+  a.dln_bias = out(2, &a.write_dln_bias);
+  dropout_add_layer_norm_backward_kernel(x.device(), a);
+  auto given = [&](size_t i, const Tensor& g) {
+    return g.defined() && g.dtype() != node.inputs[i].dtype ? Tensor() : g;
+  };
+  return {a.d_residual, given(1, a.dweight), given(2, a.dln_bias)};
+}
+
 namespace {
 
 constexpr const char* kOp = "dropout_add_layer_norm";
 
-void check_like(const Tensor& x, const Tensor& t, const char* what, bool row) {
+void check_like(const Tensor& x, const Tensor& t, const char* what, bool row,
+                const char* op = kOp) {
   if (!t.defined()) return;
   const int64_t c = x.shape().back();
   if (row) {
-    ENGINE_CHECK(t.shape() == x.shape(), "[", kOp, "] ", what, " ", describe(t),
+    ENGINE_CHECK(t.shape() == x.shape(), "[", op, "] ", what, " ", describe(t),
                  " does not match the shape of x ", describe(x));
   } else {
-    ENGINE_CHECK(t.dim() == 1 && t.size(0) == c, "[", kOp, "] ", what, " ", describe(t),
+    ENGINE_CHECK(t.dim() == 1 && t.size(0) == c, "[", op, "] ", what, " ", describe(t),
                  " does not match x ", describe(x), ": expected shape (", c, ")");
   }
-  ENGINE_CHECK(t.dtype() == x.dtype(), "[", kOp, "] ", what, " ", describe(t),
+  ENGINE_CHECK(t.dtype() == x.dtype(), "[", op, "] ", what, " ", describe(t),
                " does not match the dtype of x ", describe(x), " (convert one with .to())");
-  ENGINE_CHECK(t.device() == x.device(), "[", kOp, "] ", what, " ", describe(t),
+  ENGINE_CHECK(t.device() == x.device(), "[", op, "] ", what, " ", describe(t),
                " is not on the device of x ", describe(x));
 }
 
@@ -109,6 +141,18 @@ struct DropoutAddNormNode : Node {
     return {a.dx, given(1, a.dbias), a.d_residual, given(3, a.dweight), given(4, a.dln_bias)};
   }
   void release_saved() override { sum = weight = mean = rstd = Tensor(); }
+};
+
+// layer_norm_dropout's: x's gradient and the parameters', the mask redrawn from the state.
+struct LayerNormDropoutNode : Node {
+  Tensor x, weight, mean, rstd;
+  double p = 0;
+  PhiloxState state;
+  const char* name() const override { return "layer_norm_dropout"; }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    return layer_norm_backward_one_pass(*this, x, weight, mean, rstd, grads[0], p, state);
+  }
+  void release_saved() override { x = weight = mean = rstd = Tensor(); }
 };
 
 // ---- CPU kernels -----------------------------------------------------------------------------
@@ -204,11 +248,11 @@ void forward(const DropoutAddNormForward& a) {
     const int64_t c = a.x.shape().back();
     const int64_t rows = a.x.numel() / c;
     const T* px = a.x.data<T>();
-    const T* pr = a.residual.data<T>();
+    const T* pr = a.residual.defined() ? a.residual.data<T>() : nullptr;
     const T* pb_in = a.bias.defined() ? a.bias.data<T>() : nullptr;
     const T* pw_in = a.weight.defined() ? a.weight.data<T>() : nullptr;
     const T* plb_in = a.ln_bias.defined() ? a.ln_bias.data<T>() : nullptr;
-    T* ps = a.sum.data<T>();
+    T* ps = a.sum.defined() ? a.sum.data<T>() : nullptr;
     T* py = a.normed.data<T>();
     T* pmean = a.mean.data<T>();
     T* prstd = a.rstd.data<T>();
@@ -221,11 +265,24 @@ void forward(const DropoutAddNormForward& a) {
       std::vector<uint32_t> fresh;
       const uint32_t* words = row_words(rule, a.state, r, c, fresh);
       const T* xr = px + r * c;
-      const T* rr = pr + r * c;
-      T* sr = ps + r * c;
       T* yr = py + r * c;
       const T scale = static_cast<T>(rule.scale);
       const uint32_t th = rule.threshold;
+      if (a.drop_normed) {  // dropout(layer_norm(x)): layer_norm's row, then dropout's
+        const T mu = ::engine::cpu::row_sum(xr, c) / T(c);
+        const T v = ::engine::cpu::row_sum_sq_dev(xr, mu, c);
+        const T rs = T(1) / std::sqrt(v / T(c) + T(a.eps));
+        pmean[r] = mu;
+        prstd[r] = rs;
+        normalise_row(xr, mu, rs, pw, plb, yr, c);
+        if (!words && rule.scale == 0)  // p == 1: everything dropped
+          std::fill(yr, yr + c, T(0));
+        else if (words)
+          drop_row(yr, words, th, scale, yr, c);
+        continue;
+      }
+      const T* rr = pr + r * c;
+      T* sr = ps + r * c;
       if (!words && rule.scale == 0)  // p == 1: everything dropped
         std::copy(rr, rr + c, sr);
       else
@@ -272,14 +329,24 @@ void backward(const DropoutAddNormBackward& a) {
       double* acc_w = part_w ? part_w + k * c : nullptr;
       double* acc_lb = part_lb ? part_lb + k * c : nullptr;
       std::vector<uint32_t> fresh_words;
-      std::vector<T> fresh_d;
+      std::vector<T> fresh_d, fresh_g;
       T* d = ::engine::cpu::thread_scratch<T, 1>(c, fresh_d);  // dxhat, then dsum_total
+      // drop_normed: the row's dnormed through dropout's backward first (its rounding)
+      T* gd = a.drop_normed ? ::engine::cpu::thread_scratch<T, 2>(c, fresh_g) : nullptr;
       const T* pw = row_or(pw_in, c, T(1));
       const T scale = static_cast<T>(rule.scale);
       const uint32_t th = rule.threshold;
       for (int64_t r = r0; r < r1; ++r) {
         const T* zr = pz + r * c;
         const T* gr = pg + r * c;
+        if (gd) {
+          const uint32_t* words = row_words(rule, a.state, r, c, fresh_words);
+          if (!words && rule.scale == 0)  // p == 1: nothing reaches the LayerNorm
+            std::fill(gd, gd + c, T(0));
+          else
+            drop_row(gr, words, th, scale, gd, c);
+          gr = gd;
+        }
         const T mu = pmean[r], rs = prstd[r];
         if (acc_w)
           for (int64_t j = 0; j < c; ++j)
@@ -360,6 +427,57 @@ DropoutAddNorm dropout_add_layer_norm(const Tensor& x_in, const Tensor& bias_in,
     record(n, {x, bias, residual, weight, ln_bias}, {a.sum, a.normed});
   }
   return {a.sum, a.normed};
+}
+
+Tensor layer_norm_dropout_mask(const Node& node) {
+  const auto* n = dynamic_cast<const LayerNormDropoutNode*>(&node);
+  if (!n || n->p == 0.0) return Tensor();
+  const TensorMeta& m = n->inputs.at(0);
+  if (n->p >= 1.0) return Tensor::zeros(m.shape, DType::u8, m.device);  // no draw: all dropped
+  return dropout_mask(m.shape, n->p, n->state, DType::u8, m.device);
+}
+
+Tensor layer_norm_dropout(const Tensor& x_in, const Tensor& weight_in, const Tensor& ln_bias_in,
+                          double p, bool training, Generator& gen, double eps) {
+  ENGINE_CHECK(x_in.defined(), "[layer_norm_dropout] x must be defined");
+  const Tensor x = autocast_to_compute(x_in), weight = autocast_to_compute(weight_in),
+               ln_bias = autocast_to_compute(ln_bias_in);
+  ENGINE_CHECK(is_floating(x.dtype()), "[layer_norm_dropout] expects a floating x, got ",
+               describe(x));
+  ENGINE_CHECK(x.dim() >= 1 && x.shape().back() > 0,
+               "[layer_norm_dropout] expects a non-empty last dim to normalise over, got x ",
+               describe(x));
+  check_like(x, weight, "weight", false, "layer_norm_dropout");
+  check_like(x, ln_bias, "ln_bias", false, "layer_norm_dropout");
+  ENGINE_CHECK(p >= 0.0 && p <= 1.0, "[layer_norm_dropout] p must be in [0, 1], got ", p);
+  ENGINE_CHECK(eps >= 0, "[layer_norm_dropout] eps must be >= 0, got ", eps);
+
+  DropoutAddNormForward a;
+  a.x = detached(x);
+  a.weight = detached(weight);
+  a.ln_bias = detached(ln_bias);
+  a.p = training ? p : 0.0;
+  a.eps = eps;
+  a.drop_normed = true;
+  // dropout's draw: only where it draws (0 < p < 1 in training)
+  if (a.p > 0.0 && a.p < 1.0) a.state = gen.reserve_words(static_cast<uint64_t>(x.numel()));
+  const int64_t rows = x.numel() / x.shape().back();
+  a.normed = Tensor::empty(x.shape(), x.dtype(), x.device());
+  const DType sd = layer_norm_stats_dtype(x.dtype());
+  a.mean = Tensor::empty({rows}, sd, x.device());
+  a.rstd = Tensor::empty({rows}, sd, x.device());
+  dropout_add_layer_norm_kernel(x.device(), a);
+  if (needs_grad({&x, &weight, &ln_bias})) {
+    auto n = std::make_shared<LayerNormDropoutNode>();
+    n->x = a.x;
+    n->weight = a.weight;
+    n->mean = a.mean;
+    n->rstd = a.rstd;
+    n->p = a.p;
+    n->state = a.state;
+    record(n, {x, weight, ln_bias}, {a.normed});
+  }
+  return a.normed;
 }
 
 }  // namespace engine

@@ -65,6 +65,7 @@ struct Fwd {
   S *mean, *rstd;
   S eps;
   Drop<T> drop;
+  bool drop_normed;  // layer_norm_dropout: x normalised, then the output dropped
 };
 
 template <class T, class S>
@@ -74,6 +75,7 @@ struct Bwd {
   T *d_residual, *dx;
   Drop<T> drop;
   bool want_w, want_lb, want_b;  // which parameter gradients to sum
+  bool drop_normed;              // layer_norm_dropout: dnormed through the mask first
 };
 
 // Keep bits of row elements j0 .. j0 + 3 (stream index i0 = r * c + j0).
@@ -112,9 +114,26 @@ __device__ inline bool keep_one(const Drop<T>& d, uint64_t i) {
   return d.draws ? dropout_keep(philox_word(d.state, i), d.threshold) : d.scale != Acc<T>(0);
 }
 
+// dropout's value of v under keep: v scale rounded to T, or 0 (dropout's kernel, either way).
+template <class T>
+__device__ inline T dropped(bool keep, Acc<T> v, Acc<T> scale) {
+  return keep ? from_acc<T>(v * scale) : from_acc<T>(Acc<T>(0));
+}
+
+// A held group through dropout (bit q of bits: element q's keep), in place.
+template <class T>
+__device__ inline void drop_raw(Raw4<T>& r, uint32_t bits, Acc<T> scale) {
+  Vec<T, 4> v;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) v.v[q] = dropped<T>((bits >> q) & 1u, raw_at(r, q), scale);
+  memcpy(r.w, &v, sizeof(v));
+}
+
 // ---- a warp per row ------------------------------------------------------------------------
 
-template <class T, class S, int E>
+// DN: drop_normed (layer_norm_dropout), a template argument so that the residual join's code
+// stays as it was (two more registers as a runtime flag: 32 warps an SM instead of 36).
+template <class T, class S, int E, bool DN>
 __global__ void __launch_bounds__(kForwardWarps* kWarpSize, sizeof(T) == 2 ? 8 : 1)
     dropout_add_layer_norm_warp(Fwd<T, S> a, int64_t rows, int64_t c, bool vec) {
   constexpr int G = E / 4;
@@ -128,6 +147,10 @@ __global__ void __launch_bounds__(kForwardWarps* kWarpSize, sizeof(T) == 2 ? 8 :
     const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
     zero_raw(z[k]);
     if (j0 >= c) continue;
+    if constexpr (DN) {  // x itself is normalised
+      load4_raw(a.x + r * c, j0, c, vec, z[k]);
+      continue;
+    }
     Acc<T> xv[4], rv[4], bv[4] = {};
     load4(a.x + r * c, j0, c, vec, xv);
     load4(a.residual + r * c, j0, c, vec, rv);
@@ -167,6 +190,8 @@ __global__ void __launch_bounds__(kForwardWarps* kWarpSize, sizeof(T) == 2 ? 8 :
       if (a.weight) h *= static_cast<S>(wv[q]);
       if (a.ln_bias) h += static_cast<S>(bv[q]);
       out[q] = from_acc<T>(h);
+      if constexpr (DN)  // layer_norm's rounding, then dropout's
+        out[q] = dropped<T>((kept >> (4 * k + q)) & 1u, to_acc(out[q]), a.drop.scale);
     }
     store4(a.normed + r * c, j0, c, vec, out);
   }
@@ -191,7 +216,7 @@ __host__ __device__ inline int acc_slots(const Bwd<T, S>& a) {
 // the row held as loaded (warp_row_dxhat), dxhat and xhat made again in the second pass, which
 // also adds the parameter-gradient terms (the first pass only sums). Launch bounds for 16-bit rows:
 // 20 warps an SM (5 blocks of 4: 94 registers; 6 blocks spill; see the file's header).
-template <class T, class S, int E, int W>
+template <class T, class S, int E, int W, bool DN>
 __global__ void __launch_bounds__(W* kWarpSize, sizeof(T) == 2 ? 20 / W : 1)
     dropout_add_layer_norm_backward_warp(Bwd<T, S> a, int64_t rows, int64_t c,
                                          int64_t rows_per_warp, bool vec, S* part) {
@@ -207,11 +232,13 @@ __global__ void __launch_bounds__(W* kWarpSize, sizeof(T) == 2 ? 20 / W : 1)
   const bool want_dz = a.d_residual || a.dx || a.want_b;
   for (int64_t r = r0; r < r1; ++r) {
     const S mu = a.mean[r], rs = a.rstd[r];
-    const uint32_t kept = want_dz ? keep_mask<T, G>(a.drop, r, c, lane) : 0u;
-    Raw4<T> xr[G], gr[G];  // the row's sum and dnormed, as loaded
+    const uint32_t kept = want_dz || DN ? keep_mask<T, G>(a.drop, r, c, lane) : 0u;
+    Raw4<T> xr[G], gr[G];  // the row's sum and dnormed, as loaded (drop_normed: then dropped)
     S mean_g, mean_gx;
     warp_row_dxhat<T, S, G>(a.sum + r * c, a.dnormed + r * c, a.weight, mu, rs, c, lane, vec, xr,
-                            gr, mean_g, mean_gx);
+                            gr, mean_g, mean_gx, [&](int k, Raw4<T>& g) {
+                              if constexpr (DN) drop_raw(g, kept >> (4 * k), a.drop.scale);
+                            });
 #pragma unroll
     for (int k = 0; k < G; ++k) {
       const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
@@ -266,12 +293,19 @@ __global__ void dropout_add_layer_norm_rows(Fwd<T, S> a, int64_t c) {
   const int64_t r = blockIdx.x;
   WelfordStat w;
   double s = 0;
+  // drop_normed: x itself is normalised (no sum written); its elements read again below
+  const T* zrow = a.drop_normed ? a.x + r * c : a.sum + r * c;
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const bool keep = keep_one(a.drop, static_cast<uint64_t>(r * c + j));
-    const Acc<T> b = a.bias ? to_acc(a.bias[j]) : Acc<T>(0);
-    const T z = from_acc<T>(to_acc(a.residual[r * c + j]) +
-                            (keep ? (to_acc(a.x[r * c + j]) + b) * a.drop.scale : Acc<T>(0)));
-    a.sum[r * c + j] = z;
+    T z;
+    if (a.drop_normed) {
+      z = a.x[r * c + j];
+    } else {
+      const bool keep = keep_one(a.drop, static_cast<uint64_t>(r * c + j));
+      const Acc<T> b = a.bias ? to_acc(a.bias[j]) : Acc<T>(0);
+      z = from_acc<T>(to_acc(a.residual[r * c + j]) +
+                      (keep ? (to_acc(a.x[r * c + j]) + b) * a.drop.scale : Acc<T>(0)));
+      a.sum[r * c + j] = z;
+    }
     if constexpr (std::is_same_v<S, double>)
       s += to_acc(z);
     else
@@ -283,7 +317,7 @@ __global__ void dropout_add_layer_norm_rows(Fwd<T, S> a, int64_t c) {
     mu = block_sum(s) / static_cast<double>(c);
     double q = 0;
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-      const double z = to_acc(a.sum[r * c + j]);
+      const double z = to_acc(zrow[j]);
       q += (z - mu) * (z - mu);
     }
     var = block_sum(q) / static_cast<double>(c);
@@ -298,11 +332,22 @@ __global__ void dropout_add_layer_norm_rows(Fwd<T, S> a, int64_t c) {
     a.rstd[r] = rs;
   }
   for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    S h = (static_cast<S>(to_acc(a.sum[r * c + j])) - mu) * rs;
+    S h = (static_cast<S>(to_acc(zrow[j])) - mu) * rs;
     if (a.weight) h *= static_cast<S>(to_acc(a.weight[j]));
     if (a.ln_bias) h += static_cast<S>(to_acc(a.ln_bias[j]));
-    a.normed[r * c + j] = from_acc<T>(h);
+    T y = from_acc<T>(h);
+    if (a.drop_normed)
+      y = dropped<T>(keep_one(a.drop, static_cast<uint64_t>(r * c + j)), to_acc(y), a.drop.scale);
+    a.normed[r * c + j] = y;
   }
+}
+
+// Element i of dnormed as the LayerNorm's gradient sees it: drop_normed, through dropout's mask.
+template <class T, class S>
+__device__ inline Acc<T> dnormed_at(const Bwd<T, S>& a, int64_t i) {
+  const Acc<T> g = to_acc(a.dnormed[i]);
+  if (!a.drop_normed) return g;
+  return to_acc(dropped<T>(keep_one(a.drop, static_cast<uint64_t>(i)), g, a.drop.scale));
 }
 
 // d_residual and dx of one row (dx always written: the caller passes scratch when only dbias
@@ -312,7 +357,7 @@ __global__ void dropout_add_layer_norm_backward_rows(Bwd<T, S> a, int64_t c) {
   const int64_t r = blockIdx.x;
   const S mu = a.mean[r], rs = a.rstd[r];
   auto dxhat = [&](int64_t j) -> S {
-    const S g = static_cast<S>(to_acc(a.dnormed[r * c + j]));
+    const S g = static_cast<S>(dnormed_at(a, r * c + j));
     return a.weight ? dmath::mul_rn(g, static_cast<S>(to_acc(a.weight[j]))) : g;
   };
   auto xhat = [&](int64_t j) -> S { return (static_cast<S>(to_acc(a.sum[r * c + j])) - mu) * rs; };
@@ -356,12 +401,14 @@ struct PartSums {
 template <class T, class S>
 struct RowSums {
   using Acc = S;
-  const T *sum, *dnormed, *dx;
-  const S *mean, *rstd;
+  Bwd<T, S> a;  // sum, dnormed (through the mask when drop_normed), mean and rstd
+  const T* dx;
   int64_t c;
   ParamGrad<T> dweight, dln_bias, dbias;
   __device__ void load(int64_t r, int64_t col, S (&v)[3][1]) const {
-    const S g = static_cast<S>(to_acc(dnormed[r * c + col]));
+    const T* sum = a.sum;
+    const S *mean = a.mean, *rstd = a.rstd;
+    const S g = static_cast<S>(dnormed_at(a, r * c + col));
     v[0][0] = g * ((static_cast<S>(to_acc(sum[r * c + col])) - mean[r]) * rstd[r]);
     v[1][0] = g;
     v[2][0] = dbias ? static_cast<S>(to_acc(dx[r * c + col])) : S(0);
@@ -385,10 +432,10 @@ void forward(const DropoutAddNormForward& t) {
   const int e = warp_row_elems(c);
   dispatch_device_floating(t.x.dtype(), "dropout_add_layer_norm", [&]<class T>() {
     using S = Stats<T>;
-    Fwd<T, S> a{dptr<const T>(t.x),      dptr<const T>(t.bias),     dptr<const T>(t.residual),
-                dptr<const T>(t.weight), dptr<const T>(t.ln_bias),  dptr<T>(t.sum),
-                dptr<T>(t.normed),       t.mean.data<S>(),          t.rstd.data<S>(),
-                static_cast<S>(t.eps),   make_drop<T>(t.p, t.state)};
+    Fwd<T, S> a{dptr<const T>(t.x),      dptr<const T>(t.bias),      dptr<const T>(t.residual),
+                dptr<const T>(t.weight), dptr<const T>(t.ln_bias),   dptr<T>(t.sum),
+                dptr<T>(t.normed),       t.mean.data<S>(),           t.rstd.data<S>(),
+                static_cast<S>(t.eps),   make_drop<T>(t.p, t.state), t.drop_normed};
     const cudaStream_t stream = compute_stream(device);
     if (e == 0) {
       const LaunchConfig cfg{dim3(static_cast<unsigned>(rows)), dim3(row_threads(c)), 0, stream};
@@ -401,7 +448,10 @@ void forward(const DropoutAddNormForward& t) {
     const LaunchConfig cfg{dim3(static_cast<unsigned>((rows + kForwardWarps - 1) / kForwardWarps)),
                            dim3(kForwardWarps * kWarpSize), 0, stream};
     dispatch_row_elems(e, [&]<int E>() {
-      ENGINE_LAUNCH((dropout_add_layer_norm_warp<T, S, E>), cfg, a, rows, c, vec);
+      if (t.drop_normed)
+        ENGINE_LAUNCH((dropout_add_layer_norm_warp<T, S, E, true>), cfg, a, rows, c, vec);
+      else
+        ENGINE_LAUNCH((dropout_add_layer_norm_warp<T, S, E, false>), cfg, a, rows, c, vec);
     });
   });
 }
@@ -426,7 +476,8 @@ void backward(const DropoutAddNormBackward& t) {
     Bwd<T, S> a{dptr<const T>(t.sum),  dptr<const T>(t.weight), dptr<const T>(t.dnormed),
                 dptr<const T>(t.dsum), t.mean.data<S>(),        t.rstd.data<S>(),
                 dptr<T>(t.d_residual), dptr<T>(t.dx),           make_drop<T>(t.p, t.state),
-                t.dweight.defined(),   t.dln_bias.defined(),    t.dbias.defined()};
+                t.dweight.defined(),   t.dln_bias.defined(),    t.dbias.defined(),
+                t.drop_normed};
     const cudaStream_t stream = compute_stream(device);
     const bool any_sums = a.want_w || a.want_lb || a.want_b;
     if (e == 0) {
@@ -442,11 +493,8 @@ void backward(const DropoutAddNormBackward& t) {
       if (!any_sums) return;
       const DType dt = t.sum.dtype();
       const RowSums<T, S> f{
-          a.sum,
-          a.dnormed,
+          a,
           dptr<const T>(dx),
-          a.mean,
-          a.rstd,
           c,
           param_grad<T>(t.dweight, dt, "dropout_add_layer_norm_backward", t.write_dweight),
           param_grad<T>(t.dln_bias, dt, "dropout_add_layer_norm_backward", t.write_dln_bias),
@@ -466,8 +514,12 @@ void backward(const DropoutAddNormBackward& t) {
       const size_t smem = size_t(W) * acc_slots(a) * E * kWarpSize * sizeof(S);
       const LaunchConfig cfg{dim3(static_cast<unsigned>(blocks)), dim3(W * kWarpSize), smem,
                              stream};
-      ENGINE_LAUNCH((dropout_add_layer_norm_backward_warp<T, S, E, W>), cfg, a, rows, c,
-                    rows_per_warp, vec, part.data<S>());
+      if (t.drop_normed)
+        ENGINE_LAUNCH((dropout_add_layer_norm_backward_warp<T, S, E, W, true>), cfg, a, rows, c,
+                      rows_per_warp, vec, part.data<S>());
+      else
+        ENGINE_LAUNCH((dropout_add_layer_norm_backward_warp<T, S, E, W, false>), cfg, a, rows, c,
+                      rows_per_warp, vec, part.data<S>());
     });
     if (!any_sums) return;
     const DType dt = t.sum.dtype();

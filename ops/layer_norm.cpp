@@ -13,6 +13,7 @@
 #include "engine/cpu/vmath.h"
 #include "engine/dispatch.h"
 #include "engine/error.h"
+#include "ops/dropout_add_layer_norm.h"
 
 namespace engine {
 namespace {
@@ -35,6 +36,11 @@ struct LayerNormNode : Node {
   Tensor mean, rstd;  // (R) per-row statistics from the forward
   const char* name() const override { return "layer_norm"; }
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    // On a device: the join's backward kernel (layer_norm_backward_one_pass): x's gradient and
+    // the parameter gradients in one pass over x and dy, the f32 sinks written where their zero
+    // was deferred (no fill first).
+    if (!x.device().is_cpu())
+      return layer_norm_backward_one_pass(*this, x, weight, mean, rstd, grads[0], 0.0, {});
     Tensor dx, dw, db;
     if (needs_input_grad(0)) dx = Tensor::empty(x.shape(), x.dtype(), x.device());
     // A parameter's gradient added in f32 into the f32 .grad behind autocast's cast of it when

@@ -4,12 +4,12 @@
 // vectors, mean and variance in two passes over the registers (warp_row_moments); longer rows a
 // block each (block_welford). Statistics in f32 (f64 for f64), saved for the backward; y
 // rounded once.
-// Backward:
-//   - dx per row (a warp, or a block above 1024): dxhat = dy * weight, the row means of dxhat and
-//     dxhat * xhat, dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat));
-//   - dweight = sum over rows of dy xhat and dbias = sum of dy through column_sums (reduce.cuh):
-//     16-byte loads, enough blocks to fill the GPU, a fixed order (reruns give the same bits; not
-//     the CPU's order).
+// Backward: dropout_add_layer_norm's backward kernel with no dropout and no residual (since
+// 2026-12-06; ops/dropout_add_layer_norm.cu): dx per row (dxhat = dy * weight, the row means of
+// dxhat and dxhat * xhat, dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat))) with dweight
+// and dbias summed in the same pass (per-warp accumulators, the blocks' partial rows summed per
+// column in order: the same bits on every rerun; not the CPU's order). Until then a second launch
+// read x and dy again for the column sums.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -17,8 +17,8 @@
 #include "engine/cuda/context.h"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/launch.h"
-#include "engine/cuda/reduce.cuh"
 #include "engine/error.h"
+#include "ops/dropout_add_layer_norm.h"
 #include "ops/layer_norm.cuh"
 #include "ops/layer_norm.h"
 
@@ -75,35 +75,6 @@ __global__ void layer_norm_forward_warp(const T* x, const T* weight, const T* bi
   }
 }
 
-template <class T, class S, int E>
-__global__ void layer_norm_backward_warp(const T* x, const T* weight, const S* mean, const S* rstd,
-                                         const T* dy, T* dx, int64_t rows, int64_t c, bool vec) {
-  constexpr int G = E / 4;
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / kWarpSize;
-  if (r >= rows) return;
-  const S mu = mean[r], rs = rstd[r];
-  Raw4<T> xr[G], gr[G];  // the row's x and dy, as loaded
-  S mean_g, mean_gx;
-  warp_row_dxhat<T, S, G>(x + r * c, dy + r * c, weight, mu, rs, c, lane, vec, xr, gr, mean_g,
-                          mean_gx);
-#pragma unroll
-  for (int k = 0; k < G; ++k) {
-    const int64_t j0 = 4 * (lane + int64_t(kWarpSize) * k);
-    if (j0 >= c) continue;
-    Acc<T> wv[4] = {};
-    if (weight) load4(weight, j0, c, vec, wv);
-    T out[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const S d = dxhat_at<S>(gr[k], q, weight != nullptr, wv[q]);
-      const S xh = xhat_at(xr[k], q, mu, rs);
-      out[q] = from_acc<T>(layer_norm_dx(d, xh, rs, mean_g, mean_gx));
-    }
-    store4(dx + r * c, j0, c, vec, out);
-  }
-}
-
 // ---- a block per row (rows over 1024) --------------------------------------------------------
 
 template <class T, class S>
@@ -140,64 +111,6 @@ __global__ void layer_norm_forward_rows(const T* x, const T* weight, const T* bi
   }
 }
 
-template <class T, class S>
-__global__ void layer_norm_backward_rows(const T* x, const T* weight, const S* mean, const S* rstd,
-                                         const T* dy, T* dx, int64_t c) {
-  const int64_t r = blockIdx.x;
-  const T* xr = x + r * c;
-  const T* gr = dy + r * c;
-  T* dr = dx + r * c;
-  const S mu = mean[r], rs = rstd[r];
-  auto dxhat = [&](int64_t j) -> S {
-    const S g = static_cast<S>(to_acc(gr[j]));
-    return weight ? dmath::mul_rn(g, static_cast<S>(to_acc(weight[j]))) : g;
-  };
-  S sum_g = 0, sum_gx = 0;
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const S d = dxhat(j);
-    sum_g += d;
-    sum_gx += d * ((static_cast<S>(to_acc(xr[j])) - mu) * rs);
-  }
-  const S mean_g = block_sum(sum_g) / static_cast<S>(c);
-  const S mean_gx = block_sum(sum_gx) / static_cast<S>(c);
-  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-    const S xhat = (static_cast<S>(to_acc(xr[j])) - mu) * rs;
-    dr[j] = from_acc<T>(rs * (dxhat(j) - mean_g - xhat * mean_gx));
-  }
-}
-
-// ---- dweight, dbias: column sums ---------------------------------------------------------------
-
-template <class T, class S, int V>
-struct LayerNormParams {
-  using Acc = S;
-  const T* x;
-  const T* dy;
-  const S* mean;
-  const S* rstd;
-  ParamGrad<T> dweight, dbias;  // either may be empty
-  int64_t c;
-  __device__ void load(int64_t r, int64_t col, S (&v)[2][V]) const {
-    const S m = mean[r], rs = rstd[r];
-    const Vec<T, V> xv = *reinterpret_cast<const Vec<T, V>*>(x + r * c + col);
-    const Vec<T, V> gv = *reinterpret_cast<const Vec<T, V>*>(dy + r * c + col);
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const S g = static_cast<S>(to_acc(gv.v[j]));
-      v[0][j] = g * ((static_cast<S>(to_acc(xv.v[j])) - m) * rs);
-      v[1][j] = g;
-    }
-  }
-  __device__ void store(int k, int64_t col, const S (&s)[V]) const {
-    const ParamGrad<T>& out = k == 0 ? dweight : dbias;
-#pragma unroll
-    for (int j = 0; j < V; ++j) out.put(col + j, s[j]);
-  }
-  __device__ void store_one(int k, int64_t col, S s) const {
-    (k == 0 ? dweight : dbias).put(col, s);
-  }
-};
-
 LaunchConfig warp_rows(int64_t rows, int device) {
   return LaunchConfig{dim3(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock)),
                       dim3(kRowsPerBlock * kWarpSize), 0, compute_stream(device)};
@@ -233,60 +146,20 @@ void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bia
   });
 }
 
+// The join's backward kernel, p = 0 and no residual: dx and the parameter sums in one pass.
 void layer_norm_backward(const Tensor& x, const Tensor& weight, const Tensor& mean,
                          const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                          const Tensor& dweight, const Tensor& dbias) {
-  const int64_t c = x.shape().back();
-  const int64_t rows = c == 0 ? 0 : x.numel() / c;
-  const int device = x.device().index;
-  DeviceGuard guard(device);
-  const bool want_w = dweight.defined(), want_b = dbias.defined();
-  if (rows == 0) {  // sums over no rows (added into an f32 gradient: nothing)
-    if (want_w && dweight.dtype() == x.dtype()) dweight.fill_(0.0);
-    if (want_b && dbias.dtype() == x.dtype()) dbias.fill_(0.0);
-    return;
-  }
-  ENGINE_CHECK(rows < (int64_t(1) << 31), "[layer_norm_backward] ", rows,
-               " rows exceed one grid dimension");
-  const int e = warp_row_elems(c);
-  dispatch_device_floating(x.dtype(), "layer_norm_backward", [&]<class T>() {
-    using S = Stats<T>;
-    if (dx.defined()) {
-      if (e == 0) {
-        const LaunchConfig cfg{dim3(static_cast<unsigned>(rows)), dim3(row_threads(c)), 0,
-                               compute_stream(device)};
-        ENGINE_LAUNCH((layer_norm_backward_rows<T, S>), cfg, dptr<const T>(x),
-                      dptr<const T>(weight), mean.data<S>(), rstd.data<S>(), dptr<const T>(dy),
-                      dptr<T>(dx), c);
-      } else {
-        const bool vec = vec4_rows<T>(x.raw_data(), c) && vec4_rows<T>(dy.raw_data(), c) &&
-                         vec4_rows<T>(dx.raw_data(), c) &&
-                         (!weight.defined() || vec4_rows<T>(weight.raw_data(), c));
-        dispatch_row_elems(e, [&]<int E>() {
-          ENGINE_LAUNCH((layer_norm_backward_warp<T, S, E>), warp_rows(rows, device),
-                        dptr<const T>(x), dptr<const T>(weight), mean.data<S>(), rstd.data<S>(),
-                        dptr<const T>(dy), dptr<T>(dx), rows, c, vec);
-        });
-      }
-    }
-    if (!want_w && !want_b) return;
-    constexpr int kV = reduce_vec<T>();
-    const bool vec = c % kV == 0 && aligned16(x.raw_data()) && aligned16(dy.raw_data());
-    auto sums = [&]<int V>() {
-      const LayerNormParams<T, S, V> f{dptr<const T>(x),
-                                       dptr<const T>(dy),
-                                       mean.data<S>(),
-                                       rstd.data<S>(),
-                                       param_grad<T>(dweight, x.dtype(), "layer_norm_backward"),
-                                       param_grad<T>(dbias, x.dtype(), "layer_norm_backward"),
-                                       c};
-      column_sums<V, 2>("layer_norm_params", rows, c, f, device);
-    };
-    if (vec)
-      sums.template operator()<kV>();
-    else
-      sums.template operator()<1>();
-  });
+  DropoutAddNormBackward a;
+  a.sum = x;
+  a.weight = weight;
+  a.mean = mean;
+  a.rstd = rstd;
+  a.dnormed = dy;
+  a.d_residual = dx;
+  a.dweight = dweight;
+  a.dln_bias = dbias;
+  dropout_add_layer_norm_backward_kernel(x.device(), a);
 }
 
 }  // namespace

@@ -134,10 +134,12 @@ __device__ inline S layer_norm_dx(S dxhat, S xhat, S rs, S mean_g, S mean_gx) {
 // compiler holding 2 x 32 f32 values a lane across the reductions (the bf16 LayerNorm backward at
 // C = 1024: 92 registers that way, 58 now). The input gradient is then
 // rs (dxhat - mean_g - xhat mean_gx).
-template <class T, class S, int G>
+// `on_dy(k, gr[k])` runs on each group of dy as loaded, before any use (layer_norm_dropout's
+// backward applies dropout's mask there; a no-op otherwise).
+template <class T, class S, int G, class OnDy>
 __device__ inline void warp_row_dxhat(const T* x, const T* dy, const T* weight, S mu, S rs,
                                       int64_t c, int lane, bool vec, Raw4<T> (&xr)[G],
-                                      Raw4<T> (&gr)[G], S& mean_g, S& mean_gx) {
+                                      Raw4<T> (&gr)[G], S& mean_g, S& mean_gx, OnDy&& on_dy) {
   S sum_g = 0, sum_gx = 0;
 #pragma unroll
   for (int k = 0; k < G; ++k) {
@@ -149,6 +151,7 @@ __device__ inline void warp_row_dxhat(const T* x, const T* dy, const T* weight, 
       load4_raw(x, j0, c, vec, xr[k]);
       load4_raw(dy, j0, c, vec, gr[k]);
       if (weight) load4(weight, j0, c, vec, wv);
+      on_dy(k, gr[k]);
     }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {

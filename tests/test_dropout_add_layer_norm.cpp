@@ -238,3 +238,69 @@ TEST_CASE("dropout_add_layer_norm refuses mismatched inputs with one clear error
   CHECK_THAT(err(Tensor::zeros({2, 0}), Tensor(), Tensor::zeros({2, 0}), 0.1, Tensor()),
              Catch::Contains("non-empty last dim"));
 }
+
+// ---- layer_norm_dropout: dropout(layer_norm(x)), the embeddings' order --------------------------
+
+TEST_CASE("layer_norm_dropout equals layer_norm then dropout, forward and backward",
+          "[dropout_add_layer_norm]") {
+  // The same kernels' other mode: c = 7 (rows mid-Philox-block), 64, 1; p = 0, 0.25, 1; eval;
+  // with and without the affine.
+  for (DType dt : {DType::f32, DType::f64}) {
+    for (Shape s : {Shape{3, 5, 7}, Shape{4, 64}, Shape{1, 1}}) {
+      for (double p : {0.0, 0.25, 1.0}) {
+        for (int variant = 0; variant < 3; ++variant) {
+          const bool training = variant != 2, with_affine = variant != 1;
+          INFO(dtype_name(dt) << " shape " << shape_str(s) << " p " << p << " variant " << variant);
+          const Inputs a = make_inputs(s, dt, 21 + variant, false, with_affine);
+          const Inputs b = fresh_leaves(a);
+          Generator g1(7), g2(7);
+          const Tensor fused = layer_norm_dropout(a.x, a.weight, a.ln_bias, p, training, g1, 1e-5);
+          const Tensor ref = dropout(layer_norm(b.x, b.weight, b.ln_bias, 1e-5), p, training, g2);
+          REQUIRE(g1.offset() == g2.offset());  // the same random numbers taken
+          require_close(fused, ref, dt == DType::f32 ? 1e-6 : 1e-14);
+          Generator gw(3);
+          const Tensor w = Tensor::randn(s, gw, 0.0, 1.0, dt);
+          sum(fused * w).backward();
+          sum(ref * w).backward();
+          const char* names[] = {"x", "weight", "ln_bias"};
+          const Tensor got[] = {a.x, a.weight, a.ln_bias}, want[] = {b.x, b.weight, b.ln_bias};
+          for (int i = 0; i < 3; ++i) {
+            if (!got[i].defined()) continue;
+            INFO("gradient of " << names[i]);
+            require_close(got[i].grad(), want[i].grad(), dt == DType::f32 ? 1e-6 : 1e-12);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("layer_norm_dropout gradcheck with dropout on", "[dropout_add_layer_norm]") {
+  for (Shape s : {Shape{3, 4, 6}, Shape{5, 8}}) {
+    INFO("shape " << shape_str(s));
+    const int64_t c = s.back();
+    std::vector<Tensor> in = {rand_input(s, 311), rand_input({c}, 312), rand_input({c}, 313)};
+    auto rep = gradcheck(
+        [](const std::vector<Tensor>& t) {
+          Generator g(19);  // the same mask at every evaluation
+          return layer_norm_dropout(t[0], t[1], t[2], 0.3, true, g, 1e-5);
+        },
+        in);
+    INFO(rep.detail);
+    REQUIRE(rep.max_rel_error < 1e-6);
+  }
+}
+
+TEST_CASE("layer_norm_dropout refuses bad arguments with one clear error",
+          "[dropout_add_layer_norm]") {
+  Generator g(1);
+  const Tensor x = Tensor::ones({2, 4});
+  REQUIRE_THAT(error_of([&] { layer_norm_dropout(x, Tensor::ones({3}), Tensor(), 0.1, true, g); }),
+               Catch::Contains("[layer_norm_dropout] weight") && Catch::Contains("(4)"));
+  REQUIRE_THAT(error_of([&] { layer_norm_dropout(x, Tensor(), Tensor(), 1.5, true, g); }),
+               Catch::Contains("[layer_norm_dropout] p must be in [0, 1], got 1.5"));
+  REQUIRE_THAT(error_of([&] {
+                 layer_norm_dropout(Tensor::ones({2, 0}), Tensor(), Tensor(), 0.1, true, g);
+               }),
+               Catch::Contains("[layer_norm_dropout] expects a non-empty last dim"));
+}

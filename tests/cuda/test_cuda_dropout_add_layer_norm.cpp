@@ -203,3 +203,115 @@ TEST_CASE("under bf16 autocast the parameters' gradients are added in f32 into t
     }
   }
 }
+
+// ---- layer_norm_dropout: dropout(layer_norm(x)), the embeddings' order --------------------------
+
+TEST_CASE("layer_norm_dropout matches the CPU and the device's layer_norm then dropout", "[cuda]") {
+  // Rows a warp each (1 .. 1024, vectors or not, mid-Philox-block starts), several rows a warp
+  // and blocks of partial sums (2100 x 4), a block a row (1031); p 0.2, 0 (no draw) and 1 (no
+  // draw, all dropped); with and without the affine. Against the device's unfused pair
+  // (layer_norm's kernels, then dropout's): the same elements dropped, the values close.
+  Generator g(61);
+  struct Run {
+    DType dt;
+    Shape s;
+    double p;
+    bool affine;
+  };
+  std::vector<Run> runs;
+  for (DType dt : {DType::f32, DType::f64, DType::bf16})
+    for (Shape s : {Shape{1, 1}, Shape{2, 3, 7}, Shape{3, 33}, Shape{2, 3, 768}, Shape{2, 1024},
+                    Shape{3, 1031}})
+      for (double p : {0.2, 0.0, 1.0}) runs.push_back({dt, s, p, p != 0.0});
+  runs.push_back({DType::f32, Shape{2100, 4}, 0.2, true});
+  for (const Run& rc : runs) {
+    INFO(dtype_name(rc.dt) << " shape " << shape_str(rc.s) << " p " << rc.p);
+    const int64_t c = rc.s.back();
+    const DType host_dt = rc.dt == DType::bf16 ? DType::f32 : rc.dt;
+    Tensor x = Tensor::randn(rc.s, g, 0.5, 2.0, host_dt), w, b;
+    if (rc.affine) {
+      w = Tensor::randn({c}, g, 1.0, 0.3, host_dt);
+      b = Tensor::randn({c}, g, 0.0, 0.3, host_dt);
+    }
+    const Tensor wn = Tensor::randn(rc.s, g, 0.0, 1.0, host_dt);
+    auto leaf = [](const Tensor& t, Device d, DType dt) {
+      return t.defined() ? t.to(dt).to(d).set_requires_grad() : Tensor();
+    };
+    struct Out {
+      Tensor y, dx, dw, db;
+    };
+    auto go = [&](Device d, DType dt, bool fused) {
+      Tensor xl = leaf(x, d, dt), wl = leaf(w, d, dt), bl = leaf(b, d, dt);
+      Generator gen(78);
+      const Tensor y = fused ? layer_norm_dropout(xl, wl, bl, rc.p, true, gen, 1e-5)
+                             : dropout(layer_norm(xl, wl, bl, 1e-5), rc.p, true, gen);
+      sum(y * wn.to(dt).to(d)).backward();
+      return Out{y, xl.grad(), wl.defined() ? wl.grad() : Tensor(),
+                 bl.defined() ? bl.grad() : Tensor()};
+    };
+    const Out fused = go(kGpu, rc.dt, true), pair = go(kGpu, rc.dt, false);
+    const double tol = rc.dt == DType::f64 ? 1e-11 : rc.dt == DType::f32 ? 1e-5 : 1.0 / 64;
+    // The same elements dropped (the LayerNorm's values agree to its rounding: the kernels are
+    // others, compiled apart; a last-bit difference moves a bf16 value by one unit).
+    const std::vector<double> yf = fused.y.to(Device::cpu()).to(DType::f64).to_vector<double>();
+    const std::vector<double> yp = pair.y.to(Device::cpu()).to(DType::f64).to_vector<double>();
+    for (size_t i = 0; i < yf.size(); ++i) REQUIRE((yf[i] == 0) == (yp[i] == 0));
+    require_close(fused.y, pair.y, tol, tol);
+    require_close(fused.dx, pair.dx, tol, tol, tol);
+    if (rc.affine) {  // summed in another order than layer_norm's column sums
+      require_close(fused.dw, pair.dw, tol, tol, tol);
+      require_close(fused.db, pair.db, tol, tol, tol);
+    }
+    if (rc.dt == DType::bf16) continue;  // the CPU computes in f32 / f64 only
+    const Out cpu = go(Device::cpu(), rc.dt, true);
+    require_close(fused.y, cpu.y, tol, tol);
+    require_close(fused.dx, cpu.dx, tol, tol, tol);
+    if (rc.affine) {
+      require_close(fused.dw, cpu.dw, tol, tol, tol);
+      require_close(fused.db, cpu.db, tol, tol, tol);
+    }
+  }
+}
+
+TEST_CASE(
+    "layer_norm_dropout under bf16 autocast adds its parameters' gradients into their f32 "
+    ".grad",
+    "[cuda]") {
+  // f32 leaves holding a .grad (FlatParameters' slab), cast by autocast: the in-pass column sums
+  // add into the held f32 .grad (no bf16 gradient, no add_), rows a warp each (768) and a block
+  // each (1500); against the CPU in f32 on the bf16-rounded operands, the same mask.
+  Generator g(62);
+  for (int64_t c : {768, 1500}) {
+    INFO("C " << c);
+    const Tensor x = Tensor::randn({6, c}, g, 0.5, 2.0), wn = Tensor::randn({6, c}, g);
+    const Tensor w = Tensor::randn({c}, g, 1.0, 0.3), b = Tensor::randn({c}, g, 0.0, 0.3);
+    const Tensor held = Tensor::randn({2, c}, g);
+    const std::vector<Tensor> params = {leaf_holding_grad(w, held.select(0, 0)),
+                                        leaf_holding_grad(b, held.select(0, 1))};
+    const std::vector<Tensor> slabs = {params[0].grad(), params[1].grad()};
+    Tensor loss;
+    {
+      Autocast ac(DType::bf16);
+      Generator gen(79);
+      const Tensor y = layer_norm_dropout(x.to(DType::bf16).to(kGpu), params[0], params[1], 0.1,
+                                          true, gen, 1e-5);
+      REQUIRE(y.dtype() == DType::bf16);
+      loss = sum(y.to(DType::f32) * wn.to(kGpu));
+    }
+    start_work_recording();
+    loss.backward();
+    CHECK(slab_adds(stop_work_recording(), c) == 0);
+    for (int i = 0; i < 2; ++i) REQUIRE(params[i].grad().shares_storage(slabs[i]));
+    std::vector<Tensor> pc;
+    for (const Tensor& t : {w, b})
+      pc.push_back(t.to(DType::bf16).to(DType::f32).set_requires_grad());
+    Generator gen(79);
+    sum(layer_norm_dropout(x.to(DType::bf16).to(DType::f32), pc[0], pc[1], 0.1, true, gen, 1e-5) *
+        wn)
+        .backward();
+    for (int i = 0; i < 2; ++i) {
+      INFO("parameter " << i << " (weight, bias)");
+      require_close(params[i].grad(), held.select(0, i) + pc[i].grad(), 0, 0, 2e-2);
+    }
+  }
+}

@@ -82,3 +82,40 @@ TEST_CASE("layer_norm in bf16 and f16 keeps f32 statistics", "[cuda]") {
     require_close(got, want, rel, rel);
   }
 }
+
+TEST_CASE("the device's layer_norm_backward kernel (the join's, one pass) matches the CPU's",
+          "[cuda]") {
+  // The kernel table called directly (the op's device backward goes to the join's kernel with its
+  // overwrite flags): dx and the parameter sums written for f32; for a bf16 problem the f32
+  // dweight / dbias are added into; rows a warp each, several rows a warp, a block a row.
+  Generator g(44);
+  for (Shape s : {Shape{3, 40}, Shape{600, 40}, Shape{2, 1031}}) {
+    INFO("shape " << shape_str(s));
+    const int64_t c = s.back(), rows = shape_numel(s) / c;
+    const Tensor x = Tensor::randn(s, g, 0.5, 2.0), w = Tensor::randn({c}, g, 1.0, 0.2),
+                 dy = Tensor::randn(s, g);
+    const Tensor mean = Tensor::empty({rows}), rstd = Tensor::empty({rows});
+    const Tensor y = Tensor::empty(s);
+    layer_norm_forward_kernel(Device::cpu(), x, w, Tensor(), 1e-5, y, mean, rstd);
+    Tensor dx = Tensor::empty(s), dw = Tensor::empty({c}), db = Tensor::empty({c});
+    layer_norm_backward_kernel(Device::cpu(), x, w, mean, rstd, dy, dx, dw, db);
+    Tensor gdx = Tensor::empty(s, DType::f32, kGpu), gdw = Tensor::empty({c}, DType::f32, kGpu),
+           gdb = Tensor::empty({c}, DType::f32, kGpu);
+    layer_norm_backward_kernel(kGpu, x.to(kGpu), w.to(kGpu), mean.to(kGpu), rstd.to(kGpu),
+                               dy.to(kGpu), gdx, gdw, gdb);
+    require_close(gdx, dx, 1e-5, 1e-5, 1e-5);
+    require_close(gdw, dw, 1e-5, 1e-5, 1e-5);
+    require_close(gdb, db, 1e-5, 1e-5, 1e-5);
+    // bf16 operands, f32 parameter gradients added into what they hold.
+    const Tensor held = Tensor::randn({2, c}, g);
+    Tensor adw = held.select(0, 0).contiguous().to(kGpu),
+           adb = held.select(0, 1).contiguous().to(kGpu);
+    Tensor bdx = Tensor::empty(s, DType::bf16, kGpu);
+    layer_norm_backward_kernel(kGpu, x.to(DType::bf16).to(kGpu), w.to(DType::bf16).to(kGpu),
+                               mean.to(kGpu), rstd.to(kGpu), dy.to(DType::bf16).to(kGpu), bdx, adw,
+                               adb);
+    require_close(bdx, dx, 1.0 / 32, 1.0 / 32, 1.0 / 32);
+    require_close(adw, held.select(0, 0) + dw, 0, 0, 2e-2);
+    require_close(adb, held.select(0, 1) + db, 0, 0, 2e-2);
+  }
+}
