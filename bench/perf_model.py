@@ -287,6 +287,12 @@ def describe5(name, op_row, launch, n_main):
         return "adamw", share, 0, "simple", 0
     if op == "dropout":
         return "vec", share, steps(share, 8), "simple", numel(ts[0][0]) / PHILOX_WORDS
+    if base == "scatter_pieces":  # scatter_level from 2026-12-06: pieces of 32 gathered rows a
+        # thread at the first level (8 rounds of dependent misses, 4 loads ahead), of 8 entries at
+        # the later ones (2 rounds each); the measured level's time per round
+        if launch.get("first", True):
+            return "vec", share, 8, "scatter_level", 0
+        return "aux", 0.0, 2, "scatter_level", 0
     if base == "scatter_level":  # pieces of 64 gathered rows a thread, 4 loads ahead: 16 rounds
         # of dependent misses (a key, then its row) a level; later levels are small
         if launch.get("first", True):
@@ -485,7 +491,7 @@ def mark_levels(ls):
     """The scatter's first level gathers the gradient rows; the later ones are small."""
     out, first = [], True
     for l in ls:
-        if l["kernel"].startswith("scatter_level"):
+        if l["kernel"].startswith(("scatter_level", "scatter_pieces")):
             l = dict(l, first=first)
             first = False
         out.append(l)

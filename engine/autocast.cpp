@@ -31,6 +31,12 @@ Tensor autocast_to_compute(const Tensor& t) {
   return t.to(t_compute);
 }
 
+Tensor autocast_from_slab(const Tensor& t) {
+  if (t_compute == DType::f32 || !t_slab || !t.defined() || t.dtype() != DType::f32)
+    return Tensor();
+  return t_slab->cast(t, t_compute);
+}
+
 AutocastSlab::AutocastSlab(const Tensor& slab) : previous_(t_slab) {
   // Another slab (f64 parameters, say) is never cast by autocast: the scope covers nothing.
   if (slab.defined() && slab.dim() == 1 && slab.is_contiguous() && slab.dtype() == DType::f32)

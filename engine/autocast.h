@@ -43,6 +43,11 @@ inline bool autocast_active() { return autocast_dtype() != DType::f32; }
 // In a scope: an f32 / bf16 / f16 tensor converted to the compute dtype (recorded). Otherwise,
 // and for undefined, f64 or integer tensors: t itself.
 Tensor autocast_to_compute(const Tensor& t);
+// autocast_to_compute(t) where it reads the innermost AutocastSlab's 16-bit copy (t an f32 view
+// of that scope's slab: a view of the copy, recorded as the cast, no kernel once the copy exists);
+// an undefined tensor otherwise (no scope, no slab, t not in it), so that a caller can keep a
+// cheaper path than converting t whole.
+Tensor autocast_from_slab(const Tensor& t);
 // In a scope: a bf16 / f16 tensor converted to f32 (recorded). Otherwise t itself.
 Tensor autocast_to_f32(const Tensor& t);
 

@@ -225,11 +225,19 @@ struct CastNode : Node {  // to(dtype) / to(device): the gradient goes back the 
     // gradient is added into it in one pass (backend.h's mixed add_), not converted into a new
     // f32 tensor that the engine then adds: a launch and two passes fewer per small parameter
     // (a bias, a LayerNorm weight) each step. Same bits.
-    const Tensor* sink = grad_sink(0, DType::f32);
-    if (sink && g[0].defined() && g[0].device() == sink->device() && g[0].is_contiguous() &&
+    // Where the .grad's zero was deferred (Node::grad_sink's overwrite) the gradient is converted
+    // into it instead: one pass, no zero fill first.
+    if (g[0].defined() && g[0].device() == inputs[0].device && g[0].is_contiguous() &&
+        inputs[0].dtype == DType::f32 &&
         (g[0].dtype() == DType::bf16 || g[0].dtype() == DType::f16)) {
-      backend_for(*sink).add_(*sink, g[0], 1.0);
-      return {Tensor()};
+      bool overwrite = false;
+      if (const Tensor* sink = grad_sink(0, DType::f32, &overwrite)) {
+        if (overwrite)
+          sink->copy_(g[0]);
+        else
+          backend_for(*sink).add_(*sink, g[0], 1.0);
+        return {Tensor()};
+      }
     }
     return {g[0].to(inputs[0].dtype).to(inputs[0].device)};
   }

@@ -62,6 +62,10 @@ Tensor LayerNorm::forward(const Tensor& x) const {
   return engine::layer_norm(x, weight, bias, eps);
 }
 
+Tensor LayerNorm::forward_dropout(const Tensor& x, double p, bool training, Generator& gen) const {
+  return engine::layer_norm_dropout(x, weight, bias, p, training, gen, eps);
+}
+
 engine::DropoutAddNorm LayerNorm::forward_residual(const Tensor& h, const Tensor& h_bias,
                                                    const Tensor& residual, double p, bool training,
                                                    Generator& gen) const {
@@ -245,15 +249,23 @@ Tensor BertModel::embed(const BertInputs& in, Generator& gen) const {
                  engine::describe(in.token_type_ids), " does not match input_ids ",
                  engine::describe(ids));
   }
-  Tensor x = engine::embedding(token_embedding, ids);  // (B, T, e)
+  Tensor pos = position->input_term(t, ids.device());  // (T, e), broadcast over the batch
+  // With the token rows the only term, on a device under autocast with the parameter slab's
+  // 16-bit copy (engine::autocast_from_slab: a view, no kernel), they are gathered from that
+  // copy: half the bytes, no conversion pass, the same bits as converting the f32 rows; their
+  // gradient is scattered from 16 bits into the f32 .grad. With more terms (or no slab) the rows
+  // stay f32 and are summed in f32, as before.
+  Tensor table;
+  if (!segment_embedding.defined() && !pos.defined() && !ids.device().is_cpu())
+    table = engine::autocast_from_slab(token_embedding);
+  Tensor x = engine::embedding(table.defined() ? table : token_embedding, ids);  // (B, T, e)
   if (segment_embedding.defined()) {
     Tensor types = in.token_type_ids.defined() ? in.token_type_ids
                                                : Tensor::zeros({b, t}, DType::i64, ids.device());
     x = x + engine::embedding(segment_embedding, types);
   }
-  Tensor pos = position->input_term(t, x.device());  // (T, e), broadcast over the batch
   if (pos.defined()) x = x + pos;
-  x = engine::dropout(embedding_norm->forward(x), config_.hidden_dropout, training(), gen);
+  x = embedding_norm->forward_dropout(x, config_.hidden_dropout, training(), gen);
   if (embedding_project) x = embedding_project->forward(x);  // (B, T, d)
   return x;
 }

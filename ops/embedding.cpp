@@ -83,6 +83,18 @@ struct GatherRowsNode : Node {
     const int64_t d = shape_numel(m.shape) / std::max<int64_t>(n, 1);
     // Scattered straight into the table's .grad when the engine offers it: no zeroed (N, D)
     // table and no second pass to add it (the word embeddings: 15.6 MB a step in the tiny model).
+    // A 16-bit table that is autocast's cast of an f32 leaf (the model's token embeddings, read
+    // from the parameter slab's 16-bit copy): the 16-bit gradient rows scattered straight into
+    // the leaf's f32 .grad (no 16-bit table, no conversion of it, no add into the slab).
+    if (!unique && !m.device.is_cpu() && grads[0].dtype() != DType::f32 &&
+        grads[0].dtype() != DType::f64) {
+      if (const Tensor* f32 = grad_sink_f32(0)) {
+        if (n > 0 && d > 0)
+          scatter_add_rows_kernel(m.device, grads[0].contiguous().view({index.numel(), d}), index,
+                                  inverted, f32->view({n, d}));
+        return {Tensor()};
+      }
+    }
     const Tensor* sink = grad_sink(0, grads[0].dtype());
     Tensor gx = sink ? Tensor() : Tensor::zeros(m.shape, grads[0].dtype(), m.device);
     if (n > 0 && d > 0) {

@@ -10,7 +10,8 @@
 //      position maps): tiles of 2048 keys sorted in shared memory by a bitonic network, then
 //      merge passes that place each key by a binary search in its partner run (the keys are
 //      unique, so every element's rank is exact and the result does not depend on the order).
-//   2. a segmented sum in levels: the sorted keys are cut into pieces of 64; thread (piece,
+//   2. a segmented sum in levels: the sorted keys are cut into pieces (32 keys at the first level,
+//      8 entries at the later ones: kFirstPiece, kLaterPiece); thread (piece,
 //      16-byte column slice) sums each run of one row's keys inside its piece (the gradient rows
 //      gathered from their positions). A run that holds its row's first and last key is the
 //      whole sum: added into the table. Otherwise it is a part: the piece's first run (if its row
@@ -25,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "engine/cuda/context.h"
 #include "engine/cuda/device_error.cuh"
@@ -209,8 +211,13 @@ void sort_index_keys(const Tensor& index, int64_t rows, const Tensor& keys) {
 
 // ---- the scatter: a segmented sum in levels ----------------------------------------------------
 
-constexpr int kPiece = 64;  // keys (entries) a thread sums at each level
-constexpr int kAhead = 4;   // entries a thread loads before summing them
+// Keys (entries) a thread sums: 32 at the first level, 8 at the later ones. A level's time is
+// its serial rounds of dependent loads (piece / kAhead of them, each an L2 miss); the later levels
+// hold 2 entries per piece of the level below, so small pieces there cost a level or two more
+// and a few rounds each instead of 16 (pieces of 64 everywhere until 2026-12-06: three levels at
+// BERT-Large's 16,384 ids, the last two of 16 rounds for a handful of entries).
+constexpr int kFirstPiece = 32, kLaterPiece = 8;
+constexpr int kAhead = 4;  // entries a thread loads before summing them
 constexpr uint8_t kHoldsFirst = 1, kHoldsLast = 2;
 
 template <class T>
@@ -220,17 +227,18 @@ using ScatterAcc = std::conditional_t<std::is_same_v<Acc<T>, double>, double, fl
 // keys[k] >> 32; its flags come from its neighbours. Later levels: entry k is (ids[k] (-1: none),
 // flags[k], vals[k]). Writes the complete sums into `table` and, when next_ids is set, the two
 // part entries of each piece.
-template <class T, int V>
-__global__ void scatter_level(const uint64_t* keys, const T* grad, const int32_t* ids,
+// G: the gradient rows' dtype (T, or 16 bits into an f32 table: widened as loaded).
+template <class T, class G, int V>
+__global__ void scatter_level(const uint64_t* keys, const G* grad, const int32_t* ids,
                               const uint8_t* flags, const ScatterAcc<T>* vals, int64_t n, int64_t d,
                               int64_t rows, T* table, int32_t* next_ids, uint8_t* next_flags,
-                              ScatterAcc<T>* next_vals) {
+                              ScatterAcc<T>* next_vals, int piece) {
   using A = ScatterAcc<T>;
   const int64_t p = blockIdx.x * int64_t(blockDim.y) + threadIdx.y;
   const int64_t c = (blockIdx.y * int64_t(blockDim.x) + threadIdx.x) * V;
-  const int64_t b = p * kPiece;
+  const int64_t b = p * piece;
   if (b >= n) return;
-  const int64_t e = b + kPiece < n ? b + kPiece : n;
+  const int64_t e = b + piece < n ? b + piece : n;
   const bool active = c < d;
   const bool writer = threadIdx.x == 0 && blockIdx.y == 0;  // writes the piece's entry ids
   int32_t cur = -1;
@@ -284,9 +292,9 @@ __global__ void scatter_level(const uint64_t* keys, const T* grad, const int32_t
         fb[u] = f;
         if (!active) continue;
         const int64_t pos = static_cast<int64_t>(keys[k] & 0xffffffffu);
-        const T* g = grad + pos * d + c;
+        const G* g = grad + pos * d + c;
         if constexpr (V > 1) {
-          const Vec<T, V> x = *reinterpret_cast<const Vec<T, V>*>(g);
+          const Vec<G, V> x = *reinterpret_cast<const Vec<G, V>*>(g);
 #pragma unroll
           for (int j = 0; j < V; ++j) xb[u][j] = static_cast<A>(to_acc(x.v[j]));
         } else {
@@ -338,10 +346,15 @@ void scatter_add_rows(const Tensor& grad_out, const Tensor& index, const Tensor&
   const Tensor keys = inverted.defined() ? inverted : sorted_index_keys(index, rows);
   ENGINE_CHECK(keys.numel() == m && keys.dtype() == DType::i64, "[scatter_add_rows] the inverted ",
                "index ", describe(keys), " does not have one i64 key per id (", m, ")");
+  const bool widen = grad_out.dtype() != grad_table.dtype();
+  ENGINE_CHECK(!widen || (grad_table.dtype() == DType::f32 &&
+                          (grad_out.dtype() == DType::bf16 || grad_out.dtype() == DType::f16)),
+               "[scatter_add_rows] gradient rows ", describe(grad_out), " into a table ",
+               describe(grad_table), ": expected one dtype, or 16-bit rows into an f32 table");
   cuda::dispatch_device_floating(grad_table.dtype(), "scatter_add_rows", [&]<class T>() {
     using A = ScatterAcc<T>;
     constexpr int kV = reduce_vec<T>();
-    auto run = [&]<int V>() {
+    auto run = [&]<class G, int V>() {
       const int bx = [&] {
         int x = 1;
         while (x < kWarpSize && x < d / V) x *= 2;
@@ -352,7 +365,8 @@ void scatter_add_rows(const Tensor& grad_out, const Tensor& index, const Tensor&
       int64_t n = m;
       Tensor ids, flags, vals;  // the current level's entries (undefined at level 0)
       for (int level = 0;; ++level) {
-        const int64_t pieces = (n + kPiece - 1) / kPiece;
+        const int piece = level == 0 ? kFirstPiece : kLaterPiece;
+        const int64_t pieces = (n + piece - 1) / piece;
         const bool last = pieces == 1;
         Tensor nids, nflags, nvals;
         if (!last) {
@@ -363,21 +377,33 @@ void scatter_add_rows(const Tensor& grad_out, const Tensor& index, const Tensor&
         }
         const LaunchConfig cfg{dim3(static_cast<unsigned>((pieces + by - 1) / by), col_blocks),
                                dim3(bx, by), 0, stream};
-        ENGINE_LAUNCH((scatter_level<T, V>), cfg,
+        // named for the performance model: pieces of kFirstPiece, then kLaterPiece
+        launch_kernel("scatter_pieces", scatter_level<T, G, V>, cfg,
                       level == 0 ? static_cast<const uint64_t*>(keys.raw_data()) : nullptr,
-                      dptr<const T>(grad_out), dptr<const int32_t>(ids), dptr<const uint8_t>(flags),
+                      static_cast<const G*>(grad_out.raw_data()), dptr<const int32_t>(ids),
+                      dptr<const uint8_t>(flags),
                       static_cast<const A*>(vals.defined() ? vals.raw_data() : nullptr), n, d, rows,
                       dptr<T>(grad_table), dptr<int32_t>(nids), dptr<uint8_t>(nflags),
-                      static_cast<A*>(nvals.defined() ? nvals.raw_data() : nullptr));
+                      static_cast<A*>(nvals.defined() ? nvals.raw_data() : nullptr), piece);
         if (last) break;
         ids = nids, flags = nflags, vals = nvals;
         n = 2 * pieces;
       }
     };
-    if (d % kV == 0 && aligned16(grad_out.raw_data()) && aligned16(grad_table.raw_data()))
-      run.template operator()<kV>();
-    else
-      run.template operator()<1>();
+    // 16-byte table columns (8-byte rows of a 16-bit gradient), or one element a thread
+    const bool vec =
+        d % kV == 0 && aligned16(grad_out.raw_data()) && aligned16(grad_table.raw_data());
+    auto with_rows = [&]<class G>() {
+      if (vec)
+        run.template operator()<G, kV>();
+      else
+        run.template operator()<G, 1>();
+    };
+    if constexpr (std::is_same_v<T, float>) {
+      if (grad_out.dtype() == DType::bf16) return with_rows.template operator()<__nv_bfloat16>();
+      if (grad_out.dtype() == DType::f16) return with_rows.template operator()<__half>();
+    }
+    with_rows.template operator()<T>();
   });
 }
 

@@ -35,10 +35,12 @@ Tensor sorted_index_keys(const Tensor& index, int64_t rows);
 inline Kernel<void(const Tensor& table, const Tensor& index, const Tensor& out)> gather_rows_kernel{
     "gather_rows"};
 // grad_table (N, D) += grad_out (M, D) row i into row index[i]; repeats accumulate. All
-// contiguous, floating. Deterministic (the same bits on every run). `inverted`: the index's
-// sorted_index_keys when the caller has them, else undefined (a backend that needs them makes
-// them). The CPU forms each element's sum in index order and ignores `inverted`; the GPU sums
-// each row's run of keys in pieces and the pieces in order (docs/cuda.md).
+// contiguous, floating, one dtype; on a device grad_out may also be bf16 / f16 with an f32
+// grad_table (a 16-bit table's gradient added into its f32 leaf's .grad: the same sums as of the
+// widened rows; the CPU never gets such a pair). Deterministic (the same bits on every run).
+// `inverted`: the index's sorted_index_keys when the caller has them, else undefined (a backend
+// that needs them makes them). The CPU forms each element's sum in index order and ignores
+// `inverted`; the GPU sums each row's run of keys in pieces and the pieces in order (docs/cuda.md).
 inline Kernel<void(const Tensor& grad_out, const Tensor& index, const Tensor& inverted,
                    const Tensor& grad_table)>
     scatter_add_rows_kernel{"scatter_add_rows"};

@@ -103,10 +103,13 @@ void Trainer::device_step(int64_t micro_batches, const std::function<Tensor(int6
     {
       NoGrad ng;
       loss_sum.add_(loss.detach().to(DType::f64).reshape({1}) * at(kMicro + micro_batches + m));
-      if (loss.dtype() != DType::f64) multiplier = multiplier.to(loss.dtype());
+      // a tensor of its own (the backward's seed; never the block itself)
+      multiplier = loss.dtype() != DType::f64 ? multiplier.to(loss.dtype()) : multiplier.clone();
     }
     if (m + 1 == micro_batches) reducer_->begin();  // only the last backward reduces
-    (loss * multiplier.reshape(loss.shape())).backward();
+    // The multiplier as the backward's seed: the gradients of loss * multiplier, without the
+    // product, a ones seed and the product's backward (three launches for one scalar).
+    loss.backward(multiplier.reshape(loss.shape()));
   }
   const Tensor copy = cast_once->copy();
   cast_once.reset();  // before anything writes the slab

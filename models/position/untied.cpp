@@ -5,6 +5,7 @@
 // cls_reset: paper is reset(v + b) and cls_reset: code is reset(v) + b' (b' with [CLS] buckets).
 #include <cmath>
 
+#include "engine/autocast.h"
 #include "engine/error.h"
 #include "models/bert.h"
 #include "models/position/common.h"
@@ -105,9 +106,20 @@ class Untied : public UntiedTerm {
 
   // p^ = LN_pos(p) (rows 0..T-1, then theta1, theta2 when resetting). Returns p^ U^Q as
   // (H, rows, d_h) and p^ U^K likewise in *pk.
+  // Under 16-bit autocast with the parameter slab's copy (engine::autocast_from_slab) the rows
+  // are that copy's views, concatenated in 16 bits: no f32 concatenation converted after, and
+  // their gradients go back converted straight into the f32 .grads. The table is sliced only when
+  // T is shorter than it (a whole-table slice's backward would zero a gradient and add into it).
   Tensor projected_positions(int64_t t, Tensor* pk) const {
-    Tensor rows = table_.slice(0, 0, t);  // (T, e)
-    if (reset_ != ClsReset::none) rows = engine::concat({rows, cls_theta_}, 0);
+    Tensor rows = t == table_.size(0) ? table_ : table_.slice(0, 0, t);  // (T, e)
+    const bool reset = reset_ != ClsReset::none;
+    const Tensor rows16 = engine::autocast_from_slab(rows);
+    const Tensor theta16 = reset ? engine::autocast_from_slab(cls_theta_) : Tensor();
+    if (rows16.defined() && (!reset || theta16.defined())) {
+      rows = reset ? engine::concat({rows16, theta16}, 0) : rows16;
+    } else if (reset) {
+      rows = engine::concat({rows, cls_theta_}, 0);
+    }
     rows = norm_->forward(rows);
     *pk = position::heads_of(key_->forward(rows), config_.num_heads);
     return position::heads_of(query_->forward(rows), config_.num_heads);

@@ -10,10 +10,12 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "cuda_test_support.h"
 #include "engine/autocast.h"
+#include "engine/module.h"
 #include "engine/optim.h"
 #include "engine/work_log.h"
 #include "ops/ops.h"
@@ -189,6 +191,70 @@ TEST_CASE("index_select and embedding on the device equal the CPU, with a determ
   Tensor xb = x.to(DType::bf16);
   require_equal(index_select(xb.to(kGpu), idx.to(kGpu)).to(Device::cpu()).to(DType::f32),
                 index_select(xb.to(DType::f32), idx));
+}
+
+TEST_CASE("an embedding read from the autocast slab's bf16 copy: the f32 path's bits both ways",
+          "[cuda]") {
+  // The token table a view of a FlatParameters slab; under Autocast + AutocastSlab,
+  // autocast_from_slab gives the copy's view (no kernel) and embedding gathers bf16 rows from it;
+  // the backward scatters the bf16 gradient rows into the f32 .grad (no bf16 table, no
+  // conversion). Against gathering the f32 rows and converting them: the same output bits, and
+  // the same gradient bits (the 16-bit rows widen exactly; the sums run in the same order).
+  // Runs summed in one piece and over two levels (7 rows, 1000 ids); rows not a multiple of the
+  // vector width (5); an empty index.
+  Generator g(47);
+  for (auto [n, d, m] : {std::array<int64_t, 3>{7, 24, 1000}, {40, 5, 70}, {9, 16, 0}}) {
+    INFO("table (" << n << ", " << d << "), " << m << " ids");
+    std::vector<int64_t> ids(static_cast<size_t>(m));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 7 + i / 3) % n);
+    const Tensor idx = Tensor::from_vector(ids, {m}).to(kGpu);
+    const Tensor table = Tensor::randn({n, d}, g), w = Tensor::randn({m, d}, g).to(kGpu);
+    auto run = [&](bool from_slab, std::vector<WorkRecord>* backward_work) {
+      NamedTensors ps = {{"emb", table.clone().set_requires_grad()}};
+      FlatParameters flat(ps, kGpu);
+      AutocastSlab slab(flat.data());
+      Tensor y, loss;
+      {
+        Autocast ac(DType::bf16);
+        const Tensor half = autocast_from_slab(ps[0].second);
+        REQUIRE(half.defined() == true);
+        REQUIRE(half.dtype() == DType::bf16);
+        y = from_slab ? embedding(half, idx) : embedding(ps[0].second, idx).to(DType::bf16);
+        loss = engine::sum(y.to(DType::f32) * w);
+      }
+      if (backward_work) start_work_recording();
+      loss.backward();
+      if (backward_work) *backward_work = stop_work_recording();
+      return std::vector<Tensor>{y.detach(), flat.grad().clone()};
+    };
+    std::vector<WorkRecord> work;
+    const std::vector<Tensor> a = run(true, &work), b = run(false, nullptr);
+    require_equal(a[0], b[0]);
+    require_equal(a[1], b[1]);
+    // No 16-bit table (zeroed, scattered into, converted and added): no launch names its shape.
+    const std::string table_shape = "(" + std::to_string(n) + ", " + std::to_string(d) + ") bf16";
+    for (const WorkRecord& r : work) {
+      INFO(r.op << " " << r.shape);
+      CHECK(r.shape.find(table_shape) == std::string::npos);
+    }
+  }
+  // Outside a slab, or for a tensor not in it, there is nothing to read.
+  const Tensor t = Tensor::randn({3, 4}, g).to(kGpu);
+  {
+    Autocast ac(DType::bf16);
+    CHECK_FALSE(autocast_from_slab(t).defined());
+    NamedTensors ps = {{"p", Tensor::randn({4}, g)}};
+    FlatParameters flat(ps, kGpu);
+    AutocastSlab slab(flat.data());
+    CHECK_FALSE(autocast_from_slab(t).defined());
+  }
+  CHECK_FALSE(autocast_from_slab(t).defined());  // no Autocast scope
+  // A 16-bit gradient into a table of another dtype than f32 is refused naming the op.
+  REQUIRE_THROWS_WITH(
+      scatter_add_rows_kernel(kGpu, Tensor::zeros({2, 4}, DType::bf16, kGpu),
+                              Tensor::zeros({2}, DType::i64, kGpu), Tensor(),
+                              Tensor::zeros({3, 4}, DType::f16, kGpu)),
+      Catch::Contains("[scatter_add_rows]") && Catch::Contains("16-bit rows into an f32 table"));
 }
 
 TEST_CASE("relative_gather and relative_scatter on the device equal the CPU bit for bit",
