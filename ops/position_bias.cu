@@ -48,6 +48,18 @@ constexpr int kBucketGroup = 32;      // buckets a partials block sums
 constexpr int64_t kMinPiece = 2048;   // positions of a piece, at least
 constexpr int64_t kMaxPieces = 512;   // pieces per (channel, group), at most
 
+// Group e's V bucket indices: two 16-byte loads for V = 4 (N % 4 == 0, aligned), else one.
+template <int V>
+__device__ inline void load_buckets(const int64_t* index, int64_t e, int64_t (&b)[V]) {
+  if constexpr (V == 4) {
+    const Vec<int64_t, 2> lo = reinterpret_cast<const Vec<int64_t, 2>*>(index)[2 * e];
+    const Vec<int64_t, 2> hi = reinterpret_cast<const Vec<int64_t, 2>*>(index)[2 * e + 1];
+    b[0] = lo.v[0], b[1] = lo.v[1], b[2] = hi.v[0], b[3] = hi.v[1];
+  } else {
+    b[0] = index[e];
+  }
+}
+
 // out (C, N): V consecutive positions a thread (V = 4 needs N % 4 == 0: rows stay aligned).
 template <class T, int V>
 __global__ void bucket_lookup_fwd(const T* table, const int64_t* index, T* out, int64_t n,
@@ -57,13 +69,7 @@ __global__ void bucket_lookup_fwd(const T* table, const int64_t* index, T* out, 
     for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < groups;
          e += int64_t(gridDim.x) * blockDim.x) {
       int64_t b[V];
-      if constexpr (V == 4) {
-        const Vec<int64_t, 2> lo = reinterpret_cast<const Vec<int64_t, 2>*>(index)[2 * e];
-        const Vec<int64_t, 2> hi = reinterpret_cast<const Vec<int64_t, 2>*>(index)[2 * e + 1];
-        b[0] = lo.v[0], b[1] = lo.v[1], b[2] = hi.v[0], b[3] = hi.v[1];
-      } else {
-        b[0] = index[e];
-      }
+      load_buckets<V>(index, e, b);
       Vec<T, V> o;
 #pragma unroll
       for (int q = 0; q < V; ++q) {
@@ -97,13 +103,7 @@ __global__ void bucket_lookup_partials(const T* grad, const int64_t* index, Acc<
     const int64_t e = first + k * kPartialThreads + t;
     if (e >= groups) break;
     int64_t b[V];
-    if constexpr (V == 4) {
-      const Vec<int64_t, 2> lo = reinterpret_cast<const Vec<int64_t, 2>*>(index)[2 * e];
-      const Vec<int64_t, 2> hi = reinterpret_cast<const Vec<int64_t, 2>*>(index)[2 * e + 1];
-      b[0] = lo.v[0], b[1] = lo.v[1], b[2] = hi.v[0], b[3] = hi.v[1];
-    } else {
-      b[0] = index[e];
-    }
+    load_buckets<V>(index, e, b);
     const Vec<T, V> x = reinterpret_cast<const Vec<T, V>*>(g)[e];
 #pragma unroll
     for (int q = 0; q < V; ++q) {
