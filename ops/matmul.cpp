@@ -139,6 +139,11 @@ Tensor matmul_raw(const Tensor& x, const Tensor& y) {
 struct MatmulNode : Node {
   Tensor a;  // (..., M, K), saved when b needs a gradient
   Tensor b;  // (..., K, N), saved when a needs a gradient
+  // b a view whose last two dims are swapped (stride 1 down its rows: x^T of an (..., N, K)
+  // tensor, TUPE's and attention's q k^T) with the output's batch dims: its gradient is made as
+  // dC^T A, (..., N, K) row-major, and handed back transposed, so that the transpose before it
+  // returns a row-major gradient instead of a copy through a strided layout.
+  bool b_transposed = false;
   const char* name() const override { return "matmul"; }
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
     const Tensor& g = grads[0];  // (batch..., M, N)
@@ -163,6 +168,8 @@ struct MatmulNode : Node {
           gb = Tensor::empty(inputs[1].shape, g.dtype(), g.device());
           gemm(a2, true, g2, false, gb);
         }
+      } else if (b_transposed) {
+        gb = matmul_raw(g.transpose(-1, -2), a).transpose(-1, -2);
       } else {
         gb = sum_to_shape(matmul_raw(a.transpose(-1, -2), g), inputs[1].shape);
       }
@@ -418,6 +425,8 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     auto n = std::make_shared<MatmulNode>();
     if (b.requires_grad()) n->a = a.detach();
     if (a.requires_grad()) n->b = b.detach();
+    n->b_transposed =
+        b.dim() > 2 && b.stride(-2) == 1 && b.stride(-1) != 1 && batch_dims(b) == batch_dims(out);
     record(n, {a, b}, {out});
   }
   return out;

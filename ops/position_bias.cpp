@@ -52,6 +52,20 @@ struct BucketLookupNode : Node {
   Tensor index;  // flat (N), contiguous, detached
   const char* name() const override { return "bucket_lookup"; }
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    // Into the table's .grad when the engine offers it: written where its zero was deferred (the
+    // kernel overwrites every element), added otherwise; no table-sized copy after.
+    bool overwrite = false;
+    if (const Tensor* sink = grad_sink(0, grads[0].dtype(), &overwrite)) {
+      if (overwrite) {
+        const int64_t c = grads[0].shape()[0];
+        bucket_lookup_backward_kernel(grads[0].device(),
+                                      grads[0].detach().contiguous().view({c, index.numel()}),
+                                      index, *sink);
+      } else {
+        sink->add_(lookup_backward_raw(grads[0], index, inputs[0].shape[0]));
+      }
+      return {Tensor()};
+    }
     return {lookup_backward_raw(grads[0], index, inputs[0].shape[0])};
   }
   void release_saved() override { index = Tensor(); }

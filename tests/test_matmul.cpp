@@ -222,6 +222,30 @@ TEST_CASE("matmul reads transposed views in place", "[matmul]") {
   }
 }
 
+TEST_CASE("a batched transposed b gets its gradient in its own layout", "[matmul]") {
+  // q (2, 5, 3) @ k^T with k (2, 7, 3): dk comes back row-major (made as dC^T q, handed to the
+  // transpose transposed), the values those of k^T made contiguous first; with a broadcast batch
+  // the general path (its gradient summed over the batch).
+  Generator g(31);
+  const Tensor q = Tensor::randn({2, 5, 3}, g, 0.0, 1.0, DType::f64);
+  const Tensor k = Tensor::randn({2, 7, 3}, g, 0.0, 1.0, DType::f64);
+  const Tensor w = Tensor::randn({2, 5, 7}, g, 0.0, 1.0, DType::f64);
+  Tensor k1 = k.detach().set_requires_grad(), k2 = k.detach().set_requires_grad();
+  sum(matmul(q, k1.transpose(1, 2)) * w).backward();
+  sum(matmul(q, k2.transpose(1, 2).contiguous()) * w).backward();
+  REQUIRE(k1.grad().is_contiguous());
+  const std::vector<double> a = k1.grad().to_vector<double>(), b = k2.grad().to_vector<double>();
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) REQUIRE(std::abs(a[i] - b[i]) <= 1e-12);
+  // b (1, 7, 3)^T broadcast over q's batch of 2: summed over it.
+  Tensor kb = Tensor::randn({1, 7, 3}, g, 0.0, 1.0, DType::f64).set_requires_grad();
+  Tensor kc = kb.detach().set_requires_grad();
+  sum(matmul(q, kb.transpose(1, 2)) * w).backward();
+  sum(matmul(q, kc.transpose(1, 2).contiguous()) * w).backward();
+  const std::vector<double> c = kb.grad().to_vector<double>(), d = kc.grad().to_vector<double>();
+  for (size_t i = 0; i < c.size(); ++i) REQUIRE(std::abs(c[i] - d[i]) <= 1e-12);
+}
+
 TEST_CASE("matmul folds the batch into M for a 2-D right operand, forward and backward",
           "[matmul]") {
   Tensor a = rand_input({4, 3, 5}, 11);
