@@ -47,6 +47,27 @@ void add_work_cost(WorkCost& cost, const DropoutAddNormBackward& a) {
     if (t->defined()) add_work_cost(cost, *t);
 }
 
+namespace {
+
+// Input i's gradient buffer for the join's backward kernel: undefined when not wanted; for a
+// parameter (`write` given) that is autocast's 16-bit cast of an f32 leaf, on a device, the leaf's
+// f32 .grad (Node::grad_sink_f32: the kernel's column sums add into it in f32, or write it where
+// its zero was deferred, *write set); otherwise a new tensor of the input's dtype.
+Tensor grad_buffer(const Node& node, size_t i, Device device, bool* write) {
+  if (!node.needs_input_grad(i)) return Tensor();
+  if (write && !device.is_cpu())
+    if (const Tensor* f32 = node.grad_sink_f32(i, write)) return *f32;
+  return Tensor::empty(node.inputs[i].shape, node.inputs[i].dtype, device);
+}
+
+// What the node returns for input i: g, or nothing where g went into an f32 sink (another dtype
+// than the input's).
+Tensor returned_grad(const Node& node, size_t i, const Tensor& g) {
+  return g.defined() && g.dtype() != node.inputs[i].dtype ? Tensor() : g;
+}
+
+}  // namespace
+
 std::vector<Tensor> layer_norm_backward_one_pass(const Node& node, const Tensor& x,
                                                  const Tensor& weight, const Tensor& mean,
                                                  const Tensor& rstd, const Tensor& dy, double p,
@@ -60,22 +81,11 @@ std::vector<Tensor> layer_norm_backward_one_pass(const Node& node, const Tensor&
   a.state = state;
   a.drop_normed = p > 0;  // p == 0: the plain LayerNorm backward (nothing to mask)
   a.dnormed = dy.contiguous();
-  // The parameters' gradients as the join's: f32 sinks on a device (Node::grad_sink_f32),
-  // written where their zero was deferred.
-  auto out = [&](size_t i, bool* write) {
-    if (!node.needs_input_grad(i)) return Tensor();
-    if (write && !x.device().is_cpu())
-      if (const Tensor* f32 = node.grad_sink_f32(i, write)) return *f32;
-    return Tensor::empty(node.inputs[i].shape, node.inputs[i].dtype, x.device());
-  };
-  a.d_residual = out(0, nullptr);
-  a.dweight = out(1, &a.write_dweight);
-  a.dln_bias = out(2, &a.write_dln_bias);
+  a.d_residual = grad_buffer(node, 0, x.device(), nullptr);
+  a.dweight = grad_buffer(node, 1, x.device(), &a.write_dweight);
+  a.dln_bias = grad_buffer(node, 2, x.device(), &a.write_dln_bias);
   dropout_add_layer_norm_backward_kernel(x.device(), a);
-  auto given = [&](size_t i, const Tensor& g) {
-    return g.defined() && g.dtype() != node.inputs[i].dtype ? Tensor() : g;
-  };
-  return {a.d_residual, given(1, a.dweight), given(2, a.dln_bias)};
+  return {a.d_residual, returned_grad(node, 1, a.dweight), returned_grad(node, 2, a.dln_bias)};
 }
 
 namespace {
@@ -118,27 +128,18 @@ struct DropoutAddNormNode : Node {
                                    : Tensor::zeros(sum.shape(), sum.dtype(), sum.device());
     if (grads[0].defined()) a.dsum = grads[0].contiguous();
     // A parameter (bias, weight, ln_bias) that is autocast's 16-bit cast of an f32 leaf: on a
-    // device its gradient is added in f32 into the leaf's .grad by the kernel's column sums
-    // (Node::grad_sink_f32), not written in 16 bits and added by a launch of its own.
-    // Written rather than added where the .grad's zero was deferred (Node::grad_sink's
-    // overwrite: no zero fill of it first).
-    auto out = [&](size_t i, bool* write) {
-      if (!needs_input_grad(i)) return Tensor();
-      if (write && !sum.device().is_cpu())
-        if (const Tensor* f32 = grad_sink_f32(i, write)) return *f32;
-      return Tensor::empty(inputs[i].shape, inputs[i].dtype, sum.device());
-    };
-    a.dx = out(0, nullptr);
-    a.dbias = out(1, &a.write_dbias);
-    a.d_residual = out(2, nullptr);
-    a.dweight = out(3, &a.write_dweight);
-    a.dln_bias = out(4, &a.write_dln_bias);
-    dropout_add_layer_norm_backward_kernel(sum.device(), a);
-    // A gradient added into its f32 sink (another dtype than its input's) is not returned.
-    auto given = [&](size_t i, const Tensor& g) {
-      return g.defined() && g.dtype() != inputs[i].dtype ? Tensor() : g;
-    };
-    return {a.dx, given(1, a.dbias), a.d_residual, given(3, a.dweight), given(4, a.dln_bias)};
+    // device its gradient is added in f32 into the leaf's .grad by the kernel's column sums, not
+    // written in 16 bits and added by a launch of its own; written rather than added where the
+    // .grad's zero was deferred (no zero fill of it first). grad_buffer, returned_grad.
+    const Device dev = sum.device();
+    a.dx = grad_buffer(*this, 0, dev, nullptr);
+    a.dbias = grad_buffer(*this, 1, dev, &a.write_dbias);
+    a.d_residual = grad_buffer(*this, 2, dev, nullptr);
+    a.dweight = grad_buffer(*this, 3, dev, &a.write_dweight);
+    a.dln_bias = grad_buffer(*this, 4, dev, &a.write_dln_bias);
+    dropout_add_layer_norm_backward_kernel(dev, a);
+    return {a.dx, returned_grad(*this, 1, a.dbias), a.d_residual,
+            returned_grad(*this, 3, a.dweight), returned_grad(*this, 4, a.dln_bias)};
   }
   void release_saved() override { sum = weight = mean = rstd = Tensor(); }
 };

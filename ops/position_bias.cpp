@@ -34,11 +34,16 @@ Tensor lookup_raw(const Tensor& table, const Tensor& index, const Shape& index_s
   return out;
 }
 
+// dtable (R, C), overwritten, = grad (C, ...)'s sums per bucket of index.
+void lookup_backward_into(const Tensor& grad, const Tensor& index, const Tensor& dtable) {
+  const int64_t c = grad.shape()[0];
+  bucket_lookup_backward_kernel(grad.device(), grad.detach().contiguous().view({c, index.numel()}),
+                                index, dtable);
+}
+
 Tensor lookup_backward_raw(const Tensor& grad, const Tensor& index, int64_t r) {
-  const int64_t c = grad.shape()[0], n = index.numel();
-  Tensor dtable = Tensor::empty({r, c}, grad.dtype(), grad.device());
-  bucket_lookup_backward_kernel(grad.device(), grad.detach().contiguous().view({c, n}), index,
-                                dtable);
+  Tensor dtable = Tensor::empty({r, grad.shape()[0]}, grad.dtype(), grad.device());
+  lookup_backward_into(grad, index, dtable);
   return dtable;
 }
 
@@ -57,10 +62,7 @@ struct BucketLookupNode : Node {
     bool overwrite = false;
     if (const Tensor* sink = grad_sink(0, grads[0].dtype(), &overwrite)) {
       if (overwrite) {
-        const int64_t c = grads[0].shape()[0];
-        bucket_lookup_backward_kernel(grads[0].device(),
-                                      grads[0].detach().contiguous().view({c, index.numel()}),
-                                      index, *sink);
+        lookup_backward_into(grads[0], index, *sink);
       } else {
         sink->add_(lookup_backward_raw(grads[0], index, inputs[0].shape[0]));
       }
